@@ -1,0 +1,27 @@
+"""shardcore: one call to make a PyTorch model tensor parallel.
+
+>>> model = shardcore.optimize(model, shardcore.ShardConfig(tensor_parallel_size=2))  # doctest: +SKIP
+"""
+
+from .config import ShardConfig
+from .hookspecs import hookimpl
+from .layers.parallel_module import ParallelModule
+from .plugins import NoPolicyError
+from .policy import ModulePolicyDescription, Policy, SubModuleReplacementDescription
+from .sharded_state import full_named_tensors
+from .sharder import optimize
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ModulePolicyDescription",
+    "NoPolicyError",
+    "ParallelModule",
+    "Policy",
+    "ShardConfig",
+    "SubModuleReplacementDescription",
+    "__version__",
+    "full_named_tensors",
+    "hookimpl",
+    "optimize",
+]

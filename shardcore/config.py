@@ -1,0 +1,101 @@
+"""``ShardConfig``: what to shard and how, validated before any collective runs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+from attrs import validators as v
+
+__all__ = ["ShardConfig"]
+
+#: Features whose fields exist (with Shardformer's names and meaning) but are not built yet.
+#: Each maps to the only value accepted until it is built.
+_NOT_BUILT: dict[str, Any] = {
+    "enable_fused_normalization": False,
+    "enable_flash_attention": False,
+    "enable_jit_fused": False,
+    "enable_sequence_parallelism": False,
+    "sequence_parallelism_mode": None,
+    "enable_sequence_overlap": False,
+    "enable_all_optimization": False,
+    "inference_only": False,
+}
+
+
+def _not_built(instance: ShardConfig, attribute: attrs.Attribute, value: Any) -> None:
+    default = _NOT_BUILT[attribute.name]
+    if value != default:
+        raise NotImplementedError(
+            f"ShardConfig.{attribute.name}={value!r} is not supported by this shardcore version yet; "
+            f"leave it at its default ({default!r})."
+        )
+
+
+@attrs.frozen(kw_only=True)
+class ShardConfig:
+    """How a model is sharded.
+
+    Field names and meanings follow ColossalAI's Shardformer so that configs carry over.
+
+    Args:
+        tensor_parallel_size: ranks a tensor-parallel group spans. ``None`` (default) means every
+            rank of the world (no other parallel dimension is built yet).
+        tensor_parallel_process_group: an existing process group to use instead of building one;
+            its size then is the tensor-parallel size.
+        enable_tensor_parallelism: ``False`` leaves the model unsharded (policies still run their
+            pre/post-processing), which is what TP=1 does too.
+        parallel_output: ``False`` (default) returns full-vocabulary logits exactly like the
+            unsharded model. ``True`` keeps logits split over the vocabulary on each rank; a
+            model's loss is then computed with the vocab-parallel cross entropy, so no rank ever
+            holds full logits.
+        make_vocab_size_divisible_by: vocabularies are padded to a multiple of this times the
+            TP size so every rank holds an equal slice; padding never shows in outputs.
+        enable_fused_normalization, enable_flash_attention, enable_jit_fused,
+        enable_sequence_parallelism, sequence_parallelism_mode, enable_sequence_overlap,
+        enable_all_optimization, inference_only: accepted at their defaults only until built;
+            any other value raises ``NotImplementedError`` naming the field.
+    """
+
+    tensor_parallel_size: int | None = attrs.field(
+        default=None, validator=v.optional([v.instance_of(int), v.ge(1)])
+    )
+    tensor_parallel_process_group: Any = None
+    enable_tensor_parallelism: bool = attrs.field(default=True, validator=v.instance_of(bool))
+    parallel_output: bool = attrs.field(default=False, validator=v.instance_of(bool))
+    make_vocab_size_divisible_by: int = attrs.field(default=64, validator=[v.instance_of(int), v.ge(1)])
+
+    enable_fused_normalization: bool = attrs.field(default=False, validator=_not_built)
+    enable_flash_attention: bool = attrs.field(default=False, validator=_not_built)
+    enable_jit_fused: bool = attrs.field(default=False, validator=_not_built)
+    enable_sequence_parallelism: bool = attrs.field(default=False, validator=_not_built)
+    sequence_parallelism_mode: str | None = attrs.field(default=None, validator=_not_built)
+    enable_sequence_overlap: bool = attrs.field(default=False, validator=_not_built)
+    enable_all_optimization: bool = attrs.field(default=False, validator=_not_built)
+    inference_only: bool = attrs.field(default=False, validator=_not_built)
+
+    def __attrs_post_init__(self) -> None:
+        if self.tensor_parallel_size is not None and self.tensor_parallel_process_group is not None:
+            import torch.distributed as dist
+
+            group_size = dist.get_world_size(self.tensor_parallel_process_group)
+            if group_size != self.tensor_parallel_size:
+                raise ValueError(
+                    f"ShardConfig: tensor_parallel_size={self.tensor_parallel_size} but "
+                    f"tensor_parallel_process_group has {group_size} ranks; pass one or make them agree."
+                )
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None, **overrides: Any) -> ShardConfig:
+        """Build a config from ``SHARDCORE_TP`` (tensor-parallel size) in the environment."""
+        import os
+
+        env = os.environ if environ is None else environ
+        kwargs: dict[str, Any] = {}
+        if env.get("SHARDCORE_TP"):
+            try:
+                kwargs["tensor_parallel_size"] = int(env["SHARDCORE_TP"])
+            except ValueError:
+                raise ValueError(f"SHARDCORE_TP={env['SHARDCORE_TP']!r} is not an integer") from None
+        kwargs.update(overrides)
+        return cls(**kwargs)

@@ -1,0 +1,25 @@
+"""Parallel layers: each holds a rank's slice of a native module and knows its communication."""
+
+from ._functional import copy_to_tp, count_collectives, gather_from_tp, reduce_from_tp, split_to_tp
+from .embedding import VocabParallelEmbedding1D, VocabParallelLMHead1D
+from .linear import FusedLinear1D_Col, Linear1D_Col, Linear1D_Row
+from .loss import vocab_parallel_cross_entropy
+from .parallel_module import ParallelModule
+from .shard_spec import Segment, ShardSpec
+
+__all__ = [
+    "FusedLinear1D_Col",
+    "Linear1D_Col",
+    "Linear1D_Row",
+    "ParallelModule",
+    "Segment",
+    "ShardSpec",
+    "VocabParallelEmbedding1D",
+    "VocabParallelLMHead1D",
+    "copy_to_tp",
+    "count_collectives",
+    "gather_from_tp",
+    "reduce_from_tp",
+    "split_to_tp",
+    "vocab_parallel_cross_entropy",
+]

@@ -1,0 +1,95 @@
+"""Vocabulary-parallel embedding and LM head.
+
+The vocabulary ``V`` is zero-padded to ``V_p``, a multiple of ``make_vocab_size_divisible_by *
+p``, and rank ``r`` holds rows ``[r V_p / p, (r + 1) V_p / p)``. Padding rows are never visible.
+
+* :class:`VocabParallelEmbedding1D`: each rank looks up the ids in its range (others give
+  zeros) and one all-reduce sums the partial embeddings. Backward sends nothing.
+* :class:`VocabParallelLMHead1D`: a column-parallel linear over the vocabulary. Backward
+  all-reduces ``dL/dx`` once. Forward either all-gathers the logits and drops the padding
+  (full-vocab logits, exactly like the native head), or, with ``gather_output=False``, returns
+  this rank's valid logits only, for :func:`~shardcore.layers.vocab_parallel_cross_entropy`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ._functional import copy_to_tp, gather_from_tp, group_size, reduce_from_tp
+from .parallel_module import ParallelModule
+from .shard_spec import ShardSpec
+
+__all__ = ["VocabParallelEmbedding1D", "VocabParallelLMHead1D"]
+
+
+class VocabParallelEmbedding1D(ParallelModule):
+    """Embedding with the vocabulary split over the group (see the module docstring)."""
+
+    def __init__(self, weight: torch.Tensor, spec: ShardSpec, process_group=None, *, padding_idx: int | None = None) -> None:
+        super().__init__(process_group)
+        self.num_embeddings = spec.full_size
+        self.embedding_dim = weight.shape[1]
+        self.spec = spec
+        self._shard_param("weight", weight, spec)
+        (start, stop, _), = spec.ranges(self.tp_rank)
+        self.vocab_start, self.vocab_end = start, stop
+        self.padding_idx = padding_idx
+        self._local_padding_idx = padding_idx - start if padding_idx is not None and start <= padding_idx < stop else None
+
+    @classmethod
+    def from_native_module(cls, module: nn.Embedding, process_group=None, *, make_vocab_size_divisible_by: int = 64) -> VocabParallelEmbedding1D:
+        if not isinstance(module, nn.Embedding):
+            raise TypeError(f"{cls.__name__}.from_native_module expects nn.Embedding, got {type(module).__name__}")
+        spec = ShardSpec.padded(module.num_embeddings, group_size(process_group), make_vocab_size_divisible_by)
+        return cls(module.weight, spec, process_group, padding_idx=module.padding_idx)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.tp_size == 1:
+            return F.embedding(ids, self.weight, self._local_padding_idx)
+        outside = (ids < self.vocab_start) | (ids >= self.vocab_end)
+        local = (ids - self.vocab_start).masked_fill(outside, 0)
+        out = F.embedding(local, self.weight, self._local_padding_idx)
+        out = out.masked_fill(outside.unsqueeze(-1), 0.0)
+        return reduce_from_tp(out, self.process_group)
+
+    def extra_repr(self) -> str:
+        return (
+            f"{self.num_embeddings}, {self.embedding_dim}, rank {self.tp_rank}/{self.tp_size} holds ids "
+            f"[{self.vocab_start}, {self.vocab_end}) (padded vocab {self.spec.segments[0].padded_size})"
+        )
+
+
+class VocabParallelLMHead1D(ParallelModule):
+    """Output projection with the vocabulary split over the group (see the module docstring)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, spec: ShardSpec, process_group=None, *, gather_output: bool = True) -> None:
+        super().__init__(process_group)
+        self.in_features = weight.shape[1]
+        self.out_features = spec.full_size
+        self.gather_output = gather_output
+        self.spec = spec
+        self._shard_param("weight", weight, spec)
+        self._shard_param("bias", bias, spec)
+        (start, stop, _), = spec.ranges(self.tp_rank)
+        self.vocab_start, self.vocab_end = start, stop
+
+    @classmethod
+    def from_native_module(cls, module: nn.Linear, process_group=None, *, gather_output: bool = True, make_vocab_size_divisible_by: int = 64) -> VocabParallelLMHead1D:
+        if not isinstance(module, nn.Linear):
+            raise TypeError(f"{cls.__name__}.from_native_module expects nn.Linear, got {type(module).__name__}")
+        spec = ShardSpec.padded(module.out_features, group_size(process_group), make_vocab_size_divisible_by)
+        return cls(module.weight, module.bias, spec, process_group, gather_output=gather_output)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        logits = F.linear(copy_to_tp(x, self.process_group), self.weight, self.bias)
+        if self.gather_output:
+            return gather_from_tp(logits, self.process_group, dim=-1)[..., : self.out_features]
+        return logits[..., : self.vocab_end - self.vocab_start]
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features}, vocab={self.out_features}, rank {self.tp_rank}/{self.tp_size} "
+            f"holds [{self.vocab_start}, {self.vocab_end}), gather_output={self.gather_output}"
+        )

@@ -1,0 +1,180 @@
+"""Column- and row-parallel linear layers (Megatron-LM's 1D tensor parallelism).
+
+With ``W`` of shape ``[out, in]`` and ``p`` ranks:
+
+* :class:`Linear1D_Col` splits ``W`` by rows (output features): rank ``r`` computes
+  ``y_r = x W_r^T + b_r``. Forward sends nothing (unless ``gather_output``, an all-gather of
+  ``y``); backward all-reduces ``dL/dx`` once.
+* :class:`FusedLinear1D_Col` is the column layer for packed projections (``qkv``): each packed
+  part is split on its own, head by head, so rank ``r`` holds ``[q_r; k_r; v_r]``.
+* :class:`Linear1D_Row` splits ``W`` by columns (input features): ``y = sum_r x_r W_r^T + b``,
+  one all-reduce forward, nothing backward.
+
+A column layer followed by a row layer (attention, MLP) thus costs exactly one all-reduce in
+forward and one in backward. Heads that are replicated (fewer KV heads than ranks) get their
+weight gradient summed over the ranks sharing them, so every copy stays identical.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ._functional import all_reduce, copy_to_tp, gather_from_tp, reduce_from_tp, split_to_tp
+from .parallel_module import ParallelModule
+from .shard_spec import ShardSpec
+
+__all__ = ["FusedLinear1D_Col", "Linear1D_Col", "Linear1D_Row"]
+
+
+class _SyncReplicaGrads(torch.autograd.Function):
+    """Forward: identity on a weight. Backward: sum the gradient of replicated rows over their replica group."""
+
+    @staticmethod
+    def forward(ctx, weight, spec, groups):
+        ctx.spec, ctx.groups = spec, groups
+        return weight.view_as(weight)
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.clone()
+        offset = 0
+        for seg, group in zip(ctx.spec.segments, ctx.groups):
+            if group is not None:
+                part = grad.narrow(ctx.spec.dim, offset, seg.shard_len).contiguous()
+                all_reduce(part, group)
+                grad.narrow(ctx.spec.dim, offset, seg.shard_len).copy_(part)
+            offset += seg.shard_len
+        return grad, None, None
+
+
+class Linear1D_Col(ParallelModule):
+    """Column-parallel linear: output features split over the group (see the module docstring).
+
+    ``gather_output=True`` all-gathers the output so callers see the full ``out_features``.
+    """
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, spec: ShardSpec, process_group=None, *, gather_output: bool = False) -> None:
+        super().__init__(process_group)
+        self.in_features = weight.shape[1]
+        self.out_features = spec.full_size
+        self.gather_output = gather_output
+        self.spec = spec
+        self._shard_param("weight", weight, spec)
+        self._shard_param("bias", bias, spec)
+        self._replica_groups = None
+        if spec.is_replicated:
+            from ..distributed import replica_group
+
+            self._replica_groups = [
+                replica_group(process_group, spec.replica_blocks(s)) if s.num_shards < spec.tp_size else None
+                for s in spec.segments
+            ]
+
+    @classmethod
+    def from_native_module(cls, module: nn.Linear, process_group=None, *, gather_output: bool = False, num_heads: int | None = None, head_dim: int | None = None) -> Linear1D_Col:
+        """Split ``module``'s outputs evenly, or head-wise when ``num_heads`` is given.
+
+        With ``num_heads`` smaller than the group (key/value heads of grouped-query attention),
+        heads are replicated; the group size must then be a multiple of ``num_heads``.
+        """
+        if not isinstance(module, nn.Linear):
+            raise TypeError(f"{cls.__name__}.from_native_module expects nn.Linear, got {type(module).__name__}")
+        from ._functional import group_size
+
+        tp = group_size(process_group)
+        if num_heads is None:
+            spec = ShardSpec.even(module.out_features, tp, what=f"out_features of {module}")
+        else:
+            head_dim = head_dim or module.out_features // num_heads
+            spec = ShardSpec.heads((num_heads,), head_dim, tp)
+        if gather_output and spec.is_replicated:
+            raise ValueError("gather_output=True is not supported for replicated heads")
+        return cls(module.weight, module.bias, spec, process_group, gather_output=gather_output)
+
+    def _weights(self):
+        weight, bias = self.weight, self.bias
+        if self._replica_groups is not None:
+            weight = _SyncReplicaGrads.apply(weight, self.spec, self._replica_groups)
+            if bias is not None:
+                bias = _SyncReplicaGrads.apply(bias, self.spec, self._replica_groups)
+        return weight, bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weight, bias = self._weights()
+        y = F.linear(copy_to_tp(x, self.process_group), weight, bias)
+        if self.gather_output:
+            y = gather_from_tp(y, self.process_group, dim=-1)
+        return y
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features} "
+            f"(rank {self.tp_rank}/{self.tp_size} holds {self.spec.local_size}), "
+            f"bias={self.bias is not None}, gather_output={self.gather_output}"
+        )
+
+
+class FusedLinear1D_Col(Linear1D_Col):
+    """Column-parallel linear for a packed projection (e.g. timm's ``qkv``), split per head.
+
+    ``heads=(n_q, n_k, n_v)`` and ``head_dim`` describe the packed output rows; each part is
+    split head-wise on its own, never as one contiguous block of rows.
+    """
+
+    @classmethod
+    def from_native_module(cls, module: nn.Linear, process_group=None, *, heads: tuple[int, ...], head_dim: int, gather_output: bool = False) -> FusedLinear1D_Col:
+        if not isinstance(module, nn.Linear):
+            raise TypeError(f"{cls.__name__}.from_native_module expects nn.Linear, got {type(module).__name__}")
+        if sum(heads) * head_dim != module.out_features:
+            raise ValueError(f"heads={heads} x head_dim={head_dim} does not cover out_features={module.out_features}")
+        from ._functional import group_size
+
+        spec = ShardSpec.heads(tuple(heads), head_dim, group_size(process_group))
+        if gather_output:
+            raise ValueError("FusedLinear1D_Col cannot gather its packed output; split it per part first")
+        return cls(module.weight, module.bias, spec, process_group)
+
+
+class Linear1D_Row(ParallelModule):
+    """Row-parallel linear: input features split over the group (see the module docstring).
+
+    ``input_is_parallel=False`` takes a full input and keeps this rank's slice of it first.
+    """
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, spec: ShardSpec, process_group=None, *, input_is_parallel: bool = True) -> None:
+        super().__init__(process_group)
+        if spec.is_replicated or spec.dim != 1:
+            raise ValueError("Linear1D_Row needs a split (not replicated) spec along dim 1")
+        self.in_features = spec.full_size
+        self.out_features = weight.shape[0]
+        self.input_is_parallel = input_is_parallel
+        self.spec = spec
+        self._shard_param("weight", weight, spec)
+        self._shard_param("bias", bias, None)
+
+    @classmethod
+    def from_native_module(cls, module: nn.Linear, process_group=None, *, input_is_parallel: bool = True, num_heads: int | None = None, head_dim: int | None = None) -> Linear1D_Row:
+        if not isinstance(module, nn.Linear):
+            raise TypeError(f"{cls.__name__}.from_native_module expects nn.Linear, got {type(module).__name__}")
+        from ._functional import group_size
+
+        tp = group_size(process_group)
+        if num_heads is None:
+            spec = ShardSpec.even(module.in_features, tp, dim=1, what=f"in_features of {module}")
+        else:
+            spec = ShardSpec.heads((num_heads,), head_dim or module.in_features // num_heads, tp, dim=1)
+        return cls(module.weight, module.bias, spec, process_group, input_is_parallel=input_is_parallel)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.input_is_parallel:
+            x = split_to_tp(x, self.process_group, dim=-1)
+        y = reduce_from_tp(F.linear(x, self.weight), self.process_group)
+        return y if self.bias is None else y + self.bias
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features} (rank {self.tp_rank}/{self.tp_size} holds {self.spec.local_size}), "
+            f"out_features={self.out_features}, bias={self.bias is not None}"
+        )

@@ -1,0 +1,43 @@
+"""``ParallelModule``: the base of every layer that holds a slice of a native module."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ._functional import group_rank, group_size
+from .shard_spec import ShardSpec
+
+__all__ = ["ParallelModule"]
+
+
+class ParallelModule(nn.Module):
+    """A module holding this rank's slice of a native module's parameters.
+
+    Subclasses implement :meth:`from_native_module`, a named constructor that takes the native
+    module's weights (never re-initialising them), and record in ``shard_specs`` how each of
+    their split parameters maps onto the full one (parameters without a spec are replicated).
+    """
+
+    def __init__(self, process_group=None) -> None:
+        super().__init__()
+        self.process_group = process_group
+        self.tp_size = group_size(process_group)
+        self.tp_rank = group_rank(process_group)
+        self.shard_specs: dict[str, ShardSpec] = {}
+
+    @classmethod
+    def from_native_module(cls, module: nn.Module, process_group=None, **kwargs) -> ParallelModule:
+        raise NotImplementedError(f"{cls.__name__} does not implement from_native_module")
+
+    def _shard_param(self, name: str, full: torch.Tensor | None, spec: ShardSpec | None, *, requires_grad: bool = True) -> None:
+        """Register parameter ``name`` as this rank's slice of ``full`` under ``spec`` (``None``: replicated)."""
+        if full is None:
+            self.register_parameter(name, None)
+            return
+        data = full.detach() if spec is None else spec.shard(full.detach(), self.tp_rank)
+        if spec is None and data.device.type != "meta":
+            data = data.clone()
+        self.register_parameter(name, nn.Parameter(data, requires_grad=requires_grad))
+        if spec is not None:
+            self.shard_specs[name] = spec

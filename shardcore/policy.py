@@ -1,0 +1,96 @@
+"""Policies: data that says which submodules of a model become which parallel modules.
+
+A :class:`Policy` is given the model and the :class:`~shardcore.ShardConfig`, checks that the
+model can be sharded (:meth:`Policy.config_sanity_check`, before any collective), may prepare it
+(:meth:`Policy.preprocess`), returns per module class a :class:`ModulePolicyDescription`
+(:meth:`Policy.module_policy`) and may finish it (:meth:`Policy.postprocess`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+from torch import nn
+
+from .config import ShardConfig
+
+__all__ = ["ModulePolicyDescription", "Policy", "SubModuleReplacementDescription"]
+
+
+@attrs.frozen(kw_only=True)
+class SubModuleReplacementDescription:
+    """Replace the submodule at ``suffix`` (dotted, relative to the matched module) with
+    ``target_module.from_native_module(submodule, process_group, **kwargs)``.
+
+    ``ignore_if_not_exist=True`` skips a missing submodule instead of raising.
+    """
+
+    suffix: str
+    target_module: type
+    kwargs: dict[str, Any] = attrs.field(factory=dict)
+    ignore_if_not_exist: bool = False
+
+
+@attrs.frozen(kw_only=True)
+class ModulePolicyDescription:
+    """What happens to every module of one class.
+
+    * ``attribute_replacement``: ``{"dotted.attr": value}`` set on the module (e.g. per-rank head counts);
+    * ``param_replacement``: callables ``f(module)`` run on the module;
+    * ``sub_module_replacement``: :class:`SubModuleReplacementDescription` list;
+    * ``method_replacement``: ``{"name": function}`` bound to the module instance (modeling overrides).
+    """
+
+    attribute_replacement: dict[str, Any] = attrs.field(factory=dict)
+    param_replacement: list[Callable[[nn.Module], None]] = attrs.field(factory=list)
+    sub_module_replacement: list[SubModuleReplacementDescription] = attrs.field(factory=list)
+    method_replacement: dict[str, Callable] = attrs.field(factory=dict)
+
+
+class Policy:
+    """Base class of a model family's sharding policy.
+
+    The sharder sets ``model``, ``shard_config`` and ``tp_size`` before calling, in this order,
+    :meth:`config_sanity_check`, :meth:`preprocess`, :meth:`module_policy`, :meth:`postprocess`.
+    """
+
+    model: nn.Module
+    shard_config: ShardConfig
+    tp_size: int
+
+    def set_model(self, model: nn.Module) -> None:
+        self.model = model
+
+    def set_shard_config(self, shard_config: ShardConfig, tp_size: int) -> None:
+        self.shard_config = shard_config
+        self.tp_size = tp_size
+
+    def config_sanity_check(self) -> None:
+        """Raise a clear error if the model cannot be sharded at ``self.tp_size``.
+
+        Runs on every rank before any collective, so an error here never leaves a rank hanging.
+        """
+
+    def preprocess(self) -> nn.Module:
+        """Prepare the model before modules are replaced; returns the model."""
+        return self.model
+
+    def module_policy(self) -> dict[type | str, ModulePolicyDescription]:
+        """Per module class (or its qualified name), what to do with every instance."""
+        raise NotImplementedError(f"{type(self).__name__} must implement module_policy()")
+
+    def postprocess(self) -> nn.Module:
+        """Finish the model after modules are replaced; returns the model."""
+        return self.model
+
+    @staticmethod
+    def require_divisible(value: int, tp_size: int, field: str, model: str) -> None:
+        """Raise ``ValueError`` naming ``field`` if ``tp_size`` does not divide ``value``."""
+        if value % tp_size:
+            divisors = [d for d in range(1, value + 1) if value % d == 0]
+            raise ValueError(
+                f"{model}: {field}={value} is not divisible by tensor_parallel_size={tp_size}; "
+                f"use a tensor_parallel_size among {divisors}."
+            )

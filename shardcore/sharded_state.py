@@ -1,0 +1,39 @@
+"""Full (unsharded) views of a sharded model's parameters and gradients."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+
+from .layers.parallel_module import ParallelModule
+
+__all__ = ["full_named_tensors", "parameter_specs"]
+
+
+def parameter_specs(model: nn.Module) -> dict[str, tuple]:
+    """``{parameter name: (ShardSpec, process group)}`` for every split parameter of ``model``."""
+    specs = {}
+    for mod_name, module in model.named_modules():
+        if isinstance(module, ParallelModule):
+            for p_name, spec in module.shard_specs.items():
+                specs[f"{mod_name}.{p_name}" if mod_name else p_name] = (spec, module.process_group)
+    return specs
+
+
+def full_named_tensors(model: nn.Module, *, grads: bool = False) -> Iterator[tuple[str, torch.Tensor | None]]:
+    """Yield ``(name, full tensor)`` for every parameter (or its gradient, with ``grads=True``).
+
+    Split parameters are gathered from their group (a collective: every rank of the group must
+    iterate to the end); replicated ones are returned as they are. Names are the native model's.
+    A parameter without a gradient yields ``None`` (on every rank alike, so no rank hangs).
+    """
+    specs = parameter_specs(model)
+    for name, param in model.named_parameters():
+        tensor = param.grad if grads else param.detach()
+        if name in specs:
+            spec, group = specs[name]
+            yield name, None if tensor is None else spec.gather(tensor, group)
+        else:
+            yield name, tensor

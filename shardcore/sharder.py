@@ -1,0 +1,178 @@
+"""``ModelSharder`` applies a :class:`~shardcore.Policy` to a model, and ``optimize`` wires it up."""
+
+from __future__ import annotations
+
+import types
+from collections import defaultdict
+
+import attrs
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from . import distributed
+from .config import ShardConfig
+from .layers._functional import group_size
+from .policy import ModulePolicyDescription, Policy
+
+__all__ = ["ModelSharder", "ShardInfo", "optimize"]
+
+
+@attrs.frozen
+class ShardInfo:
+    """Stored on a sharded model as ``model.shardcore``."""
+
+    config: ShardConfig
+    tp_size: int
+    process_group: object
+    policy: Policy
+
+
+def _get(module: nn.Module, dotted: str):
+    for part in dotted.split("."):
+        module = getattr(module, part)
+    return module
+
+
+def _set(module: nn.Module, dotted: str, value) -> None:
+    parent, _, name = dotted.rpartition(".")
+    setattr(_get(module, parent) if parent else module, name, value)
+
+
+def _has(module: nn.Module, dotted: str) -> bool:
+    try:
+        _get(module, dotted)
+    except AttributeError:
+        return False
+    return True
+
+
+class ModelSharder:
+    """Replace a model's modules according to ``policy`` (in place)."""
+
+    def __init__(self, model: nn.Module, policy: Policy, process_group) -> None:
+        self.model = model
+        self.policy = policy
+        self.process_group = process_group
+
+    def plan(self) -> list[tuple[str, nn.Module, ModulePolicyDescription]]:
+        """Every module a description applies to, checked before anything changes (no collective)."""
+        descriptions = self.policy.module_policy()
+        by_name = {k for k in descriptions if isinstance(k, str)}
+        plan = []
+        for name, module in self.model.named_modules():
+            desc = None
+            for cls in type(module).__mro__:
+                desc = descriptions.get(cls) or (descriptions.get(f"{cls.__module__}.{cls.__qualname__}") if by_name else None)
+                if desc is not None:
+                    break
+            if desc is None:
+                continue
+            for sub in desc.sub_module_replacement:
+                if not sub.ignore_if_not_exist and not _has(module, sub.suffix):
+                    raise AttributeError(
+                        f"{type(self.policy).__name__}: {type(module).__name__} at '{name or '<root>'}' has no "
+                        f"submodule '{sub.suffix}' (set ignore_if_not_exist=True if it is optional)"
+                    )
+            plan.append((name, module, desc))
+        return plan
+
+    def shard(self) -> nn.Module:
+        plan = self.plan()
+        shared = self._shared_parameters()
+        for _, module, desc in plan:
+            for attr, value in desc.attribute_replacement.items():
+                _set(module, attr, value)
+            for fn in desc.param_replacement:
+                fn(module)
+            for sub in desc.sub_module_replacement:
+                if not _has(module, sub.suffix):
+                    continue
+                native = _get(module, sub.suffix)
+                _set(module, sub.suffix, sub.target_module.from_native_module(native, self.process_group, **sub.kwargs))
+            for method, fn in desc.method_replacement.items():
+                setattr(module, method, types.MethodType(fn, module))
+        self._retie(shared)
+        return self.model
+
+    def _shared_parameters(self) -> list[list[tuple[str, str]]]:
+        """Groups of (module path, param name) that hold one Parameter (tied weights)."""
+        owners: dict[int, list[tuple[str, str]]] = defaultdict(list)
+        for mod_name, module in self.model.named_modules(remove_duplicate=False):
+            for p_name, param in module.named_parameters(recurse=False):
+                owners[id(param)].append((mod_name, p_name))
+        return [places for places in owners.values() if len({m for m, _ in places}) > 1]
+
+    def _retie(self, shared: list[list[tuple[str, str]]]) -> None:
+        """Make parameters that were one before sharding one again (e.g. tied embeddings)."""
+        for places in shared:
+            modules = [(_get(self.model, m) if m else self.model, p) for m, p in places]
+            first_mod, first_name = modules[0]
+            keep = getattr(first_mod, first_name)
+            keep_spec = getattr(first_mod, "shard_specs", {}).get(first_name)
+            for mod, p_name in modules[1:]:
+                current = getattr(mod, p_name)
+                if current is keep:
+                    continue
+                spec = getattr(mod, "shard_specs", {}).get(p_name)
+                if current.shape != keep.shape or spec != keep_spec:
+                    raise ValueError(
+                        f"tied parameters {places} were sharded differently ({keep_spec} vs {spec}); "
+                        "a policy must shard tied weights the same way"
+                    )
+                setattr(mod, p_name, keep)
+
+
+def _check_same_weights(model: nn.Module, group) -> None:
+    """Collective: fail on every rank if the ranks hold different weights before sharding."""
+    params = [p for p in model.parameters() if p.device.type != "meta"]
+    if not params:
+        return
+    with torch.no_grad():
+        stats = torch.stack([torch.stack([p.double().sum(), p.double().abs().sum()]) for p in params]).flatten()
+    gathered = [torch.empty_like(stats) for _ in range(group_size(group))]
+    dist.all_gather(gathered, stats, group=group)
+    if any(not torch.equal(g, gathered[0]) for g in gathered):
+        raise RuntimeError(
+            "the ranks hold different weights before sharding; build the model after seeding every rank "
+            "the same way (torch.manual_seed) or load the same checkpoint on every rank"
+        )
+
+
+def optimize(model: nn.Module, config: ShardConfig | None = None, *, policy: Policy | type[Policy] | None = None) -> nn.Module:
+    """Shard ``model`` in place over the tensor-parallel group and return it.
+
+    The policy comes from the installed plugins, matched on ``type(model)``'s MRO, unless
+    ``policy`` (an instance or a subclass of :class:`~shardcore.Policy`) is given. Every check
+    runs before the first collective, so bad input fails on every rank alike.
+    """
+    if getattr(model, "shardcore", None) is not None:
+        raise RuntimeError(f"{type(model).__name__} is already sharded by shardcore; optimize it once")
+    config = ShardConfig() if config is None else config
+    if not isinstance(config, ShardConfig):
+        raise TypeError(f"config must be a shardcore.ShardConfig, got {type(config).__name__}")
+    distributed.init_from_env()
+    tp_size = distributed.resolve_tp_size(config)
+
+    if policy is None:
+        from .plugins import get_policy
+
+        policy = get_policy(model)
+    elif isinstance(policy, type):
+        policy = policy()
+    if not isinstance(policy, Policy):
+        raise TypeError(f"policy must be a shardcore.Policy (instance or subclass), got {policy!r}")
+
+    policy.set_model(model)
+    policy.set_shard_config(config, tp_size)
+    policy.config_sanity_check()
+    if tp_size == 1 or not config.enable_tensor_parallelism:
+        return model
+
+    group = distributed.tp_group(config, tp_size)
+    _check_same_weights(model, group)
+    model = policy.preprocess()
+    model = ModelSharder(model, policy, group).shard()
+    model = policy.postprocess()
+    model.shardcore = ShardInfo(config, tp_size, group, policy)
+    return model
