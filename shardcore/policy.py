@@ -40,13 +40,18 @@ class ModulePolicyDescription:
     * ``attribute_replacement``: ``{"dotted.attr": value}`` set on the module (e.g. per-rank head counts);
     * ``param_replacement``: callables ``f(module)`` run on the module;
     * ``sub_module_replacement``: :class:`SubModuleReplacementDescription` list;
-    * ``method_replacement``: ``{"name": function}`` bound to the module instance (modeling overrides).
+    * ``method_replacement``: ``{"name": function}`` bound to the module instance (modeling overrides);
+    * ``enter_tp_region``: suffixes of submodules whose input (``hidden_states`` or the first
+      positional argument) enters the tensor-parallel region once, so the column-parallel layers
+      inside them (built with ``copy_input=False``) share one backward all-reduce instead of one
+      each (``q``/``k``/``v`` or ``gate``/``up`` projections reading the same tensor).
     """
 
     attribute_replacement: dict[str, Any] = attrs.field(factory=dict)
     param_replacement: list[Callable[[nn.Module], None]] = attrs.field(factory=list)
     sub_module_replacement: list[SubModuleReplacementDescription] = attrs.field(factory=list)
     method_replacement: dict[str, Callable] = attrs.field(factory=dict)
+    enter_tp_region: list[str] = attrs.field(factory=list)
 
 
 class Policy:

@@ -12,7 +12,7 @@ from torch import nn
 
 from . import distributed
 from .config import ShardConfig
-from .layers._functional import group_size
+from .layers._functional import enter_tp_region, group_size
 from .policy import ModulePolicyDescription, Policy
 
 __all__ = ["ModelSharder", "ShardInfo", "optimize"]
@@ -68,6 +68,12 @@ class ModelSharder:
                     break
             if desc is None:
                 continue
+            for sub in desc.enter_tp_region:
+                if not _has(module, sub):
+                    raise AttributeError(
+                        f"{type(self.policy).__name__}: {type(module).__name__} at '{name or '<root>'}' has no "
+                        f"submodule '{sub}' to enter the tensor-parallel region at"
+                    )
             for sub in desc.sub_module_replacement:
                 if not sub.ignore_if_not_exist and not _has(module, sub.suffix):
                     raise AttributeError(
@@ -92,6 +98,8 @@ class ModelSharder:
                 _set(module, sub.suffix, sub.target_module.from_native_module(native, self.process_group, **sub.kwargs))
             for method, fn in desc.method_replacement.items():
                 setattr(module, method, types.MethodType(fn, module))
+            for suffix in desc.enter_tp_region:
+                enter_tp_region(_get(module, suffix), self.process_group)
         self._retie(shared)
         return self.model
 

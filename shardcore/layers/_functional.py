@@ -19,6 +19,7 @@ __all__ = [
     "COUNTS",
     "copy_to_tp",
     "count_collectives",
+    "enter_tp_region",
     "gather_from_tp",
     "group_rank",
     "group_size",
@@ -152,3 +153,23 @@ def gather_from_tp(x: torch.Tensor, group, dim: int = -1) -> torch.Tensor:
 def split_to_tp(x: torch.Tensor, group, dim: int = -1) -> torch.Tensor:
     """Keep this rank's equal slice along ``dim``; backward all-gathers the gradient."""
     return x if group_size(group) == 1 else _SplitToTP.apply(x, group, dim % x.dim())
+
+
+def enter_tp_region(module: torch.nn.Module, group, arg: str = "hidden_states"):
+    """Make ``module``'s input enter the tensor-parallel region (:func:`copy_to_tp`) once.
+
+    The input is the keyword argument ``arg`` if given, else the first positional argument.
+    Column-parallel layers inside ``module`` that read it are built with ``copy_input=False``.
+    Returns the hook handle.
+    """
+
+    def hook(mod, args, kwargs):
+        if arg in kwargs:
+            kwargs = {**kwargs, arg: copy_to_tp(kwargs[arg], group)}
+        elif args:
+            args = (copy_to_tp(args[0], group), *args[1:])
+        else:
+            raise TypeError(f"{type(mod).__name__} was called without '{arg}' or a positional input")
+        return args, kwargs
+
+    return module.register_forward_pre_hook(hook, with_kwargs=True)

@@ -53,10 +53,14 @@ class Linear1D_Col(ParallelModule):
     """Column-parallel linear: output features split over the group (see the module docstring).
 
     ``gather_output=True`` all-gathers the output so callers see the full ``out_features``.
+    ``copy_input=False`` when the input already entered the TP region (see
+    :func:`~shardcore.layers.enter_tp_region`), so layers sharing an input share one all-reduce.
     """
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, spec: ShardSpec, process_group=None, *, gather_output: bool = False) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, spec: ShardSpec, process_group=None, *,
+                 gather_output: bool = False, copy_input: bool = True) -> None:
         super().__init__(process_group)
+        self.copy_input = copy_input
         self.in_features = weight.shape[1]
         self.out_features = spec.full_size
         self.gather_output = gather_output
@@ -73,7 +77,8 @@ class Linear1D_Col(ParallelModule):
             ]
 
     @classmethod
-    def from_native_module(cls, module: nn.Linear, process_group=None, *, gather_output: bool = False, num_heads: int | None = None, head_dim: int | None = None) -> Linear1D_Col:
+    def from_native_module(cls, module: nn.Linear, process_group=None, *, gather_output: bool = False,
+                           num_heads: int | None = None, head_dim: int | None = None, copy_input: bool = True) -> Linear1D_Col:
         """Split ``module``'s outputs evenly, or head-wise when ``num_heads`` is given.
 
         With ``num_heads`` smaller than the group (key/value heads of grouped-query attention),
@@ -91,7 +96,7 @@ class Linear1D_Col(ParallelModule):
             spec = ShardSpec.heads((num_heads,), head_dim, tp)
         if gather_output and spec.is_replicated:
             raise ValueError("gather_output=True is not supported for replicated heads")
-        return cls(module.weight, module.bias, spec, process_group, gather_output=gather_output)
+        return cls(module.weight, module.bias, spec, process_group, gather_output=gather_output, copy_input=copy_input)
 
     def _weights(self):
         weight, bias = self.weight, self.bias
@@ -103,7 +108,9 @@ class Linear1D_Col(ParallelModule):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weight, bias = self._weights()
-        y = F.linear(copy_to_tp(x, self.process_group), weight, bias)
+        if self.copy_input:
+            x = copy_to_tp(x, self.process_group)
+        y = F.linear(x, weight, bias)
         if self.gather_output:
             y = gather_from_tp(y, self.process_group, dim=-1)
         return y
@@ -124,7 +131,8 @@ class FusedLinear1D_Col(Linear1D_Col):
     """
 
     @classmethod
-    def from_native_module(cls, module: nn.Linear, process_group=None, *, heads: tuple[int, ...], head_dim: int, gather_output: bool = False) -> FusedLinear1D_Col:
+    def from_native_module(cls, module: nn.Linear, process_group=None, *, heads: tuple[int, ...], head_dim: int,
+                           gather_output: bool = False, copy_input: bool = True) -> FusedLinear1D_Col:
         if not isinstance(module, nn.Linear):
             raise TypeError(f"{cls.__name__}.from_native_module expects nn.Linear, got {type(module).__name__}")
         if sum(heads) * head_dim != module.out_features:
@@ -134,7 +142,7 @@ class FusedLinear1D_Col(Linear1D_Col):
         spec = ShardSpec.heads(tuple(heads), head_dim, group_size(process_group))
         if gather_output:
             raise ValueError("FusedLinear1D_Col cannot gather its packed output; split it per part first")
-        return cls(module.weight, module.bias, spec, process_group)
+        return cls(module.weight, module.bias, spec, process_group, copy_input=copy_input)
 
 
 class Linear1D_Row(ParallelModule):

@@ -1,0 +1,128 @@
+"""Tensor-parallel policies for Llama-architecture models (Llama, Mistral, Qwen2).
+
+Per decoder layer (Megatron-LM's layout, one all-reduce after attention and one after the MLP):
+
+* ``q_proj``, ``k_proj``, ``v_proj``: column parallel, split by heads; ``o_proj``: row parallel.
+* ``gate_proj``, ``up_proj``: column parallel; ``down_proj``: row parallel.
+* norms and rotary embeddings: replicated.
+
+``embed_tokens`` is vocab parallel; the causal-LM ``lm_head`` is a vocab-parallel LM head that
+gathers full logits (default) or, with ``parallel_output=True``, keeps them split and computes
+the loss with the vocab-parallel cross entropy. Tied embeddings stay tied.
+
+Grouped-query attention: with ``num_key_value_heads >= tp`` the KV heads are split like the
+query heads. With fewer KV heads than ranks (``tp`` a multiple of ``num_key_value_heads``),
+each KV head is *replicated* on the ``tp / num_key_value_heads`` ranks whose query heads use it;
+its gradient is summed over those ranks so the copies stay equal.
+
+The policies are structural: they find the decoder-layer and base-model classes on the model
+instance, so they import nothing from transformers.
+"""
+
+from __future__ import annotations
+
+from shardcore import ModulePolicyDescription, Policy, SubModuleReplacementDescription
+from shardcore.layers import Linear1D_Col, Linear1D_Row, VocabParallelEmbedding1D, VocabParallelLMHead1D
+
+__all__ = ["LlamaForCausalLMPolicy", "LlamaForSequenceClassificationPolicy", "LlamaModelPolicy", "LlamaPolicy"]
+
+
+class LlamaPolicy(Policy):
+    """Shared by every Llama-architecture head: shards the base model (``model.base_model``)."""
+
+    @property
+    def base(self):
+        return self.model.base_model
+
+    def _dims(self):
+        cfg = self.model.config
+        heads, kv = cfg.num_attention_heads, cfg.num_key_value_heads or cfg.num_attention_heads
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+        return heads, kv, head_dim
+
+    def config_sanity_check(self) -> None:
+        cfg, tp = self.model.config, self.tp_size
+        name = type(self.model).__name__
+        heads, kv, _ = self._dims()
+        self.require_divisible(heads, tp, "num_attention_heads", name)
+        self.require_divisible(cfg.intermediate_size, tp, "intermediate_size", name)
+        if kv % tp and tp % kv:
+            raise ValueError(
+                f"{name}: num_key_value_heads={kv} can neither be split over nor replicated on "
+                f"tensor_parallel_size={tp}; use a tensor_parallel_size that divides {kv} or is a multiple of it "
+                f"(and divides num_attention_heads={heads})."
+            )
+
+    def module_policy(self):
+        heads, kv, head_dim = self._dims()
+        tp = self.tp_size
+        local_kv = kv // tp if kv >= tp else 1
+        layer_cls = type(self.base.layers[0])
+        attn = {"num_heads": heads, "head_dim": head_dim}
+        q_heads = {**attn, "copy_input": False}
+        kv_heads = {"num_heads": kv, "head_dim": head_dim, "copy_input": False}
+        mlp_in = {"copy_input": False}
+        return {
+            layer_cls: ModulePolicyDescription(
+                attribute_replacement={"self_attn.num_key_value_groups": (heads // tp) // local_kv},
+                sub_module_replacement=[
+                    SubModuleReplacementDescription(suffix="self_attn.q_proj", target_module=Linear1D_Col, kwargs=q_heads),
+                    SubModuleReplacementDescription(suffix="self_attn.k_proj", target_module=Linear1D_Col, kwargs=kv_heads),
+                    SubModuleReplacementDescription(suffix="self_attn.v_proj", target_module=Linear1D_Col, kwargs=kv_heads),
+                    SubModuleReplacementDescription(suffix="self_attn.o_proj", target_module=Linear1D_Row, kwargs=attn),
+                    SubModuleReplacementDescription(suffix="mlp.gate_proj", target_module=Linear1D_Col, kwargs=mlp_in),
+                    SubModuleReplacementDescription(suffix="mlp.up_proj", target_module=Linear1D_Col, kwargs=mlp_in),
+                    SubModuleReplacementDescription(suffix="mlp.down_proj", target_module=Linear1D_Row),
+                ],
+                # q/k/v read one tensor, gate/up another: one backward all-reduce each
+                enter_tp_region=["self_attn", "mlp"],
+            ),
+            type(self.base): ModulePolicyDescription(
+                sub_module_replacement=[
+                    SubModuleReplacementDescription(
+                        suffix="embed_tokens",
+                        target_module=VocabParallelEmbedding1D,
+                        kwargs={"make_vocab_size_divisible_by": self.shard_config.make_vocab_size_divisible_by},
+                    )
+                ]
+            ),
+        }
+
+
+class LlamaModelPolicy(LlamaPolicy):
+    """``LlamaModel`` / ``MistralModel`` / ``Qwen2Model``: the decoder stack alone."""
+
+
+class LlamaForCausalLMPolicy(LlamaPolicy):
+    """``*ForCausalLM``: the base model plus a vocab-parallel ``lm_head``."""
+
+    def module_policy(self):
+        from .modeling import causal_lm_forward
+
+        policy = super().module_policy()
+        parallel_output = self.shard_config.parallel_output
+        policy[type(self.model)] = ModulePolicyDescription(
+            sub_module_replacement=[
+                SubModuleReplacementDescription(
+                    suffix="lm_head",
+                    target_module=VocabParallelLMHead1D,
+                    kwargs={
+                        "gather_output": not parallel_output,
+                        "make_vocab_size_divisible_by": self.shard_config.make_vocab_size_divisible_by,
+                    },
+                )
+            ],
+            method_replacement={"forward": causal_lm_forward} if parallel_output else {},
+        )
+        return policy
+
+    def postprocess(self):
+        if self.shard_config.parallel_output:
+            from .modeling import generate_needs_full_logits
+
+            self.model.generate = generate_needs_full_logits
+        return self.model
+
+
+class LlamaForSequenceClassificationPolicy(LlamaPolicy):
+    """``*ForSequenceClassification``: the base model; the small ``score`` head stays replicated."""

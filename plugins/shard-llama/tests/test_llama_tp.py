@@ -1,0 +1,145 @@
+"""Sharded Llama / Mistral / Qwen2 against the unsharded model, on real gloo ranks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from llama_cases import build, gather_vocab_logits, lm_batch
+
+from shardcore import ShardConfig
+from shardcore.layers import count_collectives
+from shardcore.testing import assert_sharded_matches, run_on_ranks
+
+
+def _check(tp: int, cls_name: str, family: str = "llama", parallel_output: bool = False, **cfg) -> dict:
+    vocab = cfg.get("vocab", 128)
+    batch = lm_batch(vocab)
+    if cls_name.endswith("Model"):
+        batch.pop("labels")
+    if cls_name.endswith("SequenceClassification"):
+        batch["labels"] = torch.tensor([1, 0])
+    kwargs = {}
+    if cls_name.endswith("Model"):
+        kwargs["loss_fn"] = lambda out: out.last_hidden_state.pow(2).mean()
+    if parallel_output:
+        kwargs["sharded_output_fn"] = gather_vocab_logits
+    return assert_sharded_matches(
+        lambda: build(cls_name, family, **cfg), batch,
+        ShardConfig(tensor_parallel_size=tp, parallel_output=parallel_output), **kwargs,
+    )
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_causal_lm(tp):
+    run_on_ranks(tp, _check, tp, "LlamaForCausalLM")
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+@pytest.mark.parametrize(
+    "case",
+    [
+        {"kv": 2},                                  # GQA: split at TP=2, replicated KV heads at TP=4
+        {"tie": True},                              # tied input/output embeddings
+        {"vocab": 1001},                            # vocab not divisible by TP: padded, invisible
+        {"kv": 2, "tie": True, "vocab": 1001},
+        {"heads": 8, "kv": 1},                      # multi-query attention: one KV head on every rank
+    ],
+    ids=["gqa", "tied", "vocab1001", "all", "mqa"],
+)
+def test_causal_lm_variants(tp, case):
+    run_on_ranks(tp, _check, tp, "LlamaForCausalLM", **case)
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_parallel_output_vocab_parallel_loss(tp):
+    run_on_ranks(tp, _check, tp, "LlamaForCausalLM", parallel_output=True, vocab=1001, kv=2, tie=True)
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4])
+@pytest.mark.parametrize("cls_name", ["LlamaModel", "LlamaForSequenceClassification"])
+def test_other_heads(tp, cls_name):
+    run_on_ranks(tp, _check, tp, cls_name, kv=2)
+
+
+@pytest.mark.parametrize("family", ["mistral", "qwen2"])
+@pytest.mark.parametrize("cls_suffix", ["ForCausalLM", "ForSequenceClassification", "Model"])
+def test_same_architecture_families(family, cls_suffix):
+    prefix = {"mistral": "Mistral", "qwen2": "Qwen2"}[family]
+    run_on_ranks(2, _check, 2, prefix + cls_suffix, family, kv=2)
+
+
+def _count(tp: int, layers: int) -> dict:
+    import shardcore
+
+    torch.manual_seed(0)
+    model = shardcore.optimize(build("LlamaForCausalLM", layers=layers), ShardConfig(tensor_parallel_size=tp))
+    batch = lm_batch()
+    with count_collectives() as fwd:
+        out = model(**batch)
+    with count_collectives() as bwd:
+        out.loss.backward()
+    return {"forward": dict(fwd), "backward": dict(bwd)}
+
+
+@pytest.mark.parametrize("layers", [1, 3])
+def test_collectives_per_step(layers):
+    """Forward: one all-reduce after attention and one after the MLP per layer, one for the
+    embedding, one all-gather of the logits. Backward: one all-reduce per column-parallel entry."""
+    counts = run_on_ranks(2, _count, 2, layers)[0]
+    assert counts["forward"] == {"all_reduce": 2 * layers + 1, "all_gather": 1}
+    assert counts["backward"] == {"all_reduce": 2 * layers + 1}
+
+
+def _generate(tp: int, kv: int) -> list:
+    import shardcore
+
+    torch.manual_seed(0)
+    ref = build("LlamaForCausalLM", kv=kv, vocab=1001).eval()
+    torch.manual_seed(0)
+    model = shardcore.optimize(build("LlamaForCausalLM", kv=kv, vocab=1001).eval(), ShardConfig(tensor_parallel_size=tp))
+    batch = lm_batch(1001, seed=3)
+    args = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"], "max_new_tokens": 16,
+            "do_sample": False, "use_cache": True, "pad_token_id": 0}
+    with torch.no_grad():
+        want = ref.generate(**args)
+        got = model.generate(**args)
+    assert got.shape == want.shape == (2, 12 + 16), (got.shape, want.shape)
+    assert torch.equal(got, want), f"sharded tokens {got.tolist()} != unsharded {want.tolist()}"
+    return got.tolist()
+
+
+@pytest.mark.parametrize("kv", [4, 2])
+def test_generate_greedy_kv_cache(kv):
+    tokens = run_on_ranks(2, _generate, 2, kv)
+    assert tokens[0] == tokens[1]
+
+
+def _subclass(tp: int) -> str:
+    import transformers
+
+    import shardcore
+
+    class MyLlama(transformers.LlamaForCausalLM):
+        pass
+
+    torch.manual_seed(0)
+    model = shardcore.optimize(MyLlama(build("LlamaForCausalLM").config), ShardConfig(tensor_parallel_size=tp))
+    return type(model.shardcore.policy).__name__ + ":" + type(model.lm_head).__name__
+
+
+def test_user_subclass_matched_through_mro():
+    assert run_on_ranks(2, _subclass, 2) == ["LlamaForCausalLMPolicy:VocabParallelLMHead1D"] * 2
+
+
+def _parallel_output_generate_refused() -> str:
+    import shardcore
+
+    torch.manual_seed(0)
+    model = shardcore.optimize(build("LlamaForCausalLM"), ShardConfig(tensor_parallel_size=2, parallel_output=True))
+    with pytest.raises(RuntimeError, match="parallel_output=False"):
+        model.generate(input_ids=torch.ones(1, 3, dtype=torch.long), max_new_tokens=2)
+    return "ok"
+
+
+def test_parallel_output_refuses_generate():
+    assert run_on_ranks(2, _parallel_output_generate_refused) == ["ok", "ok"]
