@@ -1,0 +1,188 @@
+"""Plugin discovery, lazy policy resolution, failure reporting and the CLI (no transformers needed)."""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import json
+import subprocess
+import sys
+import types
+
+import pytest
+from torch import nn
+
+import shardcore
+from shardcore import Policy, hookimpl
+from shardcore.cli import main as cli_main
+from shardcore.plugins import NoPolicyError, PluginRegistry, qualname
+
+
+class Widget(nn.Module):
+    pass
+
+
+class SubWidget(Widget):
+    pass
+
+
+class WidgetPolicy(Policy):
+    def module_policy(self):
+        return {}
+
+
+def _module(name: str, **attrs) -> types.ModuleType:
+    mod = types.ModuleType(name)
+    mod.__dict__.update(attrs)
+    return mod
+
+
+@pytest.fixture
+def fake_entry_points(monkeypatch):
+    """Replace the installed entry points of group 'shardcore' by the ones a test lists."""
+    eps: list[md.EntryPoint] = []
+    monkeypatch.setattr(md, "entry_points", lambda group=None: [e for e in eps if group in (None, e.group)])
+    return eps
+
+
+def _good_plugin(location: str) -> types.ModuleType:
+    @hookimpl
+    def shardcore_register_policies(register):
+        register(qualname(Widget), location)
+
+    return _module("fake_good_plugin", shardcore_register_policies=shardcore_register_policies)
+
+
+def test_discovery_is_lazy_and_matches_subclasses(fake_entry_points, monkeypatch):
+    lazy = _module("fake_lazy_policy_module", WidgetPolicy=WidgetPolicy)
+    monkeypatch.setitem(sys.modules, "fake_good_plugin", _good_plugin("fake_lazy_policy_module:WidgetPolicy"))
+    fake_entry_points.append(md.EntryPoint("good", "fake_good_plugin", "shardcore"))
+    registry = PluginRegistry().load()
+    assert registry.plugins["good"].error is None
+    assert registry.plugins["good"].models == [qualname(Widget)]
+    # the policy module is imported only now, when a covered model (a subclass here) asks for it
+    monkeypatch.setitem(sys.modules, "fake_lazy_policy_module", lazy)
+    assert isinstance(registry.get_policy(SubWidget()), WidgetPolicy)
+
+
+def test_broken_plugin_is_reported_and_skipped(fake_entry_points, monkeypatch):
+    monkeypatch.setitem(sys.modules, "fake_good_plugin", _good_plugin(f"{__name__}:WidgetPolicy"))
+    boom = _module("fake_boom")
+
+    def fail_register(register):
+        raise RuntimeError("registration exploded")
+
+    boom.shardcore_register_policies = hookimpl(fail_register)
+    monkeypatch.setitem(sys.modules, "fake_boom", boom)
+    fake_entry_points += [
+        md.EntryPoint("missing", "fake_module_that_does_not_exist", "shardcore"),
+        md.EntryPoint("boom", "fake_boom", "shardcore"),
+        md.EntryPoint("good", "fake_good_plugin", "shardcore"),
+    ]
+    registry = PluginRegistry().load()
+    assert "import failed: ModuleNotFoundError" in registry.plugins["missing"].error
+    assert "registration exploded" in registry.plugins["boom"].error
+    assert registry.plugins["good"].error is None
+    assert isinstance(registry.get_policy(Widget()), WidgetPolicy)
+
+
+def test_misspelt_hook_is_an_error(fake_entry_points, monkeypatch):
+    @hookimpl
+    def shardcore_register_policy(register):  # missing "s"
+        pass
+
+    monkeypatch.setitem(sys.modules, "fake_typo", _module("fake_typo", shardcore_register_policy=shardcore_register_policy))
+    fake_entry_points.append(md.EntryPoint("typo", "fake_typo", "shardcore"))
+    registry = PluginRegistry().load()
+    assert "shardcore_register_policy" in registry.plugins["typo"].error
+
+
+def test_disable_plugins_env(fake_entry_points, monkeypatch):
+    monkeypatch.setitem(sys.modules, "fake_good_plugin", _good_plugin(f"{__name__}:WidgetPolicy"))
+    fake_entry_points.append(md.EntryPoint("good", "fake_good_plugin", "shardcore"))
+    monkeypatch.setenv("SHARDCORE_DISABLE_PLUGINS", "other, good")
+    registry = PluginRegistry().load()
+    assert "good" not in registry.plugins
+    with pytest.raises(NoPolicyError):
+        registry.get_policy(Widget())
+
+
+def test_no_policy_error_names_class_plugins_and_fix(fake_entry_points, monkeypatch):
+    monkeypatch.setitem(sys.modules, "fake_good_plugin", _good_plugin(f"{__name__}:WidgetPolicy"))
+    fake_entry_points += [
+        md.EntryPoint("good", "fake_good_plugin", "shardcore"),
+        md.EntryPoint("missing", "fake_module_that_does_not_exist", "shardcore"),
+    ]
+    registry = PluginRegistry().load()
+    with pytest.raises(NoPolicyError) as err:
+        registry.get_policy(nn.Linear(2, 2))
+    msg = str(err.value)
+    assert "torch.nn.modules.linear.Linear" in msg
+    assert "good (Widget)" in msg
+    assert "'missing' failed to load" in msg
+    assert "pip install shard-" in msg and "policy=" in msg
+
+
+def test_register_and_unregister_a_plugin_object():
+    class InlinePlugin:
+        @hookimpl
+        def shardcore_register_policies(self, register):
+            register(qualname(Widget), WidgetPolicy)
+
+    registry = PluginRegistry().load()
+    registry.register(InlinePlugin(), name="inline")
+    assert isinstance(registry.get_policy(Widget()), WidgetPolicy)
+    registry.unregister("inline")
+    assert registry.find(Widget) is None
+
+
+def test_bad_policy_location_is_reported(fake_entry_points, monkeypatch):
+    monkeypatch.setitem(sys.modules, "fake_good_plugin", _good_plugin("fake_nowhere.module:Policy"))
+    fake_entry_points.append(md.EntryPoint("good", "fake_good_plugin", "shardcore"))
+    registry = PluginRegistry().load()
+    with pytest.raises(ImportError, match="plugin 'good' registered policy 'fake_nowhere.module:Policy'"):
+        registry.get_policy(Widget())
+
+
+def test_cli_table_and_json(fake_entry_points, monkeypatch, capsys):
+    import shardcore.plugins as plugins
+
+    monkeypatch.setitem(sys.modules, "fake_good_plugin", _good_plugin(f"{__name__}:WidgetPolicy"))
+    fake_entry_points += [
+        md.EntryPoint("good", "fake_good_plugin", "shardcore"),
+        md.EntryPoint("missing", "fake_module_that_does_not_exist", "shardcore"),
+    ]
+    monkeypatch.setattr(plugins, "_REGISTRY", None)
+    assert cli_main(["plugins"]) == 0
+    table = capsys.readouterr().out
+    assert "good" in table and "Widget" in table and "FAILED" in table and "ModuleNotFoundError" in table
+    assert cli_main(["plugins", "--json"]) == 0
+    rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
+    assert rows["good"]["models"] == [qualname(Widget)] and rows["good"]["error"] is None
+    assert rows["missing"]["error"].startswith("import failed")
+    monkeypatch.setattr(plugins, "_REGISTRY", None)
+
+
+def test_import_and_discovery_do_not_import_model_libraries():
+    """`import shardcore`, plugin discovery and `shardcore plugins` never import transformers or timm."""
+    code = (
+        "import sys, shardcore\n"
+        "from shardcore.plugins import get_registry\n"
+        "from shardcore.cli import main\n"
+        "reg = get_registry()\n"
+        "main(['plugins'])\n"
+        "heavy = [m for m in ('transformers', 'timm') if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+        "print('PLUGINS', sorted(reg.plugins))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert out.returncode == 0, out.stderr
+    assert "PLUGINS" in out.stdout
+
+
+def test_optimize_without_plugin_or_policy_fails_clearly(fake_entry_points, monkeypatch):
+    import shardcore.plugins as plugins
+
+    monkeypatch.setattr(plugins, "_REGISTRY", None)
+    with pytest.raises(NoPolicyError, match=r"(?s)No shardcore policy covers .*Widget.*No shardcore plugin is installed"):
+        shardcore.optimize(Widget())
+    monkeypatch.setattr(plugins, "_REGISTRY", None)
