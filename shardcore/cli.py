@@ -29,13 +29,18 @@ def _plugins(as_json: bool) -> int:
         return 0
     header = ("plugin", "distribution", "version", "status", "model classes")
     table = [
-        (r["name"], r["distribution"] or "-", r["version"] or "-", "ok" if r["error"] is None else "FAILED",
-         ", ".join(m.rsplit(".", 1)[-1] for m in r["models"]) or "-")
+        (
+            r["name"],
+            r["distribution"] or "-",
+            r["version"] or "-",
+            "ok" if r["error"] is None else "FAILED",
+            ", ".join(m.rsplit(".", 1)[-1] for m in r["models"]) or "-",
+        )
         for r in rows
     ]
     widths = [max(len(str(x[i])) for x in [header, *table]) for i in range(len(header) - 1)]
     for line in [header, *table]:
-        print("  ".join(str(c).ljust(w) for c, w in zip(line[:-1], widths)) + "  " + line[-1])
+        print("  ".join(str(c).ljust(w) for c, w in zip(line[:-1], widths, strict=True)) + "  " + line[-1])
     for r in rows:
         if r["error"]:
             print(f"\n{r['name']}: {r['error']}")

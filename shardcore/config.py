@@ -57,9 +57,7 @@ class ShardConfig:
             any other value raises ``NotImplementedError`` naming the field.
     """
 
-    tensor_parallel_size: int | None = attrs.field(
-        default=None, validator=v.optional([v.instance_of(int), v.ge(1)])
-    )
+    tensor_parallel_size: int | None = attrs.field(default=None, validator=v.optional([v.instance_of(int), v.ge(1)]))
     tensor_parallel_process_group: Any = None
     enable_tensor_parallelism: bool = attrs.field(default=True, validator=v.instance_of(bool))
     parallel_output: bool = attrs.field(default=False, validator=v.instance_of(bool))

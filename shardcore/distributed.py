@@ -51,14 +51,11 @@ def resolve_tp_size(config: ShardConfig) -> int:
     tp = config.tensor_parallel_size or world
     if tp > world:
         hint = (
-            "torch.distributed is not initialized: launch with `torchrun --nproc_per_node "
-            f"{tp} your_script.py`"
+            f"torch.distributed is not initialized: launch with `torchrun --nproc_per_node {tp} your_script.py`"
             if not dist.is_initialized()
             else f"launch {tp} processes (torchrun --nproc_per_node {tp}) or lower tensor_parallel_size"
         )
-        raise ValueError(
-            f"ShardConfig.tensor_parallel_size={tp} is larger than the world size {world}; {hint}."
-        )
+        raise ValueError(f"ShardConfig.tensor_parallel_size={tp} is larger than the world size {world}; {hint}.")
     if world % tp:
         raise ValueError(
             f"world size {world} is not a multiple of ShardConfig.tensor_parallel_size={tp}: the world is "

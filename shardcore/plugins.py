@@ -184,7 +184,9 @@ class PluginRegistry:
                     f"loaded: {type(exc).__name__}: {exc}"
                 ) from exc
         if not (isinstance(policy, type) and issubclass(policy, Policy)):
-            raise TypeError(f"plugin {entry.plugin!r} registered {policy!r} for {key}, which is not a shardcore.Policy subclass")
+            raise TypeError(
+                f"plugin {entry.plugin!r} registered {policy!r} for {key}, which is not a shardcore.Policy subclass"
+            )
         return policy()
 
     def _no_policy_message(self, cls: type) -> str:
@@ -192,8 +194,12 @@ class PluginRegistry:
         broken = [p for p in self.plugins.values() if p.error is not None]
         lines = [f"No shardcore policy covers {qualname(cls)} (nor its base classes)."]
         if ok:
-            lines.append("Installed plugins: " + "; ".join(
-                f"{p.name} ({', '.join(m.rsplit('.', 1)[-1] for m in p.models) or 'no models'})" for p in ok))
+            lines.append(
+                "Installed plugins: "
+                + "; ".join(
+                    f"{p.name} ({', '.join(m.rsplit('.', 1)[-1] for m in p.models) or 'no models'})" for p in ok
+                )
+            )
         else:
             lines.append("No shardcore plugin is installed.")
         lines += [f"Plugin {p.name!r} failed to load: {p.error}" for p in broken]
@@ -223,4 +229,3 @@ def reset_registry() -> None:
 
 def get_policy(model: nn.Module) -> Policy:
     return get_registry().get_policy(model)
-

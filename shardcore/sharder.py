@@ -63,7 +63,9 @@ class ModelSharder:
         for name, module in self.model.named_modules():
             desc = None
             for cls in type(module).__mro__:
-                desc = descriptions.get(cls) or (descriptions.get(f"{cls.__module__}.{cls.__qualname__}") if by_name else None)
+                desc = descriptions.get(cls) or (
+                    descriptions.get(f"{cls.__module__}.{cls.__qualname__}") if by_name else None
+                )
                 if desc is not None:
                     break
             if desc is None:
@@ -147,7 +149,9 @@ def _check_same_weights(model: nn.Module, group) -> None:
         )
 
 
-def optimize(model: nn.Module, config: ShardConfig | None = None, *, policy: Policy | type[Policy] | None = None) -> nn.Module:
+def optimize(
+    model: nn.Module, config: ShardConfig | None = None, *, policy: Policy | type[Policy] | None = None
+) -> nn.Module:
     """Shard ``model`` in place over the tensor-parallel group and return it.
 
     The policy comes from the installed plugins, matched on ``type(model)``'s MRO, unless

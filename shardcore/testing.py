@@ -83,8 +83,14 @@ def _resolve(module_name: str, file: str | None, qualname: str) -> Callable:
 def _worker(rank: int, world_size: int, port: int, conn, timeout_s: float, threads: int) -> None:
     import torch.distributed as dist
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
-                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size))
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world_size),
+    )
     torch.set_num_threads(threads)
     dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s))
     while True:
@@ -153,7 +159,9 @@ class RankPool:
             results.append(value)
         if errors:
             self.close()
-            raise RankError(f"{fn.__qualname__} failed on {len(errors)} of {self.world_size} ranks:\n" + "\n".join(errors))
+            raise RankError(
+                f"{fn.__qualname__} failed on {len(errors)} of {self.world_size} ranks:\n" + "\n".join(errors)
+            )
         return results
 
     def close(self) -> None:
@@ -274,7 +282,9 @@ def assert_sharded_matches(
     loss_ref, loss = _loss(out_ref, loss_fn), _loss(out, loss_fn)
     rel = abs(loss.item() - loss_ref.item()) / max(abs(loss_ref.item()), 1e-12)
     if not rel <= rtol_loss:
-        raise AssertionError(f"loss {loss.item():.9g} vs unsharded {loss_ref.item():.9g}: relative diff {rel:.3g} > {rtol_loss}")
+        raise AssertionError(
+            f"loss {loss.item():.9g} vs unsharded {loss_ref.item():.9g}: relative diff {rel:.3g} > {rtol_loss}"
+        )
     report["loss"], report["loss_unsharded"], report["loss_rel_diff"] = loss.item(), loss_ref.item(), rel
 
     loss_ref.backward()
@@ -286,7 +296,9 @@ def assert_sharded_matches(
         seen.add(name)
         expected = ref_grads[name].grad
         if (grad is None) != (expected is None):
-            raise AssertionError(f"gradient of {name}: sharded {'None' if grad is None else 'set'}, unsharded {'None' if expected is None else 'set'}")
+            raise AssertionError(
+                f"gradient of {name}: sharded {'None' if grad is None else 'set'}, unsharded {'None' if expected is None else 'set'}"
+            )
         if grad is None:
             continue
         if grad.shape != expected.shape:
@@ -296,7 +308,9 @@ def assert_sharded_matches(
             raise AssertionError(f"gradient of {name}: max abs diff {diff:.3g} (atol {grad_atol}, rtol {grad_rtol})")
         worst = max(worst, (grad - expected).abs().max().item())
     if seen != set(ref_grads):
-        raise AssertionError(f"parameters differ: missing {sorted(set(ref_grads) - seen)}, extra {sorted(seen - set(ref_grads))}")
+        raise AssertionError(
+            f"parameters differ: missing {sorted(set(ref_grads) - seen)}, extra {sorted(seen - set(ref_grads))}"
+        )
     report["max_abs_diff_grads"] = worst
 
     if steps:
@@ -314,7 +328,9 @@ def assert_sharded_matches(
         for name, full in shardcore.full_named_tensors(model):
             diff = (full - ref_params[name].detach()).abs().max().item()
             if not diff <= atol_step:
-                raise AssertionError(f"parameter {name} after {steps} AdamW steps: max abs diff {diff:.3g} > {atol_step}")
+                raise AssertionError(
+                    f"parameter {name} after {steps} AdamW steps: max abs diff {diff:.3g} > {atol_step}"
+                )
             worst = max(worst, diff)
         report["max_abs_diff_after_steps"] = worst
     return report

@@ -62,16 +62,28 @@ def _layers(tp: int) -> str:
     x = torch.randn(3, 5, 16)
 
     lin = nn.Linear(16, 24)
-    _check_layer(lin, Linear1D_Col.from_native_module(lin, g, gather_output=True), x,
-                 expected_comm={"all_gather": 1, "all_reduce": 1})
+    _check_layer(
+        lin,
+        Linear1D_Col.from_native_module(lin, g, gather_output=True),
+        x,
+        expected_comm={"all_gather": 1, "all_reduce": 1},
+    )
     # heads replicated: 2 KV heads of size 4 on 4 ranks
     kv = nn.Linear(16, 8)
-    _check_layer(kv, Linear1D_Col.from_native_module(kv, g, num_heads=2, head_dim=4), x,
-                 out_fn=lambda y: _gather_replicated(y, tp, 2))
+    _check_layer(
+        kv,
+        Linear1D_Col.from_native_module(kv, g, num_heads=2, head_dim=4),
+        x,
+        out_fn=lambda y: _gather_replicated(y, tp, 2),
+    )
 
     row = nn.Linear(24, 16)
-    _check_layer(row, Linear1D_Row.from_native_module(row, g, input_is_parallel=False), torch.randn(3, 5, 24),
-                 expected_comm={"all_reduce": 1, "all_gather": 1})
+    _check_layer(
+        row,
+        Linear1D_Row.from_native_module(row, g, input_is_parallel=False),
+        torch.randn(3, 5, 24),
+        expected_comm={"all_reduce": 1, "all_gather": 1},
+    )
 
     qkv = nn.Linear(16, 3 * 16)  # 4 heads of 4, packed [q; k; v]
     fused = FusedLinear1D_Col.from_native_module(qkv, g, heads=(4, 4, 4), head_dim=4)
@@ -89,8 +101,12 @@ def _layers(tp: int) -> str:
     assert torch.equal(par.shard_specs["weight"].gather(par.weight, g), emb.weight.detach())
 
     head = nn.Linear(16, 101)
-    _check_layer(head, VocabParallelLMHead1D.from_native_module(head, g, make_vocab_size_divisible_by=8), x,
-                 expected_comm={"all_gather": 1, "all_reduce": 1})
+    _check_layer(
+        head,
+        VocabParallelLMHead1D.from_native_module(head, g, make_vocab_size_divisible_by=8),
+        x,
+        expected_comm={"all_gather": 1, "all_reduce": 1},
+    )
     return "ok"
 
 
@@ -117,7 +133,7 @@ def _cross_entropy(tp: int) -> str:
     target = torch.randint(0, 101, (4, 6))
     target[0, :2] = -100
     head_spec = ShardSpec.padded(101, tp, 8)
-    (start, stop, _), = head_spec.ranges(torch.distributed.get_rank())
+    ((start, stop, _),) = head_spec.ranges(torch.distributed.get_rank())
     local = logits[..., start:stop].clone().requires_grad_()
     full = logits.clone().requires_grad_()
     with count_collectives() as comm:
@@ -129,8 +145,12 @@ def _cross_entropy(tp: int) -> str:
     torch.testing.assert_close(local.grad, full.grad[..., start:stop], rtol=1e-5, atol=1e-7)
     assert dict(comm) == {"all_reduce": 2}, dict(comm)
     none = vocab_parallel_cross_entropy(local, target, vocab_start=start, process_group=g, reduction="none")
-    torch.testing.assert_close(none, F.cross_entropy(full.flatten(0, 1), target.flatten(), reduction="none").view(4, 6).float(),
-                               rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(
+        none,
+        F.cross_entropy(full.flatten(0, 1), target.flatten(), reduction="none").view(4, 6).float(),
+        rtol=1e-6,
+        atol=1e-7,
+    )
     return "ok"
 
 

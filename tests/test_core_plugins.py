@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.metadata as md
 import json
+import re
 import subprocess
 import sys
 import types
@@ -90,7 +91,9 @@ def test_misspelt_hook_is_an_error(fake_entry_points, monkeypatch):
     def shardcore_register_policy(register):  # missing "s"
         pass
 
-    monkeypatch.setitem(sys.modules, "fake_typo", _module("fake_typo", shardcore_register_policy=shardcore_register_policy))
+    monkeypatch.setitem(
+        sys.modules, "fake_typo", _module("fake_typo", shardcore_register_policy=shardcore_register_policy)
+    )
     fake_entry_points.append(md.EntryPoint("typo", "fake_typo", "shardcore"))
     registry = PluginRegistry().load()
     assert "shardcore_register_policy" in registry.plugins["typo"].error
@@ -139,7 +142,7 @@ def test_bad_policy_location_is_reported(fake_entry_points, monkeypatch):
     monkeypatch.setitem(sys.modules, "fake_good_plugin", _good_plugin("fake_nowhere.module:Policy"))
     fake_entry_points.append(md.EntryPoint("good", "fake_good_plugin", "shardcore"))
     registry = PluginRegistry().load()
-    with pytest.raises(ImportError, match="plugin 'good' registered policy 'fake_nowhere.module:Policy'"):
+    with pytest.raises(ImportError, match=re.escape("plugin 'good' registered policy 'fake_nowhere.module:Policy'")):
         registry.get_policy(Widget())
 
 
@@ -183,6 +186,8 @@ def test_optimize_without_plugin_or_policy_fails_clearly(fake_entry_points, monk
     import shardcore.plugins as plugins
 
     monkeypatch.setattr(plugins, "_REGISTRY", None)
-    with pytest.raises(NoPolicyError, match=r"(?s)No shardcore policy covers .*Widget.*No shardcore plugin is installed"):
+    with pytest.raises(
+        NoPolicyError, match=r"(?s)No shardcore policy covers .*Widget.*No shardcore plugin is installed"
+    ):
         shardcore.optimize(Widget())
     monkeypatch.setattr(plugins, "_REGISTRY", None)

@@ -4,7 +4,6 @@ import pytest
 from toy_models import ToyLM, ToyPolicy, toy_batch
 
 from shardcore import ShardConfig
-from shardcore.layers import count_collectives
 from shardcore.testing import assert_sharded_matches, run_on_ranks
 
 

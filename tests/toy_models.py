@@ -7,7 +7,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from shardcore import ModulePolicyDescription, Policy, SubModuleReplacementDescription
-from shardcore.layers import FusedLinear1D_Col, Linear1D_Col, Linear1D_Row, VocabParallelEmbedding1D, VocabParallelLMHead1D
+from shardcore.layers import (
+    FusedLinear1D_Col,
+    Linear1D_Col,
+    Linear1D_Row,
+    VocabParallelEmbedding1D,
+    VocabParallelLMHead1D,
+)
 
 
 class ToyBlock(nn.Module):
@@ -66,8 +72,10 @@ class ToyPolicy(Policy):
                 attribute_replacement={"num_heads": block.num_heads // self.tp_size},
                 sub_module_replacement=[
                     SubModuleReplacementDescription(
-                        suffix="qkv", target_module=FusedLinear1D_Col,
-                        kwargs={"heads": (block.num_heads,) * 3, "head_dim": block.head_dim}),
+                        suffix="qkv",
+                        target_module=FusedLinear1D_Col,
+                        kwargs={"heads": (block.num_heads,) * 3, "head_dim": block.head_dim},
+                    ),
                     SubModuleReplacementDescription(suffix="proj", target_module=Linear1D_Row),
                     SubModuleReplacementDescription(suffix="fc1", target_module=Linear1D_Col),
                     SubModuleReplacementDescription(suffix="fc2", target_module=Linear1D_Row),
@@ -76,11 +84,13 @@ class ToyPolicy(Policy):
             ToyLM: ModulePolicyDescription(
                 sub_module_replacement=[
                     SubModuleReplacementDescription(
-                        suffix="embed", target_module=VocabParallelEmbedding1D,
-                        kwargs={"make_vocab_size_divisible_by": div}),
+                        suffix="embed",
+                        target_module=VocabParallelEmbedding1D,
+                        kwargs={"make_vocab_size_divisible_by": div},
+                    ),
                     SubModuleReplacementDescription(
-                        suffix="head", target_module=VocabParallelLMHead1D,
-                        kwargs={"make_vocab_size_divisible_by": div}),
+                        suffix="head", target_module=VocabParallelLMHead1D, kwargs={"make_vocab_size_divisible_by": div}
+                    ),
                 ],
             ),
         }

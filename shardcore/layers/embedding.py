@@ -27,19 +27,25 @@ __all__ = ["VocabParallelEmbedding1D", "VocabParallelLMHead1D"]
 class VocabParallelEmbedding1D(ParallelModule):
     """Embedding with the vocabulary split over the group (see the module docstring)."""
 
-    def __init__(self, weight: torch.Tensor, spec: ShardSpec, process_group=None, *, padding_idx: int | None = None) -> None:
+    def __init__(
+        self, weight: torch.Tensor, spec: ShardSpec, process_group=None, *, padding_idx: int | None = None
+    ) -> None:
         super().__init__(process_group)
         self.num_embeddings = spec.full_size
         self.embedding_dim = weight.shape[1]
         self.spec = spec
         self._shard_param("weight", weight, spec)
-        (start, stop, _), = spec.ranges(self.tp_rank)
+        ((start, stop, _),) = spec.ranges(self.tp_rank)
         self.vocab_start, self.vocab_end = start, stop
         self.padding_idx = padding_idx
-        self._local_padding_idx = padding_idx - start if padding_idx is not None and start <= padding_idx < stop else None
+        self._local_padding_idx = (
+            padding_idx - start if padding_idx is not None and start <= padding_idx < stop else None
+        )
 
     @classmethod
-    def from_native_module(cls, module: nn.Embedding, process_group=None, *, make_vocab_size_divisible_by: int = 64) -> VocabParallelEmbedding1D:
+    def from_native_module(
+        cls, module: nn.Embedding, process_group=None, *, make_vocab_size_divisible_by: int = 64
+    ) -> VocabParallelEmbedding1D:
         if not isinstance(module, nn.Embedding):
             raise TypeError(f"{cls.__name__}.from_native_module expects nn.Embedding, got {type(module).__name__}")
         spec = ShardSpec.padded(module.num_embeddings, group_size(process_group), make_vocab_size_divisible_by)
@@ -64,7 +70,15 @@ class VocabParallelEmbedding1D(ParallelModule):
 class VocabParallelLMHead1D(ParallelModule):
     """Output projection with the vocabulary split over the group (see the module docstring)."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, spec: ShardSpec, process_group=None, *, gather_output: bool = True) -> None:
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        spec: ShardSpec,
+        process_group=None,
+        *,
+        gather_output: bool = True,
+    ) -> None:
         super().__init__(process_group)
         self.in_features = weight.shape[1]
         self.out_features = spec.full_size
@@ -72,11 +86,18 @@ class VocabParallelLMHead1D(ParallelModule):
         self.spec = spec
         self._shard_param("weight", weight, spec)
         self._shard_param("bias", bias, spec)
-        (start, stop, _), = spec.ranges(self.tp_rank)
+        ((start, stop, _),) = spec.ranges(self.tp_rank)
         self.vocab_start, self.vocab_end = start, stop
 
     @classmethod
-    def from_native_module(cls, module: nn.Linear, process_group=None, *, gather_output: bool = True, make_vocab_size_divisible_by: int = 64) -> VocabParallelLMHead1D:
+    def from_native_module(
+        cls,
+        module: nn.Linear,
+        process_group=None,
+        *,
+        gather_output: bool = True,
+        make_vocab_size_divisible_by: int = 64,
+    ) -> VocabParallelLMHead1D:
         if not isinstance(module, nn.Linear):
             raise TypeError(f"{cls.__name__}.from_native_module expects nn.Linear, got {type(module).__name__}")
         spec = ShardSpec.padded(module.out_features, group_size(process_group), make_vocab_size_divisible_by)

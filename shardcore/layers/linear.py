@@ -40,7 +40,7 @@ class _SyncReplicaGrads(torch.autograd.Function):
     def backward(ctx, grad):
         grad = grad.clone()
         offset = 0
-        for seg, group in zip(ctx.spec.segments, ctx.groups):
+        for seg, group in zip(ctx.spec.segments, ctx.groups, strict=True):
             if group is not None:
                 part = grad.narrow(ctx.spec.dim, offset, seg.shard_len).contiguous()
                 all_reduce(part, group)
@@ -57,8 +57,16 @@ class Linear1D_Col(ParallelModule):
     :func:`~shardcore.layers.enter_tp_region`), so layers sharing an input share one all-reduce.
     """
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, spec: ShardSpec, process_group=None, *,
-                 gather_output: bool = False, copy_input: bool = True) -> None:
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        spec: ShardSpec,
+        process_group=None,
+        *,
+        gather_output: bool = False,
+        copy_input: bool = True,
+    ) -> None:
         super().__init__(process_group)
         self.copy_input = copy_input
         self.in_features = weight.shape[1]
@@ -77,8 +85,16 @@ class Linear1D_Col(ParallelModule):
             ]
 
     @classmethod
-    def from_native_module(cls, module: nn.Linear, process_group=None, *, gather_output: bool = False,
-                           num_heads: int | None = None, head_dim: int | None = None, copy_input: bool = True) -> Linear1D_Col:
+    def from_native_module(
+        cls,
+        module: nn.Linear,
+        process_group=None,
+        *,
+        gather_output: bool = False,
+        num_heads: int | None = None,
+        head_dim: int | None = None,
+        copy_input: bool = True,
+    ) -> Linear1D_Col:
         """Split ``module``'s outputs evenly, or head-wise when ``num_heads`` is given.
 
         With ``num_heads`` smaller than the group (key/value heads of grouped-query attention),
@@ -131,8 +147,16 @@ class FusedLinear1D_Col(Linear1D_Col):
     """
 
     @classmethod
-    def from_native_module(cls, module: nn.Linear, process_group=None, *, heads: tuple[int, ...], head_dim: int,
-                           gather_output: bool = False, copy_input: bool = True) -> FusedLinear1D_Col:
+    def from_native_module(
+        cls,
+        module: nn.Linear,
+        process_group=None,
+        *,
+        heads: tuple[int, ...],
+        head_dim: int,
+        gather_output: bool = False,
+        copy_input: bool = True,
+    ) -> FusedLinear1D_Col:
         if not isinstance(module, nn.Linear):
             raise TypeError(f"{cls.__name__}.from_native_module expects nn.Linear, got {type(module).__name__}")
         if sum(heads) * head_dim != module.out_features:
@@ -151,7 +175,15 @@ class Linear1D_Row(ParallelModule):
     ``input_is_parallel=False`` takes a full input and keeps this rank's slice of it first.
     """
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, spec: ShardSpec, process_group=None, *, input_is_parallel: bool = True) -> None:
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        spec: ShardSpec,
+        process_group=None,
+        *,
+        input_is_parallel: bool = True,
+    ) -> None:
         super().__init__(process_group)
         if spec.is_replicated or spec.dim != 1:
             raise ValueError("Linear1D_Row needs a split (not replicated) spec along dim 1")
@@ -163,7 +195,15 @@ class Linear1D_Row(ParallelModule):
         self._shard_param("bias", bias, None)
 
     @classmethod
-    def from_native_module(cls, module: nn.Linear, process_group=None, *, input_is_parallel: bool = True, num_heads: int | None = None, head_dim: int | None = None) -> Linear1D_Row:
+    def from_native_module(
+        cls,
+        module: nn.Linear,
+        process_group=None,
+        *,
+        input_is_parallel: bool = True,
+        num_heads: int | None = None,
+        head_dim: int | None = None,
+    ) -> Linear1D_Row:
         if not isinstance(module, nn.Linear):
             raise TypeError(f"{cls.__name__}.from_native_module expects nn.Linear, got {type(module).__name__}")
         from ._functional import group_size

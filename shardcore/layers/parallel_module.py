@@ -30,7 +30,9 @@ class ParallelModule(nn.Module):
     def from_native_module(cls, module: nn.Module, process_group=None, **kwargs) -> ParallelModule:
         raise NotImplementedError(f"{cls.__name__} does not implement from_native_module")
 
-    def _shard_param(self, name: str, full: torch.Tensor | None, spec: ShardSpec | None, *, requires_grad: bool = True) -> None:
+    def _shard_param(
+        self, name: str, full: torch.Tensor | None, spec: ShardSpec | None, *, requires_grad: bool = True
+    ) -> None:
         """Register parameter ``name`` as this rank's slice of ``full`` under ``spec`` (``None``: replicated)."""
         if full is None:
             self.register_parameter(name, None)

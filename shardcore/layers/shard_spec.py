@@ -70,7 +70,9 @@ class ShardSpec:
         return cls(dim=dim, tp_size=tp_size, segments=(Segment(size, tp_size, -(-size // step) * step),))
 
     @classmethod
-    def heads(cls, heads: tuple[int, ...], head_dim: int, tp_size: int, dim: int = 0, *, what: str = "heads") -> ShardSpec:
+    def heads(
+        cls, heads: tuple[int, ...], head_dim: int, tp_size: int, dim: int = 0, *, what: str = "heads"
+    ) -> ShardSpec:
         """Split packed groups of attention heads (e.g. ``(n_q, n_kv, n_kv)``) head-wise.
 
         A group whose head count is divisible by ``tp_size`` is split; a group with fewer heads

@@ -10,33 +10,68 @@ from transformers.modeling_utils import slice_logits_to_keep
 from shardcore.layers import vocab_parallel_cross_entropy
 
 
-def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, lm_head: nn.Module, *, ignore_index: int = -100,
-                   num_items_in_batch=None, shift_labels: torch.Tensor | None = None) -> torch.Tensor:
+def causal_lm_loss(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    lm_head: nn.Module,
+    *,
+    ignore_index: int = -100,
+    num_items_in_batch=None,
+    shift_labels: torch.Tensor | None = None,
+) -> torch.Tensor:
     """HuggingFace's causal-LM loss (labels shifted left by one) over vocab-split logits."""
     if shift_labels is None:
         shift_labels = nn.functional.pad(labels, (0, 1), value=ignore_index)[..., 1:]
     return vocab_parallel_cross_entropy(
-        logits.float(), shift_labels.to(logits.device), vocab_start=lm_head.vocab_start,
-        process_group=lm_head.process_group, ignore_index=ignore_index, num_items_in_batch=num_items_in_batch,
+        logits.float(),
+        shift_labels.to(logits.device),
+        vocab_start=lm_head.vocab_start,
+        process_group=lm_head.process_group,
+        ignore_index=ignore_index,
+        num_items_in_batch=num_items_in_batch,
     )
 
 
-def causal_lm_forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
-                      inputs_embeds=None, labels=None, use_cache=None, logits_to_keep=0, **kwargs):
+def causal_lm_forward(
+    self,
+    input_ids=None,
+    attention_mask=None,
+    position_ids=None,
+    past_key_values=None,
+    inputs_embeds=None,
+    labels=None,
+    use_cache=None,
+    logits_to_keep=0,
+    **kwargs,
+):
     """``*ForCausalLM.forward`` returning this rank's vocabulary slice of the logits.
 
     The loss is the vocab-parallel cross entropy: no rank ever holds the full logits.
     """
     num_items_in_batch = kwargs.pop("num_items_in_batch", None)
     shift_labels = kwargs.pop("shift_labels", None)
-    outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                         past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache, **kwargs)
+    outputs = self.model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        past_key_values=past_key_values,
+        inputs_embeds=inputs_embeds,
+        use_cache=use_cache,
+        **kwargs,
+    )
     logits = self.lm_head(slice_logits_to_keep(outputs.last_hidden_state, logits_to_keep))
     loss = None
     if labels is not None or shift_labels is not None:
-        loss = causal_lm_loss(logits, labels, self.lm_head, num_items_in_batch=num_items_in_batch, shift_labels=shift_labels)
-    return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=outputs.past_key_values,
-                                  hidden_states=outputs.hidden_states, attentions=outputs.attentions)
+        loss = causal_lm_loss(
+            logits, labels, self.lm_head, num_items_in_batch=num_items_in_batch, shift_labels=shift_labels
+        )
+    return CausalLMOutputWithPast(
+        loss=loss,
+        logits=logits,
+        past_key_values=outputs.past_key_values,
+        hidden_states=outputs.hidden_states,
+        attentions=outputs.attentions,
+    )
 
 
 def generate_needs_full_logits(*args, **kwargs):

@@ -66,9 +66,15 @@ class LlamaPolicy(Policy):
             layer_cls: ModulePolicyDescription(
                 attribute_replacement={"self_attn.num_key_value_groups": (heads // tp) // local_kv},
                 sub_module_replacement=[
-                    SubModuleReplacementDescription(suffix="self_attn.q_proj", target_module=Linear1D_Col, kwargs=q_heads),
-                    SubModuleReplacementDescription(suffix="self_attn.k_proj", target_module=Linear1D_Col, kwargs=kv_heads),
-                    SubModuleReplacementDescription(suffix="self_attn.v_proj", target_module=Linear1D_Col, kwargs=kv_heads),
+                    SubModuleReplacementDescription(
+                        suffix="self_attn.q_proj", target_module=Linear1D_Col, kwargs=q_heads
+                    ),
+                    SubModuleReplacementDescription(
+                        suffix="self_attn.k_proj", target_module=Linear1D_Col, kwargs=kv_heads
+                    ),
+                    SubModuleReplacementDescription(
+                        suffix="self_attn.v_proj", target_module=Linear1D_Col, kwargs=kv_heads
+                    ),
                     SubModuleReplacementDescription(suffix="self_attn.o_proj", target_module=Linear1D_Row, kwargs=attn),
                     SubModuleReplacementDescription(suffix="mlp.gate_proj", target_module=Linear1D_Col, kwargs=mlp_in),
                     SubModuleReplacementDescription(suffix="mlp.up_proj", target_module=Linear1D_Col, kwargs=mlp_in),

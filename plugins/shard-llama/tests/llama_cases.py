@@ -7,14 +7,36 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 
-def llama_config(family: str = "llama", *, vocab: int = 128, heads: int = 4, kv: int | None = None,
-                 hidden: int = 64, intermediate: int = 128, layers: int = 2, tie: bool = False, **extra):
+def llama_config(
+    family: str = "llama",
+    *,
+    vocab: int = 128,
+    heads: int = 4,
+    kv: int | None = None,
+    hidden: int = 64,
+    intermediate: int = 128,
+    layers: int = 2,
+    tie: bool = False,
+    **extra,
+):
     import transformers
 
-    cls = {"llama": transformers.LlamaConfig, "mistral": transformers.MistralConfig, "qwen2": transformers.Qwen2Config}[family]
-    return cls(vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
-               num_attention_heads=heads, num_key_value_heads=kv or heads, max_position_embeddings=128,
-               tie_word_embeddings=tie, attention_dropout=0.0, pad_token_id=0, **extra)
+    cls = {"llama": transformers.LlamaConfig, "mistral": transformers.MistralConfig, "qwen2": transformers.Qwen2Config}[
+        family
+    ]
+    return cls(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv or heads,
+        max_position_embeddings=128,
+        tie_word_embeddings=tie,
+        attention_dropout=0.0,
+        pad_token_id=0,
+        **extra,
+    )
 
 
 def build(cls_name: str, family: str = "llama", **cfg):

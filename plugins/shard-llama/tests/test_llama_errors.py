@@ -77,8 +77,11 @@ def test_broken_plugin_is_skipped_and_llama_still_works(monkeypatch, tmp_path):
 
     broken.shardcore_register_policies = hookimpl(shardcore_register_policies)
     monkeypatch.setitem(sys.modules, "fake_broken_plugin", broken)
-    eps = [md.EntryPoint("raises_on_import", "fake_raising_plugin", "shardcore"),
-           md.EntryPoint("broken", "fake_broken_plugin", "shardcore"), *real]
+    eps = [
+        md.EntryPoint("raises_on_import", "fake_raising_plugin", "shardcore"),
+        md.EntryPoint("broken", "fake_broken_plugin", "shardcore"),
+        *real,
+    ]
     monkeypatch.setattr(md, "entry_points", lambda group=None: eps)
     registry = PluginRegistry().load()
     assert "RuntimeError: boom at import time" in registry.plugins["raises_on_import"].error

@@ -24,8 +24,10 @@ def _check(tp: int, cls_name: str, family: str = "llama", parallel_output: bool 
     if parallel_output:
         kwargs["sharded_output_fn"] = gather_vocab_logits
     return assert_sharded_matches(
-        lambda: build(cls_name, family, **cfg), batch,
-        ShardConfig(tensor_parallel_size=tp, parallel_output=parallel_output), **kwargs,
+        lambda: build(cls_name, family, **cfg),
+        batch,
+        ShardConfig(tensor_parallel_size=tp, parallel_output=parallel_output),
+        **kwargs,
     )
 
 
@@ -38,11 +40,11 @@ def test_causal_lm(tp):
 @pytest.mark.parametrize(
     "case",
     [
-        {"kv": 2},                                  # GQA: split at TP=2, replicated KV heads at TP=4
-        {"tie": True},                              # tied input/output embeddings
-        {"vocab": 1001},                            # vocab not divisible by TP: padded, invisible
+        {"kv": 2},  # GQA: split at TP=2, replicated KV heads at TP=4
+        {"tie": True},  # tied input/output embeddings
+        {"vocab": 1001},  # vocab not divisible by TP: padded, invisible
         {"kv": 2, "tie": True, "vocab": 1001},
-        {"heads": 8, "kv": 1},                      # multi-query attention: one KV head on every rank
+        {"heads": 8, "kv": 1},  # multi-query attention: one KV head on every rank
     ],
     ids=["gqa", "tied", "vocab1001", "all", "mqa"],
 )
@@ -96,10 +98,18 @@ def _generate(tp: int, kv: int) -> list:
     torch.manual_seed(0)
     ref = build("LlamaForCausalLM", kv=kv, vocab=1001).eval()
     torch.manual_seed(0)
-    model = shardcore.optimize(build("LlamaForCausalLM", kv=kv, vocab=1001).eval(), ShardConfig(tensor_parallel_size=tp))
+    model = shardcore.optimize(
+        build("LlamaForCausalLM", kv=kv, vocab=1001).eval(), ShardConfig(tensor_parallel_size=tp)
+    )
     batch = lm_batch(1001, seed=3)
-    args = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"], "max_new_tokens": 16,
-            "do_sample": False, "use_cache": True, "pad_token_id": 0}
+    args = {
+        "input_ids": batch["input_ids"],
+        "attention_mask": batch["attention_mask"],
+        "max_new_tokens": 16,
+        "do_sample": False,
+        "use_cache": True,
+        "pad_token_id": 0,
+    }
     with torch.no_grad():
         want = ref.generate(**args)
         got = model.generate(**args)
