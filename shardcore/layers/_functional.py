@@ -102,7 +102,10 @@ class _ReduceFromTP(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, group):
-        return all_reduce(x.contiguous().clone(), group)
+        if x.is_contiguous():  # reduce in place: x is a fresh partial sum nobody else reads
+            ctx.mark_dirty(x)
+            return all_reduce(x, group)
+        return all_reduce(x.contiguous(), group)
 
     @staticmethod
     def backward(ctx, grad):

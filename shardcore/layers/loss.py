@@ -1,17 +1,18 @@
 """Vocab-parallel cross entropy: the loss over vocabulary-split logits, never gathering them.
 
-Rank ``r`` holds logits ``z[..., v]`` for ``v`` in ``[start_r, end_r)``. Forward issues two
-all-reduces of per-token scalars: the max (for stability), then the sum of ``exp(z - max)``
-together with the target's logit (it lives on exactly one rank). Backward sends nothing: each
-rank's gradient is ``softmax(z)[v] - 1[v == target]`` on its own slice.
+Rank ``r`` holds logits ``z[..., v]`` for ``v`` in ``[start_r, end_r)``. Forward issues ONE
+collective, an all-gather of three per-token scalars per rank: the local max ``m_r``, the local
+sum ``s_r = sum_v exp(z_v - m_r)`` and the target's logit (it lives on exactly one rank). Every
+rank then combines them: ``M = max_r m_r``, ``S = sum_r s_r exp(m_r - M)``, and
+``loss = log S + M - z_target``. Backward sends nothing: each rank's gradient is
+``softmax(z)_v - [v == target]`` on its own slice.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
-from ._functional import all_reduce
+from ._functional import all_gather_cat
 
 __all__ = ["vocab_parallel_cross_entropy"]
 
@@ -21,33 +22,43 @@ class _VocabParallelCE(torch.autograd.Function):
     def forward(ctx, logits, target, vocab_start, group, ignore_index):
         ctx.dtype = logits.dtype
         logits = logits.float()
-        logits_max = all_reduce(logits.max(dim=-1).values.contiguous(), group, op=dist.ReduceOp.MAX)
-        shifted = logits - logits_max.unsqueeze(-1)
-
         n_local = logits.shape[-1]
+        if n_local:
+            local_max = logits.amax(dim=-1)
+        else:  # this rank holds only vocabulary padding
+            local_max = logits.new_full(logits.shape[:-1], float("-inf"))
+        exp = logits - local_max.unsqueeze(-1)
+
         local_target = target - vocab_start
-        outside = (local_target < 0) | (local_target >= n_local)
-        local_target = local_target.masked_fill(outside, 0)
-        target_logit = shifted.gather(-1, local_target.unsqueeze(-1)).squeeze(-1).masked_fill(outside, 0.0)
+        here = (local_target >= 0) & (local_target < n_local)
+        local_target = local_target.masked_fill(~here, 0).unsqueeze(-1)
+        if n_local:
+            target_logit = (exp.gather(-1, local_target).squeeze(-1) + local_max).masked_fill(~here, 0.0)
+        else:
+            target_logit = torch.zeros_like(local_max)
 
-        exp = shifted.exp_()
-        sums = torch.stack([exp.sum(dim=-1), target_logit])
-        all_reduce(sums, group)
-        sum_exp, target_logit = sums[0], sums[1]
+        exp.exp_()
+        stats = torch.stack([local_max, exp.sum(dim=-1), target_logit]).unsqueeze(0)
+        stats = all_gather_cat(stats, group, dim=0)  # [tp, 3, ...]
+        maxes, sums = stats[:, 0], stats[:, 1]
+        global_max = maxes.amax(dim=0)
+        sum_exp = (sums * (maxes - global_max).exp()).sum(dim=0)
+        target_logit = stats[:, 2].sum(dim=0)
 
-        ignored = target == ignore_index
-        loss = (sum_exp.log() - target_logit).masked_fill(ignored, 0.0)
-        exp.div_(sum_exp.unsqueeze(-1))
-        ctx.save_for_backward(exp, local_target, outside | ignored, ignored)
+        kept = target != ignore_index
+        loss = (sum_exp.log() + global_max - target_logit).masked_fill(~kept, 0.0)
+        exp.mul_(((local_max - global_max).exp() / sum_exp).unsqueeze(-1))  # now the softmax, kept for backward
+        ctx.save_for_backward(exp, local_target, (here & kept).unsqueeze(-1), kept)
         return loss
 
     @staticmethod
     def backward(ctx, grad_loss):
-        softmax, local_target, not_here, ignored = ctx.saved_tensors
+        # d loss / d z_v = softmax_v - [v == target]; the softmax buffer is reused in place
+        softmax, local_target, target_here, kept = ctx.saved_tensors
         grad = softmax
-        onehot = torch.zeros_like(grad).scatter_(-1, local_target.unsqueeze(-1), 1.0)
-        grad.sub_(onehot * (~not_here).unsqueeze(-1))
-        grad.mul_((grad_loss * (~ignored)).unsqueeze(-1))
+        if grad.shape[-1]:
+            grad.scatter_add_(-1, local_target, -target_here.to(grad.dtype))
+        grad.mul_((grad_loss * kept).unsqueeze(-1))
         return grad.to(ctx.dtype), None, None, None, None
 
 

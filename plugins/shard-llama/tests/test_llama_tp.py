@@ -53,8 +53,11 @@ def test_causal_lm_variants(tp, case):
 
 
 @pytest.mark.parametrize("tp", [2, 4])
-def test_parallel_output_vocab_parallel_loss(tp):
-    run_on_ranks(tp, _check, tp, "LlamaForCausalLM", parallel_output=True, vocab=1001, kv=2, tie=True)
+@pytest.mark.parametrize(
+    "vocab", [1001, 128], ids=["vocab1001", "vocab128"]
+)  # 128 at TP=4: ranks 2, 3 hold only padding
+def test_parallel_output_vocab_parallel_loss(tp, vocab):
+    run_on_ranks(tp, _check, tp, "LlamaForCausalLM", parallel_output=True, vocab=vocab, kv=2, tie=True)
 
 
 @pytest.mark.parametrize("tp", [1, 2, 4])
@@ -70,11 +73,12 @@ def test_same_architecture_families(family, cls_suffix):
     run_on_ranks(2, _check, 2, prefix + cls_suffix, family, kv=2)
 
 
-def _count(tp: int, layers: int) -> dict:
+def _count(tp: int, layers: int, parallel_output: bool = False) -> dict:
     import shardcore
 
     torch.manual_seed(0)
-    model = shardcore.optimize(build("LlamaForCausalLM", layers=layers), ShardConfig(tensor_parallel_size=tp))
+    config = ShardConfig(tensor_parallel_size=tp, parallel_output=parallel_output)
+    model = shardcore.optimize(build("LlamaForCausalLM", layers=layers), config)
     batch = lm_batch()
     with count_collectives() as fwd:
         out = model(**batch)
@@ -83,11 +87,13 @@ def _count(tp: int, layers: int) -> dict:
     return {"forward": dict(fwd), "backward": dict(bwd)}
 
 
+@pytest.mark.parametrize("parallel_output", [False, True])
 @pytest.mark.parametrize("layers", [1, 3])
-def test_collectives_per_step(layers):
+def test_collectives_per_step(layers, parallel_output):
     """Forward: one all-reduce after attention and one after the MLP per layer, one for the
-    embedding, one all-gather of the logits. Backward: one all-reduce per column-parallel entry."""
-    counts = run_on_ranks(2, _count, 2, layers)[0]
+    embedding, and one all-gather: of the logits, or (parallel_output) of the loss's per-token
+    statistics. Backward: one all-reduce per entry into a tensor-parallel region."""
+    counts = run_on_ranks(2, _count, 2, layers, parallel_output)[0]
     assert counts["forward"] == {"all_reduce": 2 * layers + 1, "all_gather": 1}
     assert counts["backward"] == {"all_reduce": 2 * layers + 1}
 
