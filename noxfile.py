@@ -8,6 +8,7 @@ themselves are re-installed from this checkout, as wheels, at the start of every
 
     nox -s tests                        # the whole suite (core + every plugin)
     nox -s tests -- plugins/shard-llama # one package's tests
+    nox -s isolated                     # each plugin installed alone with the core, its tests
     nox -s demo                         # Llama sharded over 2 CPU processes vs unsharded
     nox -s bench                        # shardcore TP vs PyTorch TP vs unsharded
 """
@@ -25,7 +26,6 @@ import nox
 ROOT = pathlib.Path(__file__).resolve().parent
 PLUGINS = sorted(p for p in (ROOT / "plugins").iterdir() if (p / "pyproject.toml").is_file())
 ENV = pathlib.Path(os.environ.get("SHARDCORE_NOX_ENV", ROOT / ".nox" / "shared"))
-BIN = ENV / ("Scripts" if os.name == "nt" else "bin")
 
 # PyTorch's CPU build (this pin is served from local disk on our machines; any 2.4+ works).
 TORCH = os.environ.get("SHARDCORE_TORCH", "torch==2.13.0")
@@ -35,48 +35,66 @@ nox.options.sessions = ["lint", "tests"]
 nox.options.default_venv_backend = "none"
 
 
-def _stamp() -> str:
-    files = [ROOT / "noxfile.py", ROOT / "pyproject.toml", *(p / "pyproject.toml" for p in PLUGINS)]
+def _bin(env: pathlib.Path) -> pathlib.Path:
+    return env / ("Scripts" if os.name == "nt" else "bin")
+
+
+def _stamp(plugins: list[pathlib.Path]) -> str:
+    files = [ROOT / "noxfile.py", ROOT / "pyproject.toml", *(p / "pyproject.toml" for p in plugins)]
     digest = hashlib.sha256(TORCH.encode())
     for f in files:
         digest.update(f.read_bytes())
     return digest.hexdigest()
 
 
-def _install(session: nox.Session) -> None:
-    """Create (or reuse) the shared environment, then install this checkout's packages into it."""
-    stamp = ENV / ".shardcore-stamp"
-    pip = [str(BIN / "python"), "-m", "pip", "install", "--quiet"]
-    if not stamp.is_file() or stamp.read_text() != _stamp():
-        if ENV.exists():
-            shutil.rmtree(ENV)
-        session.run(sys.executable, "-m", "venv", str(ENV), external=True)
+def _install(session: nox.Session, env: pathlib.Path = ENV, plugins: list[pathlib.Path] = PLUGINS) -> pathlib.Path:
+    """Create (or reuse) ``env`` with the core and ``plugins`` (with their ``test`` extras); return its bin dir.
+
+    Third-party requirements are installed only when the environment is new or a pyproject
+    changed; this checkout's packages are re-installed as wheels every time.
+    """
+    stamp, bin_dir = env / ".shardcore-stamp", _bin(env)
+    pip = [str(bin_dir / "python"), "-m", "pip", "install", "--quiet"]
+    packages = [f"{ROOT}[test]", *(f"{p}[test]" for p in plugins)]
+    if not stamp.is_file() or stamp.read_text() != _stamp(plugins):
+        if env.exists():
+            shutil.rmtree(env)
+        session.run(sys.executable, "-m", "venv", str(env), external=True)
         session.run(*pip, TORCH, external=True)
-        # the third-party requirements of the core and every plugin, from their metadata
-        session.run(*pip, *TOOLS, str(ROOT), *map(str, PLUGINS), external=True)
-        stamp.write_text(_stamp())
+        session.run(*pip, *TOOLS, *packages, external=True)
+        stamp.write_text(_stamp(plugins))
     session.run(
-        *pip, "--no-deps", "--no-build-isolation", "--force-reinstall", str(ROOT), *map(str, PLUGINS), external=True
+        *pip, "--no-deps", "--no-build-isolation", "--force-reinstall", str(ROOT), *map(str, plugins), external=True
     )
+    return bin_dir
 
 
-def _run(session: nox.Session, tool: str, *args: str, **env: str) -> None:
-    session.run(str(BIN / tool), *args, external=True, env={"PYTHONHASHSEED": "0", **env})
+def _run(session: nox.Session, bin_dir: pathlib.Path, tool: str, *args: str, **env: str) -> None:
+    session.run(str(bin_dir / tool), *args, external=True, env={"PYTHONHASHSEED": "0", **env})
 
 
 @nox.session
 def tests(session: nox.Session) -> None:
     """The whole test suite on real multi-process gloo groups (CPU)."""
-    _install(session)
-    _run(session, "pytest", *(session.posargs or ["tests", *(str(p / "tests") for p in PLUGINS)]))
+    bin_dir = _install(session)
+    _run(session, bin_dir, "pytest", *(session.posargs or ["tests", *(str(p / "tests") for p in PLUGINS)]))
+
+
+@nox.session
+@nox.parametrize("plugin", [p.name for p in PLUGINS])
+def isolated(session: nox.Session, plugin: str) -> None:
+    """One plugin installed alone beside the core (no other plugin): its own tests pass."""
+    path = ROOT / "plugins" / plugin
+    bin_dir = _install(session, ROOT / ".nox" / f"isolated-{plugin}", [path])
+    _run(session, bin_dir, "pytest", str(path / "tests"), *session.posargs)
 
 
 @nox.session
 def lint(session: nox.Session) -> None:
     """ruff check and format check."""
-    _install(session)
-    _run(session, "ruff", "check", ".")
-    _run(session, "ruff", "format", "--check", ".")
+    bin_dir = _install(session)
+    _run(session, bin_dir, "ruff", "check", ".")
+    _run(session, bin_dir, "ruff", "format", "--check", ".")
 
 
 @nox.session
@@ -98,5 +116,12 @@ def demo(session: nox.Session) -> None:
 @nox.session(default=False)
 def bench(session: nox.Session) -> None:
     """Benchmark (not a test): step time, parameter bytes, collectives; writes bench-results/*.json."""
-    _install(session)
-    _run(session, "python", "benchmarks/bench_llama_tp.py", *session.posargs)
+    bin_dir = _install(session)
+    _run(session, bin_dir, "python", "benchmarks/bench_llama_tp.py", *session.posargs)
+
+
+@nox.session(default=False)
+def convergence(session: nox.Session) -> None:
+    """Benchmark (not a test): MiniLM fine-tuned unsharded, TP=2 and TP=4; accuracy, F1, loss."""
+    bin_dir = _install(session)
+    _run(session, bin_dir, "python", "benchmarks/bench_bert_convergence.py", *session.posargs)

@@ -44,7 +44,10 @@ class ModulePolicyDescription:
     * ``enter_tp_region``: suffixes of submodules whose input (``hidden_states`` or the first
       positional argument) enters the tensor-parallel region once, so the column-parallel layers
       inside them (built with ``copy_input=False``) share one backward all-reduce instead of one
-      each (``q``/``k``/``v`` or ``gate``/``up`` projections reading the same tensor).
+      each (``q``/``k``/``v`` or ``gate``/``up`` projections reading the same tensor);
+    * ``per_rank_rng``: suffixes of submodules that work on split activations (attention over
+      this rank's heads) and whose forward draws random numbers (dropout): they run on a per-rank
+      random stream, so ranks drop independently while replicated dropout stays in step.
     """
 
     attribute_replacement: dict[str, Any] = attrs.field(factory=dict)
@@ -52,6 +55,7 @@ class ModulePolicyDescription:
     sub_module_replacement: list[SubModuleReplacementDescription] = attrs.field(factory=list)
     method_replacement: dict[str, Callable] = attrs.field(factory=dict)
     enter_tp_region: list[str] = attrs.field(factory=list)
+    per_rank_rng: list[str] = attrs.field(factory=list)
 
 
 class Policy:

@@ -13,13 +13,17 @@ __all__ = ["full_named_tensors", "parameter_specs"]
 
 
 def parameter_specs(model: nn.Module) -> dict[str, tuple]:
-    """``{parameter name: (ShardSpec, process group)}`` for every split parameter of ``model``."""
-    specs = {}
-    for mod_name, module in model.named_modules():
+    """``{parameter name: (ShardSpec, process group)}`` for every split parameter of ``model``.
+
+    Tied parameters appear under the name ``model.named_parameters()`` gives them, whichever
+    module owns the parallel layer.
+    """
+    by_id = {}
+    for module in model.modules():
         if isinstance(module, ParallelModule):
             for p_name, spec in module.shard_specs.items():
-                specs[f"{mod_name}.{p_name}" if mod_name else p_name] = (spec, module.process_group)
-    return specs
+                by_id[id(getattr(module, p_name))] = (spec, module.process_group)
+    return {name: by_id[id(p)] for name, p in model.named_parameters() if id(p) in by_id}
 
 
 def full_named_tensors(model: nn.Module, *, grads: bool = False) -> Iterator[tuple[str, torch.Tensor | None]]:

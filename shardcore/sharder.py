@@ -13,6 +13,7 @@ from torch import nn
 from . import distributed
 from .config import ShardConfig
 from .layers._functional import enter_tp_region, group_size
+from .layers.rng import run_in_tp_rng
 from .policy import ModulePolicyDescription, Policy
 
 __all__ = ["ModelSharder", "ShardInfo", "optimize"]
@@ -70,11 +71,11 @@ class ModelSharder:
                     break
             if desc is None:
                 continue
-            for sub in desc.enter_tp_region:
+            for sub in [*desc.enter_tp_region, *desc.per_rank_rng]:
                 if not _has(module, sub):
                     raise AttributeError(
                         f"{type(self.policy).__name__}: {type(module).__name__} at '{name or '<root>'}' has no "
-                        f"submodule '{sub}' to enter the tensor-parallel region at"
+                        f"submodule '{sub}' (named in enter_tp_region / per_rank_rng)"
                     )
             for sub in desc.sub_module_replacement:
                 if not sub.ignore_if_not_exist and not _has(module, sub.suffix):
@@ -102,6 +103,8 @@ class ModelSharder:
                 setattr(module, method, types.MethodType(fn, module))
             for suffix in desc.enter_tp_region:
                 enter_tp_region(_get(module, suffix), self.process_group)
+            for suffix in desc.per_rank_rng:
+                run_in_tp_rng(_get(module, suffix), self.process_group)
         self._retie(shared)
         return self.model
 
@@ -114,23 +117,25 @@ class ModelSharder:
         return [places for places in owners.values() if len({m for m, _ in places}) > 1]
 
     def _retie(self, shared: list[list[tuple[str, str]]]) -> None:
-        """Make parameters that were one before sharding one again (e.g. tied embeddings)."""
+        """Make parameters that were one before sharding one again (tied embeddings, tied biases).
+
+        A parallel layer's slice wins over a native module's full tensor: the native owner (e.g.
+        an MLM head's ``bias`` tied to its replaced ``decoder.bias``) is pointed at the slice.
+        """
         for places in shared:
-            modules = [(_get(self.model, m) if m else self.model, p) for m, p in places]
-            first_mod, first_name = modules[0]
-            keep = getattr(first_mod, first_name)
-            keep_spec = getattr(first_mod, "shard_specs", {}).get(first_name)
-            for mod, p_name in modules[1:]:
-                current = getattr(mod, p_name)
-                if current is keep:
-                    continue
-                spec = getattr(mod, "shard_specs", {}).get(p_name)
-                if current.shape != keep.shape or spec != keep_spec:
+            owners = [(_get(self.model, m) if m else self.model, p) for m, p in places]
+            specs = [getattr(mod, "shard_specs", {}).get(name) for mod, name in owners]
+            sharded = [(getattr(mod, name), spec) for (mod, name), spec in zip(owners, specs, strict=True) if spec]
+            keep = sharded[0][0] if sharded else getattr(*owners[0])
+            for param, spec in sharded[1:]:
+                if param.shape != keep.shape or spec != sharded[0][1]:
                     raise ValueError(
-                        f"tied parameters {places} were sharded differently ({keep_spec} vs {spec}); "
+                        f"tied parameters {places} were sharded differently ({sharded[0][1]} vs {spec}); "
                         "a policy must shard tied weights the same way"
                     )
-                setattr(mod, p_name, keep)
+            for mod, name in owners:
+                if getattr(mod, name) is not keep:
+                    setattr(mod, name, keep)
 
 
 def _check_same_weights(model: nn.Module, group) -> None:

@@ -1,10 +1,11 @@
 """Parallel layers: each holds a rank's slice of a native module and knows its communication."""
 
-from ._functional import copy_to_tp, count_collectives, gather_from_tp, reduce_from_tp, split_to_tp
+from ._functional import copy_to_tp, count_collectives, enter_tp_region, gather_from_tp, reduce_from_tp, split_to_tp
 from .embedding import VocabParallelEmbedding1D, VocabParallelLMHead1D
 from .linear import FusedLinear1D_Col, Linear1D_Col, Linear1D_Row
 from .loss import vocab_parallel_cross_entropy
 from .parallel_module import ParallelModule
+from .rng import fork_tp_rng, run_in_tp_rng
 from .shard_spec import Segment, ShardSpec
 
 __all__ = [
@@ -18,8 +19,11 @@ __all__ = [
     "VocabParallelLMHead1D",
     "copy_to_tp",
     "count_collectives",
+    "enter_tp_region",
+    "fork_tp_rng",
     "gather_from_tp",
     "reduce_from_tp",
+    "run_in_tp_rng",
     "split_to_tp",
     "vocab_parallel_cross_entropy",
 ]

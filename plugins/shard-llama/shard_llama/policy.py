@@ -82,6 +82,7 @@ class LlamaPolicy(Policy):
                 ],
                 # q/k/v read one tensor, gate/up another: one backward all-reduce each
                 enter_tp_region=["self_attn", "mlp"],
+                per_rank_rng=["self_attn"],  # attention dropout drops this rank's heads
             ),
             type(self.base): ModulePolicyDescription(
                 sub_module_replacement=[

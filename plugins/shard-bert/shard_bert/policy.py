@@ -1,0 +1,122 @@
+"""Tensor-parallel policies for BERT and RoBERTa.
+
+Per encoder layer (Megatron-LM's layout, one all-reduce after attention and one after the MLP):
+
+* ``attention.self.query/key/value``: column parallel, split by heads (one backward all-reduce
+  for the three); ``attention.output.dense``: row parallel;
+* ``intermediate.dense``: column parallel; ``output.dense``: row parallel;
+* decoders with ``add_cross_attention``: the same for ``crossattention`` (its key and value read
+  the encoder's states);
+* LayerNorms, position and token-type embeddings, pooler and classifier heads: replicated.
+
+``word_embeddings`` is vocab parallel, and so is the MLM decoder (full logits gathered; the
+vocabulary is padded invisibly); the decoder weight stays tied to the word embeddings and its
+bias to the head's ``bias``. Attention dropout runs on a per-rank random stream (each rank drops
+its own heads), residual dropout on the shared one (replicas stay equal).
+
+The policies are structural (classes are taken from the model instance), so they import
+nothing from transformers.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from shardcore import ModulePolicyDescription, Policy, SubModuleReplacementDescription
+from shardcore.layers import Linear1D_Col, Linear1D_Row, VocabParallelEmbedding1D, VocabParallelLMHead1D
+
+__all__ = ["BertModelPolicy", "BertPolicy", "BertWithLMHeadPolicy"]
+
+
+def _attention_subs(prefix: str, heads: dict, *, copy_q: bool, copy_kv: bool) -> list[SubModuleReplacementDescription]:
+    sub = SubModuleReplacementDescription
+    return [
+        sub(suffix=f"{prefix}.self.query", target_module=Linear1D_Col, kwargs={**heads, "copy_input": copy_q}),
+        sub(suffix=f"{prefix}.self.key", target_module=Linear1D_Col, kwargs={**heads, "copy_input": copy_kv}),
+        sub(suffix=f"{prefix}.self.value", target_module=Linear1D_Col, kwargs={**heads, "copy_input": copy_kv}),
+        sub(suffix=f"{prefix}.output.dense", target_module=Linear1D_Row, kwargs=heads),
+    ]
+
+
+class BertPolicy(Policy):
+    """Shards the encoder and word embeddings of ``model.base_model`` (``BertModel``/``RobertaModel``)."""
+
+    @property
+    def base(self):
+        return self.model.base_model
+
+    def config_sanity_check(self) -> None:
+        cfg, tp = self.model.config, self.tp_size
+        name = type(self.model).__name__
+        self.require_divisible(cfg.num_attention_heads, tp, "num_attention_heads", name)
+        self.require_divisible(cfg.intermediate_size, tp, "intermediate_size", name)
+        if self.shard_config.parallel_output:
+            raise NotImplementedError(
+                f"{name}: shard-bert does not support ShardConfig(parallel_output=True) yet; "
+                "leave it False (logits are gathered, the loss is the unsharded one)."
+            )
+
+    def module_policy(self):
+        cfg, tp = self.model.config, self.tp_size
+        heads = {"num_heads": cfg.num_attention_heads, "head_dim": cfg.hidden_size // cfg.num_attention_heads}
+        local = {
+            "num_attention_heads": cfg.num_attention_heads // tp,
+            "all_head_size": cfg.hidden_size // tp,
+        }
+        layer = self.base.encoder.layer[0]
+        attention_parts = ["attention"] + (["crossattention"] if hasattr(layer, "crossattention") else [])
+        subs = _attention_subs("attention", heads, copy_q=False, copy_kv=False)
+        if "crossattention" in attention_parts:
+            # query reads the decoder's states, key/value the encoder's: no shared entry
+            subs += _attention_subs("crossattention", heads, copy_q=True, copy_kv=True)
+        subs += [
+            SubModuleReplacementDescription(suffix="intermediate.dense", target_module=Linear1D_Col),
+            SubModuleReplacementDescription(suffix="output.dense", target_module=Linear1D_Row),
+        ]
+        return {
+            type(layer): ModulePolicyDescription(
+                attribute_replacement={f"{part}.self.{k}": v for part in attention_parts for k, v in local.items()},
+                sub_module_replacement=subs,
+                enter_tp_region=["attention.self"],
+                per_rank_rng=[f"{part}.self" for part in attention_parts],
+            ),
+            type(self.base.embeddings): ModulePolicyDescription(
+                sub_module_replacement=[
+                    SubModuleReplacementDescription(
+                        suffix="word_embeddings",
+                        target_module=VocabParallelEmbedding1D,
+                        kwargs={"make_vocab_size_divisible_by": self.shard_config.make_vocab_size_divisible_by},
+                    )
+                ]
+            ),
+        }
+
+
+class BertModelPolicy(BertPolicy):
+    """``BertModel``/``RobertaModel`` and the heads that keep a small replicated classifier."""
+
+
+class BertWithLMHeadPolicy(BertPolicy):
+    """Models with an MLM/LM head (``decoder`` over the vocabulary): the decoder is vocab parallel."""
+
+    def module_policy(self):
+        policy = super().module_policy()
+        vocab = self.model.config.vocab_size
+        heads = {
+            type(m)
+            for m in self.model.modules()
+            if isinstance(getattr(m, "decoder", None), nn.Linear) and m.decoder.out_features == vocab
+        }
+        if not heads:
+            raise ValueError(f"{type(self.model).__name__}: no LM head with a 'decoder' over the vocabulary found")
+        for head in heads:
+            policy[head] = ModulePolicyDescription(
+                sub_module_replacement=[
+                    SubModuleReplacementDescription(
+                        suffix="decoder",
+                        target_module=VocabParallelLMHead1D,
+                        kwargs={"make_vocab_size_divisible_by": self.shard_config.make_vocab_size_divisible_by},
+                    )
+                ]
+            )
+        return policy

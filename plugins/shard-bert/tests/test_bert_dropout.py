@@ -1,0 +1,73 @@
+"""Dropout under tensor parallelism: attention dropout draws per rank, residual dropout stays in
+step across ranks, and training with dropout is statistically the unsharded model."""
+
+from __future__ import annotations
+
+import torch
+from bert_cases import batch_for, build
+
+import shardcore
+from shardcore import ShardConfig
+from shardcore.testing import run_on_ranks
+
+
+def _replicas_in_step(tp: int) -> bool:
+    """With dropout on, every rank computes the same (replicated) hidden states and loss."""
+    import torch.distributed as dist
+
+    torch.manual_seed(0)
+    model = shardcore.optimize(build("BertForMaskedLM", dropout=0.3), ShardConfig(tensor_parallel_size=tp)).train()
+    out = model(**batch_for("BertForMaskedLM"))
+    stats = torch.stack([out.loss.detach(), out.logits.detach().double().sum().float()])
+    every = [torch.empty_like(stats) for _ in range(tp)]
+    dist.all_gather(every, stats)
+    return all(torch.equal(every[0], e) for e in every)
+
+
+def test_dropout_keeps_replicas_in_step():
+    assert all(run_on_ranks(2, _replicas_in_step, 2))
+
+
+def _attention_masks_differ_per_rank() -> list:
+    """The per-rank stream differs between ranks; the default stream is left as it was."""
+    from shardcore.layers import fork_tp_rng
+
+    torch.manual_seed(0)
+    with fork_tp_rng(torch.distributed.group.WORLD):
+        tp_draw = torch.rand(4).tolist()
+    return [tp_draw, torch.rand(4).tolist()]
+
+
+def test_per_rank_stream():
+    (tp0, default0), (tp1, default1) = run_on_ranks(2, _attention_masks_differ_per_rank)
+    assert tp0 != tp1, "ranks must drop different heads"
+    assert default0 == default1, "the replicated stream must stay in step"
+    torch.manual_seed(0)
+    assert default0 == torch.rand(4).tolist(), "forking must not consume the default stream"
+
+
+def _mean_losses(tp: int, samples: int) -> tuple:
+    """Losses of the unsharded and sharded model in training mode, over ``samples`` dropout draws."""
+    torch.manual_seed(0)
+    ref = build("BertForMaskedLM", dropout=0.3).train()
+    torch.manual_seed(0)
+    model = shardcore.optimize(build("BertForMaskedLM", dropout=0.3), ShardConfig(tensor_parallel_size=tp)).train()
+    batch = batch_for("BertForMaskedLM")
+    ref_losses, losses = [], []
+    with torch.no_grad():
+        for i in range(samples):
+            torch.manual_seed(1000 + i)
+            ref_losses.append(ref(**batch).loss.item())
+            torch.manual_seed(1000 + i)
+            losses.append(model(**batch).loss.item())
+    return ref_losses, losses
+
+
+def test_dropout_training_is_statistically_unsharded():
+    ref, got = torch.tensor(run_on_ranks(2, _mean_losses, 2, 200)[0])
+    # the sharded model draws other masks, so losses differ per sample ...
+    assert not torch.allclose(ref, got)
+    # ... but not in distribution: means agree within 4 standard errors, spreads within 25 %
+    se = (ref.var() / len(ref) + got.var() / len(got)).sqrt()
+    assert (ref.mean() - got.mean()).abs() < 4 * se, (ref.mean(), got.mean(), se)
+    assert 0.75 < got.std() / ref.std() < 1.25, (ref.std(), got.std())

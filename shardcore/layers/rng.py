@@ -1,0 +1,69 @@
+"""Random streams for tensor-parallel regions (Megatron-LM's RNG tracker, for CPU and CUDA).
+
+Dropout must draw *different* numbers on different ranks where activations are split (each rank
+drops its own attention heads, like the unsharded model drops every head independently) and
+the *same* numbers where activations are replicated (residual-stream dropout), or the replicas
+drift apart. Every rank starts from the same seed, so the default stream is already in step;
+:func:`fork_tp_rng` switches to a second stream, seeded ``initial_seed + 2718 + tp_rank``, for the
+code that runs on split activations, and back afterwards, leaving the default stream untouched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+
+from ._functional import group_rank
+
+__all__ = ["fork_tp_rng", "run_in_tp_rng"]
+
+_STATES: dict[tuple[int, str], torch.Tensor] = {}
+SEED_OFFSET = 2718
+
+
+def _get(device: str) -> torch.Tensor:
+    return torch.cuda.get_rng_state() if device == "cuda" else torch.get_rng_state()
+
+
+def _set(device: str, state: torch.Tensor) -> None:
+    if device == "cuda":
+        torch.cuda.set_rng_state(state)
+    else:
+        torch.set_rng_state(state)
+
+
+@contextlib.contextmanager
+def fork_tp_rng(group, device: str = "cpu") -> Iterator[None]:
+    """Run the block on this rank's tensor-parallel random stream (one stream per group and device)."""
+    key = (id(group), device)
+    if key not in _STATES:
+        seed = torch.initial_seed() + SEED_OFFSET + group_rank(group)
+        gen = torch.Generator(device=device).manual_seed(seed)
+        _STATES[key] = gen.get_state()
+    outer = _get(device)
+    _set(device, _STATES[key])
+    try:
+        yield
+    finally:
+        _STATES[key] = _get(device)
+        _set(device, outer)
+
+
+def run_in_tp_rng(module: nn.Module, group) -> None:
+    """Make ``module``'s forward (in training mode) draw from the per-rank stream."""
+    forward = module.forward
+
+    @functools.wraps(forward)
+    def wrapped(*args, **kwargs):
+        if not module.training:
+            return forward(*args, **kwargs)
+        param = next(module.parameters(), None)
+        device = "cuda" if param is not None and param.is_cuda else "cpu"
+        with fork_tp_rng(group, device):
+            return forward(*args, **kwargs)
+
+    module.forward = wrapped
