@@ -27,8 +27,11 @@ ROOT = pathlib.Path(__file__).resolve().parent
 PLUGINS = sorted(p for p in (ROOT / "plugins").iterdir() if (p / "pyproject.toml").is_file())
 ENV = pathlib.Path(os.environ.get("SHARDCORE_NOX_ENV", ROOT / ".nox" / "shared"))
 
-# PyTorch's CPU build (this pin is served from local disk on our machines; any 2.4+ works).
+# PyTorch pins served from local disk on our machines (any torch 2.4+ works): the CPU build, or,
+# for environments with timm (which needs torchvision), the matching torch + torchvision pair.
 TORCH = os.environ.get("SHARDCORE_TORCH", "torch==2.13.0")
+TORCH_VISION = os.environ.get("SHARDCORE_TORCH_VISION", "torch==2.14.1 torchvision==0.29.1")
+NEEDS_TORCHVISION = {"shard-vit"}
 TOOLS = ["pytest>=8", "ruff>=0.6", "hatchling>=1.21", "tqdm"]
 
 nox.options.sessions = ["lint", "tests"]
@@ -39,9 +42,13 @@ def _bin(env: pathlib.Path) -> pathlib.Path:
     return env / ("Scripts" if os.name == "nt" else "bin")
 
 
+def _torch(plugins: list[pathlib.Path]) -> list[str]:
+    return (TORCH_VISION if any(p.name in NEEDS_TORCHVISION for p in plugins) else TORCH).split()
+
+
 def _stamp(plugins: list[pathlib.Path]) -> str:
     files = [ROOT / "noxfile.py", ROOT / "pyproject.toml", *(p / "pyproject.toml" for p in plugins)]
-    digest = hashlib.sha256(TORCH.encode())
+    digest = hashlib.sha256(" ".join(_torch(plugins)).encode())
     for f in files:
         digest.update(f.read_bytes())
     return digest.hexdigest()
@@ -60,7 +67,7 @@ def _install(session: nox.Session, env: pathlib.Path = ENV, plugins: list[pathli
         if env.exists():
             shutil.rmtree(env)
         session.run(sys.executable, "-m", "venv", str(env), external=True)
-        session.run(*pip, TORCH, external=True)
+        session.run(*pip, *_torch(plugins), external=True)
         session.run(*pip, *TOOLS, *packages, external=True)
         stamp.write_text(_stamp(plugins))
     session.run(

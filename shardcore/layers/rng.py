@@ -61,8 +61,8 @@ def run_in_tp_rng(module: nn.Module, group) -> None:
     def wrapped(*args, **kwargs):
         if not module.training:
             return forward(*args, **kwargs)
-        param = next(module.parameters(), None)
-        device = "cuda" if param is not None and param.is_cuda else "cpu"
+        tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)] or list(module.parameters())
+        device = "cuda" if tensors and tensors[0].is_cuda else "cpu"
         with fork_tp_rng(group, device):
             return forward(*args, **kwargs)
 

@@ -1,0 +1,81 @@
+"""Tensor parallel for timm's ``VisionTransformer`` (every ``vit_*`` / ``deit_*`` model).
+
+Per block: the packed ``attn.qkv`` is split *per head* (:class:`FusedLinear1D_Col`: rank ``r``
+holds its heads' rows of q, of k and of v, never a contiguous block of rows), ``attn.proj`` is
+row parallel; ``mlp.fc1`` column, ``mlp.fc2`` row parallel. Patch embedding, class and register
+tokens, position embeddings, norms, pooling ('token', 'avg', ...) and the head stay replicated.
+Attention dropout and the MLP's inner dropout draw from a per-rank random stream. Structural:
+imports nothing from timm.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from shardcore import ModulePolicyDescription, Policy, SubModuleReplacementDescription
+from shardcore.layers import FusedLinear1D_Col, Linear1D_Col, Linear1D_Row
+
+__all__ = ["TimmViTPolicy"]
+
+
+def _is_identity(module) -> bool:
+    return module is None or isinstance(module, nn.Identity)
+
+
+class TimmViTPolicy(Policy):
+    def _block(self):
+        blocks = getattr(self.model, "blocks", None)
+        if not blocks:
+            raise ValueError(f"{type(self.model).__name__}: no transformer blocks to shard")
+        return blocks[0]
+
+    def config_sanity_check(self) -> None:
+        name = f"timm {type(self.model).__name__}"
+        block = self._block()
+        attn, mlp = getattr(block, "attn", None), getattr(block, "mlp", None)
+        if not isinstance(getattr(attn, "qkv", None), nn.Linear) or not isinstance(
+            getattr(mlp, "fc1", None), nn.Linear
+        ):
+            raise NotImplementedError(
+                f"{name}: block type {type(block).__name__} (attention {type(attn).__name__}, "
+                f"MLP {type(mlp).__name__}) is not supported; shard-vit needs attn.qkv and mlp.fc1/fc2 Linear layers"
+            )
+        unsupported = [n for n in ("q_norm", "k_norm", "norm") if not _is_identity(getattr(attn, n, None))]
+        unsupported += ["attn.gate"] if getattr(attn, "gate", None) is not None else []
+        unsupported += ["mlp.norm"] if not _is_identity(getattr(mlp, "norm", None)) else []
+        if unsupported:
+            raise NotImplementedError(
+                f"{name}: {', '.join(unsupported)} inside attention/MLP is not supported under TP yet"
+            )
+        if attn.attn_drop.p > 0 and attn.proj_drop.p > 0:
+            raise NotImplementedError(
+                f"{name}: attention dropout together with projection dropout (proj_drop_rate > 0) is not supported "
+                "under TP yet; set one of them to 0"
+            )
+        self.require_divisible(attn.num_heads, self.tp_size, "num_heads", name)
+        self.require_divisible(mlp.fc1.out_features, self.tp_size, "mlp hidden features", name)
+
+    def module_policy(self):
+        block = self._block()
+        attn, tp = block.attn, self.tp_size
+        sub = SubModuleReplacementDescription
+        return {
+            type(block): ModulePolicyDescription(
+                attribute_replacement={"attn.num_heads": attn.num_heads // tp, "attn.attn_dim": attn.attn_dim // tp},
+                sub_module_replacement=[
+                    sub(
+                        suffix="attn.qkv",
+                        target_module=FusedLinear1D_Col,
+                        kwargs={"heads": (attn.num_heads,) * 3, "head_dim": attn.head_dim},
+                    ),
+                    sub(
+                        suffix="attn.proj",
+                        target_module=Linear1D_Row,
+                        kwargs={"num_heads": attn.num_heads, "head_dim": attn.head_dim},
+                    ),
+                    sub(suffix="mlp.fc1", target_module=Linear1D_Col),
+                    sub(suffix="mlp.fc2", target_module=Linear1D_Row),
+                ],
+                per_rank_rng=["attn", "mlp.drop1"],
+            )
+        }
