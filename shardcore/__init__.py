@@ -3,6 +3,7 @@
 >>> model = shardcore.optimize(model, shardcore.ShardConfig(tensor_parallel_size=2))  # doctest: +SKIP
 """
 
+from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from .config import ShardConfig
 from .hookspecs import hookimpl
 from .layers.parallel_module import ParallelModule
@@ -14,6 +15,7 @@ from .sharder import optimize
 __version__ = "0.1.0"
 
 __all__ = [
+    "CheckpointError",
     "ModulePolicyDescription",
     "NoPolicyError",
     "ParallelModule",
@@ -23,5 +25,7 @@ __all__ = [
     "__version__",
     "full_named_tensors",
     "hookimpl",
+    "load_checkpoint",
     "optimize",
+    "save_checkpoint",
 ]

@@ -94,6 +94,24 @@ class Policy:
         """Finish the model after modules are replaced; returns the model."""
         return self.model
 
+    def materialize_buffers(self, modules: list[nn.Module]) -> None:
+        """Fill buffers that a checkpoint does not hold (non-persistent ones, e.g. rotary
+        frequencies) after :func:`shardcore.load_checkpoint` materialized a meta-built model;
+        the buffers of ``modules`` are allocated but uninitialized.
+
+        The default follows the HuggingFace convention: ``model._init_weights(module)`` computes
+        a module's buffers. Policies of other libraries override this.
+        """
+        init = getattr(self.model, "_init_weights", None)
+        if init is None:
+            names = [type(m).__name__ for m in modules]
+            raise NotImplementedError(
+                f"{type(self).__name__} cannot compute the buffers of {names} after lazy initialization; "
+                "override Policy.materialize_buffers or build the model on a real device"
+            )
+        for module in modules:
+            init(module)
+
     @staticmethod
     def require_divisible(value: int, tp_size: int, field: str, model: str) -> None:
         """Raise ``ValueError`` naming ``field`` if ``tp_size`` does not divide ``value``."""

@@ -11,6 +11,7 @@ import torch.distributed as dist
 from torch import nn
 
 from . import distributed
+from .checkpoint import guard_meta
 from .config import ShardConfig
 from .layers._functional import enter_tp_region, group_size
 from .layers.rng import run_in_tp_rng
@@ -184,6 +185,7 @@ def optimize(
     policy.set_shard_config(config, tp_size)
     policy.config_sanity_check()
     if tp_size == 1 or not config.enable_tensor_parallelism:
+        guard_meta(model)
         return model
 
     group = distributed.tp_group(config, tp_size)
@@ -192,4 +194,5 @@ def optimize(
     model = ModelSharder(model, policy, group).shard()
     model = policy.postprocess()
     model.shardcore = ShardInfo(config, tp_size, group, policy)
+    guard_meta(model)
     return model
