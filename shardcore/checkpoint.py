@@ -73,10 +73,24 @@ def _open(file: Path, safe_open):
         raise CheckpointError(f"cannot read {file}: {type(exc).__name__}: {exc}") from None
 
 
-def _resolve_key(name: str, available: dict, prefix: str | None) -> str | None:
-    """The checkpoint key for model tensor ``name``, allowing a base-model prefix on either side."""
+def _policy(model: nn.Module):
+    info = getattr(model, "shardcore", None)
+    if info is not None:
+        return info.policy
+    from .policy import Policy
+
+    policy = Policy()
+    policy.set_model(model)
+    return policy
+
+
+def _resolve_key(name: str, available: dict, prefix: str | None, renamed: dict[str, str]) -> str | None:
+    """The checkpoint key for model tensor ``name``: as is, in the library's checkpoint naming, or
+    with the base-model prefix added or stripped."""
     if name in available:
         return name
+    if renamed.get(name) in available:
+        return renamed[name]
     if prefix:
         if name.startswith(prefix + ".") and name[len(prefix) + 1 :] in available:
             return name[len(prefix) + 1 :]
@@ -119,8 +133,9 @@ def _read_local(f, key: str, spec, rank: int, dtype: torch.dtype) -> torch.Tenso
     return torch.cat(pieces, dim=spec.dim)
 
 
-def load_checkpoint(model: nn.Module, path: str | os.PathLike, *, device: str | torch.device | None = None,
-                    progress: bool | None = None) -> nn.Module:
+def load_checkpoint(
+    model: nn.Module, path: str | os.PathLike, *, device: str | torch.device | None = None, progress: bool | None = None
+) -> nn.Module:
     """Load a HuggingFace safetensors checkpoint into ``model`` (sharded or not, built on meta or not).
 
     Each rank reads only its slices. Parameters and persistent buffers must all be present with
@@ -137,9 +152,10 @@ def load_checkpoint(model: nn.Module, path: str | os.PathLike, *, device: str | 
     files = _weight_map(path)
     specs = parameter_specs(model)
     prefix = getattr(model, "base_model_prefix", None)
+    renamed = _policy(model).checkpoint_names([name for name, _, _ in _model_tensors(model)])
     plan, problems = [], []
     for name, tensor, is_param in _model_tensors(model):
-        key = _resolve_key(name, files, prefix)
+        key = _resolve_key(name, files, prefix, renamed)
         spec, group = specs.get(name, (None, None))
         if key is None:
             problems.append(f"missing tensor {name!r}")
@@ -152,21 +168,28 @@ def load_checkpoint(model: nn.Module, path: str | os.PathLike, *, device: str | 
         for name, tensor, _, key, spec, _ in plan:
             saved = tuple(handles[files[key]].get_slice(key).get_shape())
             if saved != _full_shape(tensor, spec):
-                problems.append(f"tensor {name!r} has shape {list(saved)} in the checkpoint, the model expects "
-                                f"{list(_full_shape(tensor, spec))}")
+                problems.append(
+                    f"tensor {name!r} has shape {list(saved)} in the checkpoint, the model expects "
+                    f"{list(_full_shape(tensor, spec))}"
+                )
         if problems:
             raise CheckpointError(f"checkpoint {path} does not fit {type(model).__name__}: " + "; ".join(problems))
 
         if device is None:
-            device = torch.device("cuda", torch.cuda.current_device()) if (
-                dist.is_initialized() and dist.get_backend() == "nccl") else torch.device("cpu")
+            device = (
+                torch.device("cuda", torch.cuda.current_device())
+                if (dist.is_initialized() and dist.get_backend() == "nccl")
+                else torch.device("cpu")
+            )
         total = sum(t.numel() * t.element_size() for _, t, *_ in plan)
         bar = _progress(len(plan), total, progress)
         replaced: dict[int, torch.Tensor] = {}
-        for name, tensor, is_param, key, spec, group in plan:
+        for _, tensor, is_param, key, spec, group in plan:
             local = _read_local(handles[files[key]], key, spec, group_rank(group) if spec else 0, tensor.dtype)
             if tensor.device.type == "meta":
-                new = nn.Parameter(local.to(device), requires_grad=tensor.requires_grad) if is_param else local.to(device)
+                new = (
+                    nn.Parameter(local.to(device), requires_grad=tensor.requires_grad) if is_param else local.to(device)
+                )
                 replaced[id(tensor)] = new
             else:
                 with torch.no_grad():
@@ -215,15 +238,7 @@ def _materialize_buffers(model: nn.Module, device) -> None:
         for name, buf in list(module._buffers.items()):
             if buf is not None and buf.is_meta:
                 module._buffers[name] = torch.empty_like(buf, device=device)
-    info = getattr(model, "shardcore", None)
-    if info is not None:
-        info.policy.materialize_buffers(owners)
-    else:
-        from .policy import Policy
-
-        policy = Policy()
-        policy.set_model(model)
-        policy.materialize_buffers(owners)
+    _policy(model).materialize_buffers(owners)
 
 
 # ---- meta guard -----------------------------------------------------------------------------
@@ -272,7 +287,7 @@ class _StreamingSafetensors:
             offset += nbytes
         raw = json.dumps(header, separators=(",", ":")).encode()
         raw += b" " * (-len(raw) % 8)
-        self.f = open(file, "wb")  # noqa: SIM115 - closed in close()
+        self.f = open(file, "wb")  # closed in close()
         self.f.write(struct.pack("<Q", len(raw)) + raw)
 
     def write(self, tensor: torch.Tensor) -> None:
@@ -295,6 +310,7 @@ def save_checkpoint(model: nn.Module, path: str | os.PathLike, *, max_shard_size
     writer = not dist.is_initialized() or dist.get_rank() == 0
     specs = parameter_specs(model)
     entries = [(name, _full_shape(t, specs.get(name, (None,))[0]), t.dtype) for name, t, _ in _model_tensors(model)]
+    renamed = _policy(model).checkpoint_names([e[0] for e in entries])
     if any(t.is_meta for _, t, _ in _model_tensors(model)):
         raise RuntimeError("save_checkpoint: the model still has meta tensors; load its weights first")
     limit = _parse_size(max_shard_size)
@@ -307,19 +323,26 @@ def save_checkpoint(model: nn.Module, path: str | os.PathLike, *, max_shard_size
             size = 0
         files[-1].append(entry)
         size += nbytes
-    names = [SINGLE] if len(files) == 1 else [f"model-{i + 1:05d}-of-{len(files):05d}.safetensors" for i in range(len(files))]
+    names = (
+        [SINGLE]
+        if len(files) == 1
+        else [f"model-{i + 1:05d}-of-{len(files):05d}.safetensors" for i in range(len(files))]
+    )
     if writer:
         path.mkdir(parents=True, exist_ok=True)
         config = getattr(model, "config", None)
         if hasattr(config, "save_pretrained"):
             config.save_pretrained(path)
         if len(files) > 1:
-            weight_map = {e[0]: n for n, group in zip(names, files, strict=True) for e in group}
+            weight_map = {renamed.get(e[0], e[0]): n for n, group in zip(names, files, strict=True) for e in group}
             total = sum(torch.Size(e[1]).numel() * torch.empty((), dtype=e[2]).element_size() for e in entries)
-            (path / INDEX).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+            (path / INDEX).write_text(
+                json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2)
+            )
     tensors = dict((name, t) for name, t, _ in _model_tensors(model))
     for file_name, group in zip(names, files, strict=True):
-        stream = _StreamingSafetensors(path / file_name, group) if writer else None
+        on_disk = [(renamed.get(name, name), shape, dtype) for name, shape, dtype in group]
+        stream = _StreamingSafetensors(path / file_name, on_disk) if writer else None
         for name, _, _ in group:
             local = tensors[name]
             spec, pg = specs.get(name, (None, None))

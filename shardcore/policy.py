@@ -112,6 +112,14 @@ class Policy:
         for module in modules:
             init(module)
 
+    def checkpoint_names(self, names: list[str]) -> dict[str, str]:
+        """``{model tensor name: name in the library's checkpoint format}`` for names that differ.
+
+        :func:`shardcore.load_checkpoint` accepts either name; :func:`shardcore.save_checkpoint`
+        writes the checkpoint name, so the library's own loader reads the files. Default: none differ.
+        """
+        return {}
+
     @staticmethod
     def require_divisible(value: int, tp_size: int, field: str, model: str) -> None:
         """Raise ``ValueError`` naming ``field`` if ``tp_size`` does not divide ``value``."""

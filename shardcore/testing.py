@@ -49,7 +49,15 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["RankError", "RankPool", "assert_sharded_matches", "close_pools", "run_on_ranks"]
+__all__ = [
+    "RankError",
+    "RankPool",
+    "assert_lazy_load_matches",
+    "assert_same_checkpoint",
+    "assert_sharded_matches",
+    "close_pools",
+    "run_on_ranks",
+]
 
 
 class RankError(AssertionError):
@@ -334,3 +342,61 @@ def assert_sharded_matches(
             worst = max(worst, diff)
         report["max_abs_diff_after_steps"] = worst
     return report
+
+
+# --------------------------------------------------------------------------------------------
+def assert_lazy_load_matches(
+    build: Callable[[], nn.Module],
+    inputs: Mapping[str, Any],
+    checkpoint: str,
+    config=None,
+    *,
+    save_to: str | None = None,
+    seed: int = 0,
+    atol: float = 1e-6,
+    policy=None,
+) -> float:
+    """Build the model on the meta device, shard it, load ``checkpoint`` into it and compare its
+    outputs with ``build()`` (seeded with ``seed``; the checkpoint must hold that model's weights)
+    within ``atol``. With ``save_to``, then write it back with :func:`shardcore.save_checkpoint`
+    (compare the directories with :func:`assert_same_checkpoint`). Run on every rank."""
+    import shardcore
+
+    torch.manual_seed(seed)
+    ref = build().eval()
+    with torch.device("meta"):
+        model = build()
+    model = shardcore.optimize(model.eval(), config, policy=policy)
+    shardcore.load_checkpoint(model, checkpoint)
+    with torch.no_grad():
+        expected, actual = _tensors(ref(**inputs)), _tensors(model(**inputs))
+    worst = 0.0
+    for key, want in expected.items():
+        diff = (actual[key] - want).abs().max().item() if want.numel() else 0.0
+        if not diff <= atol:
+            raise AssertionError(f"output {key!r} after lazy load: max abs diff {diff:.3g} > {atol}")
+        worst = max(worst, diff)
+    if save_to is not None:
+        shardcore.save_checkpoint(model, save_to)
+    return worst
+
+
+def assert_same_checkpoint(reference: str, written: str) -> None:
+    """Every tensor of the safetensors checkpoint ``reference`` is bit-identical in ``written``."""
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    def tensors(directory: str) -> dict[str, torch.Tensor]:
+        out: dict[str, torch.Tensor] = {}
+        for file in sorted(Path(directory).glob("*.safetensors")):
+            out.update(load_file(str(file)))
+        return out
+
+    want, got = tensors(reference), tensors(written)
+    missing = sorted(set(want) - set(got))
+    if missing:
+        raise AssertionError(f"{written} lacks tensors {missing}")
+    for name, tensor in want.items():
+        if got[name].shape != tensor.shape or not torch.equal(got[name], tensor):
+            raise AssertionError(f"tensor {name!r} differs after the save_checkpoint round trip")

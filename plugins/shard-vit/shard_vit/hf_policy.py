@@ -29,6 +29,24 @@ class HFViTPolicy(Policy):
         self.require_divisible(cfg.intermediate_size, self.tp_size, "intermediate_size", name)
         self._layer_cls()
 
+    def checkpoint_names(self, names: list[str]) -> dict[str, str]:
+        """transformers 5 saves ViT/DeiT under their legacy names (``encoder.layer.0.attention.
+        attention.query``): map ours onto them with transformers' own conversion mapping."""
+        from transformers.conversion_mapping import get_model_conversion_mapping
+        from transformers.core_model_loading import WeightConverter, WeightRenaming, rename_source_key
+
+        transforms = [t.reverse_transform() for t in get_model_conversion_mapping(self.model, add_legacy=False)[::-1]]
+        renamings = [t for t in transforms if isinstance(t, WeightRenaming)]
+        converters = [t for t in transforms if isinstance(t, WeightConverter)]
+        out = {}
+        for name in names:
+            saved, converter = rename_source_key(name, renamings, converters, reverse=True)
+            if converter is not None:
+                raise NotImplementedError(f"{name}: checkpoints that merge or split tensors are not supported yet")
+            if saved != name:
+                out[name] = saved
+        return out
+
     def module_policy(self):
         cfg = self.model.config
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
