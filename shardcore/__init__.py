@@ -5,6 +5,7 @@
 
 from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from .config import ShardConfig
+from .distributed_checkpoint import load_distributed, save_distributed
 from .hookspecs import hookimpl
 from .layers.parallel_module import ParallelModule
 from .plugins import NoPolicyError
@@ -26,6 +27,8 @@ __all__ = [
     "full_named_tensors",
     "hookimpl",
     "load_checkpoint",
+    "load_distributed",
     "optimize",
     "save_checkpoint",
+    "save_distributed",
 ]
