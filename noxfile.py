@@ -11,6 +11,8 @@ themselves are re-installed from this checkout, as wheels, at the start of every
     nox -s isolated                     # each plugin installed alone with the core, its tests
     nox -s demo                         # Llama sharded over 2 CPU processes vs unsharded
     nox -s bench                        # shardcore TP vs PyTorch TP vs unsharded
+    nox -s memory                       # loading a checkpoint: RSS and time vs HuggingFace
+    nox -s convergence                  # BERT fine-tuning unsharded vs TP=2 vs TP=4
 """
 
 from __future__ import annotations
@@ -125,6 +127,14 @@ def bench(session: nox.Session) -> None:
     """Benchmark (not a test): step time, parameter bytes, collectives; writes bench-results/*.json."""
     bin_dir = _install(session)
     _run(session, bin_dir, "python", "benchmarks/bench_llama_tp.py", *session.posargs)
+
+
+@nox.session(default=False)
+def memory(session: nox.Session) -> None:
+    """Benchmark (not a test): RSS and time to load a ~0.9 GB Llama at TP=2, vs HuggingFace's loaders."""
+    bin_dir = _install(session)
+    session.run(str(bin_dir / "python"), "-m", "pip", "install", "--quiet", "accelerate", external=True)  # HF tp_plan
+    _run(session, bin_dir, "python", "benchmarks/bench_load_memory.py", *session.posargs)
 
 
 @nox.session(default=False)

@@ -2,7 +2,7 @@
 
 * :func:`load_checkpoint` reads a checkpoint directory (``model.safetensors``, or several files
   with ``model.safetensors.index.json``) into a sharded model, each rank reading only the rows
-  it holds (``safe_open(...).get_slice``), never a whole split tensor. A model built on the meta
+  it holds (positioned reads of exactly its bytes), never a whole split tensor. A model built on the meta
   device (``with torch.device("meta"): ...``) is materialized by it, rank by rank.
 * :func:`save_checkpoint` writes full, unpadded tensors under the native names, in safetensors
   files (with an index above ``max_shard_size``) that ``from_pretrained`` reads back unsharded.
@@ -43,6 +43,80 @@ class CheckpointError(ValueError):
 
 
 # ---- reading ---------------------------------------------------------------------------------
+_FROM_CODE = {code: dtype for dtype, code in _DTYPES.items()}
+
+
+class _SafetensorsFile:
+    """A safetensors file read with positioned reads (``os.preadv``) straight into the destination.
+
+    Not ``safe_open``: its memory map pulls every page a slice touches into this process's
+    resident set, and a column slice (row-parallel weights) touches every row of the tensor, so
+    loading at TP=2 measured 1.13x the checkpoint per rank. Positioned reads bring in exactly
+    this rank's bytes. The header is checked against the file size: a truncated file is an error.
+    """
+
+    def __init__(self, file: Path) -> None:
+        self.file = file
+        try:
+            size = file.stat().st_size
+            with open(file, "rb") as f:
+                (n,) = struct.unpack("<Q", f.read(8))
+                if n > size - 8:
+                    raise ValueError(f"header of {n} bytes in a file of {size}")
+                header = json.loads(f.read(n))
+        except (OSError, ValueError, struct.error) as exc:
+            raise CheckpointError(f"cannot read {file}: {type(exc).__name__}: {exc}") from None
+        header.pop("__metadata__", None)
+        base = 8 + n
+        self.entries = {}
+        for name, info in header.items():
+            if info["dtype"] not in _FROM_CODE:
+                raise CheckpointError(f"{file}: tensor {name!r} has unsupported dtype {info['dtype']}")
+            begin, stop = info["data_offsets"]
+            if base + stop > size:
+                raise CheckpointError(f"cannot read {file}: truncated (tensor {name!r} ends past the end of the file)")
+            self.entries[name] = (_FROM_CODE[info["dtype"]], tuple(info["shape"]), base + begin)
+        self.fd = os.open(file, os.O_RDONLY)
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+    def shape(self, key: str) -> tuple[int, ...]:
+        return self.entries[key][1]
+
+    def _read_into(self, dest: torch.Tensor, offset: int) -> None:
+        if not dest.numel():
+            return
+        view, done = memoryview(dest.view(torch.uint8).numpy()), 0
+        while done < len(view):  # preadv may return short reads
+            got = os.preadv(self.fd, [view[done:]], offset + done)
+            if got <= 0:
+                raise CheckpointError(f"unexpected end of {self.file}")
+            done += got
+
+    def read(self, key: str, spec, rank: int, dtype: torch.dtype) -> torch.Tensor:
+        """This rank's slice of ``key`` (all of it if ``spec`` is None), cast to ``dtype``."""
+        saved_dtype, shape, offset = self.entries[key]
+        if spec is None:
+            out = torch.empty(shape, dtype=saved_dtype)
+            self._read_into(out, offset)
+            return out.to(dtype)
+        item = torch.empty((), dtype=saved_dtype).element_size()
+        dim = spec.dim
+        outer = torch.Size(shape[:dim]).numel()
+        inner = torch.Size(shape[dim + 1 :]).numel()
+        local_shape = list(shape)
+        local_shape[dim] = spec.local_size
+        out = torch.zeros(local_shape, dtype=saved_dtype)  # zeros: the padding rows
+        out3 = out.view(outer, spec.local_size, inner)
+        at = 0
+        for start, stop, pad in spec.ranges(rank):
+            for o in range(outer):  # one contiguous run of bytes per outer index
+                self._read_into(out3[o, at : at + stop - start], offset + (o * shape[dim] + start) * inner * item)
+            at += stop - start + pad
+        return out.to(dtype)
+
+
 def _weight_map(path: Path) -> dict[str, Path]:
     """``{tensor name: file}`` of a checkpoint directory (or a single ``.safetensors`` file)."""
     if path.is_file():
@@ -57,20 +131,12 @@ def _weight_map(path: Path) -> dict[str, Path]:
         files = [path / SINGLE]
     else:
         raise CheckpointError(f"no {SINGLE} or {INDEX} in {path}")
-    from safetensors import safe_open
-
     mapping = {}
     for file in files:
-        with _open(file, safe_open) as f:
-            mapping.update(dict.fromkeys(f.keys(), file))
+        handle = _SafetensorsFile(file)
+        mapping.update(dict.fromkeys(handle.entries, file))
+        handle.close()
     return mapping
-
-
-def _open(file: Path, safe_open):
-    try:
-        return safe_open(str(file), framework="pt")
-    except Exception as exc:  # truncated or corrupt: safetensors checks the header against the size
-        raise CheckpointError(f"cannot read {file}: {type(exc).__name__}: {exc}") from None
 
 
 def _policy(model: nn.Module):
@@ -116,23 +182,6 @@ def _full_shape(tensor: torch.Tensor, spec) -> tuple[int, ...]:
     return tuple(shape)
 
 
-def _read_local(f, key: str, spec, rank: int, dtype: torch.dtype) -> torch.Tensor:
-    """This rank's slice of checkpoint tensor ``key``, read row range by row range."""
-    if spec is None:
-        return f.get_tensor(key).to(dtype)
-    sl = f.get_slice(key)
-    pieces = []
-    for start, stop, pad in spec.ranges(rank):
-        index = (slice(None),) * spec.dim + (slice(start, stop),)
-        piece = sl[index].to(dtype)
-        pieces.append(piece)
-        if pad:
-            shape = list(piece.shape)
-            shape[spec.dim] = pad
-            pieces.append(piece.new_zeros(shape))
-    return torch.cat(pieces, dim=spec.dim)
-
-
 def load_checkpoint(
     model: nn.Module, path: str | os.PathLike, *, device: str | torch.device | None = None, progress: bool | None = None
 ) -> nn.Module:
@@ -146,8 +195,6 @@ def load_checkpoint(
     :meth:`shardcore.Policy.materialize_buffers`). Shows a progress bar on the first rank when
     ``tqdm`` is installed and the checkpoint is large (``progress=None``), or as asked.
     """
-    from safetensors import safe_open
-
     path = Path(path)
     files = _weight_map(path)
     specs = parameter_specs(model)
@@ -161,12 +208,15 @@ def load_checkpoint(
             problems.append(f"missing tensor {name!r}")
             continue
         plan.append((name, tensor, is_param, key, spec, group))
-    handles: dict[Path, object] = {}
+    handles: dict[Path, _SafetensorsFile] = {}
     try:
         for file in sorted({files[p[3]] for p in plan}, key=str):
-            handles[file] = _open(file, safe_open).__enter__()
+            handles[file] = _SafetensorsFile(file)
         for name, tensor, _, key, spec, _ in plan:
-            saved = tuple(handles[files[key]].get_slice(key).get_shape())
+            if key not in handles[files[key]].entries:
+                problems.append(f"tensor {name!r} is listed in the index but not in {files[key].name}")
+                continue
+            saved = handles[files[key]].shape(key)
             if saved != _full_shape(tensor, spec):
                 problems.append(
                     f"tensor {name!r} has shape {list(saved)} in the checkpoint, the model expects "
@@ -185,7 +235,7 @@ def load_checkpoint(
         bar = _progress(len(plan), total, progress)
         replaced: dict[int, torch.Tensor] = {}
         for _, tensor, is_param, key, spec, group in plan:
-            local = _read_local(handles[files[key]], key, spec, group_rank(group) if spec else 0, tensor.dtype)
+            local = handles[files[key]].read(key, spec, group_rank(group) if spec else 0, tensor.dtype)
             if tensor.device.type == "meta":
                 new = (
                     nn.Parameter(local.to(device), requires_grad=tensor.requires_grad) if is_param else local.to(device)
@@ -200,7 +250,7 @@ def load_checkpoint(
             bar.close()
     finally:
         for handle in handles.values():
-            handle.__exit__(None, None, None)
+            handle.close()
     _replace_tensors(model, replaced)
     _materialize_buffers(model, device)
     _unguard_meta(model)
