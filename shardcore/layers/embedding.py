@@ -46,8 +46,7 @@ class VocabParallelEmbedding1D(ParallelModule):
     def from_native_module(
         cls, module: nn.Embedding, process_group=None, *, make_vocab_size_divisible_by: int = 64
     ) -> VocabParallelEmbedding1D:
-        if not isinstance(module, nn.Embedding):
-            raise TypeError(f"{cls.__name__}.from_native_module expects nn.Embedding, got {type(module).__name__}")
+        cls._expect_native(module, nn.Embedding)
         spec = ShardSpec.padded(module.num_embeddings, group_size(process_group), make_vocab_size_divisible_by)
         return cls(module.weight, spec, process_group, padding_idx=module.padding_idx)
 
@@ -98,8 +97,7 @@ class VocabParallelLMHead1D(ParallelModule):
         gather_output: bool = True,
         make_vocab_size_divisible_by: int = 64,
     ) -> VocabParallelLMHead1D:
-        if not isinstance(module, nn.Linear):
-            raise TypeError(f"{cls.__name__}.from_native_module expects nn.Linear, got {type(module).__name__}")
+        cls._expect_native(module, nn.Linear)
         spec = ShardSpec.padded(module.out_features, group_size(process_group), make_vocab_size_divisible_by)
         return cls(module.weight, module.bias, spec, process_group, gather_output=gather_output)
 

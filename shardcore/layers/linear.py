@@ -100,8 +100,7 @@ class Linear1D_Col(ParallelModule):
         With ``num_heads`` smaller than the group (key/value heads of grouped-query attention),
         heads are replicated; the group size must then be a multiple of ``num_heads``.
         """
-        if not isinstance(module, nn.Linear):
-            raise TypeError(f"{cls.__name__}.from_native_module expects nn.Linear, got {type(module).__name__}")
+        cls._expect_native(module, nn.Linear)
         from ._functional import group_size
 
         tp = group_size(process_group)
@@ -157,8 +156,7 @@ class FusedLinear1D_Col(Linear1D_Col):
         gather_output: bool = False,
         copy_input: bool = True,
     ) -> FusedLinear1D_Col:
-        if not isinstance(module, nn.Linear):
-            raise TypeError(f"{cls.__name__}.from_native_module expects nn.Linear, got {type(module).__name__}")
+        cls._expect_native(module, nn.Linear)
         if sum(heads) * head_dim != module.out_features:
             raise ValueError(f"heads={heads} x head_dim={head_dim} does not cover out_features={module.out_features}")
         from ._functional import group_size
@@ -204,8 +202,7 @@ class Linear1D_Row(ParallelModule):
         num_heads: int | None = None,
         head_dim: int | None = None,
     ) -> Linear1D_Row:
-        if not isinstance(module, nn.Linear):
-            raise TypeError(f"{cls.__name__}.from_native_module expects nn.Linear, got {type(module).__name__}")
+        cls._expect_native(module, nn.Linear)
         from ._functional import group_size
 
         tp = group_size(process_group)

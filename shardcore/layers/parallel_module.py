@@ -30,6 +30,14 @@ class ParallelModule(nn.Module):
     def from_native_module(cls, module: nn.Module, process_group=None, **kwargs) -> ParallelModule:
         raise NotImplementedError(f"{cls.__name__} does not implement from_native_module")
 
+    @classmethod
+    def _expect_native(cls, module: nn.Module, expected: type) -> None:
+        if not isinstance(module, expected):
+            raise TypeError(
+                f"{cls.__name__}.from_native_module expects {expected.__module__}.{expected.__name__}, "
+                f"got {type(module).__name__}"
+            )
+
     def _shard_param(
         self, name: str, full: torch.Tensor | None, spec: ShardSpec | None, *, requires_grad: bool = True
     ) -> None:
