@@ -53,10 +53,16 @@ class _SafetensorsFile:
     resident set, and a column slice (row-parallel weights) touches every row of the tensor, so
     loading at TP=2 measured 1.13x the checkpoint per rank. Positioned reads bring in exactly
     this rank's bytes. The header is checked against the file size: a truncated file is an error.
+
+    With ``zero_copy=True``, a slice that is one contiguous run of the file in the right dtype
+    (a replicated tensor, a row block of a column-parallel weight) is returned as a view of a
+    private, copy-on-write memory map instead of a copy: its pages are read when first used and
+    copied only if written (training), like ``from_pretrained`` does.
     """
 
-    def __init__(self, file: Path) -> None:
+    def __init__(self, file: Path, *, zero_copy: bool = False) -> None:
         self.file = file
+        self.mm = None
         try:
             size = file.stat().st_size
             with open(file, "rb") as f:
@@ -77,9 +83,20 @@ class _SafetensorsFile:
                 raise CheckpointError(f"cannot read {file}: truncated (tensor {name!r} ends past the end of the file)")
             self.entries[name] = (_FROM_CODE[info["dtype"]], tuple(info["shape"]), base + begin)
         self.fd = os.open(file, os.O_RDONLY)
+        if zero_copy and size > 0:
+            import mmap
+
+            self.mm = mmap.mmap(self.fd, 0, access=mmap.ACCESS_COPY)  # lives on in the tensors viewing it
 
     def close(self) -> None:
         os.close(self.fd)
+
+    def _view(self, dtype: torch.dtype, offset: int, shape: list[int]) -> torch.Tensor | None:
+        """A copy-on-write view of ``shape`` elements at byte ``offset``, if zero-copy applies."""
+        count = torch.Size(shape).numel()
+        if self.mm is None or count == 0 or offset % torch.empty((), dtype=dtype).element_size():
+            return None
+        return torch.frombuffer(self.mm, dtype=dtype, count=count, offset=offset).view(shape)
 
     def shape(self, key: str) -> tuple[int, ...]:
         return self.entries[key][1]
@@ -97,7 +114,11 @@ class _SafetensorsFile:
     def read(self, key: str, spec, rank: int, dtype: torch.dtype) -> torch.Tensor:
         """This rank's slice of ``key`` (all of it if ``spec`` is None), cast to ``dtype``."""
         saved_dtype, shape, offset = self.entries[key]
+        same = saved_dtype == dtype
         if spec is None:
+            view = self._view(dtype, offset, list(shape)) if same else None
+            if view is not None:
+                return view
             out = torch.empty(shape, dtype=saved_dtype)
             self._read_into(out, offset)
             return out.to(dtype)
@@ -107,10 +128,15 @@ class _SafetensorsFile:
         inner = torch.Size(shape[dim + 1 :]).numel()
         local_shape = list(shape)
         local_shape[dim] = spec.local_size
+        ranges = spec.ranges(rank)
+        if same and outer == 1 and len(ranges) == 1 and ranges[0][2] == 0:  # one contiguous run of bytes
+            view = self._view(dtype, offset + ranges[0][0] * inner * item, local_shape)
+            if view is not None:
+                return view
         out = torch.zeros(local_shape, dtype=saved_dtype)  # zeros: the padding rows
         out3 = out.view(outer, spec.local_size, inner)
         at = 0
-        for start, stop, pad in spec.ranges(rank):
+        for start, stop, pad in ranges:
             for o in range(outer):  # one contiguous run of bytes per outer index
                 self._read_into(out3[o, at : at + stop - start], offset + (o * shape[dim] + start) * inner * item)
             at += stop - start + pad
@@ -183,7 +209,12 @@ def _full_shape(tensor: torch.Tensor, spec) -> tuple[int, ...]:
 
 
 def load_checkpoint(
-    model: nn.Module, path: str | os.PathLike, *, device: str | torch.device | None = None, progress: bool | None = None
+    model: nn.Module,
+    path: str | os.PathLike,
+    *,
+    device: str | torch.device | None = None,
+    progress: bool | None = None,
+    zero_copy: bool = True,
 ) -> nn.Module:
     """Load a HuggingFace safetensors checkpoint into ``model`` (sharded or not, built on meta or not).
 
@@ -194,6 +225,12 @@ def load_checkpoint(
     checkpoint does not hold are then computed by the model's own initialization (see
     :meth:`shardcore.Policy.materialize_buffers`). Shows a progress bar on the first rank when
     ``tqdm`` is installed and the checkpoint is large (``progress=None``), or as asked.
+
+    ``zero_copy=True`` (CPU, meta-built models): slices that are one contiguous run of the file
+    (replicated tensors, row blocks of column-parallel weights) become copy-on-write views of the
+    memory-mapped file, read from the page cache when first used; the others are read into memory.
+    ``zero_copy=False`` reads everything up front. :func:`save_checkpoint` replaces files
+    atomically, so saving over the checkpoint a model was loaded from is safe either way.
     """
     path = Path(path)
     files = _weight_map(path)
@@ -210,8 +247,15 @@ def load_checkpoint(
         plan.append((name, tensor, is_param, key, spec, group))
     handles: dict[Path, _SafetensorsFile] = {}
     try:
+        if device is None:
+            device = (
+                torch.device("cuda", torch.cuda.current_device())
+                if (dist.is_initialized() and dist.get_backend() == "nccl")
+                else torch.device("cpu")
+            )
+        zero_copy = zero_copy and torch.device(device).type == "cpu"
         for file in sorted({files[p[3]] for p in plan}, key=str):
-            handles[file] = _SafetensorsFile(file)
+            handles[file] = _SafetensorsFile(file, zero_copy=zero_copy)
         for name, tensor, _, key, spec, _ in plan:
             if key not in handles[files[key]].entries:
                 problems.append(f"tensor {name!r} is listed in the index but not in {files[key].name}")
@@ -337,7 +381,8 @@ class _StreamingSafetensors:
             offset += nbytes
         raw = json.dumps(header, separators=(",", ":")).encode()
         raw += b" " * (-len(raw) % 8)
-        self.f = open(file, "wb")  # closed in close()
+        self.file, self.tmp = file, file.with_name(file.name + ".tmp")
+        self.f = open(self.tmp, "wb")  # closed (and moved into place) in close()
         self.f.write(struct.pack("<Q", len(raw)) + raw)
 
     def write(self, tensor: torch.Tensor) -> None:
@@ -345,6 +390,7 @@ class _StreamingSafetensors:
 
     def close(self) -> None:
         self.f.close()
+        os.replace(self.tmp, self.file)  # atomic: models still viewing the old file keep its pages
 
 
 def save_checkpoint(model: nn.Module, path: str | os.PathLike, *, max_shard_size: int | str = "5GB") -> None:

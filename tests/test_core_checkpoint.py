@@ -111,3 +111,22 @@ def test_bad_checkpoints_fail_clearly_on_every_rank(tmp_path):
     for case, expected in cases.items():
         messages = run_on_ranks(2, _bad, 2, str(tmp_path / case))
         assert all(expected in m for m in messages), (case, messages)
+
+
+@pytest.mark.parametrize("zero_copy", [True, False])
+def test_loaded_weights_are_private_and_saving_over_the_source_is_safe(zero_copy, tmp_path):
+    """Zero-copy loading maps the file copy-on-write: training never writes into the checkpoint,
+    and save_checkpoint can replace the very files the model was loaded from."""
+    state = _save_unsharded(tmp_path / "ckpt")
+    with torch.device("meta"):
+        model = ToyLM()
+    shardcore.load_checkpoint(model, tmp_path / "ckpt", zero_copy=zero_copy)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    on_disk = load_file(str(tmp_path / "ckpt" / "model.safetensors"))
+    assert all(torch.equal(on_disk[k], v) for k, v in state.items())  # the file is untouched
+    shardcore.save_checkpoint(model, tmp_path / "ckpt")  # over the source, atomically
+    again = load_file(str(tmp_path / "ckpt" / "model.safetensors"))
+    assert all(torch.equal(again[k], v + 1.0) for k, v in state.items())
+    assert not list((tmp_path / "ckpt").glob("*.tmp"))
