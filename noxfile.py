@@ -109,9 +109,10 @@ def lint(session: nox.Session) -> None:
 @nox.session
 def demo(session: nox.Session) -> None:
     """A small Llama trained a few steps sharded over 2 CPU processes beside the unsharded model."""
-    _install(session)
+    bin_dir = _install(session)
     _run(
         session,
+        bin_dir,
         "torchrun",
         "--standalone",
         "--nproc_per_node",
