@@ -236,9 +236,10 @@ def load_checkpoint(
     files = _weight_map(path)
     specs = parameter_specs(model)
     prefix = getattr(model, "base_model_prefix", None)
-    renamed = _policy(model).checkpoint_names([name for name, _, _ in _model_tensors(model)])
+    tensors = list(_model_tensors(model))
+    renamed = _policy(model).checkpoint_names([name for name, _, _ in tensors])
     plan, problems = [], []
-    for name, tensor, is_param in _model_tensors(model):
+    for name, tensor, is_param in tensors:
         key = _resolve_key(name, files, prefix, renamed)
         spec, group = specs.get(name, (None, None))
         if key is None:
@@ -370,13 +371,17 @@ def _parse_size(size: int | str) -> int:
     return int(text)
 
 
+def _nbytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
+    return torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+
+
 class _StreamingSafetensors:
     """Write one safetensors file tensor by tensor: the header is known from the shapes up front."""
 
     def __init__(self, file: Path, entries: list[tuple[str, tuple[int, ...], torch.dtype]]) -> None:
         header, offset = {"__metadata__": {"format": "pt"}}, 0
         for name, shape, dtype in entries:
-            nbytes = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+            nbytes = _nbytes(shape, dtype)
             header[name] = {"dtype": _DTYPES[dtype], "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
             offset += nbytes
         raw = json.dumps(header, separators=(",", ":")).encode()
@@ -405,15 +410,16 @@ def save_checkpoint(model: nn.Module, path: str | os.PathLike, *, max_shard_size
     path = Path(path)
     writer = not dist.is_initialized() or dist.get_rank() == 0
     specs = parameter_specs(model)
-    entries = [(name, _full_shape(t, specs.get(name, (None,))[0]), t.dtype) for name, t, _ in _model_tensors(model)]
-    renamed = _policy(model).checkpoint_names([e[0] for e in entries])
-    if any(t.is_meta for _, t, _ in _model_tensors(model)):
+    tensors = {name: t for name, t, _ in _model_tensors(model)}
+    entries = [(name, _full_shape(t, specs.get(name, (None,))[0]), t.dtype) for name, t in tensors.items()]
+    renamed = _policy(model).checkpoint_names(list(tensors))
+    if any(t.is_meta for t in tensors.values()):
         raise RuntimeError("save_checkpoint: the model still has meta tensors; load its weights first")
     limit = _parse_size(max_shard_size)
     files: list[list[tuple[str, tuple[int, ...], torch.dtype]]] = [[]]
     size = 0
     for entry in entries:
-        nbytes = torch.Size(entry[1]).numel() * torch.empty((), dtype=entry[2]).element_size()
+        nbytes = _nbytes(entry[1], entry[2])
         if files[-1] and size + nbytes > limit:
             files.append([])
             size = 0
@@ -431,11 +437,10 @@ def save_checkpoint(model: nn.Module, path: str | os.PathLike, *, max_shard_size
             config.save_pretrained(path)
         if len(files) > 1:
             weight_map = {renamed.get(e[0], e[0]): n for n, group in zip(names, files, strict=True) for e in group}
-            total = sum(torch.Size(e[1]).numel() * torch.empty((), dtype=e[2]).element_size() for e in entries)
+            total = sum(_nbytes(shape, dtype) for _, shape, dtype in entries)
             (path / INDEX).write_text(
                 json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2)
             )
-    tensors = dict((name, t) for name, t, _ in _model_tensors(model))
     for file_name, group in zip(names, files, strict=True):
         on_disk = [(renamed.get(name, name), shape, dtype) for name, shape, dtype in group]
         stream = _StreamingSafetensors(path / file_name, on_disk) if writer else None
