@@ -21,14 +21,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import pathlib
 import statistics
 import time
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 CONFIG = {
     "hidden_size": 512,
@@ -93,11 +91,11 @@ def time_steps(model, batch, warmup: int, steps: int) -> float:
     return statistics.median(times)
 
 
-def worker(rank: int, world: int, port: int, args, queue) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+def worker(args) -> list[dict]:
+    """Runs on both ranks of a :class:`shardcore.testing.RankPool`; rank 0 returns the results."""
     import shardcore
 
+    rank, world = dist.get_rank(), dist.get_world_size()
     results = []
     for seq in args.seqs:
         g = torch.Generator().manual_seed(seq)
@@ -149,10 +147,7 @@ def worker(rank: int, world: int, port: int, args, queue) -> None:
                     }
                 )
             del model
-    if rank == 0:
-        queue.put(results)
-    dist.barrier()
-    dist.destroy_process_group()
+    return results
 
 
 def report(results: list[dict], out: pathlib.Path) -> None:
@@ -186,17 +181,13 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--out", default="bench-results/llama_tp.json")
     args = parser.parse_args()
-    from shardcore.testing import _free_port
+    from shardcore.testing import RankPool
 
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=worker, args=(r, 2, port, args, queue)) for r in range(2)]
-    for p in procs:
-        p.start()
-    results = queue.get()
-    for p in procs:
-        p.join()
+    pool = RankPool(2, timeout_s=3600, threads=1)
+    try:
+        results = pool.run(worker, args)[0]
+    finally:
+        pool.close()
     report(results, pathlib.Path(args.out))
 
 

@@ -20,13 +20,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import pathlib
 import time
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 CONFIG = {
     "hidden_size": 1024,
@@ -68,22 +66,13 @@ def _measure(fn) -> tuple[float, float, float]:
     return (peak - before) / 1024, seconds, (after_forward - before) / 1024
 
 
-def _worker(rank: int, world: int, port: int, method: str, path: str, queue) -> None:
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        RANK=str(rank),
-        WORLD_SIZE=str(world),
-        LOCAL_RANK=str(rank),
-        LOCAL_WORLD_SIZE=str(world),
-    )
-    torch.set_num_threads(1)
-    if world > 1:
-        dist.init_process_group("gloo", rank=rank, world_size=world)
+def _measure_on_rank(method: str, path: str) -> dict:
+    """Runs on every rank of a fresh :class:`shardcore.testing.RankPool` (gloo, 1 thread per rank)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     import shardcore
 
+    rank, world = dist.get_rank(), dist.get_world_size()
     if method == "shardcore":
         with torch.device("meta"):
             model = LlamaForCausalLM(LlamaConfig(**CONFIG))
@@ -93,32 +82,24 @@ def _worker(rank: int, world: int, port: int, method: str, path: str, queue) -> 
         mb, seconds, used = _measure(lambda: LlamaForCausalLM.from_pretrained(path, tp_plan="auto"))
     else:
         mb, seconds, used = _measure(lambda: LlamaForCausalLM.from_pretrained(path))
-    queue.put(
-        {
-            "method": method,
-            "rank": rank,
-            "peak_rss_increase_mb": mb,
-            "seconds": seconds,
-            "rss_increase_after_forward_mb": used,
-        }
-    )
-    if world > 1:
-        dist.barrier()
-        dist.destroy_process_group()
+    return {
+        "method": method,
+        "rank": rank,
+        "peak_rss_increase_mb": mb,
+        "seconds": seconds,
+        "rss_increase_after_forward_mb": used,
+    }
 
 
 def run(method: str, world: int, path: str) -> list[dict]:
-    from shardcore.testing import _free_port
+    """``method`` in fresh processes, so every baseline is clean."""
+    from shardcore.testing import RankPool
 
-    ctx = mp.get_context("spawn")
-    queue, port = ctx.Queue(), _free_port()
-    procs = [ctx.Process(target=_worker, args=(r, world, port, method, path, queue)) for r in range(world)]
-    for p in procs:
-        p.start()
-    rows = [queue.get() for _ in range(world)]
-    for p in procs:
-        p.join()
-    return sorted(rows, key=lambda r: r["rank"])
+    pool = RankPool(world, threads=1)
+    try:
+        return pool.run(_measure_on_rank, method, path)
+    finally:
+        pool.close()
 
 
 def main() -> None:
