@@ -3,15 +3,15 @@
 >>> model = shardcore.optimize(model, shardcore.ShardConfig(tensor_parallel_size=2))  # doctest: +SKIP
 """
 
-from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from .checkpoint import CheckpointError, load_checkpoint, load_distributed, save_checkpoint, save_distributed
 from .config import ShardConfig
-from .distributed_checkpoint import load_distributed, save_distributed
+from .distributed import ParallelLayout
 from .hookspecs import hookimpl
 from .layers.parallel_module import ParallelModule
 from .plugins import NoPolicyError
 from .policy import ModulePolicyDescription, Policy, SubModuleReplacementDescription
 from .sharded_state import full_named_tensors
-from .sharder import optimize
+from .sharder import optimize, resolve_policy
 
 __version__ = "0.1.0"
 
@@ -19,6 +19,7 @@ __all__ = [
     "CheckpointError",
     "ModulePolicyDescription",
     "NoPolicyError",
+    "ParallelLayout",
     "ParallelModule",
     "Policy",
     "ShardConfig",
@@ -29,6 +30,7 @@ __all__ = [
     "load_checkpoint",
     "load_distributed",
     "optimize",
+    "resolve_policy",
     "save_checkpoint",
     "save_distributed",
 ]

@@ -20,16 +20,38 @@ _NOT_BUILT: dict[str, Any] = {
     "enable_sequence_overlap": False,
     "enable_all_optimization": False,
     "inference_only": False,
+    # the layout degrees and modes of the next features: checked after the layout itself
+    # (ParallelLayout.from_config), so a layout that does not fit the world says so first
+    "pipeline_parallel_size": 1,
+    "num_microbatches": None,
+    "pipeline_schedule": None,
+    "sequence_parallel_size": 1,
+    "data_parallel": None,
+    "plan": None,
 }
+#: The fields of _NOT_BUILT that :meth:`ShardConfig.check_built` refuses (at ``optimize``),
+#: rather than the constructor: the parallel degrees must first be checked against the world.
+_CHECKED_AT_OPTIMIZE = (
+    "pipeline_parallel_size",
+    "num_microbatches",
+    "pipeline_schedule",
+    "sequence_parallel_size",
+    "data_parallel",
+    "plan",
+)
+
+
+def _refuse_unbuilt(name: str, value: Any) -> None:
+    default = _NOT_BUILT[name]
+    if value != default:
+        raise NotImplementedError(
+            f"ShardConfig.{name}={value!r} is not supported by this shardcore version yet; "
+            f"leave it at its default ({default!r})."
+        )
 
 
 def _not_built(instance: ShardConfig, attribute: attrs.Attribute, value: Any) -> None:
-    default = _NOT_BUILT[attribute.name]
-    if value != default:
-        raise NotImplementedError(
-            f"ShardConfig.{attribute.name}={value!r} is not supported by this shardcore version yet; "
-            f"leave it at its default ({default!r})."
-        )
+    _refuse_unbuilt(attribute.name, value)
 
 
 @attrs.frozen(kw_only=True)
@@ -38,9 +60,19 @@ class ShardConfig:
 
     Field names and meanings follow ColossalAI's Shardformer so that configs carry over.
 
+    The parallel degrees ``data_parallel_size x pipeline_parallel_size x sequence_parallel_size x
+    tensor_parallel_size`` must equal the world size (see :class:`shardcore.ParallelLayout`); that
+    is checked first, in :func:`shardcore.optimize`, before anything else and before any collective.
+
     Args:
         tensor_parallel_size: ranks a tensor-parallel group spans. ``None`` (default) means every
-            rank of the world (no other parallel dimension is built yet).
+            rank the other degrees leave.
+        data_parallel_size: data-parallel replicas; ``None`` (default): the ranks left over.
+        pipeline_parallel_size, num_microbatches, pipeline_schedule: pipeline parallelism (not
+            built yet: accepted at ``1``/``None``/``None``, refused by ``optimize`` otherwise).
+        sequence_parallel_size: the Ulysses / ring-attention group (not built yet: ``1``).
+        data_parallel: ``"ddp"`` / ``"fsdp"`` on the data-parallel dim (not built yet: ``None``).
+        plan: a YAML sharding plan, path or dict (not built yet: ``None``).
         tensor_parallel_process_group: an existing process group to use instead of building one;
             its size then is the tensor-parallel size.
         enable_tensor_parallelism: ``False`` leaves the model unsharded (policies still run their
@@ -72,6 +104,14 @@ class ShardConfig:
     enable_all_optimization: bool = attrs.field(default=False, validator=_not_built)
     inference_only: bool = attrs.field(default=False, validator=_not_built)
 
+    data_parallel_size: int | None = attrs.field(default=None, validator=v.optional([v.instance_of(int), v.ge(1)]))
+    pipeline_parallel_size: int = attrs.field(default=1, validator=[v.instance_of(int), v.ge(1)])
+    num_microbatches: int | None = attrs.field(default=None, validator=v.optional([v.instance_of(int), v.ge(1)]))
+    pipeline_schedule: str | None = attrs.field(default=None, validator=v.optional(v.instance_of(str)))
+    sequence_parallel_size: int = attrs.field(default=1, validator=[v.instance_of(int), v.ge(1)])
+    data_parallel: str | None = attrs.field(default=None, validator=v.optional(v.in_(("ddp", "fsdp"))))
+    plan: Any = None
+
     def __attrs_post_init__(self) -> None:
         if self.tensor_parallel_size is not None and self.tensor_parallel_process_group is not None:
             import torch.distributed as dist
@@ -82,6 +122,14 @@ class ShardConfig:
                     f"ShardConfig: tensor_parallel_size={self.tensor_parallel_size} but "
                     f"tensor_parallel_process_group has {group_size} ranks; pass one or make them agree."
                 )
+
+    def check_built(self) -> None:
+        """Refuse, with ``NotImplementedError`` naming the field, a layout feature not built yet.
+
+        Called by :func:`shardcore.optimize` right after the layout was checked against the world.
+        """
+        for name in _CHECKED_AT_OPTIMIZE:
+            _refuse_unbuilt(name, getattr(self, name))
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None, **overrides: Any) -> ShardConfig:

@@ -20,8 +20,9 @@ NAME = "shardcore"
 hookspec = pluggy.HookspecMarker(NAME)
 hookimpl = pluggy.HookimplMarker(NAME)
 
-#: ``register(model_qualname, policy)`` as passed to :func:`shardcore_register_policies`.
-Register = Callable[[str, "str | type"], None]
+#: ``register(model_qualname, policy)`` or ``register({model_qualname: policy, ...})``, as passed
+#: to :func:`shardcore_register_policies`.
+Register = Callable[..., None]
 
 
 @hookspec
@@ -30,7 +31,9 @@ def shardcore_register_policies(register: Register) -> None:
 
     Called once, when shardcore first needs a policy or lists plugins.
 
-    :param register: call ``register(model_qualname, policy)`` once per model class covered.
+    :param register: call ``register(POLICIES)`` with a ``{model_qualname: policy}`` mapping (the
+        idiom every shardcore plugin uses), or ``register(model_qualname, policy)`` once per
+        model class covered.
         ``model_qualname`` is ``f"{cls.__module__}.{cls.__qualname__}"`` of the model class, e.g.
         ``"transformers.models.llama.modeling_llama.LlamaForCausalLM"``; subclasses of it match
         too. ``policy`` is a :class:`shardcore.Policy` subclass or, preferably, its location

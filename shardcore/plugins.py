@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 import importlib.metadata as md
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import attrs
@@ -138,7 +139,11 @@ class PluginRegistry:
             return
         impls = [i for i in self.pm.hook.shardcore_register_policies.get_hookimpls() if i.plugin_name == info.name]
 
-        def register(model_qualname: str, policy: str | type) -> None:
+        def register(model_qualname: str | Mapping[str, str | type], policy: str | type | None = None) -> None:
+            if isinstance(model_qualname, Mapping) and policy is None:
+                for name, location in model_qualname.items():
+                    register(name, location)
+                return
             if not isinstance(model_qualname, str) or "." not in model_qualname:
                 raise TypeError(f"register() takes the model's 'module.ClassName', got {model_qualname!r}")
             if not isinstance(policy, str | type):

@@ -47,7 +47,10 @@ class ModulePolicyDescription:
       each (``q``/``k``/``v`` or ``gate``/``up`` projections reading the same tensor);
     * ``per_rank_rng``: suffixes of submodules that work on split activations (attention over
       this rank's heads) and whose forward draws random numbers (dropout): they run on a per-rank
-      random stream, so ranks drop independently while replicated dropout stays in step.
+      random stream, so ranks drop independently while replicated dropout stays in step;
+    * ``shared_rng``: suffixes of submodules *inside* a ``per_rank_rng`` submodule that work on
+      replicated activations (a residual dropout after the attention's row-parallel output):
+      they go back to the shared stream, so the replicas stay equal.
     """
 
     attribute_replacement: dict[str, Any] = attrs.field(factory=dict)
@@ -56,6 +59,7 @@ class ModulePolicyDescription:
     method_replacement: dict[str, Callable] = attrs.field(factory=dict)
     enter_tp_region: list[str] = attrs.field(factory=list)
     per_rank_rng: list[str] = attrs.field(factory=list)
+    shared_rng: list[str] = attrs.field(factory=list)
 
 
 class Policy:
@@ -63,6 +67,7 @@ class Policy:
 
     The sharder sets ``model``, ``shard_config`` and ``tp_size`` before calling, in this order,
     :meth:`config_sanity_check`, :meth:`preprocess`, :meth:`module_policy`, :meth:`postprocess`.
+    :meth:`blocks` says which repeated blocks the model is made of.
     """
 
     model: nn.Module
@@ -85,6 +90,33 @@ class Policy:
     def preprocess(self) -> nn.Module:
         """Prepare the model before modules are replaced; returns the model."""
         return self.model
+
+    def blocks(self) -> list[tuple[str, nn.Module]]:
+        """The model's repeated blocks, in order, as ``(qualified name, module)`` pairs.
+
+        Decoder layers for a decoder; encoder then decoder layers for an encoder-decoder. Pipeline
+        stages are cut along this list, FSDP wraps and activation checkpointing run per block,
+        and the conformance kit checks it (:func:`shardcore.testing.check_blocks`). A policy
+        usually also takes its layer classes from it (``self.block_types()``). Structural: read
+        the model instance, import nothing from the model library.
+        """
+        raise NotImplementedError(f"{type(self).__name__} must implement blocks()")
+
+    def block_types(self) -> list[type]:
+        """The distinct classes of :meth:`blocks`, in first-seen order."""
+        return list(dict.fromkeys(type(m) for _, m in self.blocks()))
+
+    def blocks_in(self, *containers: nn.Module) -> list[tuple[str, nn.Module]]:
+        """``(qualified name, module)`` of every child of each container (e.g. a ``ModuleList`` of
+        decoder layers), named from ``self.model``: the usual body of :meth:`blocks`."""
+        paths = {id(m): name for name, m in self.model.named_modules()}
+        out = []
+        for container in containers:
+            if id(container) not in paths:
+                raise ValueError(f"{type(self).__name__}.blocks(): {type(container).__name__} is not part of the model")
+            prefix = f"{paths[id(container)]}." if paths[id(container)] else ""
+            out += [(prefix + name, child) for name, child in container.named_children()]
+        return out
 
     def module_policy(self) -> dict[type | str, ModulePolicyDescription]:
         """Per module class (or its qualified name), what to do with every instance."""

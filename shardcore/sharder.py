@@ -11,13 +11,14 @@ import torch.distributed as dist
 from torch import nn
 
 from . import distributed
-from .checkpoint import guard_meta
 from .config import ShardConfig
-from .layers._functional import enter_tp_region, group_size
-from .layers.rng import run_in_tp_rng
+from .distributed import ParallelLayout
+from .layers.comm import enter_tp_region, group_size
+from .layers.rng import run_in_shared_rng, run_in_tp_rng
+from .meta import guard_meta
 from .policy import ModulePolicyDescription, Policy
 
-__all__ = ["ModelSharder", "ShardInfo", "optimize"]
+__all__ = ["ModelSharder", "ShardInfo", "optimize", "resolve_policy"]
 
 
 @attrs.frozen
@@ -28,6 +29,7 @@ class ShardInfo:
     tp_size: int
     process_group: object
     policy: Policy
+    layout: ParallelLayout
 
 
 def _get(module: nn.Module, dotted: str):
@@ -72,11 +74,11 @@ class ModelSharder:
                     break
             if desc is None:
                 continue
-            for sub in [*desc.enter_tp_region, *desc.per_rank_rng]:
+            for sub in [*desc.enter_tp_region, *desc.per_rank_rng, *desc.shared_rng]:
                 if not _has(module, sub):
                     raise AttributeError(
                         f"{type(self.policy).__name__}: {type(module).__name__} at '{name or '<root>'}' has no "
-                        f"submodule '{sub}' (named in enter_tp_region / per_rank_rng)"
+                        f"submodule '{sub}' (named in enter_tp_region / per_rank_rng / shared_rng)"
                     )
             for sub in desc.sub_module_replacement:
                 if not sub.ignore_if_not_exist and not _has(module, sub.suffix):
@@ -106,6 +108,8 @@ class ModelSharder:
                 enter_tp_region(_get(module, suffix), self.process_group)
             for suffix in desc.per_rank_rng:
                 run_in_tp_rng(_get(module, suffix), self.process_group)
+            for suffix in desc.shared_rng:
+                run_in_shared_rng(_get(module, suffix))
         self._retie(shared)
         return self.model
 
@@ -155,23 +159,9 @@ def _check_same_weights(model: nn.Module, group) -> None:
         )
 
 
-def optimize(
-    model: nn.Module, config: ShardConfig | None = None, *, policy: Policy | type[Policy] | None = None
-) -> nn.Module:
-    """Shard ``model`` in place over the tensor-parallel group and return it.
-
-    The policy comes from the installed plugins, matched on ``type(model)``'s MRO, unless
-    ``policy`` (an instance or a subclass of :class:`~shardcore.Policy`) is given. Every check
-    runs before the first collective, so bad input fails on every rank alike.
-    """
-    if getattr(model, "shardcore", None) is not None:
-        raise RuntimeError(f"{type(model).__name__} is already sharded by shardcore; optimize it once")
-    config = ShardConfig() if config is None else config
-    if not isinstance(config, ShardConfig):
-        raise TypeError(f"config must be a shardcore.ShardConfig, got {type(config).__name__}")
-    distributed.init_from_env()
-    tp_size = distributed.resolve_tp_size(config)
-
+def resolve_policy(model: nn.Module, policy: Policy | type[Policy] | None = None) -> Policy:
+    """The policy for ``model``: ``policy`` (an instance or a :class:`~shardcore.Policy` subclass) or,
+    if ``None``, the installed plugins' policy for ``type(model)`` (matched along its MRO). No collective."""
     if policy is None:
         from .plugins import get_policy
 
@@ -180,19 +170,44 @@ def optimize(
         policy = policy()
     if not isinstance(policy, Policy):
         raise TypeError(f"policy must be a shardcore.Policy (instance or subclass), got {policy!r}")
-
     policy.set_model(model)
+    return policy
+
+
+def optimize(
+    model: nn.Module, config: ShardConfig | None = None, *, policy: Policy | type[Policy] | None = None
+) -> nn.Module:
+    """Shard ``model`` in place over the tensor-parallel group and return it.
+
+    The policy comes from the installed plugins, matched on ``type(model)``'s MRO, unless
+    ``policy`` (an instance or a subclass of :class:`~shardcore.Policy`) is given. Every check
+    runs before the first collective, so bad input fails on every rank alike: first the parallel
+    layout against the world size, then features not built yet, then the policy's own checks.
+    """
+    if getattr(model, "shardcore", None) is not None:
+        raise RuntimeError(f"{type(model).__name__} is already sharded by shardcore; optimize it once")
+    config = ShardConfig() if config is None else config
+    if not isinstance(config, ShardConfig):
+        raise TypeError(f"config must be a shardcore.ShardConfig, got {type(config).__name__}")
+    distributed.init_from_env()
+    layout = ParallelLayout.from_config(config)
+    config.check_built()
+    tp_size = layout.tp
+
+    policy = resolve_policy(model, policy)
     policy.set_shard_config(config, tp_size)
     policy.config_sanity_check()
     if tp_size == 1 or not config.enable_tensor_parallelism:
         guard_meta(model)
         return model
 
-    group = distributed.tp_group(config, tp_size)
+    group = config.tensor_parallel_process_group
+    if group is None:
+        group = layout.group("tp")
     _check_same_weights(model, group)
     model = policy.preprocess()
     model = ModelSharder(model, policy, group).shard()
     model = policy.postprocess()
-    model.shardcore = ShardInfo(config, tp_size, group, policy)
+    model.shardcore = ShardInfo(config, tp_size, group, policy, layout)
     guard_meta(model)
     return model

@@ -8,7 +8,7 @@ from toy_models import ToyLM, ToyPolicy
 
 import shardcore
 from shardcore import ShardConfig
-from shardcore.config import _NOT_BUILT
+from shardcore.config import _CHECKED_AT_OPTIMIZE, _NOT_BUILT
 from shardcore.testing import run_on_ranks
 
 
@@ -31,11 +31,37 @@ def test_config_is_frozen_and_keyword_only():
         ShardConfig().tensor_parallel_size = 2  # type: ignore[misc]
 
 
-@pytest.mark.parametrize("field", sorted(_NOT_BUILT))
+@pytest.mark.parametrize("field", sorted(set(_NOT_BUILT) - set(_CHECKED_AT_OPTIMIZE)))
 def test_unbuilt_feature_flags_raise(field):
     value = "ring" if field == "sequence_parallelism_mode" else True
     with pytest.raises(NotImplementedError, match=f"ShardConfig.{field}="):
         ShardConfig(**{field: value})
+
+
+_UNBUILT_LAYOUT = {
+    "num_microbatches": 4,
+    "pipeline_schedule": "1F1B",
+    "data_parallel": "fsdp",
+    "plan": {"model.layers.*.self_attn.q_proj.weight": ["tp", None]},
+}
+
+
+def test_every_deferred_field_has_a_case():
+    assert set(_CHECKED_AT_OPTIMIZE) == {*_UNBUILT_LAYOUT, "pipeline_parallel_size", "sequence_parallel_size"}
+
+
+@pytest.mark.parametrize("field", sorted(_UNBUILT_LAYOUT))
+def test_unbuilt_layout_features_are_refused_by_optimize(field):
+    config = ShardConfig(**{field: _UNBUILT_LAYOUT[field]})  # accepted here: the layout is checked first
+    with pytest.raises(NotImplementedError, match=f"ShardConfig.{field}="):
+        shardcore.optimize(ToyLM(), config, policy=ToyPolicy)
+
+
+@pytest.mark.parametrize("field", ["pipeline_parallel_size", "sequence_parallel_size", "data_parallel_size"])
+@pytest.mark.parametrize("bad", [0, -2, 1.5])
+def test_degrees_must_be_positive_integers(field, bad):
+    with pytest.raises((ValueError, TypeError), match=field):
+        ShardConfig(**{field: bad})
 
 
 def test_from_env():
@@ -76,7 +102,7 @@ def _expect_error(config_kwargs: dict, model_kwargs: dict, seed_by_rank: bool = 
     ("world", "config", "model", "expected"),
     [
         (2, {"tensor_parallel_size": 4}, {}, "tensor_parallel_size=4 is larger than the world size 2"),
-        (4, {"tensor_parallel_size": 3}, {}, "not a multiple of ShardConfig.tensor_parallel_size=3"),
+        (4, {"tensor_parallel_size": 3}, {}, "world size 4 is not a multiple of pp=1 x sp=1 x tp=3 = 3"),
         (4, {"tensor_parallel_size": 4}, {"heads": 2}, "num_heads=2 is not divisible by tensor_parallel_size=4"),
         (2, {"tensor_parallel_size": 2}, {"hidden": 127}, "hidden=127 is not divisible by tensor_parallel_size=2"),
     ],
@@ -89,3 +115,52 @@ def test_bad_input_fails_on_every_rank_without_hanging(world, config, model, exp
 def test_different_weights_on_ranks_are_detected():
     messages = run_on_ranks(2, _expect_error, {"tensor_parallel_size": 2}, {}, True)
     assert all("ranks hold different weights" in m for m in messages), messages
+
+
+@pytest.mark.parametrize(
+    ("world", "config", "expected"),
+    [
+        # the layout is checked first: it fails as a layout even though PP is not built yet
+        (2, {"tensor_parallel_size": 2, "pipeline_parallel_size": 2}, "dp=(rest), pp=2, sp=1, tp=2 needs 4 ranks"),
+        (4, {"tensor_parallel_size": 2, "sequence_parallel_size": 2, "data_parallel_size": 2}, "needs 8 ranks"),
+        (4, {"tensor_parallel_size": 2, "pipeline_parallel_size": 3}, "dp=(rest), pp=3, sp=1, tp=2"),
+        (4, {"tensor_parallel_size": 1, "data_parallel_size": 2}, "dp=2, pp=1, sp=1, tp=1 uses 2 ranks"),
+    ],
+)
+def test_wrong_layout_names_every_degree_and_the_world(world, config, expected):
+    messages = run_on_ranks(world, _expect_error, config, {})
+    for message in messages:
+        assert expected in message, messages
+        assert f"world size {world}" in message or f"world size is {world}" in message, messages
+        assert all(d in message for d in ("dp=", "pp=", "sp=", "tp=")), messages
+
+
+def _layout_groups(tp: int) -> dict:
+    import torch.distributed as dist
+
+    layout = shardcore.ParallelLayout.from_config(ShardConfig(tensor_parallel_size=tp))
+    return {
+        "degrees": layout.degrees,
+        "tp": dist.get_process_group_ranks(layout.group("tp")),
+        "dp": dist.get_process_group_ranks(layout.group("dp")),
+        "coords": layout.coordinates(dist.get_rank()),
+    }
+
+
+def test_tp_is_innermost_consecutive_ranks():
+    out = run_on_ranks(4, _layout_groups, 2)
+    assert out[0]["degrees"] == {"dp": 2, "pp": 1, "sp": 1, "tp": 2}
+    assert [o["tp"] for o in out] == [[0, 1], [0, 1], [2, 3], [2, 3]]
+    assert [o["dp"] for o in out] == [[0, 2], [1, 3], [0, 2], [1, 3]]
+    assert [o["coords"] for o in out] == [
+        {"dp": d, "pp": 0, "sp": 0, "tp": t} for d in range(2) for t in range(2)
+    ]
+
+
+def test_layout_in_one_process():
+    layout = shardcore.ParallelLayout.from_config(ShardConfig(pipeline_parallel_size=2, tensor_parallel_size=2), 8)
+    assert layout.degrees == {"dp": 2, "pp": 2, "sp": 1, "tp": 2}
+    assert layout.coordinates(5) == {"dp": 1, "pp": 0, "sp": 1 - 1, "tp": 1}
+    assert shardcore.ParallelLayout.from_config(ShardConfig(), 4).degrees == {"dp": 1, "pp": 1, "sp": 1, "tp": 4}
+    with pytest.raises(ValueError, match=r"dp=1, pp=2, sp=1, tp=2 uses 4 ranks, but the world size is 8"):
+        shardcore.ParallelLayout(dp=1, pp=2, tp=2, world_size=8)

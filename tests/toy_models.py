@@ -59,6 +59,9 @@ class ToyLM(nn.Module):
 class ToyPolicy(Policy):
     """Megatron-style TP for :class:`ToyLM`: packed qkv per head, MLP col/row, vocab-parallel ends."""
 
+    def blocks(self):
+        return self.blocks_in(self.model.blocks)
+
     def config_sanity_check(self) -> None:
         block = self.model.blocks[0]
         self.require_divisible(block.num_heads, self.tp_size, "num_heads", "ToyLM")

@@ -1,14 +1,18 @@
 """Parallel layers: each holds a rank's slice of a native module and knows its communication."""
 
-from ._functional import copy_to_tp, count_collectives, enter_tp_region, gather_from_tp, reduce_from_tp, split_to_tp
+from .comm import copy_to_tp, count_collectives, enter_tp_region, gather_from_tp, reduce_from_tp, split_to_tp
+from .conv1d import Conv1D_Col, Conv1D_Row, FusedConv1D_Col
 from .embedding import VocabParallelEmbedding1D, VocabParallelLMHead1D
 from .linear import FusedLinear1D_Col, Linear1D_Col, Linear1D_Row
 from .loss import vocab_parallel_cross_entropy
 from .parallel_module import ParallelModule
-from .rng import fork_tp_rng, run_in_tp_rng
+from .rng import fork_tp_rng, run_in_shared_rng, run_in_tp_rng
 from .shard_spec import Segment, ShardSpec
 
 __all__ = [
+    "Conv1D_Col",
+    "Conv1D_Row",
+    "FusedConv1D_Col",
     "FusedLinear1D_Col",
     "Linear1D_Col",
     "Linear1D_Row",
@@ -23,6 +27,7 @@ __all__ = [
     "fork_tp_rng",
     "gather_from_tp",
     "reduce_from_tp",
+    "run_in_shared_rng",
     "run_in_tp_rng",
     "split_to_tp",
     "vocab_parallel_cross_entropy",

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._functional import copy_to_tp, gather_from_tp, group_size, reduce_from_tp
+from .comm import copy_to_tp, gather_from_tp, group_size, reduce_from_tp
 from .parallel_module import ParallelModule
 from .shard_spec import ShardSpec
 

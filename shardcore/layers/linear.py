@@ -17,11 +17,12 @@ weight gradient summed over the ranks sharing them, so every copy stays identica
 
 from __future__ import annotations
 
+import attrs
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._functional import all_reduce, copy_to_tp, gather_from_tp, reduce_from_tp, split_to_tp
+from .comm import all_reduce, copy_to_tp, gather_from_tp, group_size, reduce_from_tp, split_to_tp
 from .parallel_module import ParallelModule
 from .shard_spec import ShardSpec
 
@@ -49,13 +50,29 @@ class _SyncReplicaGrads(torch.autograd.Function):
         return grad, None, None
 
 
-class Linear1D_Col(ParallelModule):
+class FromLinear:
+    """Mixin: the native module is an ``nn.Linear`` (weight ``[out, in]``)."""
+
+    @classmethod
+    def _native(cls, module: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None, int, int]:
+        """``(weight, bias, in_features, out_features)`` of the native module this layer replaces."""
+        cls._expect_native(module, nn.Linear)
+        return module.weight, module.bias, module.in_features, module.out_features
+
+
+class Linear1D_Col(FromLinear, ParallelModule):
     """Column-parallel linear: output features split over the group (see the module docstring).
 
     ``gather_output=True`` all-gathers the output so callers see the full ``out_features``.
     ``copy_input=False`` when the input already entered the TP region (see
     :func:`~shardcore.layers.enter_tp_region`), so layers sharing an input share one all-reduce.
+
+    ``spec`` describes the output features (split along dim 0 of ``[out, in]`` weights and of the
+    bias); subclasses with ``transposed = True`` store ``[in, out]`` weights (split along dim 1).
     """
+
+    #: ``True`` for weights stored ``[in, out]`` (see :mod:`shardcore.layers.conv1d`).
+    transposed = False
 
     def __init__(
         self,
@@ -69,11 +86,12 @@ class Linear1D_Col(ParallelModule):
     ) -> None:
         super().__init__(process_group)
         self.copy_input = copy_input
-        self.in_features = weight.shape[1]
+        self.in_features = weight.shape[0 if self.transposed else 1]
         self.out_features = spec.full_size
         self.gather_output = gather_output
         self.spec = spec
-        self._shard_param("weight", weight, spec)
+        self.weight_spec = attrs.evolve(spec, dim=1) if self.transposed else spec
+        self._shard_param("weight", weight, self.weight_spec)
         self._shard_param("bias", bias, spec)
         self._replica_groups = None
         if spec.is_replicated:
@@ -100,26 +118,24 @@ class Linear1D_Col(ParallelModule):
         With ``num_heads`` smaller than the group (key/value heads of grouped-query attention),
         heads are replicated; the group size must then be a multiple of ``num_heads``.
         """
-        cls._expect_native(module, nn.Linear)
-        from ._functional import group_size
-
+        weight, bias, _, out_features = cls._native(module)
         tp = group_size(process_group)
         if num_heads is None:
-            spec = ShardSpec.even(module.out_features, tp, what=f"out_features of {module}")
+            spec = ShardSpec.even(out_features, tp, what=f"out_features of {module}")
         else:
-            head_dim = head_dim or module.out_features // num_heads
+            head_dim = head_dim or out_features // num_heads
             spec = ShardSpec.heads((num_heads,), head_dim, tp)
         if gather_output and spec.is_replicated:
             raise ValueError("gather_output=True is not supported for replicated heads")
-        return cls(module.weight, module.bias, spec, process_group, gather_output=gather_output, copy_input=copy_input)
+        return cls(weight, bias, spec, process_group, gather_output=gather_output, copy_input=copy_input)
 
     def _weights(self):
         weight, bias = self.weight, self.bias
         if self._replica_groups is not None:
-            weight = _SyncReplicaGrads.apply(weight, self.spec, self._replica_groups)
+            weight = _SyncReplicaGrads.apply(weight, self.weight_spec, self._replica_groups)
             if bias is not None:
                 bias = _SyncReplicaGrads.apply(bias, self.spec, self._replica_groups)
-        return weight, bias
+        return (weight.t() if self.transposed else weight), bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weight, bias = self._weights()
@@ -156,22 +172,24 @@ class FusedLinear1D_Col(Linear1D_Col):
         gather_output: bool = False,
         copy_input: bool = True,
     ) -> FusedLinear1D_Col:
-        cls._expect_native(module, nn.Linear)
-        if sum(heads) * head_dim != module.out_features:
-            raise ValueError(f"heads={heads} x head_dim={head_dim} does not cover out_features={module.out_features}")
-        from ._functional import group_size
-
+        weight, bias, _, out_features = cls._native(module)
+        if sum(heads) * head_dim != out_features:
+            raise ValueError(f"heads={heads} x head_dim={head_dim} does not cover out_features={out_features}")
         spec = ShardSpec.heads(tuple(heads), head_dim, group_size(process_group))
         if gather_output:
-            raise ValueError("FusedLinear1D_Col cannot gather its packed output; split it per part first")
-        return cls(module.weight, module.bias, spec, process_group, copy_input=copy_input)
+            raise ValueError(f"{cls.__name__} cannot gather its packed output; split it per part first")
+        return cls(weight, bias, spec, process_group, copy_input=copy_input)
 
 
-class Linear1D_Row(ParallelModule):
+class Linear1D_Row(FromLinear, ParallelModule):
     """Row-parallel linear: input features split over the group (see the module docstring).
 
     ``input_is_parallel=False`` takes a full input and keeps this rank's slice of it first.
+    ``spec`` splits the input features: dim 1 of ``[out, in]`` weights, or dim 0 when the
+    subclass stores ``[in, out]`` weights (``transposed = True``).
     """
+
+    transposed = False
 
     def __init__(
         self,
@@ -183,10 +201,11 @@ class Linear1D_Row(ParallelModule):
         input_is_parallel: bool = True,
     ) -> None:
         super().__init__(process_group)
-        if spec.is_replicated or spec.dim != 1:
-            raise ValueError("Linear1D_Row needs a split (not replicated) spec along dim 1")
+        in_dim = 0 if self.transposed else 1
+        if spec.is_replicated or spec.dim != in_dim:
+            raise ValueError(f"{type(self).__name__} needs a split (not replicated) spec along dim {in_dim}")
         self.in_features = spec.full_size
-        self.out_features = weight.shape[0]
+        self.out_features = weight.shape[1 - in_dim]
         self.input_is_parallel = input_is_parallel
         self.spec = spec
         self._shard_param("weight", weight, spec)
@@ -202,20 +221,18 @@ class Linear1D_Row(ParallelModule):
         num_heads: int | None = None,
         head_dim: int | None = None,
     ) -> Linear1D_Row:
-        cls._expect_native(module, nn.Linear)
-        from ._functional import group_size
-
-        tp = group_size(process_group)
+        weight, bias, in_features, _ = cls._native(module)
+        tp, dim = group_size(process_group), 0 if cls.transposed else 1
         if num_heads is None:
-            spec = ShardSpec.even(module.in_features, tp, dim=1, what=f"in_features of {module}")
+            spec = ShardSpec.even(in_features, tp, dim=dim, what=f"in_features of {module}")
         else:
-            spec = ShardSpec.heads((num_heads,), head_dim or module.in_features // num_heads, tp, dim=1)
-        return cls(module.weight, module.bias, spec, process_group, input_is_parallel=input_is_parallel)
+            spec = ShardSpec.heads((num_heads,), head_dim or in_features // num_heads, tp, dim=dim)
+        return cls(weight, bias, spec, process_group, input_is_parallel=input_is_parallel)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.input_is_parallel:
             x = split_to_tp(x, self.process_group, dim=-1)
-        y = reduce_from_tp(F.linear(x, self.weight), self.process_group)
+        y = reduce_from_tp(F.linear(x, self.weight.t() if self.transposed else self.weight), self.process_group)
         return y if self.bias is None else y + self.bias
 
     def extra_repr(self) -> str:

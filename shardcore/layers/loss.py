@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from ._functional import all_gather_cat
+from .comm import all_gather_cat
 
 __all__ = ["vocab_parallel_cross_entropy"]
 

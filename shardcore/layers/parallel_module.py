@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ._functional import group_rank, group_size
+from .comm import group_rank, group_size
 from .shard_spec import ShardSpec
 
 __all__ = ["ParallelModule"]

@@ -6,6 +6,8 @@ the *same* numbers where activations are replicated (residual-stream dropout), o
 drift apart. Every rank starts from the same seed, so the default stream is already in step;
 :func:`fork_tp_rng` switches to a second stream, seeded ``initial_seed + 2718 + tp_rank``, for the
 code that runs on split activations, and back afterwards, leaving the default stream untouched.
+Code on replicated activations *inside* such a block (a residual dropout at the end of an
+attention module) goes back to the default stream with :func:`run_in_shared_rng`.
 """
 
 from __future__ import annotations
@@ -17,11 +19,13 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from ._functional import group_rank
+from .comm import group_rank
 
-__all__ = ["fork_tp_rng", "run_in_tp_rng"]
+__all__ = ["fork_tp_rng", "run_in_shared_rng", "run_in_tp_rng"]
 
 _STATES: dict[tuple[int, str], torch.Tensor] = {}
+#: the default stream's state saved by each open fork_tp_rng block, innermost last, per device
+_OUTER: dict[str, list[torch.Tensor]] = {"cpu": [], "cuda": []}
 SEED_OFFSET = 2718
 
 
@@ -44,17 +48,31 @@ def fork_tp_rng(group, device: str = "cpu") -> Iterator[None]:
         seed = torch.initial_seed() + SEED_OFFSET + group_rank(group)
         gen = torch.Generator(device=device).manual_seed(seed)
         _STATES[key] = gen.get_state()
-    outer = _get(device)
+    _OUTER[device].append(_get(device))
     _set(device, _STATES[key])
     try:
         yield
     finally:
         _STATES[key] = _get(device)
-        _set(device, outer)
+        _set(device, _OUTER[device].pop())
 
 
-def run_in_tp_rng(module: nn.Module, group) -> None:
-    """Make ``module``'s forward (in training mode) draw from the per-rank stream."""
+@contextlib.contextmanager
+def _shared_stream(device: str) -> Iterator[None]:
+    """Inside a :func:`fork_tp_rng` block, run on the default (shared) stream; elsewhere a no-op."""
+    if not _OUTER[device]:
+        yield
+        return
+    inner = _get(device)
+    _set(device, _OUTER[device][-1])
+    try:
+        yield
+    finally:
+        _OUTER[device][-1] = _get(device)
+        _set(device, inner)
+
+
+def _wrap(module: nn.Module, stream) -> None:
     forward = module.forward
 
     @functools.wraps(forward)
@@ -63,7 +81,18 @@ def run_in_tp_rng(module: nn.Module, group) -> None:
             return forward(*args, **kwargs)
         tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)] or list(module.parameters())
         device = "cuda" if tensors and tensors[0].is_cuda else "cpu"
-        with fork_tp_rng(group, device):
+        with stream(device):
             return forward(*args, **kwargs)
 
     module.forward = wrapped
+
+
+def run_in_tp_rng(module: nn.Module, group) -> None:
+    """Make ``module``'s forward (in training mode) draw from the per-rank stream."""
+    _wrap(module, lambda device: fork_tp_rng(group, device))
+
+
+def run_in_shared_rng(module: nn.Module) -> None:
+    """Make ``module``'s forward (in training mode) draw from the shared stream even when it runs
+    inside a :func:`run_in_tp_rng` module (e.g. the residual dropout inside an attention module)."""
+    _wrap(module, _shared_stream)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import attrs
 import torch
 
-from ._functional import all_gather_cat
+from .comm import all_gather_cat
 
 __all__ = ["Segment", "ShardSpec"]
 

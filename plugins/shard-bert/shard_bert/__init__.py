@@ -8,24 +8,23 @@ from shardcore import hookimpl
 
 __version__ = "0.1.0"
 
-#: model class -> policy class in shard_bert.policy
+#: model class -> policy location
 MODELS = {
-    "transformers.models.bert.modeling_bert.BertModel": "BertModelPolicy",
-    "transformers.models.bert.modeling_bert.BertForPreTraining": "BertWithLMHeadPolicy",
-    "transformers.models.bert.modeling_bert.BertForMaskedLM": "BertWithLMHeadPolicy",
-    "transformers.models.bert.modeling_bert.BertLMHeadModel": "BertWithLMHeadPolicy",
-    "transformers.models.bert.modeling_bert.BertForSequenceClassification": "BertModelPolicy",
-    "transformers.models.bert.modeling_bert.BertForTokenClassification": "BertModelPolicy",
-    "transformers.models.bert.modeling_bert.BertForQuestionAnswering": "BertModelPolicy",
-    "transformers.models.bert.modeling_bert.BertForMultipleChoice": "BertModelPolicy",
-    "transformers.models.bert.modeling_bert.BertForNextSentencePrediction": "BertModelPolicy",
-    "transformers.models.roberta.modeling_roberta.RobertaModel": "BertModelPolicy",
-    "transformers.models.roberta.modeling_roberta.RobertaForMaskedLM": "BertWithLMHeadPolicy",
-    "transformers.models.roberta.modeling_roberta.RobertaForSequenceClassification": "BertModelPolicy",
+    "transformers.models.bert.modeling_bert.BertModel": "shard_bert.policy:BertModelPolicy",
+    "transformers.models.bert.modeling_bert.BertForPreTraining": "shard_bert.policy:BertWithLMHeadPolicy",
+    "transformers.models.bert.modeling_bert.BertForMaskedLM": "shard_bert.policy:BertWithLMHeadPolicy",
+    "transformers.models.bert.modeling_bert.BertLMHeadModel": "shard_bert.policy:BertWithLMHeadPolicy",
+    "transformers.models.bert.modeling_bert.BertForSequenceClassification": "shard_bert.policy:BertModelPolicy",
+    "transformers.models.bert.modeling_bert.BertForTokenClassification": "shard_bert.policy:BertModelPolicy",
+    "transformers.models.bert.modeling_bert.BertForQuestionAnswering": "shard_bert.policy:BertModelPolicy",
+    "transformers.models.bert.modeling_bert.BertForMultipleChoice": "shard_bert.policy:BertModelPolicy",
+    "transformers.models.bert.modeling_bert.BertForNextSentencePrediction": "shard_bert.policy:BertModelPolicy",
+    "transformers.models.roberta.modeling_roberta.RobertaModel": "shard_bert.policy:BertModelPolicy",
+    "transformers.models.roberta.modeling_roberta.RobertaForMaskedLM": "shard_bert.policy:BertWithLMHeadPolicy",
+    "transformers.models.roberta.modeling_roberta.RobertaForSequenceClassification": "shard_bert.policy:BertModelPolicy",
 }
 
 
 @hookimpl
 def shardcore_register_policies(register):
-    for model, policy in MODELS.items():
-        register(model, f"shard_bert.policy:{policy}")
+    register(MODELS)

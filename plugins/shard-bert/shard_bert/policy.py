@@ -22,20 +22,12 @@ from __future__ import annotations
 
 from torch import nn
 
-from shardcore import ModulePolicyDescription, Policy, SubModuleReplacementDescription
-from shardcore.layers import Linear1D_Col, Linear1D_Row, VocabParallelEmbedding1D, VocabParallelLMHead1D
+from shardcore import ModulePolicyDescription, Policy
+from shardcore.builders import attention, mlp, vocab_embedding, vocab_head
 
 __all__ = ["BertModelPolicy", "BertPolicy", "BertWithLMHeadPolicy"]
 
-
-def _attention_subs(prefix: str, heads: dict, *, copy_q: bool, copy_kv: bool) -> list[SubModuleReplacementDescription]:
-    sub = SubModuleReplacementDescription
-    return [
-        sub(suffix=f"{prefix}.self.query", target_module=Linear1D_Col, kwargs={**heads, "copy_input": copy_q}),
-        sub(suffix=f"{prefix}.self.key", target_module=Linear1D_Col, kwargs={**heads, "copy_input": copy_kv}),
-        sub(suffix=f"{prefix}.self.value", target_module=Linear1D_Col, kwargs={**heads, "copy_input": copy_kv}),
-        sub(suffix=f"{prefix}.output.dense", target_module=Linear1D_Row, kwargs=heads),
-    ]
+_NAMES = ("self.query", "self.key", "self.value", "output.dense")
 
 
 class BertPolicy(Policy):
@@ -44,6 +36,9 @@ class BertPolicy(Policy):
     @property
     def base(self):
         return self.model.base_model
+
+    def blocks(self):
+        return self.blocks_in(self.base.encoder.layer)
 
     def config_sanity_check(self) -> None:
         cfg, tp = self.model.config, self.tp_size
@@ -58,36 +53,25 @@ class BertPolicy(Policy):
 
     def module_policy(self):
         cfg, tp = self.model.config, self.tp_size
-        heads = {"num_heads": cfg.num_attention_heads, "head_dim": cfg.hidden_size // cfg.num_attention_heads}
-        local = {
-            "num_attention_heads": cfg.num_attention_heads // tp,
-            "all_head_size": cfg.hidden_size // tp,
-        }
-        layer = self.base.encoder.layer[0]
-        attention_parts = ["attention"] + (["crossattention"] if hasattr(layer, "crossattention") else [])
-        subs = _attention_subs("attention", heads, copy_q=False, copy_kv=False)
-        if "crossattention" in attention_parts:
+        heads, head_dim = cfg.num_attention_heads, cfg.hidden_size // cfg.num_attention_heads
+        local = {"num_attention_heads": heads // tp, "all_head_size": cfg.hidden_size // tp}
+        (layer_cls,) = self.block_types()
+        cross = hasattr(self.blocks()[0][1], "crossattention")
+        attention_parts = ["attention"] + (["crossattention"] if cross else [])
+        subs = attention("attention", heads, head_dim, names=_NAMES)
+        if cross:
             # query reads the decoder's states, key/value the encoder's: no shared entry
-            subs += _attention_subs("crossattention", heads, copy_q=True, copy_kv=True)
-        subs += [
-            SubModuleReplacementDescription(suffix="intermediate.dense", target_module=Linear1D_Col),
-            SubModuleReplacementDescription(suffix="output.dense", target_module=Linear1D_Row),
-        ]
+            subs += attention("crossattention", heads, head_dim, names=_NAMES, shared_input=False)
+        subs += mlp("", ("intermediate.dense",), "output.dense")
         return {
-            type(layer): ModulePolicyDescription(
+            layer_cls: ModulePolicyDescription(
                 attribute_replacement={f"{part}.self.{k}": v for part in attention_parts for k, v in local.items()},
                 sub_module_replacement=subs,
                 enter_tp_region=["attention.self"],
                 per_rank_rng=[f"{part}.self" for part in attention_parts],
             ),
             type(self.base.embeddings): ModulePolicyDescription(
-                sub_module_replacement=[
-                    SubModuleReplacementDescription(
-                        suffix="word_embeddings",
-                        target_module=VocabParallelEmbedding1D,
-                        kwargs={"make_vocab_size_divisible_by": self.shard_config.make_vocab_size_divisible_by},
-                    )
-                ]
+                sub_module_replacement=[vocab_embedding("word_embeddings", self.shard_config)]
             ),
         }
 
@@ -110,13 +94,5 @@ class BertWithLMHeadPolicy(BertPolicy):
         if not heads:
             raise ValueError(f"{type(self.model).__name__}: no LM head with a 'decoder' over the vocabulary found")
         for head in heads:
-            policy[head] = ModulePolicyDescription(
-                sub_module_replacement=[
-                    SubModuleReplacementDescription(
-                        suffix="decoder",
-                        target_module=VocabParallelLMHead1D,
-                        kwargs={"make_vocab_size_divisible_by": self.shard_config.make_vocab_size_divisible_by},
-                    )
-                ]
-            )
+            policy[head] = ModulePolicyDescription(sub_module_replacement=[vocab_head("decoder", self.shard_config)])
         return policy

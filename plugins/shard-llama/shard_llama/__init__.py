@@ -16,10 +16,14 @@ HEADS = {
     "ForCausalLM": "LlamaForCausalLMPolicy",
     "ForSequenceClassification": "LlamaForSequenceClassificationPolicy",
 }
+#: model class -> policy location
+MODELS = {
+    f"transformers.models.{module}.modeling_{module}.{prefix}{suffix}": f"shard_llama.policy:{policy}"
+    for module, prefix in FAMILIES.items()
+    for suffix, policy in HEADS.items()
+}
 
 
 @hookimpl
 def shardcore_register_policies(register):
-    for module, prefix in FAMILIES.items():
-        for suffix, policy in HEADS.items():
-            register(f"transformers.models.{module}.modeling_{module}.{prefix}{suffix}", f"shard_llama.policy:{policy}")
+    register(MODELS)

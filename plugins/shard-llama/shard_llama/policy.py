@@ -21,8 +21,8 @@ instance, so they import nothing from transformers.
 
 from __future__ import annotations
 
-from shardcore import ModulePolicyDescription, Policy, SubModuleReplacementDescription
-from shardcore.layers import Linear1D_Col, Linear1D_Row, VocabParallelEmbedding1D, VocabParallelLMHead1D
+from shardcore import ModulePolicyDescription, Policy
+from shardcore.builders import attention, mlp, vocab_embedding, vocab_head
 
 __all__ = ["LlamaForCausalLMPolicy", "LlamaForSequenceClassificationPolicy", "LlamaModelPolicy", "LlamaPolicy"]
 
@@ -33,6 +33,9 @@ class LlamaPolicy(Policy):
     @property
     def base(self):
         return self.model.base_model
+
+    def blocks(self):
+        return self.blocks_in(self.base.layers)
 
     def _dims(self):
         cfg = self.model.config
@@ -57,41 +60,18 @@ class LlamaPolicy(Policy):
         heads, kv, head_dim = self._dims()
         tp = self.tp_size
         local_kv = kv // tp if kv >= tp else 1
-        layer_cls = type(self.base.layers[0])
-        attn = {"num_heads": heads, "head_dim": head_dim}
-        q_heads = {**attn, "copy_input": False}
-        kv_heads = {"num_heads": kv, "head_dim": head_dim, "copy_input": False}
-        mlp_in = {"copy_input": False}
+        (layer_cls,) = self.block_types()
         return {
             layer_cls: ModulePolicyDescription(
                 attribute_replacement={"self_attn.num_key_value_groups": (heads // tp) // local_kv},
-                sub_module_replacement=[
-                    SubModuleReplacementDescription(
-                        suffix="self_attn.q_proj", target_module=Linear1D_Col, kwargs=q_heads
-                    ),
-                    SubModuleReplacementDescription(
-                        suffix="self_attn.k_proj", target_module=Linear1D_Col, kwargs=kv_heads
-                    ),
-                    SubModuleReplacementDescription(
-                        suffix="self_attn.v_proj", target_module=Linear1D_Col, kwargs=kv_heads
-                    ),
-                    SubModuleReplacementDescription(suffix="self_attn.o_proj", target_module=Linear1D_Row, kwargs=attn),
-                    SubModuleReplacementDescription(suffix="mlp.gate_proj", target_module=Linear1D_Col, kwargs=mlp_in),
-                    SubModuleReplacementDescription(suffix="mlp.up_proj", target_module=Linear1D_Col, kwargs=mlp_in),
-                    SubModuleReplacementDescription(suffix="mlp.down_proj", target_module=Linear1D_Row),
-                ],
+                sub_module_replacement=attention("self_attn", heads, head_dim, kv_heads=kv)
+                + mlp("mlp", ("gate_proj", "up_proj"), "down_proj", shared_input=True),
                 # q/k/v read one tensor, gate/up another: one backward all-reduce each
                 enter_tp_region=["self_attn", "mlp"],
                 per_rank_rng=["self_attn"],  # attention dropout drops this rank's heads
             ),
             type(self.base): ModulePolicyDescription(
-                sub_module_replacement=[
-                    SubModuleReplacementDescription(
-                        suffix="embed_tokens",
-                        target_module=VocabParallelEmbedding1D,
-                        kwargs={"make_vocab_size_divisible_by": self.shard_config.make_vocab_size_divisible_by},
-                    )
-                ]
+                sub_module_replacement=[vocab_embedding("embed_tokens", self.shard_config)]
             ),
         }
 
@@ -109,16 +89,7 @@ class LlamaForCausalLMPolicy(LlamaPolicy):
         policy = super().module_policy()
         parallel_output = self.shard_config.parallel_output
         policy[type(self.model)] = ModulePolicyDescription(
-            sub_module_replacement=[
-                SubModuleReplacementDescription(
-                    suffix="lm_head",
-                    target_module=VocabParallelLMHead1D,
-                    kwargs={
-                        "gather_output": not parallel_output,
-                        "make_vocab_size_divisible_by": self.shard_config.make_vocab_size_divisible_by,
-                    },
-                )
-            ],
+            sub_module_replacement=[vocab_head("lm_head", self.shard_config, gather_output=not parallel_output)],
             method_replacement={"forward": causal_lm_forward} if parallel_output else {},
         )
         return policy

@@ -22,5 +22,4 @@ MODELS = {
 
 @hookimpl
 def shardcore_register_policies(register):
-    for model, policy in MODELS.items():
-        register(model, policy)
+    register(MODELS)

@@ -10,18 +10,30 @@ from transformers.
 
 from __future__ import annotations
 
-from shardcore import ModulePolicyDescription, Policy, SubModuleReplacementDescription
-from shardcore.layers import Linear1D_Col, Linear1D_Row
+from torch import nn
+
+from shardcore import ModulePolicyDescription, Policy
+from shardcore.builders import attention, mlp
 
 __all__ = ["HFViTPolicy"]
 
 
+def _is_layer(module) -> bool:
+    return hasattr(getattr(module, "attention", None), "q_proj") and hasattr(getattr(module, "mlp", None), "fc1")
+
+
 class HFViTPolicy(Policy):
-    def _layer_cls(self) -> type:
+    def blocks(self):
+        """The layer stack: the first ``ModuleList`` of layers with ``attention`` and ``mlp`` (its
+        place differs between transformers versions: ``vit.layers`` or ``vit.encoder.layer``)."""
         for module in self.model.modules():
-            if hasattr(getattr(module, "attention", None), "q_proj") and hasattr(getattr(module, "mlp", None), "fc1"):
-                return type(module)
-        raise ValueError(f"{type(self.model).__name__}: no ViT layer (attention.q_proj, mlp.fc1) found")
+            if isinstance(module, nn.ModuleList) and module and all(_is_layer(m) for m in module):
+                return self.blocks_in(module)
+        raise ValueError(f"{type(self.model).__name__}: no ViT layers (attention.q_proj, mlp.fc1) found")
+
+    def _layer_cls(self) -> type:
+        (layer_cls,) = self.block_types()
+        return layer_cls
 
     def config_sanity_check(self) -> None:
         cfg, name = self.model.config, type(self.model).__name__
@@ -50,19 +62,10 @@ class HFViTPolicy(Policy):
     def module_policy(self):
         cfg = self.model.config
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        heads = {"num_heads": cfg.num_attention_heads, "head_dim": head_dim}
-        sub = SubModuleReplacementDescription
         return {
             self._layer_cls(): ModulePolicyDescription(
                 attribute_replacement={"attention.num_attention_heads": cfg.num_attention_heads // self.tp_size},
-                sub_module_replacement=[
-                    sub(suffix="attention.q_proj", target_module=Linear1D_Col, kwargs={**heads, "copy_input": False}),
-                    sub(suffix="attention.k_proj", target_module=Linear1D_Col, kwargs={**heads, "copy_input": False}),
-                    sub(suffix="attention.v_proj", target_module=Linear1D_Col, kwargs={**heads, "copy_input": False}),
-                    sub(suffix="attention.o_proj", target_module=Linear1D_Row, kwargs=heads),
-                    sub(suffix="mlp.fc1", target_module=Linear1D_Col),
-                    sub(suffix="mlp.fc2", target_module=Linear1D_Row),
-                ],
+                sub_module_replacement=attention("attention", cfg.num_attention_heads, head_dim) + mlp("mlp"),
                 enter_tp_region=["attention"],
                 per_rank_rng=["attention"],
             )

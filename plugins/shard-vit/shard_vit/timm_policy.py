@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from torch import nn
 
-from shardcore import ModulePolicyDescription, Policy, SubModuleReplacementDescription
-from shardcore.layers import FusedLinear1D_Col, Linear1D_Col, Linear1D_Row
+from shardcore import ModulePolicyDescription, Policy
+from shardcore.builders import mlp, packed_attention
 
 __all__ = ["TimmViTPolicy"]
 
@@ -23,11 +23,14 @@ def _is_identity(module) -> bool:
 
 
 class TimmViTPolicy(Policy):
-    def _block(self):
+    def blocks(self):
         blocks = getattr(self.model, "blocks", None)
         if not blocks:
             raise ValueError(f"{type(self.model).__name__}: no transformer blocks to shard")
-        return blocks[0]
+        return self.blocks_in(blocks)
+
+    def _block(self):
+        return self.blocks()[0][1]
 
     def config_sanity_check(self) -> None:
         name = f"timm {type(self.model).__name__}"
@@ -58,24 +61,10 @@ class TimmViTPolicy(Policy):
     def module_policy(self):
         block = self._block()
         attn, tp = block.attn, self.tp_size
-        sub = SubModuleReplacementDescription
         return {
             type(block): ModulePolicyDescription(
                 attribute_replacement={"attn.num_heads": attn.num_heads // tp, "attn.attn_dim": attn.attn_dim // tp},
-                sub_module_replacement=[
-                    sub(
-                        suffix="attn.qkv",
-                        target_module=FusedLinear1D_Col,
-                        kwargs={"heads": (attn.num_heads,) * 3, "head_dim": attn.head_dim},
-                    ),
-                    sub(
-                        suffix="attn.proj",
-                        target_module=Linear1D_Row,
-                        kwargs={"num_heads": attn.num_heads, "head_dim": attn.head_dim},
-                    ),
-                    sub(suffix="mlp.fc1", target_module=Linear1D_Col),
-                    sub(suffix="mlp.fc2", target_module=Linear1D_Row),
-                ],
+                sub_module_replacement=packed_attention("attn", attn.num_heads, attn.head_dim) + mlp("mlp"),
                 per_rank_rng=["attn", "mlp.drop1"],
             )
         }

@@ -17,32 +17,42 @@ Structural: the layer classes are found on the model instance, nothing imports t
 
 from __future__ import annotations
 
-from shardcore import ModulePolicyDescription, Policy, SubModuleReplacementDescription
-from shardcore.layers import Linear1D_Col, Linear1D_Row, VocabParallelEmbedding1D, VocabParallelLMHead1D
+from torch import nn
+
+from shardcore import ModulePolicyDescription, Policy
+from shardcore.builders import attention, mlp, vocab_embedding, vocab_head
 
 __all__ = ["WhisperPolicy"]
 
+_NAMES = ("q_proj", "k_proj", "v_proj", "out_proj")
 
-def _attention(prefix: str, heads: int, head_dim: int, *, shared_input: bool) -> list[SubModuleReplacementDescription]:
-    sub, kw = SubModuleReplacementDescription, {"num_heads": heads, "head_dim": head_dim}
-    col = {**kw, "copy_input": not shared_input}
-    return [
-        sub(suffix=f"{prefix}.q_proj", target_module=Linear1D_Col, kwargs=col),
-        sub(suffix=f"{prefix}.k_proj", target_module=Linear1D_Col, kwargs=col),
-        sub(suffix=f"{prefix}.v_proj", target_module=Linear1D_Col, kwargs=col),
-        sub(suffix=f"{prefix}.out_proj", target_module=Linear1D_Row, kwargs=kw),
-    ]
+
+def _is_layer(module) -> bool:
+    return hasattr(module, "self_attn") and hasattr(module, "fc1")
 
 
 class WhisperPolicy(Policy):
+    def _stacks(self) -> list:
+        """The encoder and decoder stacks present (modules holding ``layers`` of Whisper layers), in order."""
+        return [
+            m
+            for m in self.model.modules()
+            if isinstance(getattr(m, "layers", None), nn.ModuleList) and m.layers and all(map(_is_layer, m.layers))
+        ]
+
+    def blocks(self):
+        """Encoder layers, then decoder layers (those present)."""
+        return self.blocks_in(*(stack.layers for stack in self._stacks()))
+
     def _layers(self) -> tuple[type | None, type | None]:
         encoder = decoder = None
-        for module in self.model.modules():
-            if hasattr(module, "self_attn") and hasattr(module, "fc1"):
-                if hasattr(module, "encoder_attn"):
-                    decoder = decoder or type(module)
-                else:
-                    encoder = encoder or type(module)
+        for _, layer in self.blocks():
+            if hasattr(layer, "encoder_attn"):
+                decoder = decoder or type(layer)
+            else:
+                encoder = encoder or type(layer)
+        if encoder is None and decoder is None:
+            raise ValueError(f"{type(self.model).__name__}: no Whisper layers (self_attn, fc1) found to shard")
         return encoder, decoder
 
     def config_sanity_check(self) -> None:
@@ -67,16 +77,12 @@ class WhisperPolicy(Policy):
     def module_policy(self):
         cfg, tp = self.model.config, self.tp_size
         encoder, decoder = self._layers()
-        mlp = [
-            SubModuleReplacementDescription(suffix="fc1", target_module=Linear1D_Col),
-            SubModuleReplacementDescription(suffix="fc2", target_module=Linear1D_Row),
-        ]
         policy = {}
         if encoder is not None:
             h = cfg.encoder_attention_heads
             policy[encoder] = ModulePolicyDescription(
                 attribute_replacement={"self_attn.num_heads": h // tp},
-                sub_module_replacement=_attention("self_attn", h, cfg.d_model // h, shared_input=True) + mlp,
+                sub_module_replacement=attention("self_attn", h, cfg.d_model // h, names=_NAMES) + mlp(""),
                 enter_tp_region=["self_attn"],
                 per_rank_rng=["self_attn"],
             )
@@ -84,27 +90,19 @@ class WhisperPolicy(Policy):
             h = cfg.decoder_attention_heads
             policy[decoder] = ModulePolicyDescription(
                 attribute_replacement={"self_attn.num_heads": h // tp, "encoder_attn.num_heads": h // tp},
-                sub_module_replacement=_attention("self_attn", h, cfg.d_model // h, shared_input=True)
-                + _attention("encoder_attn", h, cfg.d_model // h, shared_input=False)
-                + mlp,
+                sub_module_replacement=attention("self_attn", h, cfg.d_model // h, names=_NAMES)
+                # cross-attention: query from the decoder's states, key/value from the encoder's
+                + attention("encoder_attn", h, cfg.d_model // h, names=_NAMES, shared_input=False)
+                + mlp(""),
                 enter_tp_region=["self_attn"],
                 per_rank_rng=["self_attn", "encoder_attn"],
             )
-            divisible = {"make_vocab_size_divisible_by": self.shard_config.make_vocab_size_divisible_by}
-            decoder_stack = next(m for m in self.model.modules() if hasattr(m, "embed_tokens") and hasattr(m, "layers"))
+            decoder_stack = self._stacks()[-1]
             policy[type(decoder_stack)] = ModulePolicyDescription(
-                sub_module_replacement=[
-                    SubModuleReplacementDescription(
-                        suffix="embed_tokens", target_module=VocabParallelEmbedding1D, kwargs=divisible
-                    )
-                ]
+                sub_module_replacement=[vocab_embedding("embed_tokens", self.shard_config)]
             )
             if hasattr(self.model, "proj_out"):
                 policy[type(self.model)] = ModulePolicyDescription(
-                    sub_module_replacement=[
-                        SubModuleReplacementDescription(
-                            suffix="proj_out", target_module=VocabParallelLMHead1D, kwargs=divisible
-                        )
-                    ]
+                    sub_module_replacement=[vocab_head("proj_out", self.shard_config)]
                 )
         return policy

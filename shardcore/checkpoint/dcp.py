@@ -19,8 +19,8 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch import nn
 
-from .layers._functional import group_rank
-from .sharded_state import parameter_specs
+from ..layers.comm import group_rank
+from ..sharded_state import parameter_specs
 
 __all__ = ["load_distributed", "save_distributed"]
 

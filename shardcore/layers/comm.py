@@ -1,6 +1,14 @@
-"""Autograd collectives for tensor parallelism, apart from the modules that use them.
+"""Autograd collectives for tensor parallelism, apart from the modules that use them (public API).
 
-Each function is the identity when its group has one rank, so a layer works unchanged at TP=1
+Megatron-LM's names for the two conjugate operators of a tensor-parallel region:
+
+* ``f`` = :func:`copy_to_tp`: identity forward, all-reduce of the gradient backward (entering a
+  column-parallel region, whose every rank reads the whole input);
+* ``g`` = :func:`reduce_from_tp`: all-reduce forward, identity backward (leaving a row-parallel
+  region, whose ranks each hold a partial sum).
+
+:func:`gather_from_tp` / :func:`split_to_tp` are the all-gather / keep-my-chunk pair used for
+vocab-split logits and split inputs. Each function is the identity when its group has one rank, so a layer works unchanged at TP=1
 and in a single process without ``torch.distributed``. Every collective issued here is counted
 in :data:`COUNTS` (see :func:`count_collectives`), which is how tests prove the communication
 budget of a layer.
@@ -85,7 +93,7 @@ def _local_chunk(x: torch.Tensor, group, dim: int) -> torch.Tensor:
 
 
 class _CopyToTP(torch.autograd.Function):
-    """Forward: identity. Backward: all-reduce (sum) of the gradient over the group."""
+    """Megatron's ``f``. Forward: identity. Backward: all-reduce (sum) of the gradient over the group."""
 
     @staticmethod
     def forward(ctx, x, group):
@@ -98,7 +106,7 @@ class _CopyToTP(torch.autograd.Function):
 
 
 class _ReduceFromTP(torch.autograd.Function):
-    """Forward: all-reduce (sum) over the group. Backward: identity."""
+    """Megatron's ``g``. Forward: all-reduce (sum) over the group. Backward: identity."""
 
     @staticmethod
     def forward(ctx, x, group):
@@ -139,12 +147,12 @@ class _SplitToTP(torch.autograd.Function):
 
 
 def copy_to_tp(x: torch.Tensor, group) -> torch.Tensor:
-    """Enter a tensor-parallel region: identity forward, all-reduce of the gradient backward."""
+    """Megatron's ``f``: enter a tensor-parallel region: identity forward, all-reduce of the gradient backward."""
     return x if group_size(group) == 1 else _CopyToTP.apply(x, group)
 
 
 def reduce_from_tp(x: torch.Tensor, group) -> torch.Tensor:
-    """Leave a tensor-parallel region by summing partial results: all-reduce forward only."""
+    """Megatron's ``g``: leave a tensor-parallel region by summing partial results: all-reduce forward only."""
     return x if group_size(group) == 1 else _ReduceFromTP.apply(x, group)
 
 

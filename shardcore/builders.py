@@ -1,0 +1,110 @@
+"""Description builders for the patterns every transformer repeats, so a policy reads as a short list.
+
+Each returns :class:`~shardcore.SubModuleReplacementDescription` entries (suffixes relative to
+the module class the policy describes):
+
+* :func:`attention`: separate q/k/v projections column parallel by heads (KV heads split or
+  replicated), the output projection row parallel;
+* :func:`packed_attention`: one packed ``[q; k; v]`` projection split per head, output row parallel;
+* :func:`mlp`: input projection(s) column parallel, output projection row parallel;
+* :func:`vocab_embedding` / :func:`vocab_head`: the vocabulary split over the group.
+
+``shared_input=True`` builds the column layers with ``copy_input=False``: the policy must then
+name the module that receives their common input in ``enter_tp_region`` (one backward
+all-reduce for all of them instead of one each). The layer classes are parameters, so the same
+builders serve ``[in, out]`` (``Conv1D``) weights with :mod:`shardcore.layers.conv1d`.
+"""
+
+from __future__ import annotations
+
+from .config import ShardConfig
+from .layers import FusedLinear1D_Col, Linear1D_Col, Linear1D_Row, VocabParallelEmbedding1D, VocabParallelLMHead1D
+from .policy import SubModuleReplacementDescription as Sub
+
+__all__ = ["attention", "mlp", "packed_attention", "vocab_embedding", "vocab_head"]
+
+
+def _join(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if prefix else name
+
+
+def attention(
+    prefix: str,
+    heads: int,
+    head_dim: int,
+    *,
+    kv_heads: int | None = None,
+    names: tuple[str, str, str, str] = ("q_proj", "k_proj", "v_proj", "o_proj"),
+    shared_input: bool = True,
+    shared_kv_input: bool | None = None,
+    column: type = Linear1D_Col,
+    row: type = Linear1D_Row,
+) -> list[Sub]:
+    """q, k, v column parallel by heads (``kv_heads`` for grouped-query attention), the output row parallel.
+
+    ``shared_kv_input`` (default: ``shared_input``) for cross-attention, whose key and value read
+    another tensor than the query does.
+    """
+    q, k, v, o = (_join(prefix, n) for n in names)
+    kv_shared = shared_input if shared_kv_input is None else shared_kv_input
+    q_kw = {"num_heads": heads, "head_dim": head_dim, "copy_input": not shared_input}
+    kv_kw = {"num_heads": kv_heads or heads, "head_dim": head_dim, "copy_input": not kv_shared}
+    return [
+        Sub(suffix=q, target_module=column, kwargs=q_kw),
+        Sub(suffix=k, target_module=column, kwargs=kv_kw),
+        Sub(suffix=v, target_module=column, kwargs=kv_kw),
+        Sub(suffix=o, target_module=row, kwargs={"num_heads": heads, "head_dim": head_dim}),
+    ]
+
+
+def packed_attention(
+    prefix: str,
+    heads: int,
+    head_dim: int,
+    *,
+    kv_heads: int | None = None,
+    names: tuple[str, str] = ("qkv", "proj"),
+    fused: type = FusedLinear1D_Col,
+    row: type = Linear1D_Row,
+) -> list[Sub]:
+    """A packed ``[q; k; v]`` projection split per head (each rank holds its heads of q, of k, of v)."""
+    qkv, out = (_join(prefix, n) for n in names)
+    kv = kv_heads or heads
+    return [
+        Sub(suffix=qkv, target_module=fused, kwargs={"heads": (heads, kv, kv), "head_dim": head_dim}),
+        Sub(suffix=out, target_module=row, kwargs={"num_heads": heads, "head_dim": head_dim}),
+    ]
+
+
+def mlp(
+    prefix: str,
+    inputs: tuple[str, ...] = ("fc1",),
+    output: str = "fc2",
+    *,
+    shared_input: bool = False,
+    column: type = Linear1D_Col,
+    row: type = Linear1D_Row,
+) -> list[Sub]:
+    """Input projection(s) column parallel (``gate``/``up`` read one tensor: ``shared_input=True``), output row parallel."""
+    kw = {"copy_input": not shared_input}
+    return [Sub(suffix=_join(prefix, n), target_module=column, kwargs=kw) for n in inputs] + [
+        Sub(suffix=_join(prefix, output), target_module=row)
+    ]
+
+
+def vocab_embedding(suffix: str, config: ShardConfig) -> Sub:
+    """A vocabulary-parallel embedding, padded to ``config.make_vocab_size_divisible_by`` x TP."""
+    return Sub(
+        suffix=suffix,
+        target_module=VocabParallelEmbedding1D,
+        kwargs={"make_vocab_size_divisible_by": config.make_vocab_size_divisible_by},
+    )
+
+
+def vocab_head(suffix: str, config: ShardConfig, *, gather_output: bool = True) -> Sub:
+    """A vocabulary-parallel LM head: full logits gathered, or (``gather_output=False``) kept split."""
+    return Sub(
+        suffix=suffix,
+        target_module=VocabParallelLMHead1D,
+        kwargs={"gather_output": gather_output, "make_vocab_size_divisible_by": config.make_vocab_size_divisible_by},
+    )

@@ -1,0 +1,232 @@
+"""HuggingFace-format checkpoints for sharded models: load slice by slice, save gathered tensor by tensor.
+
+* :func:`load_checkpoint` reads a checkpoint directory (``model.safetensors``, or several files
+  with ``model.safetensors.index.json``) into a sharded model, each rank reading only the rows
+  it holds (positioned reads of exactly its bytes), never a whole split tensor. A model built on the meta
+  device (``with torch.device("meta"): ...``) is materialized by it, rank by rank.
+* :func:`save_checkpoint` writes full, unpadded tensors under the native names, in safetensors
+  files (with an index above ``max_shard_size``) that ``from_pretrained`` reads back unsharded.
+  Split tensors are gathered one at a time and streamed to disk by the first rank, so no rank
+  ever holds more than one full tensor.
+
+Every check (missing tensor, wrong shape, unreadable or truncated file) runs on every rank
+before the first collective, so a bad checkpoint fails everywhere alike instead of hanging.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ..layers.comm import group_rank
+from ..meta import unguard_meta
+from ..sharded_state import parameter_specs
+from .materialize import checkpoint_policy, materialize_buffers, replace_tensors
+from .safetensors_io import (
+    INDEX,
+    SINGLE,
+    CheckpointError,
+    SafetensorsFile,
+    StreamingSafetensors,
+    parse_size,
+    tensor_nbytes,
+    weight_map,
+)
+
+__all__ = ["load_checkpoint", "save_checkpoint"]
+
+
+def _resolve_key(name: str, available: dict, prefix: str | None, renamed: dict[str, str]) -> str | None:
+    """The checkpoint key for model tensor ``name``: as is, in the library's checkpoint naming, or
+    with the base-model prefix added or stripped."""
+    if name in available:
+        return name
+    if renamed.get(name) in available:
+        return renamed[name]
+    if prefix:
+        if name.startswith(prefix + ".") and name[len(prefix) + 1 :] in available:
+            return name[len(prefix) + 1 :]
+        if f"{prefix}.{name}" in available:
+            return f"{prefix}.{name}"
+    return None
+
+
+def _model_tensors(model: nn.Module) -> Iterator[tuple[str, torch.Tensor, bool]]:
+    """``(name, tensor, is_parameter)``: parameters (tied ones once) and persistent buffers."""
+    for name, param in model.named_parameters():
+        yield name, param, True
+    persistent = set(model.state_dict(keep_vars=True))
+    for name, buf in model.named_buffers():
+        if name in persistent:
+            yield name, buf, False
+
+
+def _full_shape(tensor: torch.Tensor, spec) -> tuple[int, ...]:
+    shape = list(tensor.shape)
+    if spec is not None:
+        shape[spec.dim] = spec.full_size
+    return tuple(shape)
+
+
+def load_checkpoint(
+    model: nn.Module,
+    path: str | os.PathLike,
+    *,
+    device: str | torch.device | None = None,
+    progress: bool | None = None,
+    zero_copy: bool = True,
+) -> nn.Module:
+    """Load a HuggingFace safetensors checkpoint into ``model`` (sharded or not, built on meta or not).
+
+    Each rank reads only its slices. Parameters and persistent buffers must all be present with
+    their full (unsharded) shapes, else :class:`CheckpointError` names the tensor; checkpoint keys
+    the model does not have are ignored (as ``from_pretrained`` does). Meta tensors are replaced
+    by real ones on ``device`` (default: CPU, or the current CUDA device under nccl); buffers the
+    checkpoint does not hold are then computed by the model's own initialization (see
+    :meth:`shardcore.Policy.materialize_buffers`). Shows a progress bar on the first rank when
+    ``tqdm`` is installed and the checkpoint is large (``progress=None``), or as asked.
+
+    ``zero_copy=True`` (CPU, meta-built models): slices that are one contiguous run of the file
+    (replicated tensors, row blocks of column-parallel weights) become copy-on-write views of the
+    memory-mapped file, read from the page cache when first used; the others are read into memory.
+    ``zero_copy=False`` reads everything up front. :func:`save_checkpoint` replaces files
+    atomically, so saving over the checkpoint a model was loaded from is safe either way.
+    """
+    path = Path(path)
+    files = weight_map(path)
+    specs = parameter_specs(model)
+    prefix = getattr(model, "base_model_prefix", None)
+    tensors = list(_model_tensors(model))
+    renamed = checkpoint_policy(model).checkpoint_names([name for name, _, _ in tensors])
+    plan, problems = [], []
+    for name, tensor, is_param in tensors:
+        key = _resolve_key(name, files, prefix, renamed)
+        spec, group = specs.get(name, (None, None))
+        if key is None:
+            problems.append(f"missing tensor {name!r}")
+            continue
+        plan.append((name, tensor, is_param, key, spec, group))
+    handles: dict[Path, SafetensorsFile] = {}
+    try:
+        if device is None:
+            device = (
+                torch.device("cuda", torch.cuda.current_device())
+                if (dist.is_initialized() and dist.get_backend() == "nccl")
+                else torch.device("cpu")
+            )
+        zero_copy = zero_copy and torch.device(device).type == "cpu"
+        for file in sorted({files[p[3]] for p in plan}, key=str):
+            handles[file] = SafetensorsFile(file, zero_copy=zero_copy)
+        for name, tensor, _, key, spec, _ in plan:
+            if key not in handles[files[key]].entries:
+                problems.append(f"tensor {name!r} is listed in the index but not in {files[key].name}")
+                continue
+            saved = handles[files[key]].shape(key)
+            if saved != _full_shape(tensor, spec):
+                problems.append(
+                    f"tensor {name!r} has shape {list(saved)} in the checkpoint, the model expects "
+                    f"{list(_full_shape(tensor, spec))}"
+                )
+        if problems:
+            raise CheckpointError(f"checkpoint {path} does not fit {type(model).__name__}: " + "; ".join(problems))
+
+        total = sum(t.numel() * t.element_size() for _, t, *_ in plan)
+        bar = _progress(len(plan), total, progress)
+        replaced: dict[int, torch.Tensor] = {}
+        for _, tensor, is_param, key, spec, group in plan:
+            local = handles[files[key]].read(key, spec, group_rank(group) if spec else 0, tensor.dtype)
+            if tensor.device.type == "meta":
+                new = (
+                    nn.Parameter(local.to(device), requires_grad=tensor.requires_grad) if is_param else local.to(device)
+                )
+                replaced[id(tensor)] = new
+            else:
+                with torch.no_grad():
+                    tensor.copy_(local)
+            if bar is not None:
+                bar.update(1)
+        if bar is not None:
+            bar.close()
+    finally:
+        for handle in handles.values():
+            handle.close()
+    replace_tensors(model, replaced)
+    materialize_buffers(model, device)
+    unguard_meta(model)
+    return model
+
+
+def _progress(n: int, total_bytes: int, progress: bool | None):
+    first = not dist.is_initialized() or dist.get_rank() == 0
+    if progress is False or not first or (progress is None and total_bytes < 1 << 30):
+        return None
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=n, desc="loading shards", unit="tensor")
+
+
+def save_checkpoint(model: nn.Module, path: str | os.PathLike, *, max_shard_size: int | str = "5GB") -> None:
+    """Write ``model`` as a HuggingFace checkpoint directory: full, unpadded tensors, native names.
+
+    Collective over the model's ranks: call it on every rank. The first rank writes
+    ``model.safetensors`` (or ``model-0000i-of-0000n.safetensors`` files and
+    ``model.safetensors.index.json`` when the tensors exceed ``max_shard_size``) and, for
+    HuggingFace models, ``config.json``. Tied parameters are written once, as ``save_pretrained``
+    does. Split tensors are gathered one at a time.
+    """
+    path = Path(path)
+    writer = not dist.is_initialized() or dist.get_rank() == 0
+    specs = parameter_specs(model)
+    tensors = {name: t for name, t, _ in _model_tensors(model)}
+    entries = [(name, _full_shape(t, specs.get(name, (None,))[0]), t.dtype) for name, t in tensors.items()]
+    renamed = checkpoint_policy(model).checkpoint_names(list(tensors))
+    if any(t.is_meta for t in tensors.values()):
+        raise RuntimeError("save_checkpoint: the model still has meta tensors; load its weights first")
+    limit = parse_size(max_shard_size)
+    files: list[list[tuple[str, tuple[int, ...], torch.dtype]]] = [[]]
+    size = 0
+    for entry in entries:
+        nbytes = tensor_nbytes(entry[1], entry[2])
+        if files[-1] and size + nbytes > limit:
+            files.append([])
+            size = 0
+        files[-1].append(entry)
+        size += nbytes
+    names = (
+        [SINGLE]
+        if len(files) == 1
+        else [f"model-{i + 1:05d}-of-{len(files):05d}.safetensors" for i in range(len(files))]
+    )
+    if writer:
+        path.mkdir(parents=True, exist_ok=True)
+        config = getattr(model, "config", None)
+        if hasattr(config, "save_pretrained"):
+            config.save_pretrained(path)
+        if len(files) > 1:
+            weight_map = {renamed.get(e[0], e[0]): n for n, group in zip(names, files, strict=True) for e in group}
+            total = sum(tensor_nbytes(shape, dtype) for _, shape, dtype in entries)
+            (path / INDEX).write_text(
+                json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2)
+            )
+    for file_name, group in zip(names, files, strict=True):
+        on_disk = [(renamed.get(name, name), shape, dtype) for name, shape, dtype in group]
+        stream = StreamingSafetensors(path / file_name, on_disk) if writer else None
+        for name, _, _ in group:
+            local = tensors[name]
+            spec, pg = specs.get(name, (None, None))
+            full = local if spec is None else spec.gather(local, pg)  # one full tensor at a time
+            if stream is not None:
+                stream.write(full)
+            del full
+        if stream is not None:
+            stream.close()
+    if dist.is_initialized():
+        dist.barrier()

@@ -1,0 +1,198 @@
+"""The safetensors file format, read with positioned reads and written as a stream.
+
+* :class:`SafetensorsFile` reads exactly the bytes of a rank's slice (``os.preadv``), or hands out
+  copy-on-write views of a private memory map for slices that are one contiguous run;
+* :class:`StreamingSafetensors` writes a file tensor by tensor, its header known up front;
+* :func:`weight_map` lists the tensors of a checkpoint directory (single file or index + shards).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from pathlib import Path
+
+import torch
+
+__all__ = [
+    "INDEX",
+    "SINGLE",
+    "CheckpointError",
+    "SafetensorsFile",
+    "StreamingSafetensors",
+    "parse_size",
+    "tensor_nbytes",
+    "weight_map",
+]
+
+INDEX = "model.safetensors.index.json"
+SINGLE = "model.safetensors"
+_DTYPES = {
+    torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.float64: "F64",
+    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8", torch.bool: "BOOL",
+}  # fmt: skip
+
+
+class CheckpointError(ValueError):
+    """The checkpoint does not fit the model (missing tensor, wrong shape) or cannot be read."""
+
+
+_FROM_CODE = {code: dtype for dtype, code in _DTYPES.items()}
+
+
+class SafetensorsFile:
+    """A safetensors file read with positioned reads (``os.preadv``) straight into the destination.
+
+    Not ``safe_open``: its memory map pulls every page a slice touches into this process's
+    resident set, and a column slice (row-parallel weights) touches every row of the tensor, so
+    loading at TP=2 measured 1.13x the checkpoint per rank. Positioned reads bring in exactly
+    this rank's bytes. The header is checked against the file size: a truncated file is an error.
+
+    With ``zero_copy=True``, a slice that is one contiguous run of the file in the right dtype
+    (a replicated tensor, a row block of a column-parallel weight) is returned as a view of a
+    private, copy-on-write memory map instead of a copy: its pages are read when first used and
+    copied only if written (training), like ``from_pretrained`` does.
+    """
+
+    def __init__(self, file: Path, *, zero_copy: bool = False) -> None:
+        self.file = file
+        self.mm = None
+        try:
+            size = file.stat().st_size
+            with open(file, "rb") as f:
+                (n,) = struct.unpack("<Q", f.read(8))
+                if n > size - 8:
+                    raise ValueError(f"header of {n} bytes in a file of {size}")
+                header = json.loads(f.read(n))
+        except (OSError, ValueError, struct.error) as exc:
+            raise CheckpointError(f"cannot read {file}: {type(exc).__name__}: {exc}") from None
+        header.pop("__metadata__", None)
+        base = 8 + n
+        self.entries = {}
+        for name, info in header.items():
+            if info["dtype"] not in _FROM_CODE:
+                raise CheckpointError(f"{file}: tensor {name!r} has unsupported dtype {info['dtype']}")
+            begin, stop = info["data_offsets"]
+            if base + stop > size:
+                raise CheckpointError(f"cannot read {file}: truncated (tensor {name!r} ends past the end of the file)")
+            self.entries[name] = (_FROM_CODE[info["dtype"]], tuple(info["shape"]), base + begin)
+        self.fd = os.open(file, os.O_RDONLY)
+        if zero_copy and size > 0:
+            import mmap
+
+            self.mm = mmap.mmap(self.fd, 0, access=mmap.ACCESS_COPY)  # lives on in the tensors viewing it
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+    def _view(self, dtype: torch.dtype, offset: int, shape: list[int]) -> torch.Tensor | None:
+        """A copy-on-write view of ``shape`` elements at byte ``offset``, if zero-copy applies."""
+        count = torch.Size(shape).numel()
+        if self.mm is None or count == 0 or offset % torch.empty((), dtype=dtype).element_size():
+            return None
+        return torch.frombuffer(self.mm, dtype=dtype, count=count, offset=offset).view(shape)
+
+    def shape(self, key: str) -> tuple[int, ...]:
+        return self.entries[key][1]
+
+    def _read_into(self, dest: torch.Tensor, offset: int) -> None:
+        if not dest.numel():
+            return
+        view, done = memoryview(dest.view(torch.uint8).numpy()), 0
+        while done < len(view):  # preadv may return short reads
+            got = os.preadv(self.fd, [view[done:]], offset + done)
+            if got <= 0:
+                raise CheckpointError(f"unexpected end of {self.file}")
+            done += got
+
+    def read(self, key: str, spec, rank: int, dtype: torch.dtype) -> torch.Tensor:
+        """This rank's slice of ``key`` (all of it if ``spec`` is None), cast to ``dtype``."""
+        saved_dtype, shape, offset = self.entries[key]
+        same = saved_dtype == dtype
+        if spec is None:
+            view = self._view(dtype, offset, list(shape)) if same else None
+            if view is not None:
+                return view
+            out = torch.empty(shape, dtype=saved_dtype)
+            self._read_into(out, offset)
+            return out.to(dtype)
+        item = torch.empty((), dtype=saved_dtype).element_size()
+        dim = spec.dim
+        outer = torch.Size(shape[:dim]).numel()
+        inner = torch.Size(shape[dim + 1 :]).numel()
+        local_shape = list(shape)
+        local_shape[dim] = spec.local_size
+        ranges = spec.ranges(rank)
+        if same and outer == 1 and len(ranges) == 1 and ranges[0][2] == 0:  # one contiguous run of bytes
+            view = self._view(dtype, offset + ranges[0][0] * inner * item, local_shape)
+            if view is not None:
+                return view
+        out = torch.zeros(local_shape, dtype=saved_dtype)  # zeros: the padding rows
+        out3 = out.view(outer, spec.local_size, inner)
+        at = 0
+        for start, stop, pad in ranges:
+            for o in range(outer):  # one contiguous run of bytes per outer index
+                self._read_into(out3[o, at : at + stop - start], offset + (o * shape[dim] + start) * inner * item)
+            at += stop - start + pad
+        return out.to(dtype)
+
+
+def weight_map(path: Path) -> dict[str, Path]:
+    """``{tensor name: file}`` of a checkpoint directory (or a single ``.safetensors`` file)."""
+    if path.is_file():
+        files = [path]
+    elif (path / INDEX).is_file():
+        try:
+            index = json.loads((path / INDEX).read_text())["weight_map"]
+        except (ValueError, KeyError) as exc:
+            raise CheckpointError(f"{path / INDEX} is not a safetensors index (weight_map missing): {exc}") from None
+        return {name: path / file for name, file in index.items()}
+    elif (path / SINGLE).is_file():
+        files = [path / SINGLE]
+    else:
+        raise CheckpointError(f"no {SINGLE} or {INDEX} in {path}")
+    mapping = {}
+    for file in files:
+        handle = SafetensorsFile(file)
+        mapping.update(dict.fromkeys(handle.entries, file))
+        handle.close()
+    return mapping
+
+
+def parse_size(size: int | str) -> int:
+    if isinstance(size, int):
+        return size
+    units = {"KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
+    text = size.strip().upper()
+    for unit, factor in sorted(units.items(), key=lambda u: -len(u[0])):
+        if text.endswith(unit):
+            return int(float(text[: -len(unit)]) * factor)
+    return int(text)
+
+
+def tensor_nbytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
+    return torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+
+
+class StreamingSafetensors:
+    """Write one safetensors file tensor by tensor: the header is known from the shapes up front."""
+
+    def __init__(self, file: Path, entries: list[tuple[str, tuple[int, ...], torch.dtype]]) -> None:
+        header, offset = {"__metadata__": {"format": "pt"}}, 0
+        for name, shape, dtype in entries:
+            nbytes = tensor_nbytes(shape, dtype)
+            header[name] = {"dtype": _DTYPES[dtype], "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
+            offset += nbytes
+        raw = json.dumps(header, separators=(",", ":")).encode()
+        raw += b" " * (-len(raw) % 8)
+        self.file, self.tmp = file, file.with_name(file.name + ".tmp")
+        self.f = open(self.tmp, "wb")  # closed (and moved into place) in close()
+        self.f.write(struct.pack("<Q", len(raw)) + raw)
+
+    def write(self, tensor: torch.Tensor) -> None:
+        self.f.write(tensor.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes())
+
+    def close(self) -> None:
+        self.f.close()
+        os.replace(self.tmp, self.file)  # atomic: models still viewing the old file keep its pages

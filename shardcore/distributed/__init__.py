@@ -1,0 +1,52 @@
+"""Processes and groups: torchrun initialization, the parallel layout and its mesh, the rank launcher.
+
+* :func:`init_from_env` starts ``torch.distributed`` from torchrun's environment (gloo on CPU,
+  nccl on CUDA);
+* :class:`ParallelLayout` (``layout.py``) validates ``dp x pp x sp x tp`` against the world and
+  builds the ``("dp", "pp", "sp", "tp")`` device mesh, TP innermost;
+* :func:`replica_group` (``groups.py``) makes the sub-groups that hold the same replicated shard;
+* :class:`RankPool` / :func:`run_on_ranks` (``launcher.py``) run functions on N spawned gloo
+  ranks kept alive between calls: the tests, the benchmarks and one-process launches use it.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+
+from .groups import replica_group
+from .launcher import RankError, RankPool, close_pools, run_on_ranks
+from .layout import DIMS, ParallelLayout
+
+__all__ = [
+    "DIMS",
+    "ParallelLayout",
+    "RankError",
+    "RankPool",
+    "close_pools",
+    "init_from_env",
+    "replica_group",
+    "run_on_ranks",
+    "world_size",
+]
+
+
+def init_from_env() -> None:
+    """Initialize ``torch.distributed`` from torchrun's variables if they are set and it is not yet.
+
+    gloo on CPU, nccl when CUDA is available. Without torchrun's variables nothing happens and
+    the process is a world of one.
+    """
+    if dist.is_initialized() or "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        return
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group("nccl")
+    else:
+        dist.init_process_group("gloo")
+
+
+def world_size() -> int:
+    return dist.get_world_size() if dist.is_initialized() else 1

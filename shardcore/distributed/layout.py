@@ -1,0 +1,132 @@
+"""``ParallelLayout``: one validated description of how the world is cut, and the mesh built from it.
+
+Four degrees, ``dp x pp x sp x tp == world size``:
+
+* ``tp``: tensor parallel, ranks holding slices of every layer (innermost);
+* ``sp``: sequence / context parallel (Ulysses, ring attention) ranks;
+* ``pp``: pipeline stages;
+* ``dp``: data-parallel replicas (outermost).
+
+The :class:`~torch.distributed.device_mesh.DeviceMesh` has the named dims ``("dp", "pp", "sp",
+"tp")`` in that order, so **TP is innermost: a TP group is consecutive ranks** (rank
+``((dp·PP + pp)·SP + sp)·TP + tp``), which keeps the most talkative group on one host. Meshes are
+built once per layout and cached, so optimizing many models does not leak process groups.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import attrs
+import torch.distributed as dist
+from attrs import validators as v
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from ..config import ShardConfig
+
+__all__ = ["DIMS", "ParallelLayout"]
+
+DIMS = ("dp", "pp", "sp", "tp")
+_MESHES: dict[tuple[int, ...], DeviceMesh] = {}
+_positive = [v.instance_of(int), v.ge(1)]
+
+
+def _world_size() -> int:
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+@attrs.frozen(kw_only=True)
+class ParallelLayout:
+    """The parallel degrees of a run; ``dp * pp * sp * tp`` must equal ``world_size``."""
+
+    dp: int = attrs.field(default=1, validator=_positive)
+    pp: int = attrs.field(default=1, validator=_positive)
+    sp: int = attrs.field(default=1, validator=_positive)
+    tp: int = attrs.field(default=1, validator=_positive)
+    world_size: int = attrs.field(default=1, validator=_positive)
+
+    def __attrs_post_init__(self) -> None:
+        if math.prod(self.degrees.values()) != self.world_size:
+            raise ValueError(self._mismatch(f"{self.describe()} uses {math.prod(self.degrees.values())} ranks"))
+
+    @property
+    def degrees(self) -> dict[str, int]:
+        return {d: getattr(self, d) for d in DIMS}
+
+    def describe(self) -> str:
+        return ", ".join(f"{d}={n}" for d, n in self.degrees.items())
+
+    def _mismatch(self, what: str) -> str:
+        return f"parallel layout does not fit the world: {what}, but the world size is {self.world_size}"
+
+    # ---- from a ShardConfig -----------------------------------------------------------------
+    @classmethod
+    def from_config(cls, config: ShardConfig, world_size: int | None = None) -> ParallelLayout:
+        """The layout ``config`` asks for in a world of ``world_size`` ranks. No collective.
+
+        ``tensor_parallel_size=None`` takes the ranks no other degree uses (``dp`` defaults to 1
+        then); ``data_parallel_size=None`` takes the ranks left over by the others. A layout
+        that does not fit raises ``ValueError`` printing every degree and the world size.
+        """
+        world = _world_size() if world_size is None else world_size
+        pp, sp = config.pipeline_parallel_size, config.sequence_parallel_size
+        tp, dp = config.tensor_parallel_size, config.data_parallel_size
+        if config.tensor_parallel_process_group is not None:
+            tp = dist.get_world_size(config.tensor_parallel_process_group)
+        given = {"dp": dp, "pp": pp, "sp": sp, "tp": tp}
+        shown = ", ".join(f"{d}={'(rest)' if n is None else n}" for d, n in given.items())
+        fixed = math.prod(n for n in given.values() if n is not None)
+        if fixed > world:
+            hint = (
+                f"torch.distributed is not initialized: launch with `torchrun --nproc_per_node {fixed} your_script.py`"
+                if not dist.is_initialized()
+                else f"launch {fixed} processes (torchrun --nproc_per_node {fixed}) or lower the degrees"
+            )
+            if given == {"dp": None, "pp": 1, "sp": 1, "tp": tp}:
+                raise ValueError(
+                    f"ShardConfig.tensor_parallel_size={tp} is larger than the world size {world}; {hint}."
+                )
+            raise ValueError(f"parallel layout {shown} needs {fixed} ranks, more than the world size {world}; {hint}.")
+        if world % fixed:
+            raise ValueError(
+                f"parallel layout does not fit the world: {shown}, world size {world} is not a multiple of "
+                f"{' x '.join(f'{d}={n}' for d, n in given.items() if n is not None)} = {fixed}; choose degrees "
+                f"whose product divides {world} (the data-parallel degree takes the rest)."
+            )
+        if tp is None:
+            tp = world // (pp * sp * (dp or 1))
+        if dp is None:
+            dp = world // (pp * sp * tp)
+        if dp * pp * sp * tp != world:
+            raise ValueError(
+                f"parallel layout does not fit the world: dp={dp}, pp={pp}, sp={sp}, tp={tp} uses "
+                f"{dp * pp * sp * tp} ranks, but the world size is {world}; make the product of the degrees equal it."
+            )
+        return cls(dp=dp, pp=pp, sp=sp, tp=tp, world_size=world)
+
+    # ---- the mesh and its groups ----------------------------------------------------------------
+    def mesh(self) -> DeviceMesh:
+        """The cached ``("dp", "pp", "sp", "tp")`` device mesh (collective on first use)."""
+        key = tuple(self.degrees.values())
+        if key not in _MESHES:
+            from torch.distributed.device_mesh import init_device_mesh
+
+            device = "cuda" if dist.is_initialized() and dist.get_backend() == "nccl" else "cpu"
+            _MESHES[key] = init_device_mesh(device, key, mesh_dim_names=DIMS)
+        return _MESHES[key]
+
+    def group(self, dim: str):
+        """The process group of this rank along ``dim`` (one of ``dp``, ``pp``, ``sp``, ``tp``)."""
+        if dim not in DIMS:
+            raise KeyError(f"unknown mesh dimension {dim!r}; the dimensions are {DIMS}")
+        return self.mesh().get_group(dim)
+
+    def coordinates(self, rank: int) -> dict[str, int]:
+        """``{dim: index}`` of global ``rank`` on the mesh (TP innermost)."""
+        out = {}
+        for d in reversed(DIMS):
+            rank, out[d] = divmod(rank, getattr(self, d))
+        return {d: out[d] for d in DIMS}

@@ -1,0 +1,40 @@
+"""The conformance kit every plugin (and third parties) test with.
+
+* the rank launcher (:mod:`shardcore.distributed.launcher`): :func:`run_on_ranks`, :class:`RankPool`;
+* ``conformance.py``: :func:`assert_sharded_matches` (outputs, loss, every gradient, AdamW steps,
+  ``Policy.blocks()``), :func:`hidden_state_loss`, :func:`check_blocks`;
+* ``checkpoints.py``: :func:`assert_lazy_load_matches`, :func:`assert_same_checkpoint`,
+  :func:`train_and_save` / :func:`assert_resume_matches` (save at one layout, resume at another);
+* ``refusals.py``: :func:`refusal_message` (bad input fails on every rank, nobody hangs).
+
+A typical plugin test::
+
+    from shardcore import ShardConfig
+    from shardcore.testing import assert_sharded_matches, run_on_ranks
+
+    def _check(tp):                        # module level: runs on every rank
+        assert_sharded_matches(build_model, make_batch(), ShardConfig(tensor_parallel_size=tp))
+
+    def test_tp2():
+        run_on_ranks(2, _check, 2)
+"""
+
+from ..distributed.launcher import RankError, RankPool, close_pools, run_on_ranks
+from .checkpoints import assert_lazy_load_matches, assert_resume_matches, assert_same_checkpoint, train_and_save
+from .conformance import assert_sharded_matches, check_blocks, hidden_state_loss
+from .refusals import refusal_message
+
+__all__ = [
+    "RankError",
+    "RankPool",
+    "assert_lazy_load_matches",
+    "assert_resume_matches",
+    "assert_same_checkpoint",
+    "assert_sharded_matches",
+    "check_blocks",
+    "close_pools",
+    "hidden_state_loss",
+    "refusal_message",
+    "run_on_ranks",
+    "train_and_save",
+]

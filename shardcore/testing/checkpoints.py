@@ -1,0 +1,138 @@
+"""Checkpoint checks: lazy load against the unsharded model, save round trips, resharded resumes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from .conformance import _loss, _tensors
+
+__all__ = ["assert_lazy_load_matches", "assert_resume_matches", "assert_same_checkpoint", "train_and_save"]
+
+
+def assert_lazy_load_matches(
+    build: Callable[[], nn.Module],
+    inputs: Mapping[str, Any],
+    checkpoint: str,
+    config=None,
+    *,
+    save_to: str | None = None,
+    seed: int = 0,
+    atol: float = 1e-6,
+    policy=None,
+) -> float:
+    """Build the model on the meta device, shard it, load ``checkpoint`` into it and compare its
+    outputs with ``build()`` (seeded with ``seed``; the checkpoint must hold that model's weights)
+    within ``atol``. With ``save_to``, then write it back with :func:`shardcore.save_checkpoint`
+    (compare the directories with :func:`assert_same_checkpoint`). Run on every rank."""
+    import shardcore
+
+    torch.manual_seed(seed)
+    ref = build().eval()
+    with torch.device("meta"):
+        model = build()
+    model = shardcore.optimize(model.eval(), config, policy=policy)
+    shardcore.load_checkpoint(model, checkpoint)
+    with torch.no_grad():
+        expected, actual = _tensors(ref(**inputs)), _tensors(model(**inputs))
+    worst = 0.0
+    for key, want in expected.items():
+        diff = (actual[key] - want).abs().max().item() if want.numel() else 0.0
+        if not diff <= atol:
+            raise AssertionError(f"output {key!r} after lazy load: max abs diff {diff:.3g} > {atol}")
+        worst = max(worst, diff)
+    if save_to is not None:
+        shardcore.save_checkpoint(model, save_to)
+    return worst
+
+
+def assert_same_checkpoint(reference: str, written: str) -> None:
+    """Every tensor of the safetensors checkpoint ``reference`` is bit-identical in ``written``."""
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    def tensors(directory: str) -> dict[str, torch.Tensor]:
+        out: dict[str, torch.Tensor] = {}
+        for file in sorted(Path(directory).glob("*.safetensors")):
+            out.update(load_file(str(file)))
+        return out
+
+    want, got = tensors(reference), tensors(written)
+    missing = sorted(set(want) - set(got))
+    if missing:
+        raise AssertionError(f"{written} lacks tensors {missing}")
+    for name, tensor in want.items():
+        if got[name].shape != tensor.shape or not torch.equal(got[name], tensor):
+            raise AssertionError(f"tensor {name!r} differs after the save_checkpoint round trip")
+
+
+def _train(model: nn.Module, batches, loss_fn, *, lr: float, eps: float, state=None):
+    opt = state if state is not None else torch.optim.AdamW(model.parameters(), lr=lr, eps=eps)
+    for batch in batches:
+        opt.zero_grad()
+        _loss(model(**batch), loss_fn).backward()
+        opt.step()
+    return opt
+
+
+def train_and_save(
+    build: Callable[[], nn.Module],
+    batches: list[Mapping[str, Any]],
+    config,
+    path: str,
+    *,
+    policy=None,
+    loss_fn: Callable | None = None,
+    seed: int = 0,
+    lr: float = 1e-3,
+    adam_eps: float = 1e-5,
+) -> None:
+    """First half of a resume check: shard ``build()`` (seeded), take one AdamW step per batch,
+    then :func:`shardcore.save_distributed` model and optimizer to ``path``. Run on every rank."""
+    import shardcore
+
+    torch.manual_seed(seed)
+    model = shardcore.optimize(build(), config, policy=policy)
+    opt = _train(model, batches, loss_fn, lr=lr, eps=adam_eps)
+    shardcore.save_distributed(model, path, opt)
+
+
+def assert_resume_matches(
+    build: Callable[[], nn.Module],
+    saved_batches: list[Mapping[str, Any]],
+    batches: list[Mapping[str, Any]],
+    config,
+    path: str,
+    *,
+    policy=None,
+    loss_fn: Callable | None = None,
+    seed: int = 0,
+    lr: float = 1e-3,
+    adam_eps: float = 1e-5,
+    atol: float = 1e-5,
+) -> float:
+    """Second half: a model sharded by ``config`` (any layout) and built from *another* seed, so a
+    tensor the checkpoint does not restore cannot start right, loads ``path`` with
+    :func:`shardcore.load_distributed`, trains on ``batches`` and must match, on every rank, an
+    unsharded model (``seed``) trained on ``saved_batches + batches`` without interruption."""
+    import shardcore
+
+    torch.manual_seed(seed + 1)
+    model = shardcore.optimize(build(), config, policy=policy)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, eps=adam_eps)
+    shardcore.load_distributed(model, path, opt)
+    _train(model, batches, loss_fn, lr=lr, eps=adam_eps, state=opt)
+    torch.manual_seed(seed)
+    ref = build()
+    _train(ref, [*saved_batches, *batches], loss_fn, lr=lr, eps=adam_eps)
+    expected, worst = dict(ref.named_parameters()), 0.0
+    for name, full in shardcore.full_named_tensors(model):
+        diff = (full - expected[name].detach()).abs().max().item()
+        if not diff <= atol:
+            raise AssertionError(f"parameter {name} after resuming: max abs diff {diff:.3g} > {atol}")
+        worst = max(worst, diff)
+    return worst
