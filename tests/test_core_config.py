@@ -152,9 +152,7 @@ def test_tp_is_innermost_consecutive_ranks():
     assert out[0]["degrees"] == {"dp": 2, "pp": 1, "sp": 1, "tp": 2}
     assert [o["tp"] for o in out] == [[0, 1], [0, 1], [2, 3], [2, 3]]
     assert [o["dp"] for o in out] == [[0, 2], [1, 3], [0, 2], [1, 3]]
-    assert [o["coords"] for o in out] == [
-        {"dp": d, "pp": 0, "sp": 0, "tp": t} for d in range(2) for t in range(2)
-    ]
+    assert [o["coords"] for o in out] == [{"dp": d, "pp": 0, "sp": 0, "tp": t} for d in range(2) for t in range(2)]
 
 
 def test_layout_in_one_process():

@@ -17,8 +17,10 @@ def _replicas_in_step(tp: int) -> bool:
 
     torch.manual_seed(0)
     model = shardcore.optimize(build("BertForMaskedLM", dropout=0.3), ShardConfig(tensor_parallel_size=tp)).train()
-    out = model(**batch_for("BertForMaskedLM"))
-    stats = torch.stack([out.loss.detach(), out.logits.detach().double().sum().float()])
+    out = model(**batch_for("BertForMaskedLM"), output_hidden_states=True)
+    # every layer's replicated hidden states: the logits alone would not do, they are gathered from
+    # every rank's vocabulary slice and so equal on all ranks even when the ranks' states differ
+    stats = torch.cat([out.loss.detach().view(1), torch.stack(out.hidden_states).detach().flatten()])
     every = [torch.empty_like(stats) for _ in range(tp)]
     dist.all_gather(every, stats)
     return all(torch.equal(every[0], e) for e in every)
