@@ -16,7 +16,7 @@ def refusal_message(
     *,
     policy=None,
     seed: int = 0,
-    errors: tuple[type[BaseException], ...] = (ValueError, RuntimeError, NotImplementedError),
+    errors: tuple[type[BaseException], ...] = (ValueError, RuntimeError, NotImplementedError, LookupError),
 ) -> str:
     """Shard ``build()`` expecting it to be refused; return the error message (``"no error"`` if
     none). Run on every rank: afterwards a barrier must complete, which proves no rank was left

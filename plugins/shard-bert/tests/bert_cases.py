@@ -68,11 +68,3 @@ def batch_for(cls_name: str, seed: int = 1, hidden: int = 64) -> dict:
     if cls_name == "BertLMHeadModel":
         out["encoder_hidden_states"] = torch.randn(BATCH, 7, hidden, generator=g)
     return out
-
-
-def hidden_loss(out) -> torch.Tensor:
-    """A loss for models without labels: touches every output, so every parameter gets a gradient."""
-    loss = out.last_hidden_state.pow(2).mean()
-    if getattr(out, "pooler_output", None) is not None:
-        loss = loss + out.pooler_output.pow(2).mean()
-    return loss

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from bert_cases import batch_for, build, hidden_loss
+from bert_cases import batch_for, build
 
 from shardcore import ShardConfig
-from shardcore.testing import assert_sharded_matches, run_on_ranks
+from shardcore.testing import assert_sharded_matches, hidden_state_loss, run_on_ranks
 
 CLASSES = [
     "BertModel",
@@ -26,7 +26,11 @@ CLASSES = [
 
 
 def _check(tp: int, cls_name: str, **cfg) -> dict:
-    kwargs = {"loss_fn": hidden_loss} if cls_name.endswith("Model") and cls_name != "BertLMHeadModel" else {}
+    kwargs = (
+        {"loss_fn": hidden_state_loss("last_hidden_state", "pooler_output")}
+        if cls_name.endswith("Model") and cls_name != "BertLMHeadModel"
+        else {}
+    )
     batch = batch_for(cls_name)
     if not cfg.get("add_cross_attention"):
         batch.pop("encoder_hidden_states", None)

@@ -8,7 +8,7 @@ from llama_cases import build, gather_vocab_logits, lm_batch
 
 from shardcore import ShardConfig
 from shardcore.layers import count_collectives
-from shardcore.testing import assert_sharded_matches, run_on_ranks
+from shardcore.testing import assert_sharded_matches, hidden_state_loss, run_on_ranks
 
 
 def _check(tp: int, cls_name: str, family: str = "llama", parallel_output: bool = False, **cfg) -> dict:
@@ -20,7 +20,7 @@ def _check(tp: int, cls_name: str, family: str = "llama", parallel_output: bool 
         batch["labels"] = torch.tensor([1, 0])
     kwargs = {}
     if cls_name.endswith("Model"):
-        kwargs["loss_fn"] = lambda out: out.last_hidden_state.pow(2).mean()
+        kwargs["loss_fn"] = hidden_state_loss("last_hidden_state")
     if parallel_output:
         kwargs["sharded_output_fn"] = gather_vocab_logits
     return assert_sharded_matches(

@@ -51,13 +51,6 @@ def hf_batch(cls_name: str, seed: int = 1) -> dict:
     return out
 
 
-def hidden_loss(out) -> torch.Tensor:
-    loss = out.last_hidden_state.pow(2).mean()
-    if getattr(out, "pooler_output", None) is not None:
-        loss = loss + out.pooler_output.pow(2).mean()
-    return loss
-
-
 def timm_build(name: str, **kwargs):
     import timm
 

@@ -78,11 +78,3 @@ def batch_for(cls_name: str) -> dict:
     if cls_name == "WhisperModel":
         return {"input_features": feats, "decoder_input_ids": ids}
     return {"input_features": feats, "decoder_input_ids": ids[:, :-1], "labels": ids[:, 1:]}
-
-
-def hidden_loss(out) -> torch.Tensor:
-    return out.last_hidden_state.pow(2).mean() + (
-        out.encoder_last_hidden_state.pow(2).mean()
-        if getattr(out, "encoder_last_hidden_state", None) is not None
-        else 0
-    )
