@@ -74,6 +74,11 @@ class Policy:
     shard_config: ShardConfig
     tp_size: int
 
+    #: Whether the policy honours ``ShardConfig(parallel_output=True)`` (keeps logits split over the
+    #: vocabulary and computes the loss from them). ``optimize`` refuses the flag otherwise, rather
+    #: than returning full logits the user did not ask for.
+    supports_parallel_output: bool = False
+
     def set_model(self, model: nn.Module) -> None:
         self.model = model
 

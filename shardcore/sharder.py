@@ -196,6 +196,11 @@ def optimize(
 
     policy = resolve_policy(model, policy)
     policy.set_shard_config(config, tp_size)
+    if config.parallel_output and not policy.supports_parallel_output:
+        raise NotImplementedError(
+            f"{type(model).__name__}: {type(policy).__name__} does not support ShardConfig(parallel_output=True) "
+            "(vocab-split logits and loss) yet; leave it False: logits are gathered and the loss is the unsharded one."
+        )
     policy.config_sanity_check()
     if tp_size == 1 or not config.enable_tensor_parallelism:
         guard_meta(model)

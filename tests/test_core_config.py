@@ -162,3 +162,9 @@ def test_layout_in_one_process():
     assert shardcore.ParallelLayout.from_config(ShardConfig(), 4).degrees == {"dp": 1, "pp": 1, "sp": 1, "tp": 4}
     with pytest.raises(ValueError, match=r"dp=1, pp=2, sp=1, tp=2 uses 4 ranks, but the world size is 8"):
         shardcore.ParallelLayout(dp=1, pp=2, tp=2, world_size=8)
+
+
+def test_parallel_output_refused_by_a_policy_that_does_not_support_it():
+    assert not ToyPolicy.supports_parallel_output
+    with pytest.raises(NotImplementedError, match=r"ToyPolicy does not support ShardConfig\(parallel_output=True\)"):
+        shardcore.optimize(ToyLM(), ShardConfig(parallel_output=True), policy=ToyPolicy)

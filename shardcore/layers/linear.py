@@ -53,6 +53,9 @@ class _SyncReplicaGrads(torch.autograd.Function):
 class FromLinear:
     """Mixin: the native module is an ``nn.Linear`` (weight ``[out, in]``)."""
 
+    #: ``True`` for weights stored ``[in, out]`` (see :mod:`shardcore.layers.conv1d`).
+    transposed = False
+
     @classmethod
     def _native(cls, module: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None, int, int]:
         """``(weight, bias, in_features, out_features)`` of the native module this layer replaces."""
@@ -70,9 +73,6 @@ class Linear1D_Col(FromLinear, ParallelModule):
     ``spec`` describes the output features (split along dim 0 of ``[out, in]`` weights and of the
     bias); subclasses with ``transposed = True`` store ``[in, out]`` weights (split along dim 1).
     """
-
-    #: ``True`` for weights stored ``[in, out]`` (see :mod:`shardcore.layers.conv1d`).
-    transposed = False
 
     def __init__(
         self,
@@ -188,8 +188,6 @@ class Linear1D_Row(FromLinear, ParallelModule):
     ``spec`` splits the input features: dim 1 of ``[out, in]`` weights, or dim 0 when the
     subclass stores ``[in, out]`` weights (``transposed = True``).
     """
-
-    transposed = False
 
     def __init__(
         self,

@@ -45,11 +45,6 @@ class BertPolicy(Policy):
         name = type(self.model).__name__
         self.require_divisible(cfg.num_attention_heads, tp, "num_attention_heads", name)
         self.require_divisible(cfg.intermediate_size, tp, "intermediate_size", name)
-        if self.shard_config.parallel_output:
-            raise NotImplementedError(
-                f"{name}: shard-bert does not support ShardConfig(parallel_output=True) yet; "
-                "leave it False (logits are gathered, the loss is the unsharded one)."
-            )
 
     def module_policy(self):
         cfg, tp = self.model.config, self.tp_size

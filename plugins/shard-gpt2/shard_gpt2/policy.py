@@ -42,11 +42,6 @@ class GPT2Policy(Policy):
                 f"{name}: shard-gpt2 does not shard cross-attention (add_cross_attention=True) yet; "
                 "leave it False, or shard the decoder without it"
             )
-        if self.shard_config.parallel_output:
-            raise NotImplementedError(
-                f"{name}: shard-gpt2 does not support ShardConfig(parallel_output=True) yet; leave it False "
-                "(logits are gathered, generate() works)."
-            )
 
     def module_policy(self):
         cfg, tp = self.model.config, self.tp_size

@@ -30,6 +30,8 @@ __all__ = ["LlamaForCausalLMPolicy", "LlamaForSequenceClassificationPolicy", "Ll
 class LlamaPolicy(Policy):
     """Shared by every Llama-architecture head: shards the base model (``model.base_model``)."""
 
+    supports_parallel_output = True  # the causal-LM head keeps vocab-split logits; the others have none
+
     @property
     def base(self):
         return self.model.base_model

@@ -63,11 +63,6 @@ class WhisperPolicy(Policy):
         for heads, ffn in checks:
             self.require_divisible(getattr(cfg, heads), tp, heads, name)
             self.require_divisible(getattr(cfg, ffn), tp, ffn, name)
-        if self.shard_config.parallel_output:
-            raise NotImplementedError(
-                f"{name}: shard-whisper does not support ShardConfig(parallel_output=True) yet; leave it False "
-                "(logits are gathered, generate() works)."
-            )
         if cfg.activation_dropout > 0:
             raise NotImplementedError(
                 f"{name}: activation_dropout={cfg.activation_dropout} acts on the split MLP activations, which "
