@@ -26,7 +26,10 @@ import sys
 import nox
 
 ROOT = pathlib.Path(__file__).resolve().parent
-PLUGINS = sorted(p for p in (ROOT / "plugins").iterdir() if (p / "pyproject.toml").is_file())
+# every plugin directory with a pyproject.toml; ``plugins/_template`` (and any ``_``-prefixed one) is not a plugin
+PLUGINS = sorted(
+    p for p in (ROOT / "plugins").iterdir() if (p / "pyproject.toml").is_file() and not p.name.startswith("_")
+)
 ENV = pathlib.Path(os.environ.get("SHARDCORE_NOX_ENV", ROOT / ".nox" / "shared"))
 
 # PyTorch pins served from local disk on our machines (any torch 2.4+ works): the CPU build, or,
@@ -59,18 +62,23 @@ def _stamp(plugins: list[pathlib.Path]) -> str:
 def _install(session: nox.Session, env: pathlib.Path = ENV, plugins: list[pathlib.Path] = PLUGINS) -> pathlib.Path:
     """Create (or reuse) ``env`` with the core and ``plugins`` (with their ``test`` extras); return its bin dir.
 
-    Third-party requirements are installed only when the environment is new or a pyproject
-    changed; this checkout's packages are re-installed as wheels every time.
+    The environment is built from scratch only when it is missing or its PyTorch pin changed
+    (``.shardcore-torch``); when a pyproject or this file changed (``.shardcore-stamp``), the
+    third-party requirements are installed into it incrementally, so adding a plugin does not
+    rebuild PyTorch. This checkout's packages are re-installed as wheels every time.
     """
-    stamp, bin_dir = env / ".shardcore-stamp", _bin(env)
+    stamp, torch_stamp, bin_dir = env / ".shardcore-stamp", env / ".shardcore-torch", _bin(env)
     pip = [str(bin_dir / "python"), "-m", "pip", "install", "--quiet"]
     packages = [f"{ROOT}[test]", *(f"{p}[test]" for p in plugins)]
-    if not stamp.is_file() or stamp.read_text() != _stamp(plugins):
+    torch_spec = " ".join(_torch(plugins))
+    if not torch_stamp.is_file() or torch_stamp.read_text() != torch_spec:
         if env.exists():
             shutil.rmtree(env)
         session.run(sys.executable, "-m", "venv", str(env), external=True)
         session.run(*pip, *_torch(plugins), external=True)
-        session.run(*pip, *TOOLS, *packages, external=True)
+        torch_stamp.write_text(torch_spec)
+    if not stamp.is_file() or stamp.read_text() != _stamp(plugins):
+        session.run(*pip, *_torch(plugins), *TOOLS, *packages, external=True)
         stamp.write_text(_stamp(plugins))
     session.run(
         *pip, "--no-deps", "--no-build-isolation", "--force-reinstall", str(ROOT), *map(str, plugins), external=True
