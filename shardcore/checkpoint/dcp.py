@@ -5,8 +5,9 @@ A split tensor is stored as the pieces its ranks hold, each under a key naming t
 the rows of the full, unpadded tensor it covers (``model.<name>|<dim>|<start>:<stop>``), written once even when heads
 are replicated; replicated tensors are stored whole (``model.<name>``). On load, every rank
 computes the rows its new layout needs (any TP size, padding and replicated heads included),
-asks DCP for exactly the pieces overlapping them, and assembles its slice: no rank reads a full
-split tensor. Optimizer state shaped like its parameter (AdamW's ``exp_avg``, ``exp_avg_sq``)
+asks DCP for exactly the pieces overlapping them, and assembles its slice: at the saved layout no
+rank reads a full split tensor. Pieces are read whole, so a rank of a finer layout reads the saved
+pieces containing its rows (resharded from TP=2 to TP=4, a rank reads half of each split tensor). Optimizer state shaped like its parameter (AdamW's ``exp_avg``, ``exp_avg_sq``)
 is stored and resharded the same way; scalars and hyperparameters are stored whole.
 """
 
@@ -97,8 +98,8 @@ def load_distributed(model: nn.Module, path: str | os.PathLike, optimizer: torch
         wanted.append((base, tensor, spec, group_rank(group) if spec is not None else 0))
 
     request: dict[str, object] = {}
-    for base, tensor, _, _ in wanted:
-        for _, _, key in saved[base]:
+    for base, tensor, spec, rank in wanted:
+        for _, _, key in _overlapping(saved[base], spec, rank):
             request[key] = torch.empty(metadata[key].size, dtype=tensor.dtype)
     if optimizer is not None:
         request["optim.param_groups"] = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
@@ -112,10 +113,19 @@ def load_distributed(model: nn.Module, path: str | os.PathLike, optimizer: torch
             group.update(loaded)
 
 
+def _overlapping(saved: list[tuple[int, int, str]], spec, rank: int) -> list[tuple[int, int, str]]:
+    """The saved pieces this rank's slice needs: those overlapping its rows (all, if it holds the
+    tensor whole; a tensor saved whole is one piece and always needed)."""
+    if spec is None:
+        return saved
+    rows = [(start, stop) for start, stop, _ in spec.ranges(rank) if stop > start]
+    return [(lo, hi, key) for lo, hi, key in saved if lo < 0 or any(max(lo, a) < min(hi, b) for a, b in rows)]
+
+
 def _rows(saved: list[tuple[int, int, str]], request: dict, start: int, stop: int, dim: int) -> torch.Tensor:
-    """Rows ``[start, stop)`` of a full tensor along ``dim``, from the saved pieces (or whole tensor)."""
+    """Rows ``[start, stop)`` of a full tensor along ``dim``, from the requested saved pieces (or whole tensor)."""
     parts = []
-    for lo, hi, key in sorted(saved):
+    for lo, hi, key in sorted(p for p in saved if p[2] in request):
         if lo < 0:  # stored whole
             return request[key].narrow(dim, start, stop - start)
         a, b = max(lo, start), min(hi, stop)
