@@ -9,7 +9,7 @@ from toy_models import ToyLM, ToyPolicy
 import shardcore
 from shardcore import ShardConfig
 from shardcore.config import _CHECKED_AT_OPTIMIZE, _NOT_BUILT
-from shardcore.testing import run_on_ranks
+from shardcore.testing import count_c10d_calls, refusal_message, run_on_ranks
 
 
 def test_defaults():
@@ -84,18 +84,16 @@ def test_tp_larger_than_world_in_one_process():
 
 
 def _expect_error(config_kwargs: dict, model_kwargs: dict, seed_by_rank: bool = False) -> str:
-    """Raise-and-report on every rank, then prove no rank hangs: a barrier must still complete."""
+    """Refused on every rank before any collective (different weights can only be found together)."""
     import torch.distributed as dist
 
-    torch.manual_seed(dist.get_rank() if seed_by_rank else 0)
-    try:
-        shardcore.optimize(ToyLM(**model_kwargs), ShardConfig(**config_kwargs), policy=ToyPolicy)
-    except (ValueError, RuntimeError) as exc:
-        message = str(exc)
-    else:
-        message = "no error"
-    dist.barrier()
-    return message
+    return refusal_message(
+        lambda: ToyLM(**model_kwargs),
+        ShardConfig(**config_kwargs),
+        policy=ToyPolicy,
+        seed=dist.get_rank() if seed_by_rank else 0,
+        collectives_allowed=seed_by_rank,
+    )
 
 
 @pytest.mark.parametrize(
@@ -168,3 +166,16 @@ def test_parallel_output_refused_by_a_policy_that_does_not_support_it():
     assert not ToyPolicy.supports_parallel_output
     with pytest.raises(NotImplementedError, match=r"ToyPolicy does not support ShardConfig\(parallel_output=True\)"):
         shardcore.optimize(ToyLM(), ShardConfig(parallel_output=True), policy=ToyPolicy)
+
+
+def _calls_of_a_sharding(tp: int) -> dict:
+    torch.manual_seed(0)
+    with count_c10d_calls() as calls:
+        shardcore.optimize(ToyLM(), ShardConfig(tensor_parallel_size=tp), policy=ToyPolicy)
+    return dict(calls)
+
+
+def test_c10d_calls_are_counted():
+    """The counter used by refusal_message sees what a real sharding sends (the same-weights check)."""
+    for calls in run_on_ranks(2, _calls_of_a_sharding, 2):
+        assert calls.get("all_gather", 0) >= 1, calls

@@ -2,10 +2,12 @@
 
 * the rank launcher (:mod:`shardcore.distributed.launcher`): :func:`run_on_ranks`, :class:`RankPool`;
 * ``conformance.py``: :func:`assert_sharded_matches` (outputs, loss, every gradient, AdamW steps,
-  ``Policy.blocks()``), :func:`hidden_state_loss`, :func:`check_blocks`;
+  ``Policy.blocks()``), :func:`assert_generate_matches` (tokens and per-step scores, with inputs
+  that make it able to fail), :func:`hidden_state_loss`, :func:`check_blocks`;
 * ``checkpoints.py``: :func:`assert_lazy_load_matches`, :func:`assert_same_checkpoint`,
   :func:`train_and_save` / :func:`assert_resume_matches` (save at one layout, resume at another);
-* ``refusals.py``: :func:`refusal_message` (bad input fails on every rank, nobody hangs).
+* ``refusals.py``: :func:`refusal_message` (bad input fails on every rank before any collective,
+  nobody hangs), :func:`count_c10d_calls`.
 
 A typical plugin test::
 
@@ -21,18 +23,20 @@ A typical plugin test::
 
 from ..distributed.launcher import RankError, RankPool, close_pools, run_on_ranks
 from .checkpoints import assert_lazy_load_matches, assert_resume_matches, assert_same_checkpoint, train_and_save
-from .conformance import assert_sharded_matches, check_blocks, hidden_state_loss
-from .refusals import refusal_message
+from .conformance import assert_generate_matches, assert_sharded_matches, check_blocks, hidden_state_loss
+from .refusals import count_c10d_calls, refusal_message
 
 __all__ = [
     "RankError",
     "RankPool",
+    "assert_generate_matches",
     "assert_lazy_load_matches",
     "assert_resume_matches",
     "assert_same_checkpoint",
     "assert_sharded_matches",
     "check_blocks",
     "close_pools",
+    "count_c10d_calls",
     "hidden_state_loss",
     "refusal_message",
     "run_on_ranks",

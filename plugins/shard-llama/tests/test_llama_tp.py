@@ -8,7 +8,7 @@ from llama_cases import build, gather_vocab_logits, lm_batch
 
 from shardcore import ShardConfig
 from shardcore.layers import count_collectives
-from shardcore.testing import assert_sharded_matches, hidden_state_loss, run_on_ranks
+from shardcore.testing import assert_generate_matches, assert_sharded_matches, hidden_state_loss, run_on_ranks
 
 
 def _check(tp: int, cls_name: str, family: str = "llama", parallel_output: bool = False, **cfg) -> dict:
@@ -93,41 +93,40 @@ def test_collectives_per_step(layers, parallel_output):
     """Forward: one all-reduce after attention and one after the MLP per layer, one for the
     embedding, and one all-gather: of the logits, or (parallel_output) of the loss's per-token
     statistics. Backward: one all-reduce per entry into a tensor-parallel region."""
-    counts = run_on_ranks(2, _count, 2, layers, parallel_output)[0]
-    assert counts["forward"] == {"all_reduce": 2 * layers + 1, "all_gather": 1}
-    assert counts["backward"] == {"all_reduce": 2 * layers + 1}
+    for counts in run_on_ranks(2, _count, 2, layers, parallel_output):  # on every rank
+        assert counts["forward"] == {"all_reduce": 2 * layers + 1, "all_gather": 1}
+        assert counts["backward"] == {"all_reduce": 2 * layers + 1}
 
 
-def _generate(tp: int, kv: int) -> list:
+def _generate(tp: int, kv: int, num_beams: int) -> list:
     import shardcore
 
     torch.manual_seed(0)
-    ref = build("LlamaForCausalLM", kv=kv, vocab=1001).eval()
+    ref = build("LlamaForCausalLM", kv=kv, vocab=1001, initializer_range=0.1).eval()
     torch.manual_seed(0)
     model = shardcore.optimize(
-        build("LlamaForCausalLM", kv=kv, vocab=1001).eval(), ShardConfig(tensor_parallel_size=tp)
+        build("LlamaForCausalLM", kv=kv, vocab=1001, initializer_range=0.1).eval(),
+        ShardConfig(tensor_parallel_size=tp),
     )
     batch = lm_batch(1001, seed=3)
-    args = {
-        "input_ids": batch["input_ids"],
-        "attention_mask": batch["attention_mask"],
-        "max_new_tokens": 16,
-        "do_sample": False,
-        "use_cache": True,
-        "pad_token_id": 0,
-    }
-    with torch.no_grad():
-        want = ref.generate(**args)
-        got = model.generate(**args)
-    assert got.shape == want.shape == (2, 12 + 16), (got.shape, want.shape)
-    assert torch.equal(got, want), f"sharded tokens {got.tolist()} != unsharded {want.tolist()}"
-    return got.tolist()
+    args = {"max_new_tokens": 16, "do_sample": False, "num_beams": num_beams, "use_cache": True, "pad_token_id": 0}
+    tokens = assert_generate_matches(
+        ref, model, input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], **args
+    )
+    assert tokens.shape == (2, 12 + 16), tokens.shape
+    return tokens.tolist()
 
 
-@pytest.mark.parametrize("kv", [4, 2])
-def test_generate_greedy_kv_cache(kv):
-    tokens = run_on_ranks(2, _generate, 2, kv)
-    assert tokens[0] == tokens[1]
+@pytest.mark.parametrize(
+    ("tp", "kv", "num_beams"),
+    [(2, 4, 1), (2, 2, 1), (2, 2, 4), (4, 2, 1), (4, 2, 4)],
+    ids=["mha-greedy", "gqa-greedy", "gqa-beam4", "replicated-kv-greedy", "replicated-kv-beam4"],
+)
+def test_generate_kv_cache(tp, kv, num_beams):
+    """Greedy and beam search with the KV cache, split and replicated (TP=4, 2 KV heads) KV heads:
+    the unsharded tokens and per-step scores, on inputs whose tokens vary."""
+    tokens = run_on_ranks(tp, _generate, tp, kv, num_beams)
+    assert all(t == tokens[0] for t in tokens)
 
 
 def _subclass(tp: int) -> str:

@@ -53,6 +53,19 @@ def build(cls_name: str, **cfg):
     return cls(config(**cfg)).float()
 
 
+def build_for_generation():
+    """A conditional-generation model whose greedy tokens depend on the audio: every matrix drawn
+    with std 0.5 (a deterministic generator), because with the usual init a random tiny Whisper
+    repeats one token whatever it hears and a generation test could not see an encoder error."""
+    model = build("WhisperForConditionalGeneration").eval()
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.dim() == 2:
+                param.copy_(torch.randn(param.shape, generator=g) * 0.5)
+    return model
+
+
 def tone(freq: float, seconds: float = 1.0) -> torch.Tensor:
     """A synthesized waveform: a tone with a second harmonic and a slow amplitude envelope."""
     t = torch.arange(int(SAMPLE_RATE * seconds)) / SAMPLE_RATE
