@@ -13,6 +13,7 @@ themselves are re-installed from this checkout, as wheels, at the start of every
     nox -s bench                        # shardcore TP vs PyTorch TP vs unsharded
     nox -s memory                       # loading a checkpoint: RSS and time vs HuggingFace
     nox -s convergence                  # BERT fine-tuning unsharded vs TP=2 vs TP=4
+    nox -s mutants                      # mutation testing of the kit (each deliberate bug caught)
 """
 
 from __future__ import annotations
@@ -144,6 +145,13 @@ def memory(session: nox.Session) -> None:
     bin_dir = _install(session)
     session.run(str(bin_dir / "python"), "-m", "pip", "install", "--quiet", "accelerate", external=True)  # HF tp_plan
     _run(session, bin_dir, "python", "benchmarks/bench_load_memory.py", *session.posargs)
+
+
+@nox.session(default=False)
+def mutants(session: nox.Session) -> None:
+    """Mutation testing (not in CI, ~10 min): deliberate bugs the kit's tests must each catch."""
+    bin_dir = _install(session)
+    _run(session, bin_dir, "python", "tests/mutants.py", *session.posargs)
 
 
 @nox.session(default=False)

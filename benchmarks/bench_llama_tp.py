@@ -9,11 +9,16 @@ and per forward+backward (counted by PyTorch's CommDebugMode, for every contesta
 * ``unsharded``: the whole model in one process with 2 threads (the other rank idles);
 * ``pytorch_tp``: ``parallelize_module`` following the model's ``config.base_model_tp_plan``
   (attention and MLP column/row parallel; embeddings and LM head replicated);
+* ``pytorch_tp_vocab``: the same plus a vocab-parallel embedding (``RowwiseParallel``) and LM
+  head (``ColwiseParallel`` gathering full logits), as torchtitan shards them: the baseline with
+  shardcore's memory layout;
 * ``shardcore``: ``shardcore.optimize`` with defaults (full-vocab logits, HF loss);
 * ``shardcore_vocab_loss``: ``ShardConfig(parallel_output=True)``: logits stay vocab-split and
   the loss is the vocab-parallel cross entropy.
 
-Prints a table and writes ``bench-results/llama_tp.json``. Times are reported as ratios to the
+Every contestant's loss on the first batch must agree with the unsharded loss (relative 1e-4),
+or the run stops: a faster wrong answer is no result. Prints a table and writes
+``bench-results/llama_tp.json``. Times are reported as ratios to the
 unsharded model and to PyTorch's TP in the same run: this machine is noisy, ratios less so.
 """
 
@@ -49,8 +54,10 @@ def build():
     return LlamaForCausalLM(cfg)
 
 
-def pytorch_tp(model, mesh):
-    """PyTorch's tensor parallel, following ``config.base_model_tp_plan`` (``*`` = every layer)."""
+def pytorch_tp(model, mesh, vocab_parallel: bool = False):
+    """PyTorch's tensor parallel, following ``config.base_model_tp_plan`` (``*`` = every layer);
+    with ``vocab_parallel`` the embedding and LM head are split over the vocabulary too."""
+    from torch.distributed.tensor import Replicate
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
@@ -58,7 +65,15 @@ def pytorch_tp(model, mesh):
     for pattern, style in model.config.base_model_tp_plan.items():
         for i in range(model.config.num_hidden_layers):
             plan["model." + pattern.replace("*", str(i))] = styles[style]()
+    if vocab_parallel:
+        plan["model.embed_tokens"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
+        plan["lm_head"] = ColwiseParallel(output_layouts=Replicate())  # full logits, as shardcore's default
     return parallelize_module(model, mesh, plan)
+
+
+def first_loss(model, batch) -> float:
+    with torch.no_grad():
+        return model(**batch).loss.item()
 
 
 def param_bytes(model) -> int:
@@ -103,9 +118,11 @@ def worker(args) -> list[dict]:
         batch = {"input_ids": ids, "labels": ids}
 
         # unsharded: one process, 2 threads, while the other rank waits
+        reference = torch.zeros(1, dtype=torch.float64)
         if rank == 0:
             torch.set_num_threads(world)
             model = build()
+            reference[0] = first_loss(model, batch)
             fwd, total = count_comms(model, batch)
             results.append(
                 {
@@ -115,14 +132,18 @@ def worker(args) -> list[dict]:
                     "param_bytes": param_bytes(model),
                     "collectives_fwd": fwd,
                     "collectives_fwd_bwd": total,
+                    "loss": reference.item(),
                 }
             )
             del model
-        dist.barrier()
+        dist.broadcast(reference, 0)
         torch.set_num_threads(1)
 
         contestants = {
             "pytorch_tp": lambda: pytorch_tp(build(), dist.device_mesh.init_device_mesh("cpu", (world,))),
+            "pytorch_tp_vocab": lambda: pytorch_tp(
+                build(), dist.device_mesh.init_device_mesh("cpu", (world,)), vocab_parallel=True
+            ),
             "shardcore": lambda: shardcore.optimize(build(), shardcore.ShardConfig(tensor_parallel_size=world)),
             "shardcore_vocab_loss": lambda: shardcore.optimize(
                 build(), shardcore.ShardConfig(tensor_parallel_size=world, parallel_output=True)
@@ -130,6 +151,9 @@ def worker(args) -> list[dict]:
         }
         for name, make in contestants.items():
             model = make()
+            loss = first_loss(model, batch)
+            if abs(loss - reference.item()) > 1e-4 * abs(reference.item()):
+                raise AssertionError(f"seq {seq}: {name} loss {loss:.6f} != unsharded {reference.item():.6f}")
             fwd, total = count_comms(model, batch)
             dist.barrier()
             step = time_steps(model, batch, args.warmup, args.steps)
@@ -144,6 +168,7 @@ def worker(args) -> list[dict]:
                         "param_bytes": param_bytes(model),
                         "collectives_fwd": fwd,
                         "collectives_fwd_bwd": total,
+                        "loss": loss,
                     }
                 )
             del model
@@ -153,21 +178,22 @@ def worker(args) -> list[dict]:
 def report(results: list[dict], out: pathlib.Path) -> None:
     print(f"\nLlama {CONFIG}, batch {BATCH}; TP=2 on 2 gloo ranks x 1 thread, unsharded on 1 process x 2 threads\n")
     header = (
-        f"{'seq':>5}  {'contestant':<22}{'step s':>8}  {'vs unsharded':>12}  {'vs pytorch_tp':>13}  "
-        f"{'param bytes/rank':>16}  {'vs unsharded':>12}  {'coll. fwd':>9}  {'coll. fwd+bwd':>13}"
+        f"{'seq':>5}  {'contestant':<22}{'step s':>8}  {'vs unsharded':>12}  {'vs pytorch_tp':>13}  {'vs pt_tp_vocab':>14}  "
+        f"{'param bytes/rank':>16}  {'vs unsharded':>12}  {'coll. fwd':>9}  {'coll. fwd+bwd':>13}  {'loss':>9}"
     )
     print(header)
     for seq in sorted({r["seq"] for r in results}):
         rows = {r["name"]: r for r in results if r["seq"] == seq}
-        base, torch_tp = rows["unsharded"], rows["pytorch_tp"]
+        base, torch_tp, torch_vocab = rows["unsharded"], rows["pytorch_tp"], rows["pytorch_tp_vocab"]
         for r in rows.values():
             r["time_vs_unsharded"] = r["step_s"] / base["step_s"]
             r["time_vs_pytorch_tp"] = r["step_s"] / torch_tp["step_s"]
+            r["time_vs_pytorch_tp_vocab"] = r["step_s"] / torch_vocab["step_s"]
             r["param_bytes_vs_unsharded"] = r["param_bytes"] / base["param_bytes"]
             print(
                 f"{seq:>5}  {r['name']:<22}{r['step_s']:>8.3f}  {r['time_vs_unsharded']:>11.2f}x  "
-                f"{r['time_vs_pytorch_tp']:>12.2f}x  {r['param_bytes']:>16,}  {r['param_bytes_vs_unsharded']:>11.3f}x  "
-                f"{r['collectives_fwd']:>9}  {r['collectives_fwd_bwd']:>13}"
+                f"{r['time_vs_pytorch_tp']:>12.2f}x  {r['time_vs_pytorch_tp_vocab']:>13.2f}x  {r['param_bytes']:>16,}  {r['param_bytes_vs_unsharded']:>11.3f}x  "
+                f"{r['collectives_fwd']:>9}  {r['collectives_fwd_bwd']:>13}  {r['loss']:>9.5f}"
             )
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"config": CONFIG, "batch": BATCH, "results": results}, indent=2))
