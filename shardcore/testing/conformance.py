@@ -142,18 +142,26 @@ def _local_expected(model: nn.Module, full: dict[str, torch.Tensor]) -> dict[str
     return out
 
 
-def _check_sharded_structure(model: nn.Module, ref: nn.Module) -> dict[str, float]:
-    """For a model that was sharded: parallel modules exist, this rank holds fewer parameter
-    bytes than the unsharded model, and each local tensor is exactly its slice of the unsharded one."""
+def _check_sharded_structure(
+    model: nn.Module, ref: nn.Module, blocks: list[str], max_fraction: float | None
+) -> dict[str, float]:
+    """For a model that was sharded: every block of ``Policy.blocks()`` holds parallel modules,
+    this rank holds fewer parameter bytes than the unsharded model (at most ``max_fraction`` of
+    them, if given), and each local tensor is exactly its slice of the unsharded one."""
     from ..layers.parallel_module import ParallelModule
 
     parallel = [type(m).__name__ for m in model.modules() if isinstance(m, ParallelModule)]
     if not parallel:
         raise AssertionError("the model was 'sharded' but holds no parallel module: the policy replaced nothing")
+    bare = [b for b in blocks if not any(isinstance(m, ParallelModule) for m in model.get_submodule(b).modules())]
+    if bare:
+        raise AssertionError(f"blocks {bare} hold no parallel module: the policy left them whole on every rank")
     local = sum(p.numel() * p.element_size() for p in model.parameters())
     full = sum(p.numel() * p.element_size() for p in ref.parameters())
     if not local < full:
         raise AssertionError(f"this rank holds {local} parameter bytes, no fewer than the unsharded {full}")
+    if max_fraction is not None and local > max_fraction * full:
+        raise AssertionError(f"this rank holds {local / full:.3f} of the unsharded parameter bytes, > {max_fraction}")
     expected = _local_expected(model, {n: p.detach() for n, p in ref.named_parameters()})
     for name, param in model.named_parameters():
         if param.shape != expected[name].shape or not torch.equal(param.detach(), expected[name]):
@@ -216,13 +224,15 @@ def assert_sharded_matches(
     atol_step: float = 1e-5,
     skip_outputs: tuple[str, ...] = ("loss",),
     sharded_output_fn: Callable[[nn.Module, Any], Any] | None = None,
+    max_param_fraction: float | None = None,
 ) -> dict[str, float]:
     """Check a sharded model against the unsharded one; run on every rank of the group.
 
     ``build()`` is called twice after ``torch.manual_seed(seed)``; one copy is sharded with
     :func:`shardcore.optimize`. If sharding happened (TP > 1), the model must hold parallel
-    modules, fewer parameter bytes per rank than unsharded, and on every rank each local tensor
-    must be exactly its :class:`~shardcore.layers.ShardSpec` slice of the unsharded one. Both
+    modules in every block of :meth:`~shardcore.Policy.blocks`, fewer parameter bytes per rank
+    than unsharded (at most ``max_param_fraction`` of them, if given), and on every rank each local
+    tensor must be exactly its :class:`~shardcore.layers.ShardSpec` slice of the unsharded one. Both
     models run ``model(**inputs)``: every floating-point output must match, the loss
     (``output.loss`` or ``loss_fn(output)``) too. Then every gradient, both gathered and as
     this rank's slice (replica copies and zero padding rows included), must match by relative
@@ -246,9 +256,10 @@ def assert_sharded_matches(
     model = shardcore.optimize(build(), config, policy=policy)
     info = getattr(model, "shardcore", None)
     used = info.policy if info is not None else shardcore.resolve_policy(model, policy)
-    report: dict[str, float] = {"blocks": len(check_blocks(used, model))}
+    blocks = check_blocks(used, model)
+    report: dict[str, float] = {"blocks": len(blocks)}
     if info is not None:
-        report.update(_check_sharded_structure(model, ref))
+        report.update(_check_sharded_structure(model, ref, blocks, max_param_fraction))
 
     out_ref, out = ref(**inputs), model(**inputs)
     ref_t = _tensors(out_ref)

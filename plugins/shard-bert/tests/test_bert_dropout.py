@@ -48,6 +48,25 @@ def test_per_rank_stream():
     assert default0 == torch.rand(4).tolist(), "forking must not consume the default stream"
 
 
+def _attention_draws_from_per_rank_stream(tp: int) -> bool:
+    """A training forward moves this rank's tensor-parallel stream on: attention dropout draws from it."""
+    from shardcore.layers import fork_tp_rng
+
+    torch.manual_seed(0)
+    model = shardcore.optimize(build("BertForMaskedLM", dropout=0.3), ShardConfig(tensor_parallel_size=tp)).train()
+    group = model.shardcore.process_group
+    with fork_tp_rng(group):
+        before = torch.get_rng_state()
+    model(**batch_for("BertForMaskedLM"))
+    with fork_tp_rng(group):
+        after = torch.get_rng_state()
+    return not torch.equal(before, after)
+
+
+def test_attention_dropout_uses_the_per_rank_stream():
+    assert all(run_on_ranks(2, _attention_draws_from_per_rank_stream, 2))
+
+
 def _mean_losses(tp: int, samples: int) -> tuple:
     """Losses of the unsharded and sharded model in training mode, over ``samples`` dropout draws."""
     torch.manual_seed(0)

@@ -27,6 +27,8 @@ def _check(tp: int, cls_name: str, family: str = "llama", parallel_output: bool 
         lambda: build(cls_name, family, **cfg),
         batch,
         ShardConfig(tensor_parallel_size=tp, parallel_output=parallel_output),
+        # everything but the norms (and the small score head) is split: about 1/tp of the bytes
+        max_param_fraction=1 / tp + 0.1,
         **kwargs,
     )
 
