@@ -1,9 +1,11 @@
 """The conformance kit every plugin (and third parties) test with.
 
 * the rank launcher (:mod:`shardcore.distributed.launcher`): :func:`run_on_ranks`, :class:`RankPool`;
-* ``conformance.py``: :func:`assert_sharded_matches` (outputs, loss, every gradient, AdamW steps,
-  ``Policy.blocks()``), :func:`assert_generate_matches` (tokens and per-step scores, with inputs
-  that make it able to fail), :func:`hidden_state_loss`, :func:`check_blocks`;
+* ``conformance.py``: :func:`assert_sharded_matches` (outputs, loss, every gradient, AdamW steps),
+  :func:`hidden_state_loss`; ``structure.py``: :func:`check_blocks` and the checks that sharding
+  happened (parallel modules in every block, each rank's slices);
+* ``generation.py``: :func:`assert_generate_matches` (tokens and per-step scores, with inputs that
+  make it able to fail);
 * ``checkpoints.py``: :func:`assert_lazy_load_matches`, :func:`assert_same_checkpoint`,
   :func:`train_and_save` / :func:`assert_resume_matches` (save at one layout, resume at another);
 * ``refusals.py``: :func:`refusal_message` (bad input fails on every rank before any collective,
@@ -23,8 +25,10 @@ A typical plugin test::
 
 from ..distributed.launcher import RankError, RankPool, close_pools, run_on_ranks
 from .checkpoints import assert_lazy_load_matches, assert_resume_matches, assert_same_checkpoint, train_and_save
-from .conformance import assert_generate_matches, assert_sharded_matches, check_blocks, hidden_state_loss
+from .conformance import assert_sharded_matches, hidden_state_loss
+from .generation import assert_generate_matches
 from .refusals import count_c10d_calls, refusal_message
+from .structure import check_blocks
 
 __all__ = [
     "RankError",

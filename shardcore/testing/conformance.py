@@ -44,7 +44,9 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["assert_generate_matches", "assert_sharded_matches", "check_blocks", "hidden_state_loss"]
+from .structure import check_blocks, check_sharded_structure, local_expected
+
+__all__ = ["assert_sharded_matches", "hidden_state_loss"]
 
 
 def _tensors(output: Any) -> dict[str, torch.Tensor]:
@@ -94,28 +96,6 @@ def hidden_state_loss(*fields: str, seed: int = 1234) -> Callable[[Any], torch.T
     return loss
 
 
-def check_blocks(policy, model: nn.Module) -> list[str]:
-    """Check ``policy.blocks()`` on ``model``: a non-empty list of ``(name, module)`` pairs, each
-    name resolving to its module, none nested in another, in the model's own order. Returns the names."""
-    blocks = policy.blocks()
-    if not blocks:
-        raise AssertionError(f"{type(policy).__name__}.blocks() returned no blocks")
-    order = {id(m): i for i, (_, m) in enumerate(model.named_modules())}
-    names = []
-    for name, module in blocks:
-        if model.get_submodule(name) is not module:
-            raise AssertionError(f"{type(policy).__name__}.blocks(): {name!r} is not the module it names")
-        names.append(name)
-    if len(set(names)) != len(names):
-        raise AssertionError(f"{type(policy).__name__}.blocks() names a block twice: {names}")
-    nested = [(a, b) for a in names for b in names if a != b and b.startswith(a + ".")]
-    if nested:
-        raise AssertionError(f"{type(policy).__name__}.blocks(): {nested[0][1]!r} is inside {nested[0][0]!r}")
-    if [order[id(m)] for _, m in blocks] != sorted(order[id(m)] for _, m in blocks):
-        raise AssertionError(f"{type(policy).__name__}.blocks() are not in the model's order: {names}")
-    return names
-
-
 def _rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
     """``||actual - expected|| / ||expected||`` (``inf`` for a non-zero ``actual`` against exact zeros)."""
     norm = expected.double().norm().item()
@@ -123,50 +103,6 @@ def _rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
     if norm == 0.0:
         return 0.0 if err == 0.0 else float("inf")
     return err / norm
-
-
-def _local_expected(model: nn.Module, full: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """What this rank must hold for each parameter: its ``ShardSpec`` slice of the unsharded
-    tensor (replica copies included, padding rows zero), or the whole tensor if replicated."""
-    from ..layers.comm import group_rank
-    from ..sharded_state import parameter_specs
-
-    specs = parameter_specs(model)
-    out = {}
-    for name, tensor in full.items():
-        if name in specs:
-            spec, group = specs[name]
-            out[name] = spec.shard(tensor, group_rank(group))
-        else:
-            out[name] = tensor
-    return out
-
-
-def _check_sharded_structure(
-    model: nn.Module, ref: nn.Module, blocks: list[str], max_fraction: float | None
-) -> dict[str, float]:
-    """For a model that was sharded: every block of ``Policy.blocks()`` holds parallel modules,
-    this rank holds fewer parameter bytes than the unsharded model (at most ``max_fraction`` of
-    them, if given), and each local tensor is exactly its slice of the unsharded one."""
-    from ..layers.parallel_module import ParallelModule
-
-    parallel = [type(m).__name__ for m in model.modules() if isinstance(m, ParallelModule)]
-    if not parallel:
-        raise AssertionError("the model was 'sharded' but holds no parallel module: the policy replaced nothing")
-    bare = [b for b in blocks if not any(isinstance(m, ParallelModule) for m in model.get_submodule(b).modules())]
-    if bare:
-        raise AssertionError(f"blocks {bare} hold no parallel module: the policy left them whole on every rank")
-    local = sum(p.numel() * p.element_size() for p in model.parameters())
-    full = sum(p.numel() * p.element_size() for p in ref.parameters())
-    if not local < full:
-        raise AssertionError(f"this rank holds {local} parameter bytes, no fewer than the unsharded {full}")
-    if max_fraction is not None and local > max_fraction * full:
-        raise AssertionError(f"this rank holds {local / full:.3f} of the unsharded parameter bytes, > {max_fraction}")
-    expected = _local_expected(model, {n: p.detach() for n, p in ref.named_parameters()})
-    for name, param in model.named_parameters():
-        if param.shape != expected[name].shape or not torch.equal(param.detach(), expected[name]):
-            raise AssertionError(f"{name}: this rank's tensor is not its slice of the unsharded parameter")
-    return {"parallel_modules": len(parallel), "param_bytes_fraction": local / full}
 
 
 def _check_grads(pairs, *, where: str, scale: float, rtol: float, floor: float, zero_grads: tuple[str, ...]) -> float:
@@ -259,7 +195,7 @@ def assert_sharded_matches(
     blocks = check_blocks(used, model)
     report: dict[str, float] = {"blocks": len(blocks)}
     if info is not None:
-        report.update(_check_sharded_structure(model, ref, blocks, max_param_fraction))
+        report.update(check_sharded_structure(model, ref, blocks, max_param_fraction))
 
     out_ref, out = ref(**inputs), model(**inputs)
     ref_t = _tensors(out_ref)
@@ -300,7 +236,7 @@ def assert_sharded_matches(
         )
     check = {"scale": scale, "rtol": grad_rtol, "floor": grad_floor, "zero_grads": zero_grads}
     worst = _check_grads(((n, g, ref_grads[n]) for n, g in gathered.items()), where="gathered", **check)
-    local_ref = _local_expected(model, {n: g for n, g in ref_grads.items() if g is not None})
+    local_ref = local_expected(model, {n: g for n, g in ref_grads.items() if g is not None})
     local = ((n, p.grad, local_ref.get(n)) for n, p in model.named_parameters())
     worst = max(worst, _check_grads(local, where="this rank's slice", **check))
     report["max_rel_err_grads"] = worst
@@ -329,7 +265,7 @@ def assert_sharded_matches(
                     f"parameter {name} after {steps} AdamW steps: max abs diff {diff:.3g} > {step_tolerance(name):g}"
                 )
             worst = max(worst, diff)
-        expected = _local_expected(model, {n: p.detach() for n, p in ref_params.items()})
+        expected = local_expected(model, {n: p.detach() for n, p in ref_params.items()})
         for name, param in model.named_parameters():
             diff = (param.detach() - expected[name]).abs().max().item() if param.numel() else 0.0
             if not diff <= step_tolerance(name):
@@ -339,38 +275,3 @@ def assert_sharded_matches(
             worst = max(worst, diff)
         report["max_abs_diff_after_steps"] = worst
     return report
-
-
-def assert_generate_matches(
-    ref: nn.Module, model: nn.Module, *args, min_distinct: int = 4, atol_scores: float = 1e-4, **kwargs
-) -> torch.Tensor:
-    """``model.generate(*args, **kwargs)`` must give ``ref``'s tokens and, step by step, its scores
-    (within ``atol_scores``, times the step's largest score magnitude when that exceeds 1); returns
-    the sequences. Run on every rank.
-
-    The test input must make the check able to fail: in every row the unsharded model's new
-    tokens take at least ``min_distinct`` values, and different rows get different tokens (a
-    random tiny model that emits one token whatever its input would hide an encoder or attention error).
-    """
-    kwargs.update(output_scores=True, return_dict_in_generate=True)
-    with torch.no_grad():
-        want, got = ref.generate(*args, **kwargs), model.generate(*args, **kwargs)
-    if not torch.equal(got.sequences, want.sequences):
-        raise AssertionError(f"sharded tokens {got.sequences.tolist()} != unsharded {want.sequences.tolist()}")
-    new = want.sequences[:, -len(want.scores) :]
-    for row in new.tolist():
-        if len(set(row)) < min_distinct:
-            raise AssertionError(f"the unsharded model's tokens barely vary ({row}): a test input that cannot fail")
-    if new.shape[0] > 1 and all(torch.equal(new[0], r) for r in new[1:]):
-        raise AssertionError(f"every row got the same tokens ({new[0].tolist()}): the input does not matter")
-    for step, (a, b) in enumerate(zip(got.scores, want.scores, strict=True)):
-        finite = torch.isfinite(b)
-        if not torch.equal(finite, torch.isfinite(a)):
-            raise AssertionError(f"step {step}: the sharded scores mask other tokens than the unsharded ones")
-        if not finite.any():
-            continue
-        diff = (a[finite] - b[finite]).abs().max().item()
-        bound = atol_scores * max(1.0, b[finite].abs().max().item())  # relative to large (log-)scores
-        if not diff <= bound:
-            raise AssertionError(f"step {step}: scores differ by {diff:.3g} > {bound:.3g}")
-    return got.sequences

@@ -1,0 +1,43 @@
+"""Generation check: a sharded model's ``generate()`` against the unsharded one, on inputs that can fail."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+__all__ = ["assert_generate_matches"]
+
+
+def assert_generate_matches(
+    ref: nn.Module, model: nn.Module, *args, min_distinct: int = 4, atol_scores: float = 1e-4, **kwargs
+) -> torch.Tensor:
+    """``model.generate(*args, **kwargs)`` must give ``ref``'s tokens and, step by step, its scores
+    (within ``atol_scores``, times the step's largest score magnitude when that exceeds 1); returns
+    the sequences. Run on every rank.
+
+    The test input must make the check able to fail: in every row the unsharded model's new
+    tokens take at least ``min_distinct`` values, and different rows get different tokens (a
+    random tiny model that emits one token whatever its input would hide an encoder or attention error).
+    """
+    kwargs.update(output_scores=True, return_dict_in_generate=True)
+    with torch.no_grad():
+        want, got = ref.generate(*args, **kwargs), model.generate(*args, **kwargs)
+    if not torch.equal(got.sequences, want.sequences):
+        raise AssertionError(f"sharded tokens {got.sequences.tolist()} != unsharded {want.sequences.tolist()}")
+    new = want.sequences[:, -len(want.scores) :]
+    for row in new.tolist():
+        if len(set(row)) < min_distinct:
+            raise AssertionError(f"the unsharded model's tokens barely vary ({row}): a test input that cannot fail")
+    if new.shape[0] > 1 and all(torch.equal(new[0], r) for r in new[1:]):
+        raise AssertionError(f"every row got the same tokens ({new[0].tolist()}): the input does not matter")
+    for step, (a, b) in enumerate(zip(got.scores, want.scores, strict=True)):
+        finite = torch.isfinite(b)
+        if not torch.equal(finite, torch.isfinite(a)):
+            raise AssertionError(f"step {step}: the sharded scores mask other tokens than the unsharded ones")
+        if not finite.any():
+            continue
+        diff = (a[finite] - b[finite]).abs().max().item()
+        bound = atol_scores * max(1.0, b[finite].abs().max().item())  # relative to large (log-)scores
+        if not diff <= bound:
+            raise AssertionError(f"step {step}: scores differ by {diff:.3g} > {bound:.3g}")
+    return got.sequences
