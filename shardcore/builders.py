@@ -36,19 +36,17 @@ def attention(
     kv_heads: int | None = None,
     names: tuple[str, str, str, str] = ("q_proj", "k_proj", "v_proj", "o_proj"),
     shared_input: bool = True,
-    shared_kv_input: bool | None = None,
     column: type = Linear1D_Col,
     row: type = Linear1D_Row,
 ) -> list[Sub]:
     """q, k, v column parallel by heads (``kv_heads`` for grouped-query attention), the output row parallel.
 
-    ``shared_kv_input`` (default: ``shared_input``) for cross-attention, whose key and value read
-    another tensor than the query does.
+    Cross-attention, whose key and value read another tensor than the query, takes
+    ``shared_input=False``: each projection then enters the tensor-parallel region on its own.
     """
     q, k, v, o = (_join(prefix, n) for n in names)
-    kv_shared = shared_input if shared_kv_input is None else shared_kv_input
     q_kw = {"num_heads": heads, "head_dim": head_dim, "copy_input": not shared_input}
-    kv_kw = {"num_heads": kv_heads or heads, "head_dim": head_dim, "copy_input": not kv_shared}
+    kv_kw = {"num_heads": kv_heads or heads, "head_dim": head_dim, "copy_input": not shared_input}
     return [
         Sub(suffix=q, target_module=column, kwargs=q_kw),
         Sub(suffix=k, target_module=column, kwargs=kv_kw),
@@ -62,16 +60,14 @@ def packed_attention(
     heads: int,
     head_dim: int,
     *,
-    kv_heads: int | None = None,
     names: tuple[str, str] = ("qkv", "proj"),
     fused: type = FusedLinear1D_Col,
     row: type = Linear1D_Row,
 ) -> list[Sub]:
     """A packed ``[q; k; v]`` projection split per head (each rank holds its heads of q, of k, of v)."""
     qkv, out = (_join(prefix, n) for n in names)
-    kv = kv_heads or heads
     return [
-        Sub(suffix=qkv, target_module=fused, kwargs={"heads": (heads, kv, kv), "head_dim": head_dim}),
+        Sub(suffix=qkv, target_module=fused, kwargs={"heads": (heads, heads, heads), "head_dim": head_dim}),
         Sub(suffix=out, target_module=row, kwargs={"num_heads": heads, "head_dim": head_dim}),
     ]
 

@@ -20,8 +20,10 @@ _NOT_BUILT: dict[str, Any] = {
     "enable_sequence_overlap": False,
     "enable_all_optimization": False,
     "inference_only": False,
-    # the layout degrees and modes of the next features: checked after the layout itself
-    # (ParallelLayout.from_config), so a layout that does not fit the world says so first
+}
+#: The layout degrees and modes of the next features, refused by :meth:`ShardConfig.check_built`
+#: (at ``optimize``) rather than the constructor: the layout must first be checked against the world.
+_NOT_BUILT_LAYOUT: dict[str, Any] = {
     "pipeline_parallel_size": 1,
     "num_microbatches": None,
     "pipeline_schedule": None,
@@ -29,16 +31,8 @@ _NOT_BUILT: dict[str, Any] = {
     "data_parallel": None,
     "plan": None,
 }
-#: The fields of _NOT_BUILT that :meth:`ShardConfig.check_built` refuses (at ``optimize``),
-#: rather than the constructor: the parallel degrees must first be checked against the world.
-_CHECKED_AT_OPTIMIZE = (
-    "pipeline_parallel_size",
-    "num_microbatches",
-    "pipeline_schedule",
-    "sequence_parallel_size",
-    "data_parallel",
-    "plan",
-)
+_NOT_BUILT.update(_NOT_BUILT_LAYOUT)
+_CHECKED_AT_OPTIMIZE = tuple(_NOT_BUILT_LAYOUT)
 
 
 def _refuse_unbuilt(name: str, value: Any) -> None:

@@ -31,7 +31,7 @@ def shardcore_register_policies(register: Register) -> None:
 
     Called once, when shardcore first needs a policy or lists plugins.
 
-    :param register: call ``register(POLICIES)`` with a ``{model_qualname: policy}`` mapping (the
+    :param register: call ``register(MODELS)`` with a ``{model_qualname: policy}`` mapping (the
         idiom every shardcore plugin uses), or ``register(model_qualname, policy)`` once per
         model class covered.
         ``model_qualname`` is ``f"{cls.__module__}.{cls.__qualname__}"`` of the model class, e.g.

@@ -99,17 +99,28 @@ class Policy:
     def blocks(self) -> list[tuple[str, nn.Module]]:
         """The model's repeated blocks, in order, as ``(qualified name, module)`` pairs.
 
-        Decoder layers for a decoder; encoder then decoder layers for an encoder-decoder. Pipeline
-        stages are cut along this list, FSDP wraps and activation checkpointing run per block,
-        and the conformance kit checks it (:func:`shardcore.testing.check_blocks`). A policy
-        usually also takes its layer classes from it (``self.block_types()``). Structural: read
-        the model instance, import nothing from the model library.
+        Decoder layers for a decoder; encoder then decoder layers for an encoder-decoder. The
+        conformance kit checks it (:func:`shardcore.testing.check_blocks`; every block must hold a
+        parallel module once sharded) and a policy takes its layer classes from it
+        (``self.block_type()``); it is the list pipeline stages, FSDP wrapping and activation
+        checkpointing are to be cut along (not built yet). Structural: read the model instance,
+        import nothing from the model library.
         """
         raise NotImplementedError(f"{type(self).__name__} must implement blocks()")
 
     def block_types(self) -> list[type]:
         """The distinct classes of :meth:`blocks`, in first-seen order."""
         return list(dict.fromkeys(type(m) for _, m in self.blocks()))
+
+    def block_type(self) -> type:
+        """The one class of :meth:`blocks`; a clear error if the model mixes several."""
+        types = self.block_types()
+        if len(types) != 1:
+            raise ValueError(
+                f"{type(self).__name__}: expected every block of {type(self.model).__name__} to be of one class, "
+                f"found {[t.__name__ for t in types]}; this policy does not cover mixed blocks"
+            )
+        return types[0]
 
     def blocks_in(self, *containers: nn.Module) -> list[tuple[str, nn.Module]]:
         """``(qualified name, module)`` of every child of each container (e.g. a ``ModuleList`` of

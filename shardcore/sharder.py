@@ -23,7 +23,11 @@ __all__ = ["ModelSharder", "ShardInfo", "optimize", "resolve_policy"]
 
 @attrs.frozen
 class ShardInfo:
-    """Stored on a sharded model as ``model.shardcore``."""
+    """Stored on a sharded model as ``model.shardcore``.
+
+    ``process_group`` is the tensor-parallel group the model uses: ``layout.group("tp")``, or the
+    ``tensor_parallel_process_group`` the config gave (then ``layout`` only records the degrees).
+    """
 
     config: ShardConfig
     tp_size: int
@@ -81,6 +85,15 @@ class ModelSharder:
                         f"submodule '{sub}' (named in enter_tp_region / per_rank_rng / shared_rng)"
                     )
             for sub in desc.sub_module_replacement:
+                if sub.kwargs.get("copy_input") is False and not any(
+                    sub.suffix.startswith(f"{entry}.") for entry in desc.enter_tp_region
+                ):
+                    raise ValueError(
+                        f"{type(self.policy).__name__}: '{sub.suffix}' of {type(module).__name__} is built with "
+                        "copy_input=False, but no enter_tp_region entry holds it: its input would never enter the "
+                        "tensor-parallel region and the backward all-reduce of its input gradient would be missing; "
+                        "name its parent module in enter_tp_region (or build it with copy_input=True)"
+                    )
                 if not sub.ignore_if_not_exist and not _has(module, sub.suffix):
                     raise AttributeError(
                         f"{type(self.policy).__name__}: {type(module).__name__} at '{name or '<root>'}' has no "
@@ -89,8 +102,9 @@ class ModelSharder:
             plan.append((name, module, desc))
         return plan
 
-    def shard(self) -> nn.Module:
-        plan = self.plan()
+    def shard(self, plan: list[tuple[str, nn.Module, ModulePolicyDescription]] | None = None) -> nn.Module:
+        """Replace modules following ``plan`` (default: :meth:`plan`, computed now)."""
+        plan = self.plan() if plan is None else plan
         shared = self._shared_parameters()
         for _, module, desc in plan:
             for attr, value in desc.attribute_replacement.items():
@@ -206,12 +220,15 @@ def optimize(
         guard_meta(model)
         return model
 
+    model = policy.preprocess()
+    sharder = ModelSharder(model, policy, None)
+    plan = sharder.plan()  # module_policy and its structural checks: still no collective
     group = config.tensor_parallel_process_group
     if group is None:
         group = layout.group("tp")
     _check_same_weights(model, group)
-    model = policy.preprocess()
-    model = ModelSharder(model, policy, group).shard()
+    sharder.process_group = group
+    model = sharder.shard(plan)
     model = policy.postprocess()
     model.shardcore = ShardInfo(config, tp_size, group, policy, layout)
     guard_meta(model)

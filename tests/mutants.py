@@ -26,7 +26,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 LLAMA = "plugins/shard-llama/tests/test_llama_tp.py"
 TIMEOUT_S = 600
 
-#: name -> (what the bug is, file, snippet, replacement, tests that must catch it)
+#: name -> (what the bug is, file, snippet, replacement, tests that must catch it); snippet and
+#: replacement may be tuples of several, applied in order
 MUTANTS: dict[str, tuple[str, str, str, str, list[str]]] = {
     "policy-replaces-nothing": (
         "a policy that replaces nothing (Llama's module_policy returns {})",
@@ -89,13 +90,8 @@ MUTANTS: dict[str, tuple[str, str, str, str, list[str]]] = {
         "a refusal raised after a collective, where one rank's error leaves the others waiting "
         "(the policy's checks moved behind the same-weights all-gather)",
         "shardcore/sharder.py",
-        "    policy.config_sanity_check()\n    if tp_size == 1 or not config.enable_tensor_parallelism:"
-        "\n        guard_meta(model)\n        return model\n\n    group = config.tensor_parallel_process_group\n"
-        '    if group is None:\n        group = layout.group("tp")\n    _check_same_weights(model, group)\n',
-        "    if tp_size == 1 or not config.enable_tensor_parallelism:"
-        "\n        guard_meta(model)\n        return model\n\n    group = config.tensor_parallel_process_group\n"
-        '    if group is None:\n        group = layout.group("tp")\n    _check_same_weights(model, group)\n'
-        "    policy.config_sanity_check()\n",
+        ("    policy.config_sanity_check()\n", "    _check_same_weights(model, group)\n"),
+        ("", "    _check_same_weights(model, group)\n    policy.config_sanity_check()\n"),
         ["tests/test_core_config.py::test_bad_input_fails_on_every_rank_without_hanging"],
     ),
     "dcp-wrong-rows": (
@@ -166,10 +162,15 @@ def main(names: list[str]) -> int:
         results = []
         for name, (what, file, old, new, tests) in chosen.items():
             target = scratch / file
-            original = target.read_text()
-            if original.count(old) != 1:
-                raise SystemExit(f"mutant {name}: the snippet occurs {original.count(old)} times in {file}, not once")
-            target.write_text(original.replace(old, new))
+            original = mutated = target.read_text()
+            olds, news = (old, new) if isinstance(old, tuple) else ((old,), (new,))
+            for snippet, replacement in zip(olds, news, strict=True):
+                if mutated.count(snippet) != 1:
+                    raise SystemExit(
+                        f"mutant {name}: a snippet occurs {mutated.count(snippet)} times in {file}, not once"
+                    )
+                mutated = mutated.replace(snippet, replacement)
+            target.write_text(mutated)
             try:
                 outcome, seconds = _run(scratch, tests)
             finally:

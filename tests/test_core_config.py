@@ -179,3 +179,41 @@ def test_c10d_calls_are_counted():
     """The counter used by refusal_message sees what a real sharding sends (the same-weights check)."""
     for calls in run_on_ranks(2, _calls_of_a_sharding, 2):
         assert calls.get("all_gather", 0) >= 1, calls
+
+
+class _NoEntryPolicy(ToyPolicy):
+    """Builds q/k/v with copy_input=False but never enters the tensor-parallel region."""
+
+    def module_policy(self):
+        from toy_models import ToyBlock
+
+        from shardcore import ModulePolicyDescription
+        from shardcore.builders import attention
+
+        return {
+            ToyBlock: ModulePolicyDescription(sub_module_replacement=attention("", 4, 16, names=("a", "b", "c", "d")))
+        }
+
+
+def _missing_entry(tp: int) -> str:
+    return refusal_message(ToyLM, ShardConfig(tensor_parallel_size=tp), policy=_NoEntryPolicy)
+
+
+def test_copy_input_false_without_enter_tp_region_is_refused():
+    messages = run_on_ranks(2, _missing_entry, 2)
+    assert all(
+        "'a' of ToyBlock is built with copy_input=False, but no enter_tp_region entry holds it" in m for m in messages
+    ), messages
+
+
+def test_block_type_names_mixed_blocks():
+    from shardcore import Policy
+
+    class Mixed(Policy):
+        def blocks(self):
+            return [("0", torch.nn.Linear(1, 1)), ("1", torch.nn.ReLU())]
+
+    policy = Mixed()
+    policy.set_model(torch.nn.Sequential(torch.nn.Linear(1, 1), torch.nn.ReLU()))
+    with pytest.raises(ValueError, match=r"found \['Linear', 'ReLU'\]"):
+        policy.block_type()

@@ -211,11 +211,9 @@ def save_checkpoint(model: nn.Module, path: str | os.PathLike, *, max_shard_size
         if hasattr(config, "save_pretrained"):
             config.save_pretrained(path)
         if len(files) > 1:
-            weight_map = {renamed.get(e[0], e[0]): n for n, group in zip(names, files, strict=True) for e in group}
+            index = {renamed.get(e[0], e[0]): n for n, group in zip(names, files, strict=True) for e in group}
             total = sum(tensor_nbytes(shape, dtype) for _, shape, dtype in entries)
-            (path / INDEX).write_text(
-                json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2)
-            )
+            (path / INDEX).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": index}, indent=2))
     for file_name, group in zip(names, files, strict=True):
         on_disk = [(renamed.get(name, name), shape, dtype) for name, shape, dtype in group]
         stream = StreamingSafetensors(path / file_name, on_disk) if writer else None

@@ -29,7 +29,6 @@ __all__ = [
     "init_from_env",
     "replica_group",
     "run_on_ranks",
-    "world_size",
 ]
 
 
@@ -46,7 +45,3 @@ def init_from_env() -> None:
         dist.init_process_group("nccl")
     else:
         dist.init_process_group("gloo")
-
-
-def world_size() -> int:
-    return dist.get_world_size() if dist.is_initialized() else 1

@@ -34,7 +34,7 @@ _MESHES: dict[tuple[int, ...], DeviceMesh] = {}
 _positive = [v.instance_of(int), v.ge(1)]
 
 
-def _world_size() -> int:
+def _current_world_size() -> int:
     return dist.get_world_size() if dist.is_initialized() else 1
 
 
@@ -71,7 +71,7 @@ class ParallelLayout:
         then); ``data_parallel_size=None`` takes the ranks left over by the others. A layout
         that does not fit raises ``ValueError`` printing every degree and the world size.
         """
-        world = _world_size() if world_size is None else world_size
+        world = _current_world_size() if world_size is None else world_size
         pp, sp = config.pipeline_parallel_size, config.sequence_parallel_size
         tp, dp = config.tensor_parallel_size, config.data_parallel_size
         if config.tensor_parallel_process_group is not None:

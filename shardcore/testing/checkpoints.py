@@ -39,6 +39,8 @@ def assert_lazy_load_matches(
     shardcore.load_checkpoint(model, checkpoint)
     with torch.no_grad():
         expected, actual = _tensors(ref(**inputs)), _tensors(model(**inputs))
+    if set(actual) != set(expected):
+        raise AssertionError(f"output fields after lazy load {sorted(actual)} != unsharded {sorted(expected)}")
     worst = 0.0
     for key, want in expected.items():
         diff = (actual[key] - want).abs().max().item() if want.numel() else 0.0

@@ -30,7 +30,7 @@ class MyModelPolicy(Policy):
     def module_policy(self):
         cfg, tp = self.model.config, self.tp_size
         heads, head_dim = cfg.num_attention_heads, cfg.hidden_size // cfg.num_attention_heads
-        (layer_cls,) = self.block_types()
+        layer_cls = self.block_type()
         policy = {
             layer_cls: ModulePolicyDescription(
                 attribute_replacement={"attn.num_heads": heads // tp},  # what the forward reads per rank

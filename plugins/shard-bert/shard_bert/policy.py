@@ -50,7 +50,7 @@ class BertPolicy(Policy):
         cfg, tp = self.model.config, self.tp_size
         heads, head_dim = cfg.num_attention_heads, cfg.hidden_size // cfg.num_attention_heads
         local = {"num_attention_heads": heads // tp, "all_head_size": cfg.hidden_size // tp}
-        (layer_cls,) = self.block_types()
+        layer_cls = self.block_type()
         cross = hasattr(self.blocks()[0][1], "crossattention")
         attention_parts = ["attention"] + (["crossattention"] if cross else [])
         subs = attention("attention", heads, head_dim, names=_NAMES)

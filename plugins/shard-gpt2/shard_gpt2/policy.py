@@ -46,7 +46,7 @@ class GPT2Policy(Policy):
     def module_policy(self):
         cfg, tp = self.model.config, self.tp_size
         heads, head_dim = cfg.n_head, cfg.n_embd // cfg.n_head
-        (block_cls,) = self.block_types()
+        block_cls = self.block_type()
         local = cfg.n_embd // tp
         policy = {
             block_cls: ModulePolicyDescription(

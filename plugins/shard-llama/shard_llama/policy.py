@@ -30,8 +30,6 @@ __all__ = ["LlamaForCausalLMPolicy", "LlamaForSequenceClassificationPolicy", "Ll
 class LlamaPolicy(Policy):
     """Shared by every Llama-architecture head: shards the base model (``model.base_model``)."""
 
-    supports_parallel_output = True  # the causal-LM head keeps vocab-split logits; the others have none
-
     @property
     def base(self):
         return self.model.base_model
@@ -62,7 +60,7 @@ class LlamaPolicy(Policy):
         heads, kv, head_dim = self._dims()
         tp = self.tp_size
         local_kv = kv // tp if kv >= tp else 1
-        (layer_cls,) = self.block_types()
+        layer_cls = self.block_type()
         return {
             layer_cls: ModulePolicyDescription(
                 attribute_replacement={"self_attn.num_key_value_groups": (heads // tp) // local_kv},
@@ -84,6 +82,8 @@ class LlamaModelPolicy(LlamaPolicy):
 
 class LlamaForCausalLMPolicy(LlamaPolicy):
     """``*ForCausalLM``: the base model plus a vocab-parallel ``lm_head``."""
+
+    supports_parallel_output = True  # vocab-split logits, vocab-parallel cross entropy
 
     def module_policy(self):
         from .modeling import causal_lm_forward

@@ -32,7 +32,7 @@ class HFViTPolicy(Policy):
         raise ValueError(f"{type(self.model).__name__}: no ViT layers (attention.q_proj, mlp.fc1) found")
 
     def _layer_cls(self) -> type:
-        (layer_cls,) = self.block_types()
+        layer_cls = self.block_type()
         return layer_cls
 
     def config_sanity_check(self) -> None:

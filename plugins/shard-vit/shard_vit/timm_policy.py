@@ -4,7 +4,8 @@ Per block: the packed ``attn.qkv`` is split *per head* (:class:`FusedLinear1D_Co
 holds its heads' rows of q, of k and of v, never a contiguous block of rows), ``attn.proj`` is
 row parallel; ``mlp.fc1`` column, ``mlp.fc2`` row parallel. Patch embedding, class and register
 tokens, position embeddings, norms, pooling ('token', 'avg', ...) and the head stay replicated.
-Attention dropout and the MLP's inner dropout draw from a per-rank random stream. Structural:
+Attention dropout and the MLP's inner dropout draw from a per-rank random stream, the projection
+dropout after ``attn.proj`` (on replicated activations) from the shared one. Structural:
 imports nothing from timm.
 """
 
@@ -50,11 +51,6 @@ class TimmViTPolicy(Policy):
             raise NotImplementedError(
                 f"{name}: {', '.join(unsupported)} inside attention/MLP is not supported under TP yet"
             )
-        if attn.attn_drop.p > 0 and attn.proj_drop.p > 0:
-            raise NotImplementedError(
-                f"{name}: attention dropout together with projection dropout (proj_drop_rate > 0) is not supported "
-                "under TP yet; set one of them to 0"
-            )
         self.require_divisible(attn.num_heads, self.tp_size, "num_heads", name)
         self.require_divisible(mlp.fc1.out_features, self.tp_size, "mlp hidden features", name)
 
@@ -65,6 +61,7 @@ class TimmViTPolicy(Policy):
             type(block): ModulePolicyDescription(
                 attribute_replacement={"attn.num_heads": attn.num_heads // tp, "attn.attn_dim": attn.attn_dim // tp},
                 sub_module_replacement=packed_attention("attn", attn.num_heads, attn.head_dim) + mlp("mlp"),
-                per_rank_rng=["attn", "mlp.drop1"],
+                per_rank_rng=["attn", "mlp.drop1"],  # dropout on this rank's heads / hidden units
+                shared_rng=["attn.proj_drop"],  # ... but proj_drop acts on the replicated output
             )
         }

@@ -96,3 +96,26 @@ def test_heads_not_divisible():
 def test_non_vit_timm_model_gets_no_policy_error():
     messages = run_on_ranks(2, _error, 2, "resnet18")
     assert all("No shardcore policy covers timm.models.resnet.ResNet" in m for m in messages), messages
+
+
+def _dropout_replicas(tp: int) -> list:
+    import torch
+    import torch.distributed as dist
+
+    import shardcore
+
+    torch.manual_seed(0)
+    model = timm_build("vit_small_patch16_224", depth=2, attn_drop_rate=0.3, proj_drop_rate=0.3).train()
+    model = shardcore.optimize(model, ShardConfig(tensor_parallel_size=tp))
+    with torch.no_grad():
+        features = model.forward_features(**timm_batch())  # replicated activations after every block
+    every = [torch.empty_like(features) for _ in range(tp)]
+    dist.all_gather(every, features)
+    return [torch.equal(e, every[0]) for e in every]
+
+
+def test_dropout_keeps_replicas_in_step():
+    """Attention and MLP-inner dropout draw per rank, the projection dropout after attn.proj (on
+    replicated activations) from the shared stream: the ranks' activations stay bit-identical."""
+    for same in run_on_ranks(2, _dropout_replicas, 2):
+        assert all(same)

@@ -92,7 +92,7 @@ class WhisperPolicy(Policy):
                 enter_tp_region=["self_attn"],
                 per_rank_rng=["self_attn", "encoder_attn"],
             )
-            decoder_stack = self._stacks()[-1]
+            decoder_stack = next(s for s in self._stacks() if isinstance(s.layers[0], decoder))
             policy[type(decoder_stack)] = ModulePolicyDescription(
                 sub_module_replacement=[vocab_embedding("embed_tokens", self.shard_config)]
             )
