@@ -96,6 +96,11 @@ def hidden_state_loss(*fields: str, seed: int = 1234) -> Callable[[Any], torch.T
     return loss
 
 
+def _declared_zero(name: str, zero_grads: tuple[str, ...]) -> bool:
+    """Whether parameter ``name`` matches a ``zero_grads`` pattern (gradient zero in exact arithmetic)."""
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in zero_grads)
+
+
 def _rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
     """``||actual - expected|| / ||expected||`` (``inf`` for a non-zero ``actual`` against exact zeros)."""
     norm = expected.double().norm().item()
@@ -120,7 +125,7 @@ def _check_grads(pairs, *, where: str, scale: float, rtol: float, floor: float, 
                 f"gradient of {name} ({where}): shape {tuple(grad.shape)} != unsharded {tuple(expected.shape)}"
             )
         norm = expected.double().norm().item()
-        if any(fnmatch.fnmatchcase(name, pattern) for pattern in zero_grads):
+        if _declared_zero(name, zero_grads):
             if not (norm <= floor * scale and grad.double().norm().item() <= floor * scale):
                 raise AssertionError(
                     f"gradient of {name} ({where}) was declared zero in exact arithmetic, but its norm is "
@@ -256,7 +261,7 @@ def assert_sharded_matches(
         def step_tolerance(name: str) -> float:
             # a gradient that is fp32 noise turns into AdamW steps of up to lr * noise / eps each,
             # different noise in the two runs: 10x the tolerance for parameters declared zero
-            return atol_step * (10 if any(fnmatch.fnmatchcase(name, p) for p in zero_grads) else 1)
+            return atol_step * (10 if _declared_zero(name, zero_grads) else 1)
 
         for name, full in shardcore.full_named_tensors(model):
             diff = (full - ref_params[name].detach()).abs().max().item()
