@@ -1,9 +1,23 @@
-"""The rank launcher: run functions on N spawned gloo ranks, kept alive between calls.
+"""The rank launcher: run functions on N worker processes in one process group, kept alive between calls.
 
 Spawning ranks costs seconds, so a :class:`RankPool` keeps ``world_size`` worker processes in one
-gloo process group and sends them work: the tests (:mod:`shardcore.testing`), the benchmarks and
-one-process launches use it. A function sent to the ranks must be defined at module level; it is
-found in the workers by module name or, failing that, by file path.
+process group (gloo; nccl for CUDA workers) and sends them work: the tests
+(:mod:`shardcore.testing`), the benchmarks and :func:`shardcore.parallelize` use it.
+
+How it differs from ``multiprocessing``, on purpose:
+
+* Workers are fresh interpreters (``python -c``) connected by a private socket pair; they never
+  import the caller's ``__main__``, so a script without an ``if __name__ == "__main__":`` guard
+  does not re-run itself in every worker. A function sent to the ranks is found by module name;
+  one defined in a ``__main__`` script is loaded from its file as ``__mp_main__`` (so the guard,
+  if present, skips the script body). If that body starts ranks itself (no guard), the worker
+  refuses with an error saying to add the guard: never a recursive spawn.
+* Tasks and results travel as plain pickles, tensors by value: no shared memory (``/dev/shm`` is
+  64 MB in many containers), no file descriptors passed between processes.
+* Workers sit in their own session, so Ctrl+C reaches the caller only; the caller then kills
+  them. A worker whose parent disappears exits within a second. A worker that dies makes the
+  current call (or the next) raise :class:`RankError` at once, naming the rank and its exit
+  signal, and the pool is closed; so is it when a rank does not answer in ``call_timeout``.
 """
 
 from __future__ import annotations
@@ -12,22 +26,39 @@ import atexit
 import contextlib
 import importlib
 import importlib.util
-import multiprocessing as mp
 import os
+import pickle
+import signal
 import socket
+import subprocess
 import sys
+import threading
+import time
 import traceback
+import weakref
 from collections.abc import Callable
 from datetime import timedelta
+from multiprocessing.connection import Connection, wait
 from typing import Any
-
-import torch
 
 __all__ = ["RankError", "RankPool", "close_pools", "run_on_ranks"]
 
+WORKER_ENV = "SHARDCORE_RANK_WORKER"
+_GUARD = (
+    "a shardcore rank worker was asked to start ranks itself: the script {script!r} starts ranks "
+    "(RankPool, run_on_ranks or shardcore.parallelize) at import time and a function it defines "
+    "was sent to the ranks, so the worker ran the script again. Put the code that starts ranks "
+    'under `if __name__ == "__main__":`, or define the function in an importable module.'
+)
 
-class RankError(AssertionError):
-    """A function failed on one or more ranks; the message carries each rank's traceback."""
+
+class RankError(RuntimeError):
+    """A call failed on one or more ranks: ``tracebacks`` maps each failing rank to its traceback
+    (or to why it gave no answer), and the message carries them all."""
+
+    def __init__(self, message: str, tracebacks: dict[int, str] | None = None) -> None:
+        super().__init__(message)
+        self.tracebacks = dict(tracebacks or {})
 
 
 def _free_port() -> int:
@@ -37,119 +68,285 @@ def _free_port() -> int:
 
 
 def _resolve(module_name: str, file: str | None, qualname: str) -> Callable:
-    module = sys.modules.get(module_name)
-    if module is None:
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError:
-            if file is None:
-                raise
-            spec = importlib.util.spec_from_file_location(module_name, file)
+    if module_name == "__main__":
+        # the caller's script: load it as ``__mp_main__`` (its guard, if any, skips the body)
+        module = sys.modules.get("__mp_main__")
+        if module is None:
+            if not file or not os.path.isfile(file):
+                raise RuntimeError(
+                    f"{qualname} is defined in an interactive session or notebook, which the ranks cannot "
+                    "import; define it in a module (a .py file on sys.path) and import it from there"
+                )
+            spec = importlib.util.spec_from_file_location("__mp_main__", file)
             module = importlib.util.module_from_spec(spec)
-            sys.modules[module_name] = module
-            spec.loader.exec_module(module)
+            sys.modules["__mp_main__"] = module
+            try:
+                spec.loader.exec_module(module)
+            except BaseException:
+                del sys.modules["__mp_main__"]
+                raise
+    else:
+        module = sys.modules.get(module_name)
+        if module is None:
+            try:
+                module = importlib.import_module(module_name)
+            except ImportError:
+                if file is None:
+                    raise
+                spec = importlib.util.spec_from_file_location(module_name, file)
+                module = importlib.util.module_from_spec(spec)
+                sys.modules[module_name] = module
+                spec.loader.exec_module(module)
     obj: Any = module
     for part in qualname.split("."):
         obj = getattr(obj, part)
     return obj
 
 
-def _worker(rank: int, world_size: int, port: int, conn, timeout_s: float, threads: int) -> None:
+def _watch_parent(parent: int) -> None:
+    while True:
+        time.sleep(0.5)
+        if os.getppid() != parent:
+            os._exit(1)
+
+
+def _worker_main() -> None:
+    """Entry point of a worker process (``python -c``); its settings come in the environment."""
+    import torch
     import torch.distributed as dist
 
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        RANK=str(rank),
-        WORLD_SIZE=str(world_size),
-        LOCAL_RANK=str(rank),
-        LOCAL_WORLD_SIZE=str(world_size),
-    )
-    torch.set_num_threads(threads)
-    dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s))
+    conn = Connection(int(os.environ.pop("SHARDCORE_RANK_FD")))
+    parent = int(os.environ.pop("SHARDCORE_RANK_PARENT"))
+    threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
+    sys.path[:] = pickle.loads(conn.recv_bytes())
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    backend, timeout_s = os.environ.pop("SHARDCORE_RANK_BACKEND"), float(os.environ.pop("SHARDCORE_RANK_TIMEOUT"))
+    torch.set_num_threads(int(os.environ.pop("SHARDCORE_RANK_THREADS")))
+    if backend == "nccl":
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+    dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s))
     while True:
         try:
-            task = conn.recv()
-        except EOFError:
+            message = conn.recv_bytes()
+        except (EOFError, OSError):
             break
+        try:
+            task = pickle.loads(message)
+        except BaseException:
+            conn.send_bytes(pickle.dumps(("err", traceback.format_exc())))
+            continue
         if task is None:
             break
         module_name, file, qualname, args, kwargs = task
         try:
             result = ("ok", _resolve(module_name, file, qualname)(*args, **kwargs))
+            payload = pickle.dumps(result)
         except BaseException:  # report everything, including assertion failures
-            result = ("err", traceback.format_exc())
-        conn.send(result)
+            payload = pickle.dumps(("err", traceback.format_exc()))
+        conn.send_bytes(payload)
     with contextlib.suppress(Exception):
         dist.destroy_process_group()
 
 
-class RankPool:
-    """``world_size`` spawned processes in one gloo process group, kept alive between calls."""
+def _describe_exit(code: int | None) -> str:
+    if code is None:
+        return "still running"
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"killed by {signal.Signals(-code).name}"
+    return f"exit code {code}"
 
-    def __init__(self, world_size: int, *, timeout_s: float = 300.0, threads: int | None = None) -> None:
+
+class RankPool:
+    """``world_size`` worker processes in one process group, kept alive between calls.
+
+    ``timeout_s`` bounds each collective (the process group's timeout); ``call_timeout`` bounds a
+    whole :meth:`run` (default ``timeout_s + 30``; ``None``: no bound, a dead worker is still
+    noticed at once). Once a rank has failed, the others get ``error_grace`` seconds to answer
+    (they may be waiting in a collective the failed rank never joins). ``backend="nccl"`` gives
+    worker ``r`` the CUDA device ``r``. ``quiet=True`` discards the output of every worker but
+    the first (their warnings repeat its own; failures still come back as tracebacks).
+    """
+
+    def __init__(
+        self,
+        world_size: int,
+        *,
+        timeout_s: float = 300.0,
+        threads: int | None = None,
+        backend: str = "gloo",
+        call_timeout: float | None | str = "default",
+        error_grace: float = 10.0,
+        quiet: bool = False,
+    ) -> None:
+        if os.environ.get(WORKER_ENV):
+            main = sys.modules.get("__mp_main__")
+            raise RuntimeError(_GUARD.format(script=getattr(main, "__file__", "__main__")))
+        if world_size < 1:
+            raise ValueError(f"world_size must be at least 1, got {world_size}")
         self.world_size = world_size
         self.timeout_s = timeout_s
+        self.call_timeout = timeout_s + 30 if call_timeout == "default" else call_timeout
+        self.error_grace = error_grace
         threads = threads or max(1, (os.cpu_count() or 1) // world_size)
-        ctx = mp.get_context("spawn")
         port = _free_port()
-        self._conns, self._procs = [], []
-        for rank in range(world_size):
-            parent, child = ctx.Pipe()
-            proc = ctx.Process(target=_worker, args=(rank, world_size, port, child, timeout_s, threads), daemon=True)
-            proc.start()
-            child.close()
-            self._conns.append(parent)
-            self._procs.append(proc)
+        self._conns: list[Connection] = []
+        self._procs: list[subprocess.Popen] = []
+        path = pickle.dumps([os.path.abspath(p) if p else os.getcwd() for p in sys.path])
+        here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        try:
+            for rank in range(world_size):
+                parent_sock, child_sock = socket.socketpair()
+                env = dict(
+                    os.environ,
+                    MASTER_ADDR="127.0.0.1",
+                    MASTER_PORT=str(port),
+                    RANK=str(rank),
+                    WORLD_SIZE=str(world_size),
+                    LOCAL_RANK=str(rank),
+                    LOCAL_WORLD_SIZE=str(world_size),
+                    PYTHONPATH=os.pathsep.join([here, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]),
+                    SHARDCORE_RANK_FD=str(child_sock.fileno()),
+                    SHARDCORE_RANK_PARENT=str(os.getpid()),
+                    SHARDCORE_RANK_BACKEND=backend,
+                    SHARDCORE_RANK_TIMEOUT=str(timeout_s),
+                    SHARDCORE_RANK_THREADS=str(threads),
+                    **{WORKER_ENV: "1"},
+                )
+                proc = subprocess.Popen(
+                    [sys.executable, "-c", "from shardcore.distributed.launcher import _worker_main; _worker_main()"],
+                    env=env,
+                    pass_fds=(child_sock.fileno(),),
+                    start_new_session=True,  # Ctrl+C reaches the caller, which then stops the workers
+                    stdout=subprocess.DEVNULL if quiet and rank else None,
+                    stderr=subprocess.DEVNULL if quiet and rank else None,
+                )
+                child_sock.close()
+                conn = Connection(parent_sock.detach())
+                self._conns.append(conn)
+                self._procs.append(proc)
+                conn.send_bytes(path)
+        except BaseException:
+            self.close(force=True)
+            raise
+        _LIVE.add(self)
 
     @property
     def alive(self) -> bool:
-        return all(p.is_alive() for p in self._procs)
+        return bool(self._procs) and all(p.poll() is None for p in self._procs)
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self._procs]
 
     def run(self, fn: Callable, *args, **kwargs) -> list[Any]:
         """Run ``fn(*args, **kwargs)`` on every rank; return the results in rank order.
 
-        Raises :class:`RankError` with every failing rank's traceback. After a failure the pool
-        is closed (a rank may be stuck in a collective), and the next call gets a fresh one.
+        Raises :class:`RankError` with every failing rank's traceback. When every rank answered
+        (some with an error) the pool stays usable; when a rank died or gave no answer in time,
+        the pool is closed (the others may be stuck in a collective) and :attr:`alive` is false.
+        Ctrl+C (``KeyboardInterrupt``) closes the pool and is re-raised.
         """
+        if not self._procs:
+            raise RankError(f"the {self.world_size}-rank pool is closed")
         file = getattr(getattr(fn, "__code__", None), "co_filename", None)
-        task = (fn.__module__, file, fn.__qualname__, args, kwargs)
-        for conn in self._conns:
-            conn.send(task)
-        results, errors = [], []
-        for rank, conn in enumerate(self._conns):
-            if not conn.poll(self.timeout_s + 30):
-                errors.append(f"rank {rank}: no answer within {self.timeout_s + 30:.0f} s")
-                results.append(None)
-                continue
+        try:
+            task = pickle.dumps((fn.__module__, file, fn.__qualname__, args, kwargs))
+        except Exception as err:
+            raise TypeError(f"cannot send {fn.__qualname__} and its arguments to the ranks: {err}") from err
+        try:
+            return self._run(fn.__qualname__, task)
+        except KeyboardInterrupt:
+            self.close(force=True)
+            raise
+
+    def _run(self, name: str, task: bytes) -> list[Any]:
+        results: list[Any] = [None] * self.world_size
+        errors: dict[int, str] = {}
+        pending = dict(enumerate(self._conns))
+        for rank, conn in list(pending.items()):
             try:
-                status, value = conn.recv()
-            except EOFError:
-                errors.append(f"rank {rank}: worker died (exit code {self._procs[rank].exitcode})")
-                results.append(None)
-                continue
-            if status == "err":
-                errors.append(f"rank {rank}:\n{value}")
-            results.append(value)
+                conn.send_bytes(task)
+            except OSError:
+                errors[rank] = f"worker died ({_describe_exit(self._procs[rank].poll())})"
+                del pending[rank]
+        deadline = None if self.call_timeout is None else time.monotonic() + self.call_timeout
+        broken = bool(errors)
+        first_error = None
+        while pending and not broken:
+            for conn in wait(list(pending.values()), timeout=0.5):
+                rank = self._conns.index(conn)
+                del pending[rank]
+                try:
+                    status, value = pickle.loads(conn.recv_bytes())
+                except (EOFError, OSError):
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        self._procs[rank].wait(timeout=5)
+                    errors[rank] = f"worker died ({_describe_exit(self._procs[rank].poll())})"
+                    broken = True
+                    continue
+                if status == "err":
+                    errors[rank] = value
+                results[rank] = value
+            for rank in list(pending):
+                if self._procs[rank].poll() is not None:
+                    errors[rank] = f"worker died ({_describe_exit(self._procs[rank].poll())})"
+                    del pending[rank]
+                    broken = True
+            if pending and deadline is not None and time.monotonic() > deadline:
+                for rank in pending:
+                    errors[rank] = f"no answer within {self.call_timeout:.0f} s"
+                broken = True
+            if pending and errors and not broken:
+                first_error = first_error or time.monotonic()
+                if time.monotonic() - first_error > self.error_grace:
+                    for rank in pending:
+                        errors[rank] = (
+                            f"no answer {self.error_grace:.0f} s after another rank failed "
+                            "(waiting in a collective the failed rank never joined)"
+                        )
+                    broken = True
+        if broken:
+            for rank in pending:
+                errors.setdefault(rank, "stopped: another rank failed, this one was still running")
+            self.close(force=True)
         if errors:
-            self.close()
+            state = "the pool is closed" if broken else "the pool is still usable"
             raise RankError(
-                f"{fn.__qualname__} failed on {len(errors)} of {self.world_size} ranks:\n" + "\n".join(errors)
+                f"{name} failed on {len(errors)} of {self.world_size} ranks ({state}):\n"
+                + "\n".join(f"rank {r}: {errors[r]}" for r in sorted(errors)),
+                errors,
             )
         return results
 
-    def close(self) -> None:
+    def close(self, *, force: bool = False) -> None:
+        """Stop the workers (asking first unless ``force``; killing any that do not stop in 5 s)
+        and reap them: no process of the pool remains after it returns."""
+        if not force:
+            for conn in self._conns:
+                with contextlib.suppress(Exception):
+                    conn.send_bytes(pickle.dumps(None))
+        end = time.monotonic() + (0 if force else 5)
+        for proc in self._procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=max(0.0, end - time.monotonic()))
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
         for conn in self._conns:
             with contextlib.suppress(Exception):
-                conn.send(None)
-        for proc in self._procs:
-            proc.join(timeout=5)
-            if proc.is_alive():
-                proc.kill()
+                conn.close()
         self._procs.clear()
         self._conns.clear()
 
+    def __enter__(self) -> RankPool:
+        return self
 
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+_LIVE: weakref.WeakSet[RankPool] = weakref.WeakSet()
 _POOLS: dict[int, RankPool] = {}
 
 
@@ -161,12 +358,13 @@ def run_on_ranks(world_size: int, fn: Callable, *args, **kwargs) -> list[Any]:
     try:
         return pool.run(fn, *args, **kwargs)
     finally:
-        if not pool.alive or not pool._procs:
+        if not pool.alive:
             _POOLS.pop(world_size, None)
 
 
 @atexit.register
 def close_pools() -> None:
-    """Shut every cached pool down (also run at interpreter exit)."""
-    while _POOLS:
-        _POOLS.popitem()[1].close()
+    """Shut every pool down (run at interpreter exit too)."""
+    _POOLS.clear()
+    for pool in list(_LIVE):
+        pool.close()
