@@ -7,6 +7,7 @@ from .checkpoint import CheckpointError, load_checkpoint, load_distributed, save
 from .config import ShardConfig
 from .distributed import ParallelLayout
 from .hookspecs import hookimpl
+from .inference import ParallelModel, parallelize
 from .layers.parallel_module import ParallelModule
 from .plugins import NoPolicyError
 from .policy import ModulePolicyDescription, Policy, SubModuleReplacementDescription
@@ -20,6 +21,7 @@ __all__ = [
     "ModulePolicyDescription",
     "NoPolicyError",
     "ParallelLayout",
+    "ParallelModel",
     "ParallelModule",
     "Policy",
     "ShardConfig",
@@ -30,6 +32,7 @@ __all__ = [
     "load_checkpoint",
     "load_distributed",
     "optimize",
+    "parallelize",
     "resolve_policy",
     "save_checkpoint",
     "save_distributed",

@@ -8,10 +8,11 @@ How it differs from ``multiprocessing``, on purpose:
 
 * Workers are fresh interpreters (``python -c``) connected by a private socket pair; they never
   import the caller's ``__main__``, so a script without an ``if __name__ == "__main__":`` guard
-  does not re-run itself in every worker. A function sent to the ranks is found by module name;
-  one defined in a ``__main__`` script is loaded from its file as ``__mp_main__`` (so the guard,
-  if present, skips the script body). If that body starts ranks itself (no guard), the worker
-  refuses with an error saying to add the guard: never a recursive spawn.
+  does not re-run itself in every worker. Functions and classes sent to the ranks are found by
+  module name; only when one was defined in the caller's ``__main__`` script is that script
+  loaded, from its file, as ``__mp_main__`` (so the guard, if present, skips the script body).
+  If that body starts ranks itself (no guard), the worker refuses with an error saying to add
+  the guard: never a recursive spawn.
 * Tasks and results travel as plain pickles, tensors by value: no shared memory (``/dev/shm`` is
   64 MB in many containers), no file descriptors passed between processes.
 * Workers sit in their own session, so Ctrl+C reaches the caller only; the caller then kills
@@ -46,9 +47,10 @@ __all__ = ["RankError", "RankPool", "close_pools", "run_on_ranks"]
 WORKER_ENV = "SHARDCORE_RANK_WORKER"
 _GUARD = (
     "a shardcore rank worker was asked to start ranks itself: the script {script!r} starts ranks "
-    "(RankPool, run_on_ranks or shardcore.parallelize) at import time and a function it defines "
-    "was sent to the ranks, so the worker ran the script again. Put the code that starts ranks "
-    'under `if __name__ == "__main__":`, or define the function in an importable module.'
+    "(RankPool, run_on_ranks or shardcore.parallelize) at import time and a function or class it "
+    "defines was sent to the ranks, so the worker ran the script to find it. Put the code that "
+    'starts ranks under `if __name__ == "__main__":`, or define the function or class in an '
+    "importable module."
 )
 
 
@@ -67,40 +69,68 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _resolve(module_name: str, file: str | None, qualname: str) -> Callable:
-    if module_name == "__main__":
-        # the caller's script: load it as ``__mp_main__`` (its guard, if any, skips the body)
-        module = sys.modules.get("__mp_main__")
-        if module is None:
-            if not file or not os.path.isfile(file):
-                raise RuntimeError(
-                    f"{qualname} is defined in an interactive session or notebook, which the ranks cannot "
-                    "import; define it in a module (a .py file on sys.path) and import it from there"
-                )
-            spec = importlib.util.spec_from_file_location("__mp_main__", file)
-            module = importlib.util.module_from_spec(spec)
-            sys.modules["__mp_main__"] = module
-            try:
-                spec.loader.exec_module(module)
-            except BaseException:
-                del sys.modules["__mp_main__"]
-                raise
-    else:
-        module = sys.modules.get(module_name)
-        if module is None:
-            try:
-                module = importlib.import_module(module_name)
-            except ImportError:
-                if file is None:
-                    raise
-                spec = importlib.util.spec_from_file_location(module_name, file)
-                module = importlib.util.module_from_spec(spec)
-                sys.modules[module_name] = module
-                spec.loader.exec_module(module)
-    obj: Any = module
+_MAIN_FILE: str | None = None  # in a worker: the caller's ``__main__`` script, if it has a file
+_SCRIPT = None  # in a worker: that script, once loaded as ``__mp_main__``
+
+
+def _script_module():
+    """The caller's ``__main__`` script, loaded as ``__mp_main__`` (its guard, if any, skips the body)."""
+    global _SCRIPT
+    if _SCRIPT is None:
+        if not _MAIN_FILE or not os.path.isfile(_MAIN_FILE):
+            raise RuntimeError(
+                "a function or class defined in an interactive session or notebook was sent to the ranks, "
+                "which cannot import it; define it in a module (a .py file on sys.path) and import it from there"
+            )
+        spec = importlib.util.spec_from_file_location("__mp_main__", _MAIN_FILE)
+        module = importlib.util.module_from_spec(spec)
+        previous = sys.modules.get("__mp_main__")  # multiprocessing aliases it to the worker's __main__
+        sys.modules["__mp_main__"] = module
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            sys.modules["__mp_main__"] = previous
+            raise
+        _SCRIPT = module
+    return _SCRIPT
+
+
+def _lookup(obj: Any, qualname: str) -> Any:
     for part in qualname.split("."):
         obj = getattr(obj, part)
     return obj
+
+
+class _Unpickler(pickle.Unpickler):
+    """Finds what the caller pickled from its ``__main__`` in its script (see :func:`_script_module`)."""
+
+    def find_class(self, module: str, name: str):
+        if module == "__main__":
+            return _lookup(_script_module(), name)
+        return super().find_class(module, name)
+
+
+def _loads(data: bytes):
+    import io
+
+    return _Unpickler(io.BytesIO(data)).load()
+
+
+def _resolve(module_name: str, file: str | None, qualname: str) -> Callable:
+    if module_name == "__main__":
+        return _lookup(_script_module(), qualname)
+    module = sys.modules.get(module_name)
+    if module is None:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            if file is None:
+                raise
+            spec = importlib.util.spec_from_file_location(module_name, file)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[module_name] = module
+            spec.loader.exec_module(module)
+    return _lookup(module, qualname)
 
 
 def _watch_parent(parent: int) -> None:
@@ -118,7 +148,8 @@ def _worker_main() -> None:
     conn = Connection(int(os.environ.pop("SHARDCORE_RANK_FD")))
     parent = int(os.environ.pop("SHARDCORE_RANK_PARENT"))
     threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
-    sys.path[:] = pickle.loads(conn.recv_bytes())
+    global _MAIN_FILE
+    sys.path[:], _MAIN_FILE = pickle.loads(conn.recv_bytes())
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     backend, timeout_s = os.environ.pop("SHARDCORE_RANK_BACKEND"), float(os.environ.pop("SHARDCORE_RANK_TIMEOUT"))
     torch.set_num_threads(int(os.environ.pop("SHARDCORE_RANK_THREADS")))
@@ -131,7 +162,7 @@ def _worker_main() -> None:
         except (EOFError, OSError):
             break
         try:
-            task = pickle.loads(message)
+            task = _loads(message)
         except BaseException:
             conn.send_bytes(pickle.dumps(("err", traceback.format_exc())))
             continue
@@ -175,13 +206,12 @@ class RankPool:
         timeout_s: float = 300.0,
         threads: int | None = None,
         backend: str = "gloo",
-        call_timeout: float | None | str = "default",
+        call_timeout: float | str | None = "default",
         error_grace: float = 10.0,
         quiet: bool = False,
     ) -> None:
         if os.environ.get(WORKER_ENV):
-            main = sys.modules.get("__mp_main__")
-            raise RuntimeError(_GUARD.format(script=getattr(main, "__file__", "__main__")))
+            raise RuntimeError(_GUARD.format(script=_MAIN_FILE or "__main__"))
         if world_size < 1:
             raise ValueError(f"world_size must be at least 1, got {world_size}")
         self.world_size = world_size
@@ -192,7 +222,10 @@ class RankPool:
         port = _free_port()
         self._conns: list[Connection] = []
         self._procs: list[subprocess.Popen] = []
-        path = pickle.dumps([os.path.abspath(p) if p else os.getcwd() for p in sys.path])
+        main_file = getattr(sys.modules.get("__main__"), "__file__", None)
+        setup = pickle.dumps(
+            ([os.path.abspath(p) if p else os.getcwd() for p in sys.path], main_file and os.path.abspath(main_file))
+        )
         here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         try:
             for rank in range(world_size):
@@ -205,7 +238,9 @@ class RankPool:
                     WORLD_SIZE=str(world_size),
                     LOCAL_RANK=str(rank),
                     LOCAL_WORLD_SIZE=str(world_size),
-                    PYTHONPATH=os.pathsep.join([here, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]),
+                    PYTHONPATH=os.pathsep.join(
+                        [here, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+                    ),
                     SHARDCORE_RANK_FD=str(child_sock.fileno()),
                     SHARDCORE_RANK_PARENT=str(os.getpid()),
                     SHARDCORE_RANK_BACKEND=backend,
@@ -225,7 +260,7 @@ class RankPool:
                 conn = Connection(parent_sock.detach())
                 self._conns.append(conn)
                 self._procs.append(proc)
-                conn.send_bytes(path)
+                conn.send_bytes(setup)
         except BaseException:
             self.close(force=True)
             raise

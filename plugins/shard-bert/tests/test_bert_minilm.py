@@ -51,3 +51,22 @@ def test_minilm_sentence_embeddings_match(tp):
 
     diffs = run_on_ranks(tp, _embeddings, tp, minilm_dir())
     assert max(diffs) <= 1e-5
+
+
+def test_minilm_through_parallelize_from_its_directory():
+    """shardcore.parallelize from this plain process, from the pretrained directory: the
+    unsharded sentence embeddings within 1e-5."""
+    from transformers import AutoTokenizer, BertModel
+
+    import shardcore
+
+    path = minilm_dir()
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    batch = dict(tokenizer(SENTENCES, padding=True, return_tensors="pt"))
+    reference = BertModel.from_pretrained(path).eval()
+    with shardcore.parallelize(path, world_size=2) as handle:
+        got = mean_pooled(handle, batch)
+    with torch.no_grad():
+        want = mean_pooled(reference, batch)
+    diff = (got - want).abs().max().item()
+    assert diff <= 1e-5, f"max abs diff of sentence embeddings {diff:.3g} > 1e-5"

@@ -1,0 +1,46 @@
+"""shardcore.parallelize from this (plain, non-torchrun) process: a GQA Llama at world_size 2, from
+a save_pretrained directory and from the in-memory module, against the unsharded model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from llama_cases import build, lm_batch
+
+import shardcore
+from shardcore.testing import assert_generate_matches
+
+GEN = {"max_new_tokens": 16, "do_sample": False, "use_cache": True, "pad_token_id": 0}
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    torch.manual_seed(0)
+    model = build("LlamaForCausalLM", kv=2, vocab=1001, initializer_range=0.1).eval()  # 4 heads, 2 KV heads
+    path = tmp_path_factory.mktemp("llama")
+    model.save_pretrained(path)
+    return model, path
+
+
+@pytest.mark.parametrize("source", ["path", "module"])
+def test_forward_and_generate_match_unsharded(reference, source):
+    model, path = reference
+    batch = lm_batch(1001, seed=3)
+    with shardcore.parallelize(path if source == "path" else model, world_size=2) as handle:
+        assert handle.config.num_key_value_heads == 2 and handle.config.num_attention_heads == 4
+        out = handle(**batch)
+        with torch.no_grad():
+            want = model(**batch)
+        assert type(out) is type(want)
+        # split matmuls sum in another order: a few ulps of O(1-10) logits
+        torch.testing.assert_close(out.logits, want.logits, rtol=0, atol=1e-5)
+        torch.testing.assert_close(out.loss, want.loss, rtol=1e-6, atol=0)
+        assert out.past_key_values is None  # each worker's cache holds its own KV heads only
+        for beams in (1, 4):  # greedy and beam search: the same tokens, step by step the same scores
+            ids = dict(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+            tokens = assert_generate_matches(model, handle, **ids, num_beams=beams, **GEN)
+            assert tokens.shape == (2, 12 + 16)
+        plain = handle.generate(batch["input_ids"], attention_mask=batch["attention_mask"], **GEN)
+        assert torch.equal(plain, model.generate(batch["input_ids"], attention_mask=batch["attention_mask"], **GEN))
+        pids = handle.pids
+    assert handle.closed and len(pids) == 2

@@ -1,0 +1,335 @@
+"""One-call tensor-parallel inference from a plain process: :func:`parallelize`.
+
+No torchrun: :func:`parallelize` starts ``world_size`` workers (the project's
+:class:`~shardcore.distributed.RankPool`), each builds the model on the meta device, shards it
+with :func:`shardcore.optimize` and reads only its own slices with
+:func:`shardcore.load_checkpoint`. The returned :class:`ParallelModel` is called like the model.
+
+* From a **directory** (``config.json`` + safetensors, what ``from_pretrained`` reads): the class
+  is the config's ``architectures[0]`` from ``transformers``; no process ever holds the whole
+  model (the caller reads only ``config.json``).
+* From an **in-memory module**: the caller writes it once to a temporary safetensors checkpoint
+  (tensor by tensor) and sends each worker the module's *structure*: a pickle in which every
+  parameter and persistent buffer is an empty meta tensor (a few kB to a few MB). Workers load
+  their slices from the file, which is deleted once they hold them. Nothing goes through shared
+  memory.
+
+Each call sends the arguments to every worker and returns the first worker's result, moved to
+the CPU. What is split over the workers is not returned as if it were whole: ``past_key_values``
+(the cache holds each worker's heads only) comes back as ``None``, and ``output_attentions=True``
+is refused. Failures: see :class:`~shardcore.distributed.RankPool` (a worker's exception is
+raised in the caller with its traceback; a dead worker closes the handle; Ctrl+C stops them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import pickle
+import shutil
+import tempfile
+import time
+import uuid
+import weakref
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .config import ShardConfig
+from .distributed.launcher import RankError, RankPool, _loads
+from .distributed.layout import ParallelLayout
+
+__all__ = ["ParallelModel", "parallelize"]
+
+logger = logging.getLogger(__name__)
+
+_MODELS: dict[str, nn.Module] = {}  # in each worker: the sharded models of the handles it serves
+_STRIPPED = ("past_key_values",)  # output fields that hold one worker's heads only
+
+
+# ----------------------------------------------------------------------------- caller side
+
+
+def parallelize(
+    model_or_path: nn.Module | str | os.PathLike,
+    world_size: int,
+    *,
+    config: ShardConfig | None = None,
+    policy=None,
+    dtype: torch.dtype | None = None,
+    device: str | torch.device | None = None,
+    timeout_s: float = 300.0,
+) -> ParallelModel:
+    """Shard ``model_or_path`` over ``world_size`` new worker processes; return a model-like handle.
+
+    ``config`` defaults to ``ShardConfig(tensor_parallel_size=world_size)``; ``policy`` overrides
+    the plugin's (it is pickled to the workers). ``dtype``: the weights' dtype in the workers
+    (default: the checkpoint's as the config records it, else float32; for a module, its own).
+    ``device``: ``None``/``"cpu"`` (gloo), or ``"cuda"`` (worker ``r`` on ``cuda:r``, nccl).
+    ``timeout_s`` bounds each collective. Every argument is checked before a process starts.
+    """
+    if not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"parallelize: world_size must be a positive int, got {world_size!r}")
+    config = ShardConfig(tensor_parallel_size=world_size) if config is None else config
+    try:  # a layout that does not fit fails here, not in N workers
+        ParallelLayout.from_config(config, world_size)
+    except ValueError as err:
+        raise ValueError(
+            f"parallelize(world_size={world_size}): the config does not fit: {str(err).split(';')[0]}; "
+            "pass a world_size equal to the product of the config's parallel degrees"
+        ) from None
+    device = torch.device(device or "cpu")
+    if device.type == "cuda" and torch.cuda.device_count() < world_size:
+        raise ValueError(
+            f"parallelize: device='cuda' with world_size={world_size} needs {world_size} CUDA devices, "
+            f"this machine has {torch.cuda.device_count()}"
+        )
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"parallelize: device must be 'cpu' or 'cuda', got {str(device)!r}")
+
+    start = time.perf_counter()
+    cleanup = None
+    if isinstance(model_or_path, nn.Module):
+        model = model_or_path
+        hf_config = getattr(model, "config", None)
+        structure = _structure(model, dtype)
+        cleanup = tempfile.mkdtemp(prefix="shardcore-parallelize-")
+        try:
+            from .checkpoint import save_checkpoint
+
+            save_checkpoint(model, cleanup)
+        except BaseException:
+            shutil.rmtree(cleanup, ignore_errors=True)
+            raise
+        source = {"checkpoint": cleanup, "structure": structure}
+    else:
+        path = Path(model_or_path)
+        hf_config, arch = _read_config(path)
+        from .checkpoint.safetensors_io import weight_map
+
+        weight_map(path)  # no safetensors here: the CheckpointError names the directory
+        source = {"checkpoint": str(path), "architecture": arch}
+
+    pool = None
+    try:
+        pool = RankPool(
+            world_size,
+            timeout_s=timeout_s,
+            backend="nccl" if device.type == "cuda" else "gloo",
+            call_timeout=None,
+            quiet=True,
+        )
+        key = uuid.uuid4().hex
+        pool.run(_build, key, source, config, policy, dtype, device.type)
+    except BaseException:
+        if pool is not None:
+            pool.close(force=True)
+        raise
+    finally:
+        if cleanup is not None:
+            shutil.rmtree(cleanup, ignore_errors=True)
+    logger.info("parallelize: %d workers ready in %.1f s", world_size, time.perf_counter() - start)
+    return ParallelModel(pool, key, hf_config)
+
+
+class ParallelModel:
+    """A model sharded over worker processes, used like the model for inference.
+
+    ``handle(**inputs)``/``handle.forward(...)`` and ``handle.generate(...)`` take the model's
+    arguments and return its objects (tensors on the CPU). ``config`` is the model's config.
+    A context manager; :meth:`close` (also at garbage collection and interpreter exit) stops and
+    reaps every worker. After a worker died, every call raises :class:`RankError`.
+    """
+
+    def __init__(self, pool: RankPool, key: str, config) -> None:
+        self._pool = pool
+        self._key = key
+        self.config = config
+        self.world_size = pool.world_size
+        self._finalizer = weakref.finalize(self, pool.close)
+
+    @property
+    def pids(self) -> list[int]:
+        """The worker processes' ids (empty once closed)."""
+        return self._pool.pids
+
+    @property
+    def closed(self) -> bool:
+        return not self._pool.alive
+
+    def _call(self, method: str, args: tuple, kwargs: dict) -> Any:
+        if not self._pool.alive:
+            raise RankError(
+                f"this ParallelModel is closed (a worker died, did not answer, or close() was called); "
+                f"create a new one with shardcore.parallelize. Workers alive: {self._pool.alive}"
+            )
+        if kwargs.get("output_attentions"):
+            raise ValueError(
+                "output_attentions=True is not supported through parallelize: each worker holds the "
+                "attention weights of its own heads only"
+            )
+        return self._pool.run(_call, self._key, method, args, kwargs)[0]
+
+    def __call__(self, *args, **kwargs) -> Any:
+        return self._call("__call__", args, kwargs)
+
+    def forward(self, *args, **kwargs) -> Any:
+        return self._call("forward", args, kwargs)
+
+    def generate(self, *args, **kwargs) -> Any:
+        return self._call("generate", args, kwargs)
+
+    def close(self) -> None:
+        """Stop the workers; no process of this handle remains when it returns. Idempotent."""
+        self._finalizer()
+
+    def __enter__(self) -> ParallelModel:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        name = type(self.config).__name__ if self.config is not None else "model"
+        state = "closed" if self.closed else f"pids {self.pids}"
+        return f"ParallelModel({name}, world_size={self.world_size}, {state})"
+
+
+def _read_config(path: Path):
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(
+            f"parallelize: {str(path)!r} is not a model directory (no config.json); pass a directory "
+            "save_pretrained wrote, or the model itself"
+        )
+    archs = json.loads((path / "config.json").read_text()).get("architectures") or []
+    if not archs:
+        raise ValueError(
+            f"parallelize: {path / 'config.json'} names no architectures, so the model class is unknown; "
+            "build the model and pass it instead of the path"
+        )
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(path), archs[0]
+
+
+class _MetaPickler(pickle.Pickler):
+    """Pickles a module with its parameters and persistent buffers as empty meta tensors."""
+
+    def __init__(self, file, held: dict[int, bool], dtype: torch.dtype | None) -> None:
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self._held, self._dtype = held, dtype
+
+    def reducer_override(self, obj):
+        if isinstance(obj, torch.Tensor) and id(obj) in self._held:
+            dtype = self._dtype if (self._dtype is not None and obj.is_floating_point()) else obj.dtype
+            return _meta_tensor, (tuple(obj.shape), dtype, self._held[id(obj)], obj.requires_grad)
+        return NotImplemented
+
+
+def _meta_tensor(shape, dtype, is_param: bool, requires_grad: bool) -> torch.Tensor:
+    t = torch.empty(shape, dtype=dtype, device="meta")
+    return nn.Parameter(t, requires_grad=requires_grad) if is_param else t
+
+
+def _structure(model: nn.Module, dtype: torch.dtype | None) -> bytes:
+    held = {id(p): True for p in model.parameters()}
+    persistent = set(model.state_dict(keep_vars=True))
+    held.update({id(b): False for name, b in model.named_buffers() if name in persistent})
+    import io
+
+    buf = io.BytesIO()
+    try:
+        _MetaPickler(buf, held, dtype).dump(model)
+    except Exception as err:
+        raise TypeError(
+            f"parallelize: cannot send the structure of {type(model).__name__} to the workers ({err}); "
+            "save it with save_pretrained(directory) (or shardcore.save_checkpoint) and pass the directory"
+        ) from err
+    return buf.getvalue()
+
+
+# ----------------------------------------------------------------------------- worker side
+
+
+def _build(key: str, source: Mapping, config: ShardConfig, policy, dtype, device_type: str) -> None:
+    import torch.distributed as dist
+
+    from .checkpoint import load_checkpoint
+    from .sharder import optimize
+
+    if "structure" in source:
+        model = _loads(source["structure"])  # classes of the caller's script found there
+    else:
+        import transformers
+        from transformers import AutoConfig
+
+        hf_config = AutoConfig.from_pretrained(source["checkpoint"])
+        cls = getattr(transformers, source["architecture"], None)
+        if cls is None:
+            raise ValueError(
+                f"config.json names the architecture {source['architecture']!r}, which transformers "
+                f"{transformers.__version__} does not have; build the model and pass it instead"
+            )
+        dtype = dtype or _config_dtype(hf_config)
+        with torch.device("meta"):
+            model = cls._from_config(hf_config)
+        if dtype is not None:
+            model.to(dtype)  # meta tensors: no memory moves
+    model = optimize(model.eval(), config, policy=policy)
+    device = torch.device("cuda", torch.cuda.current_device()) if device_type == "cuda" else torch.device("cpu")
+    load_checkpoint(model, source["checkpoint"], device=device, progress=False)
+    _MODELS[key] = model.eval()
+    dist.barrier()  # every worker holds its slices before the caller deletes a temporary checkpoint
+
+
+def _config_dtype(hf_config) -> torch.dtype | None:
+    value = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
+    if isinstance(value, str):
+        value = getattr(torch, value, None)
+    return value if isinstance(value, torch.dtype) else None
+
+
+def _call(key: str, method: str, args: tuple, kwargs: dict) -> Any:
+    import torch.distributed as dist
+
+    model = _MODELS[key]
+    device = next(model.parameters()).device
+    args, kwargs = _move(args, device), _move(kwargs, device)
+    with torch.no_grad():
+        out = getattr(model, method)(*args, **kwargs)
+    if dist.get_rank() != 0:
+        return None
+    return _strip(_move(out, torch.device("cpu")))
+
+
+def _move(obj, device: torch.device):
+    if isinstance(obj, torch.Tensor):
+        return obj if obj.device == device else obj.to(device)
+    if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
+        return tuple(_move(o, device) for o in obj)
+    if isinstance(obj, list):
+        return [_move(o, device) for o in obj]
+    if isinstance(obj, dict):
+        for k, v in list(obj.items()):
+            moved = _move(v, device)
+            if moved is not v:
+                obj[k] = moved
+        return obj
+    return obj
+
+
+def _strip(out):
+    if isinstance(out, dict):
+        for name in _STRIPPED:
+            if out.get(name) is not None:
+                with contextlib.suppress(Exception):
+                    out[name] = None
+                if hasattr(out, name):
+                    with contextlib.suppress(Exception):
+                        setattr(out, name, None)
+    return out
