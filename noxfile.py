@@ -12,6 +12,7 @@ themselves are re-installed from this checkout, as wheels, at the start of every
     nox -s demo                         # Llama sharded over 2 CPU processes vs unsharded
     nox -s bench                        # shardcore TP vs PyTorch TP vs unsharded
     nox -s memory                       # loading a checkpoint: RSS and time vs HuggingFace
+    nox -s bench-parallelize            # shardcore.parallelize start-up and RSS vs one unsharded process
     nox -s convergence                  # BERT fine-tuning unsharded vs TP=2 vs TP=4
     nox -s mutants                      # mutation testing of the kit (each deliberate bug caught)
 """
@@ -145,6 +146,13 @@ def memory(session: nox.Session) -> None:
     bin_dir = _install(session)
     session.run(str(bin_dir / "python"), "-m", "pip", "install", "--quiet", "accelerate", external=True)  # HF tp_plan
     _run(session, bin_dir, "python", "benchmarks/bench_load_memory.py", *session.posargs)
+
+
+@nox.session(name="bench-parallelize", default=False)
+def bench_parallelize(session: nox.Session) -> None:
+    """Benchmark (not a test): shardcore.parallelize of a ~1 GB Llama vs loading it unsharded (RSS, time)."""
+    bin_dir = _install(session)
+    _run(session, bin_dir, "python", "benchmarks/bench_parallelize.py", *session.posargs)
 
 
 @nox.session(default=False)

@@ -282,7 +282,10 @@ def _build(key: str, source: Mapping, config: ShardConfig, policy, dtype, device
             model.to(dtype)  # meta tensors: no memory moves
     model = optimize(model.eval(), config, policy=policy)
     device = torch.device("cuda", torch.cuda.current_device()) if device_type == "cuda" else torch.device("cpu")
-    load_checkpoint(model, source["checkpoint"], device=device, progress=False)
+    # zero_copy=False: each worker's slices in its own memory, none left in a map of the file
+    # (0.53x of the checkpoint per worker at world_size 2 against 0.59-0.63x with views, and a
+    # temporary checkpoint's disk space is freed when it is deleted, not when the workers exit)
+    load_checkpoint(model, source["checkpoint"], device=device, progress=False, zero_copy=False)
     _MODELS[key] = model.eval()
     dist.barrier()  # every worker holds its slices before the caller deletes a temporary checkpoint
 

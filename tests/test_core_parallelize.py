@@ -129,6 +129,16 @@ def test_sigkill_during_a_call():
     assert _gone(pids)
 
 
+def test_garbage_collected_handle_stops_its_workers():
+    import gc
+
+    h = shardcore.parallelize(_model(), world_size=2, policy=ToyPolicy)
+    pids = h.pids
+    del h
+    gc.collect()
+    assert _gone(pids)
+
+
 def test_bad_arguments_fail_before_any_process_starts(tmp_path):
     before = _children()
     with pytest.raises(
@@ -193,8 +203,7 @@ def test_script_without_main_guard_runs_once_and_exits_clean(tmp_path):
     assert _gone(pids), "workers outlived the script"
 
 
-def test_ctrl_c_stops_everything(tmp_path):
-    script = _script(tmp_path, NO_GUARD.format(tail='print("CALL", flush=True); h(**batch, sleep=120)'))
+def _start_and_wait_for_call(script: Path) -> tuple[subprocess.Popen, list[int]]:
     proc = subprocess.Popen(
         [sys.executable, str(script)], env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
@@ -204,13 +213,28 @@ def test_ctrl_c_stops_everything(tmp_path):
             pids = [int(p) for p in line.split()[1:]]
         if line.startswith("CALL"):
             break
-    time.sleep(1.0)
+    time.sleep(1.0)  # the workers are inside the call now
+    return proc, pids
+
+
+def test_ctrl_c_stops_everything(tmp_path):
+    script = _script(tmp_path, NO_GUARD.format(tail='print("CALL", flush=True); h(**batch, sleep=120)'))
+    proc, pids = _start_and_wait_for_call(script)
     start = time.monotonic()
     proc.send_signal(signal.SIGINT)
     proc.wait(timeout=30)
+    print(f"Ctrl+C to caller exit: {time.monotonic() - start:.2f} s")
     assert time.monotonic() - start < 10
     assert "KeyboardInterrupt" in proc.stderr.read()
     assert pids and _gone(pids)
+
+
+def test_workers_exit_when_the_caller_is_killed(tmp_path):
+    script = _script(tmp_path, NO_GUARD.format(tail='print("CALL", flush=True); h(**batch, sleep=120)'))
+    proc, pids = _start_and_wait_for_call(script)
+    proc.kill()  # no atexit, no finally: only the workers' own watchdog can end them
+    proc.wait(timeout=30)
+    assert pids and _gone(pids, within=5.0), "workers outlived a killed caller"
 
 
 def test_unguarded_script_sending_its_own_function_gets_the_guard_error(tmp_path):
