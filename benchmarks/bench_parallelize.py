@@ -105,11 +105,6 @@ def child(method: str, path: str, world: int) -> dict:
     else:
         from shardcore.testing import RankPool
 
-        start = time.perf_counter()
-        with RankPool(world, threads=1) as pool:  # the workers' import baseline, in the same kind of process
-            worker_baselines = pool.run(_worker_baseline)
-        processes_s = time.perf_counter() - start  # start-up cost that is not the model's: processes + imports
-        pathlib.Path("/proc/self/clear_refs").write_text("5")  # that pool is gone: reset the caller's peak
         source = path
         if method == "parallelize(module)":
             source = LlamaForCausalLM.from_pretrained(path).eval()
@@ -121,9 +116,15 @@ def child(method: str, path: str, world: int) -> dict:
         generate_s = time.perf_counter() - start
         workers = handle._pool.run(_worker_peak)
         rows.append({"process": "caller", "baseline_mb": baseline, "peak_mb": _kb("VmHWM") / 1024})
-        for rank, (w, b) in enumerate(zip(workers, worker_baselines, strict=True)):
-            rows.append({"process": f"worker {rank}", "baseline_mb": b, **w})
+        for rank, w in enumerate(workers):
+            rows.append({"process": f"worker {rank}", **w})
         handle.close()
+        start = time.perf_counter()  # after the run, so both find the libraries in the page cache
+        with RankPool(world, threads=1) as pool:  # the workers' import baseline, in the same kind of process
+            worker_baselines = pool.run(_worker_baseline)
+        processes_s = time.perf_counter() - start  # start-up cost that is not the model's: processes + imports
+        for rank, b in enumerate(worker_baselines):
+            rows[1 + rank]["baseline_mb"] = b
     return {
         "method": method,
         "ready_s": ready,

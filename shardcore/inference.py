@@ -73,6 +73,13 @@ def parallelize(
     ``device``: ``None``/``"cpu"`` (gloo), or ``"cuda"`` (worker ``r`` on ``cuda:r``, nccl).
     ``timeout_s`` bounds each collective. Every argument is checked before a process starts.
     """
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        raise RuntimeError(
+            "parallelize starts its own worker processes and is meant for a plain process; this one is "
+            "already part of a process group (torchrun?): there, call shardcore.optimize on every rank"
+        )
     if not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"parallelize: world_size must be a positive int, got {world_size!r}")
     config = ShardConfig(tensor_parallel_size=world_size) if config is None else config
@@ -93,20 +100,9 @@ def parallelize(
         raise ValueError(f"parallelize: device must be 'cpu' or 'cuda', got {str(device)!r}")
 
     start = time.perf_counter()
-    cleanup = None
     if isinstance(model_or_path, nn.Module):
-        model = model_or_path
-        hf_config = getattr(model, "config", None)
-        structure = _structure(model, dtype)
-        cleanup = tempfile.mkdtemp(prefix="shardcore-parallelize-")
-        try:
-            from .checkpoint import save_checkpoint
-
-            save_checkpoint(model, cleanup)
-        except BaseException:
-            shutil.rmtree(cleanup, ignore_errors=True)
-            raise
-        source = {"checkpoint": cleanup, "structure": structure}
+        hf_config = getattr(model_or_path, "config", None)
+        structure = _structure(model_or_path, dtype)  # before any process starts: an unpicklable model fails here
     else:
         path = Path(model_or_path)
         hf_config, arch = _read_config(path)
@@ -115,8 +111,9 @@ def parallelize(
         weight_map(path)  # no safetensors here: the CheckpointError names the directory
         source = {"checkpoint": str(path), "architecture": arch}
 
-    pool = None
+    pool = cleanup = None
     try:
+        # the workers start (and import torch) while the caller writes a module's temporary checkpoint
         pool = RankPool(
             world_size,
             timeout_s=timeout_s,
@@ -124,6 +121,12 @@ def parallelize(
             call_timeout=None,
             quiet=True,
         )
+        if isinstance(model_or_path, nn.Module):
+            from .checkpoint import save_checkpoint
+
+            cleanup = tempfile.mkdtemp(prefix="shardcore-parallelize-")
+            save_checkpoint(model_or_path, cleanup)
+            source = {"checkpoint": cleanup, "structure": structure}
         key = uuid.uuid4().hex
         pool.run(_build, key, source, config, policy, dtype, device.type)
     except BaseException:
@@ -173,7 +176,15 @@ class ParallelModel:
                 "output_attentions=True is not supported through parallelize: each worker holds the "
                 "attention weights of its own heads only"
             )
-        return self._pool.run(_call, self._key, method, args, kwargs)[0]
+        try:
+            return self._pool.run(_call, self._key, method, args, kwargs)[0]
+        except TypeError as err:
+            if err.__cause__ is None or not str(err).startswith("cannot send"):
+                raise
+            raise TypeError(
+                f"{method}: an argument cannot be sent to the workers ({err.__cause__}); arguments travel "
+                "pickled, so pass tensors and plain values (not streamers, callbacks or open files)"
+            ) from err.__cause__
 
     def __call__(self, *args, **kwargs) -> Any:
         return self._call("__call__", args, kwargs)

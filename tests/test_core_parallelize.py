@@ -153,6 +153,24 @@ def test_bad_arguments_fail_before_any_process_starts(tmp_path):
     assert _children() == before
 
 
+def _parallelize_under_a_process_group() -> str:
+    with pytest.raises(RuntimeError) as err:
+        shardcore.parallelize(_model(), world_size=2, policy=ToyPolicy)
+    return str(err.value)
+
+
+def test_refused_inside_a_process_group():
+    from shardcore.testing import run_on_ranks
+
+    for message in run_on_ranks(2, _parallelize_under_a_process_group):
+        assert "already part of a process group (torchrun?)" in message and "shardcore.optimize" in message
+
+
+def test_argument_that_cannot_travel_is_named(handle):
+    with pytest.raises(TypeError, match="forward: an argument cannot be sent to the workers"):
+        handle[1].forward(ids=toy_batch(128)["ids"], labels=lambda: None)
+
+
 def _children() -> set[int]:
     me = str(os.getpid())
     out = set()
