@@ -77,6 +77,14 @@ class ShardConfig:
             holds full logits.
         make_vocab_size_divisible_by: vocabularies are padded to a multiple of this times the
             TP size so every rank holds an equal slice; padding never shows in outputs.
+        check_inputs: ``True`` (default): every forward of the sharded model first compares
+            a checksum of its tensor inputs across the tensor-parallel group (one all-gather of
+            two int64 per rank) and raises on every rank, naming the input, when they differ.
+            ``False`` skips it (for production loops that feed the group correctly).
+        collective_timeout: seconds one of shardcore's collectives may wait for the other ranks
+            before raising an error that names it (layer, forward/backward, sequence number).
+            ``None``: ``$SHARDCORE_COLLECTIVE_TIMEOUT``, else 300. Per process; also the timeout
+            of the process group :func:`shardcore.optimize` creates from torchrun's environment.
         enable_fused_normalization, enable_flash_attention, enable_jit_fused,
         enable_sequence_parallelism, sequence_parallelism_mode, enable_sequence_overlap,
         enable_all_optimization, inference_only: accepted at their defaults only until built;
@@ -88,6 +96,10 @@ class ShardConfig:
     enable_tensor_parallelism: bool = attrs.field(default=True, validator=v.instance_of(bool))
     parallel_output: bool = attrs.field(default=False, validator=v.instance_of(bool))
     make_vocab_size_divisible_by: int = attrs.field(default=64, validator=[v.instance_of(int), v.ge(1)])
+    check_inputs: bool = attrs.field(default=True, validator=v.instance_of(bool))
+    collective_timeout: float | None = attrs.field(
+        default=None, validator=v.optional([v.instance_of((int, float)), v.gt(0)])
+    )
 
     enable_fused_normalization: bool = attrs.field(default=False, validator=_not_built)
     enable_flash_attention: bool = attrs.field(default=False, validator=_not_built)

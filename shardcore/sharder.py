@@ -10,10 +10,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from . import distributed
+from . import consistency, distributed
 from .config import ShardConfig
 from .distributed import ParallelLayout
-from .layers.comm import enter_tp_region, group_size
+from .layers.comm import enter_tp_region, group_size, resolve_timeout, set_collective_timeout
 from .layers.rng import run_in_shared_rng, run_in_tp_rng
 from .meta import guard_meta
 from .policy import ModulePolicyDescription, Policy
@@ -203,7 +203,8 @@ def optimize(
     config = ShardConfig() if config is None else config
     if not isinstance(config, ShardConfig):
         raise TypeError(f"config must be a shardcore.ShardConfig, got {type(config).__name__}")
-    distributed.init_from_env()
+    timeout = resolve_timeout(config.collective_timeout)  # a malformed environment value fails here
+    distributed.init_from_env(timeout)
     layout = ParallelLayout.from_config(config)
     config.check_built()
     tp_size = layout.tp
@@ -231,5 +232,7 @@ def optimize(
     model = sharder.shard(plan)
     model = policy.postprocess()
     model.shardcore = ShardInfo(config, tp_size, group, policy, layout)
+    set_collective_timeout(resolve_timeout(config.collective_timeout))
+    consistency.install(model, group, config)
     guard_meta(model)
     return model

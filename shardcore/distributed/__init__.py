@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -32,16 +33,20 @@ __all__ = [
 ]
 
 
-def init_from_env() -> None:
+def init_from_env(timeout_s: float | None = None) -> None:
     """Initialize ``torch.distributed`` from torchrun's variables if they are set and it is not yet.
 
-    gloo on CPU, nccl when CUDA is available. Without torchrun's variables nothing happens and
-    the process is a world of one.
+    gloo on CPU, nccl when CUDA is available; ``timeout_s`` (default: the collective bound,
+    ``$SHARDCORE_COLLECTIVE_TIMEOUT`` or 300 s) is the group's timeout. Without torchrun's
+    variables nothing happens and the process is a world of one.
     """
     if dist.is_initialized() or "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         return
+    from ..layers.comm import resolve_timeout
+
+    timeout = timedelta(seconds=resolve_timeout(timeout_s))
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        dist.init_process_group("nccl")
+        dist.init_process_group("nccl", timeout=timeout)
     else:
-        dist.init_process_group("gloo")
+        dist.init_process_group("gloo", timeout=timeout)

@@ -17,14 +17,17 @@ budget of a layer.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections import Counter
 from collections.abc import Iterator
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
 __all__ = [
     "COUNTS",
+    "CollectiveTimeout",
     "copy_to_tp",
     "count_collectives",
     "enter_tp_region",
@@ -32,6 +35,7 @@ __all__ = [
     "group_rank",
     "group_size",
     "reduce_from_tp",
+    "set_collective_timeout",
     "split_to_tp",
 ]
 
@@ -53,6 +57,67 @@ def count_collectives() -> Iterator[Counter[str]]:
             del delta[key]
 
 
+#: Default bound, in seconds, on how long one of shardcore's collectives waits for the other ranks.
+DEFAULT_TIMEOUT_S = 300.0
+TIMEOUT_ENV = "SHARDCORE_COLLECTIVE_TIMEOUT"
+
+
+class CollectiveTimeout(RuntimeError):
+    """A shardcore collective waited longer than the bound for the other ranks of its group."""
+
+
+class _Where:
+    """Where this process's collectives come from: the parallel module last entered in forward
+    (set by hooks :func:`shardcore.optimize` installs), a running sequence number, the bound."""
+
+    module: str = "a shardcore collective outside any parallel module"
+    seq: int = 0
+    timeout_s: float | None = None
+
+
+WHERE = _Where()
+
+
+def resolve_timeout(seconds: float | None = None) -> float:
+    """``seconds``, else ``$SHARDCORE_COLLECTIVE_TIMEOUT``, else :data:`DEFAULT_TIMEOUT_S`."""
+    if seconds is not None:
+        return float(seconds)
+    value = os.environ.get(TIMEOUT_ENV)
+    if not value:
+        return DEFAULT_TIMEOUT_S
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise ValueError(f"{TIMEOUT_ENV}={value!r} is not a number of seconds") from None
+    if seconds <= 0:
+        raise ValueError(f"{TIMEOUT_ENV}={value!r} must be a positive number of seconds")
+    return seconds
+
+
+def set_collective_timeout(seconds: float | None) -> None:
+    """Bound every collective issued here (per process; ``None``: wait as long as the group does)."""
+    WHERE.timeout_s = seconds
+
+
+def _wait(work, kind: str, group, where: str | None) -> None:
+    """Wait for an async collective; past the bound, raise :class:`CollectiveTimeout` saying which."""
+    if WHERE.timeout_s is None:
+        work.wait()
+        return
+    try:
+        work.wait(timeout=timedelta(seconds=WHERE.timeout_s))
+    except RuntimeError as err:
+        ranks = dist.get_process_group_ranks(group) if group is not None else list(range(dist.get_world_size()))
+        raise CollectiveTimeout(
+            f"shardcore: {kind} #{WHERE.seq} ({where or 'forward of ' + WHERE.module}) waited more than "
+            f"{WHERE.timeout_s:g} s for the other ranks of its tensor-parallel group {ranks} ({err}). "
+            "Every rank of the tensor-parallel group must call the model the same number of times with the "
+            "same shapes: a generate() or forward under `if rank == 0:` is the usual mistake (call it on "
+            "every rank, print on one), or another rank failed or is stuck. The bound is "
+            f"ShardConfig(collective_timeout=...) or {TIMEOUT_ENV}=<seconds>."
+        ) from err
+
+
 def group_size(group: dist.ProcessGroup | None) -> int:
     if group is None and not dist.is_initialized():
         return 1
@@ -65,24 +130,36 @@ def group_rank(group: dist.ProcessGroup | None) -> int:
     return dist.get_rank(group)
 
 
-def all_reduce(x: torch.Tensor, group, op=dist.ReduceOp.SUM) -> torch.Tensor:
-    """In-place all-reduce of a (contiguous) tensor; counted."""
+def all_reduce(x: torch.Tensor, group, op=dist.ReduceOp.SUM, *, where: str | None = None) -> torch.Tensor:
+    """In-place all-reduce of a (contiguous) tensor; counted, bounded (see :func:`set_collective_timeout`)."""
     if group_size(group) > 1:
         COUNTS["all_reduce"] += 1
-        dist.all_reduce(x, op=op, group=group)
+        WHERE.seq += 1
+        _wait(dist.all_reduce(x, op=op, group=group, async_op=True), "all_reduce", group, where)
     return x
 
 
-def all_gather_cat(x: torch.Tensor, group, dim: int) -> torch.Tensor:
-    """All-gather equal-shaped tensors and concatenate them along ``dim``; counted."""
+def all_gather_cat(x: torch.Tensor, group, dim: int, *, where: str | None = None) -> torch.Tensor:
+    """All-gather equal-shaped tensors and concatenate them along ``dim``; counted, bounded."""
     world = group_size(group)
     if world == 1:
         return x
     COUNTS["all_gather"] += 1
+    WHERE.seq += 1
     x = x.contiguous()
     parts = [torch.empty_like(x) for _ in range(world)]
-    dist.all_gather(parts, x, group=group)
+    _wait(dist.all_gather(parts, x, group=group, async_op=True), "all_gather", group, where)
     return torch.cat(parts, dim=dim)
+
+
+def broadcast(x: torch.Tensor, group, *, where: str) -> torch.Tensor:
+    """In place, from the group's first rank; counted, bounded."""
+    if group_size(group) > 1:
+        COUNTS["broadcast"] += 1
+        WHERE.seq += 1
+        src = dist.get_global_rank(group, 0) if group is not None else 0
+        _wait(dist.broadcast(x, src=src, group=group, async_op=True), "broadcast", group, where)
+    return x
 
 
 def _local_chunk(x: torch.Tensor, group, dim: int) -> torch.Tensor:
@@ -97,12 +174,12 @@ class _CopyToTP(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, group):
-        ctx.group = group
+        ctx.group, ctx.where = group, "backward of " + WHERE.module
         return x.view_as(x)
 
     @staticmethod
     def backward(ctx, grad):
-        return all_reduce(grad.contiguous().clone(), ctx.group), None
+        return all_reduce(grad.contiguous().clone(), ctx.group, where=ctx.where), None
 
 
 class _ReduceFromTP(torch.autograd.Function):
@@ -138,12 +215,12 @@ class _SplitToTP(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, group, dim):
-        ctx.group, ctx.dim = group, dim
+        ctx.group, ctx.dim, ctx.where = group, dim, "backward of " + WHERE.module
         return _local_chunk(x, group, dim)
 
     @staticmethod
     def backward(ctx, grad):
-        return all_gather_cat(grad, ctx.group, ctx.dim), None, None
+        return all_gather_cat(grad, ctx.group, ctx.dim, where=ctx.where), None, None
 
 
 def copy_to_tp(x: torch.Tensor, group) -> torch.Tensor:

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .comm import all_reduce, copy_to_tp, gather_from_tp, group_size, reduce_from_tp, split_to_tp
+from .comm import WHERE, all_reduce, copy_to_tp, gather_from_tp, group_size, reduce_from_tp, split_to_tp
 from .parallel_module import ParallelModule
 from .shard_spec import ShardSpec
 
@@ -34,7 +34,7 @@ class _SyncReplicaGrads(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, weight, spec, groups):
-        ctx.spec, ctx.groups = spec, groups
+        ctx.spec, ctx.groups, ctx.where = spec, groups, "backward of " + WHERE.module + " (replicated KV rows)"
         return weight.view_as(weight)
 
     @staticmethod
@@ -44,7 +44,7 @@ class _SyncReplicaGrads(torch.autograd.Function):
         for seg, group in zip(ctx.spec.segments, ctx.groups, strict=True):
             if group is not None:
                 part = grad.narrow(ctx.spec.dim, offset, seg.shard_len).contiguous()
-                all_reduce(part, group)
+                all_reduce(part, group, where=ctx.where)
                 grad.narrow(ctx.spec.dim, offset, seg.shard_len).copy_(part)
             offset += seg.shard_len
         return grad, None, None

@@ -1,0 +1,158 @@
+"""Ranks of one tensor-parallel group must agree: same inputs, same random draws, same calls.
+
+:func:`install` (called by :func:`shardcore.optimize` on a sharded model) adds three guards:
+
+* **inputs**: a forward pre-hook on the model digests every tensor argument (ids, labels,
+  pixel values, input features, masks: a position-weighted sum of their bytes, exact integer
+  arithmetic, plus name, shape and dtype) and all-gathers one pair of int64 per rank over the
+  group. Inputs that differ between ranks raise :class:`InputMismatch` on every rank, naming the
+  input and which ranks hold which version, before the model computes anything with them.
+  ``ShardConfig(check_inputs=False)`` turns it off (one small all-gather per forward saved).
+* **sampling**: ``generate`` first makes the group's random state equal to its first rank's
+  (one broadcast of the generator state per ``generate`` call), so ``do_sample=True`` draws the
+  same tokens on every rank whatever each rank was seeded with.
+* **where a collective waits**: hooks record which parallel module a collective comes from, so a
+  collective that outlives the bound (:func:`shardcore.layers.comm.set_collective_timeout`) names
+  its layer, forward or backward, and sequence number.
+"""
+
+from __future__ import annotations
+
+import functools
+import zlib
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .layers.comm import WHERE, all_gather_cat, broadcast
+from .layers.parallel_module import ParallelModule
+
+__all__ = ["InputMismatch", "input_digests", "install", "sync_random_state"]
+
+_MASK = (1 << 63) - 1
+
+
+class InputMismatch(ValueError):
+    """The ranks of one tensor-parallel group were given different inputs."""
+
+
+def _content_digest(t: torch.Tensor) -> int:
+    """A position-sensitive checksum of ``t``'s bytes (exact: integer arithmetic wrapping at 2**64)."""
+    raw = t.detach().contiguous().reshape(-1).view(torch.uint8)
+    n = raw.numel()
+    words = raw[: n - n % 8].view(torch.int64)
+    tail = raw[n - n % 8 :].to(torch.int64)
+    total = 0
+    for part in (words, tail):
+        if part.numel():
+            index = torch.arange(1, part.numel() + 1, dtype=torch.int64, device=part.device)
+            total = total * 1_000_003 + int((part * (index * 2_654_435_761 + 1)).sum().item())
+    return total & _MASK
+
+
+def input_digests(args: tuple, kwargs: dict) -> dict[str, tuple[str, int]]:
+    """``{input name: (description, digest)}`` for every tensor argument (positional ones as ``arg<i>``)."""
+    named = {f"arg{i}": a for i, a in enumerate(args)}
+    named.update(kwargs)
+    out = {}
+    for name, value in named.items():
+        if isinstance(value, torch.Tensor):
+            meta = f"shape {list(value.shape)}, {str(value.dtype).removeprefix('torch.')}"
+            out[name] = (meta, (zlib.crc32(f"{name}|{meta}".encode()) * 1_000_003 + _content_digest(value)) & _MASK)
+    return out
+
+
+def _combined(digests: dict[str, tuple[str, int]]) -> torch.Tensor:
+    total = 0
+    for name in sorted(digests):
+        total = (total * 1_000_003 + zlib.crc32(name.encode()) + digests[name][1]) & _MASK
+    return torch.tensor([[len(digests), total]], dtype=torch.int64)
+
+
+def _mismatch_message(model_name: str, tables: list[dict[str, tuple[str, int]]], ranks: list[int]) -> str:
+    problems = []
+    for name in sorted({n for table in tables for n in table}):
+        versions: dict[object, list[int]] = {}
+        for rank, table in zip(ranks, tables, strict=True):
+            versions.setdefault(table.get(name, (None, None))[1], []).append(rank)
+        if len(versions) == 1:
+            continue
+        parts = []
+        for digest, holders in versions.items():
+            if digest is None:
+                parts.append(f"missing on ranks {holders}")
+            else:
+                meta = next(tables[ranks.index(r)][name][0] for r in holders)
+                parts.append(f"ranks {holders}: {meta}, checksum {digest:#x}")
+        problems.append(f"{name!r} differs ({'; '.join(parts)})")
+    return (
+        f"{model_name}: the ranks of the tensor-parallel group {ranks} were given different inputs: "
+        + "; ".join(problems)
+        + ". Every rank of a tensor-parallel group must get the same batch: seed the data loader's "
+        "shuffling alike on every rank of the group (a DistributedSampler over the data-parallel ranks "
+        "only), or load on one rank and broadcast. ShardConfig(check_inputs=False) turns this check off."
+    )
+
+
+def _check_inputs_hook(group, model_name: str):
+    ranks = dist.get_process_group_ranks(group) if group is not None else list(range(dist.get_world_size()))
+
+    def hook(module, args, kwargs):
+        digests = input_digests(args, kwargs)
+        mine = _combined(digests)
+        gathered = all_gather_cat(mine, group, dim=0, where=f"input check at the entry of {model_name}.forward")
+        if torch.equal(gathered, mine.expand_as(gathered)):
+            return None
+        tables: list = [None] * len(ranks)
+        dist.all_gather_object(tables, digests, group=group)
+        raise InputMismatch(_mismatch_message(model_name, tables, ranks))
+
+    return hook
+
+
+def sync_random_state(group, device: torch.device) -> None:
+    """Make this process's random state (CPU, and ``device``'s if CUDA) equal to the group's first rank's."""
+    states = [torch.get_rng_state()]
+    if device.type == "cuda":
+        states.append(torch.cuda.get_rng_state(device))
+    sizes = [s.numel() for s in states]
+    buffer = torch.cat(states)
+    backend_device = device if dist.get_backend(group) == "nccl" else torch.device("cpu")
+    buffer = broadcast(buffer.to(backend_device), group, where="generate() entry: random state from the first rank")
+    buffer = buffer.cpu()
+    torch.set_rng_state(buffer[: sizes[0]].clone())
+    if device.type == "cuda":
+        torch.cuda.set_rng_state(buffer[sizes[0] :].clone(), device)
+
+
+def _where_hook(label: str):
+    def hook(module, args):
+        WHERE.module = label
+
+    return hook
+
+
+def install(model: nn.Module, group, config) -> None:
+    """Add the input check, the sampling sync and the collective naming to a sharded ``model``."""
+    holders = set()
+    for name, module in model.named_modules():
+        if isinstance(module, ParallelModule):
+            parts = name.split(".")
+            holders.update(".".join(parts[:i]) for i in range(1, len(parts) + 1))
+    for name, module in model.named_modules():
+        if name in holders:  # prepend: before any enter-TP-region hook on the same module reads the name
+            module.register_forward_pre_hook(_where_hook(f"{name} ({type(module).__name__})"), prepend=True)
+    model_name = type(model).__name__
+    if config.check_inputs:
+        model.register_forward_pre_hook(_check_inputs_hook(group, model_name), with_kwargs=True, prepend=True)
+    generate = getattr(model, "generate", None)
+    if callable(generate):
+
+        @functools.wraps(generate)
+        def synced_generate(*args, **kwargs):
+            param = next(model.parameters(), None)
+            sync_random_state(group, param.device if param is not None else torch.device("cpu"))
+            return generate(*args, **kwargs)
+
+        model.generate = synced_generate

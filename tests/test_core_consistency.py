@@ -1,0 +1,124 @@
+"""Ranks of one TP group that disagree (inputs) or wait for each other forever (a collective only
+some ranks call) raise a named error instead of computing garbage or hanging."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+from toy_models import ToyLM, ToyPolicy, toy_batch
+
+import shardcore
+from shardcore import ShardConfig
+from shardcore.consistency import InputMismatch, input_digests
+from shardcore.layers import count_collectives
+from shardcore.layers.comm import CollectiveTimeout
+from shardcore.testing import RankPool, run_on_ranks
+
+
+def _sharded(check_inputs: bool = True, timeout: float | None = None) -> ToyLM:
+    torch.manual_seed(0)
+    config = ShardConfig(
+        tensor_parallel_size=dist.get_world_size(), check_inputs=check_inputs, collective_timeout=timeout
+    )
+    return shardcore.optimize(ToyLM(vocab=128), config, policy=ToyPolicy)
+
+
+def _differing_inputs(case: str) -> str:
+    model = _sharded()
+    batch = toy_batch(128)
+    rank = dist.get_rank()
+    if case == "ids" and rank == 1:
+        batch["ids"] = batch["ids"].flip(0)  # the same tokens, another order: a shuffled loader
+    if case == "labels" and rank == 1:
+        del batch["labels"]
+    with pytest.raises(InputMismatch) as err:
+        model(**batch)
+    model(**toy_batch(128))  # the group is still in step afterwards
+    return str(err.value)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_differing_ids_raise_on_every_rank(world):
+    for message in run_on_ranks(world, _differing_inputs, "ids"):
+        ranks = [r for r in range(world) if r != 1]
+        assert f"'ids' differs (ranks {ranks}: shape [2, 8], int64, checksum" in message
+        assert "ranks [1]: shape [2, 8], int64" in message
+        assert "labels" not in message and "check_inputs=False" in message
+
+
+def test_input_given_on_one_rank_only():
+    for message in run_on_ranks(2, _differing_inputs, "labels"):
+        assert "'labels' differs (ranks [0]: shape [2, 8], int64" in message and "missing on ranks [1]" in message
+
+
+def _check_cost(check_inputs: bool) -> dict:
+    model = _sharded(check_inputs)
+    with count_collectives() as counts, torch.no_grad():
+        model(**toy_batch(128))
+    return dict(counts)
+
+
+def test_the_check_costs_one_small_all_gather_and_can_be_turned_off():
+    on, off = run_on_ranks(2, _check_cost, True)[0], run_on_ranks(2, _check_cost, False)[0]
+    assert on.pop("all_gather") == off.pop("all_gather", 0) + 1
+    assert on == off
+
+
+def test_digests_see_order_values_shape_and_dtype():
+    ids = torch.arange(12).view(2, 6)
+    base = input_digests((), {"ids": ids})["ids"][1]
+    assert input_digests((), {"ids": ids.clone()})["ids"][1] == base
+    for other in (ids.flip(0), ids.view(3, 4), ids.int(), ids + (ids == 11).long()):
+        assert input_digests((), {"ids": other})["ids"][1] != base
+    x = torch.randn(3, 5)
+    assert input_digests((x,), {})["arg0"][1] != input_digests((x + 1e-7,), {})["arg0"][1]
+
+
+def _one_rank_calls(direction: str, check_inputs: bool) -> str:
+    model = _sharded(check_inputs, timeout=3)
+    batch = toy_batch(128)
+    if direction == "backward":  # both ranks run forward; only rank 0 runs backward
+        loss = model(**batch)["loss"]
+        if dist.get_rank() == 0:
+            start = time.monotonic()
+            with pytest.raises(CollectiveTimeout) as err:
+                loss.backward()
+            return f"{time.monotonic() - start:.1f} {err.value}"
+        time.sleep(6)
+        return "slept"
+    if dist.get_rank() == 0:  # the user's `if rank == 0: model(...)`
+        start = time.monotonic()
+        with pytest.raises(CollectiveTimeout) as err:
+            model(**batch)
+        return f"{time.monotonic() - start:.1f} {err.value}"
+    try:
+        dist.barrier()  # never matched: the group's own timeout (8 s here) ends it
+    except RuntimeError as err:
+        return f"barrier: {err}"
+    return "barrier returned"
+
+
+@pytest.mark.parametrize(
+    ("direction", "check_inputs", "where"),
+    [
+        ("forward", True, "(input check at the entry of ToyLM.forward)"),
+        ("forward", False, "(forward of embed (VocabParallelEmbedding1D))"),
+        ("backward", False, "(backward of "),
+    ],
+)
+def test_a_collective_only_some_ranks_call_raises_within_the_bound(direction, check_inputs, where):
+    pool = RankPool(2, timeout_s=8)  # a group of its own: it ends broken
+    try:
+        message, other = pool.run(_one_rank_calls, direction, check_inputs)
+    finally:
+        pool.close(force=True)
+    seconds, message = message.split(" ", 1)
+    assert 2.5 <= float(seconds) < 6, seconds  # the 3 s bound, not the group's 8 s
+    if direction == "forward":
+        assert other.startswith("barrier: ") and "Timed out" in other  # rank 1: the group's own timeout
+    assert "waited more than 3 s for the other ranks of its tensor-parallel group [0, 1]" in message
+    assert where in message and "#" in message
+    assert "`if rank == 0:` is the usual mistake" in message
