@@ -15,6 +15,7 @@ themselves are re-installed from this checkout, as wheels, at the start of every
     nox -s bench-parallelize            # shardcore.parallelize start-up and RSS vs one unsharded process
     nox -s convergence                  # BERT fine-tuning unsharded vs TP=2 vs TP=4
     nox -s mutants                      # mutation testing of the kit (each deliberate bug caught)
+    nox -s compat                       # each plugin under the oldest and the newest transformers/timm
 """
 
 from __future__ import annotations
@@ -53,16 +54,19 @@ def _torch(plugins: list[pathlib.Path]) -> list[str]:
     return (TORCH_VISION if any(p.name in NEEDS_TORCHVISION for p in plugins) else TORCH).split()
 
 
-def _stamp(plugins: list[pathlib.Path]) -> str:
+def _stamp(plugins: list[pathlib.Path], pins: tuple[str, ...] = ()) -> str:
     files = [ROOT / "noxfile.py", ROOT / "pyproject.toml", *(p / "pyproject.toml" for p in plugins)]
-    digest = hashlib.sha256(" ".join(_torch(plugins)).encode())
+    digest = hashlib.sha256(" ".join([*_torch(plugins), *pins]).encode())
     for f in files:
         digest.update(f.read_bytes())
     return digest.hexdigest()
 
 
-def _install(session: nox.Session, env: pathlib.Path = ENV, plugins: list[pathlib.Path] = PLUGINS) -> pathlib.Path:
-    """Create (or reuse) ``env`` with the core and ``plugins`` (with their ``test`` extras); return its bin dir.
+def _install(
+    session: nox.Session, env: pathlib.Path = ENV, plugins: list[pathlib.Path] = PLUGINS, pins: tuple[str, ...] = ()
+) -> pathlib.Path:
+    """Create (or reuse) ``env`` with the core and ``plugins`` (with their ``test`` extras) and the
+    third-party ``pins`` (``"transformers==4.51.3"``); return its bin dir.
 
     The environment is built from scratch only when it is missing or its PyTorch pin changed
     (``.shardcore-torch``); when a pyproject or this file changed (``.shardcore-stamp``), the
@@ -79,9 +83,9 @@ def _install(session: nox.Session, env: pathlib.Path = ENV, plugins: list[pathli
         session.run(sys.executable, "-m", "venv", str(env), external=True)
         session.run(*pip, *_torch(plugins), external=True)
         torch_stamp.write_text(torch_spec)
-    if not stamp.is_file() or stamp.read_text() != _stamp(plugins):
-        session.run(*pip, *_torch(plugins), *TOOLS, *packages, external=True)
-        stamp.write_text(_stamp(plugins))
+    if not stamp.is_file() or stamp.read_text() != _stamp(plugins, pins):
+        session.run(*pip, *_torch(plugins), *TOOLS, *packages, *pins, external=True)
+        stamp.write_text(_stamp(plugins, pins))
     session.run(
         *pip, "--no-deps", "--no-build-isolation", "--force-reinstall", str(ROOT), *map(str, plugins), external=True
     )
@@ -106,6 +110,32 @@ def isolated(session: nox.Session, plugin: str) -> None:
     path = ROOT / "plugins" / plugin
     bin_dir = _install(session, ROOT / ".nox" / f"isolated-{plugin}", [path])
     _run(session, bin_dir, "pytest", str(path / "tests"), *session.posargs)
+
+
+#: The oldest releases the plugins declare and are tested with (``nox -s compat``).
+OLDEST = ("transformers==4.51.3", "timm==1.0.3")
+
+
+@nox.session(default=False)
+@nox.parametrize("leg", ["oldest", "newest"])
+def compat(session: nox.Session, leg: str) -> None:
+    """Each plugin's parity suite under the oldest supported transformers and timm, or the newest.
+
+    ``nox -s compat -- shard-bert shard-llama`` limits it to those plugins. The newest leg uses
+    the shared environment (the newest releases the registries hold when it was built); the
+    oldest one ``.nox/compat-oldest``, or ``.nox/compat-oldest-cpu`` without shard-vit (the
+    plain CPU build of PyTorch: no torchvision needed).
+    """
+    chosen = [p for p in PLUGINS if not session.posargs or p.name in session.posargs]
+    if leg == "newest":
+        bin_dir = _install(session)
+    else:
+        name = "compat-oldest" if any(p.name in NEEDS_TORCHVISION for p in chosen) else "compat-oldest-cpu"
+        bin_dir = _install(session, ROOT / ".nox" / name, chosen, OLDEST)
+    session.run(
+        str(bin_dir / "python"), "-c", "import transformers, sys; print('transformers', transformers.__version__)"
+    )
+    _run(session, bin_dir, "pytest", *(str(p / "tests") for p in chosen))
 
 
 @nox.session

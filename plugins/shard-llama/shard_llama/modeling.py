@@ -5,7 +5,16 @@ from __future__ import annotations
 import torch
 from torch import nn
 from transformers.modeling_outputs import CausalLMOutputWithPast
-from transformers.modeling_utils import slice_logits_to_keep
+
+try:
+    from transformers.modeling_utils import slice_logits_to_keep
+except ImportError:  # transformers < 4.52 slices inline in each forward
+
+    def slice_logits_to_keep(hidden: torch.Tensor, logits_to_keep: int | torch.Tensor) -> torch.Tensor:
+        """The positions whose logits are computed: the last ``logits_to_keep`` (0: all), or those indexed."""
+        index = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
+        return hidden[:, index, :]
+
 
 from shardcore.layers import vocab_parallel_cross_entropy
 

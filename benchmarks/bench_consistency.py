@@ -1,0 +1,100 @@
+"""Benchmark (not a test): what the rank-consistency guards cost, at TP=2 on 2 gloo ranks.
+
+    python benchmarks/bench_consistency.py
+
+* the input check (``ShardConfig(check_inputs=True)``, the default): forward time of a Llama
+  (hidden 512, 4 layers, vocab 8192; batch 4 x seq 256) and the per-token time of greedy
+  ``generate`` (32 new tokens, batch 1) with the check on and off;
+* the sampling sync: the time of the one broadcast of the random state per ``generate`` call
+  (measured alone, 200 times).
+
+Medians of repeated runs in one process pair, on and off interleaved (this machine is noisy).
+Writes ``bench-results/consistency.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import statistics
+import time
+
+CONFIG = dict(
+    vocab_size=8192,
+    hidden_size=512,
+    intermediate_size=1408,
+    num_hidden_layers=4,
+    num_attention_heads=8,
+    num_key_value_heads=4,
+)
+
+
+def _measure() -> dict:
+    import torch
+    import torch.distributed as dist
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    import shardcore
+    from shardcore.consistency import sync_random_state
+
+    models = {}
+    for check in (True, False):
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(LlamaConfig(**CONFIG)).eval()
+        models[check] = shardcore.optimize(model, shardcore.ShardConfig(tensor_parallel_size=2, check_inputs=check))
+    ids = torch.randint(0, 8192, (4, 256), generator=torch.Generator().manual_seed(1))
+    prompt = ids[:1, :16]
+    forward = {True: [], False: []}
+    generate = {True: [], False: []}
+    with torch.no_grad():
+        for _ in range(2):  # warm-up
+            for check in (True, False):
+                models[check](input_ids=ids)
+                models[check].generate(prompt, max_new_tokens=4, do_sample=False)
+        for _ in range(10):
+            for check in (True, False):
+                dist.barrier()
+                start = time.perf_counter()
+                models[check](input_ids=ids)
+                forward[check].append(time.perf_counter() - start)
+        for _ in range(5):
+            for check in (True, False):
+                dist.barrier()
+                start = time.perf_counter()
+                models[check].generate(prompt, max_new_tokens=32, min_new_tokens=32, do_sample=False)
+                generate[check].append((time.perf_counter() - start) / 32)
+        sync = []
+        for _ in range(200):
+            start = time.perf_counter()
+            sync_random_state(None, torch.device("cpu"))
+            sync.append(time.perf_counter() - start)
+    med = statistics.median
+    return {
+        "forward_s": {"check": med(forward[True]), "no_check": med(forward[False])},
+        "generate_s_per_token": {"check": med(generate[True]), "no_check": med(generate[False])},
+        "rng_sync_s": med(sync),
+    }
+
+
+def main() -> None:
+    from shardcore.testing import RankPool
+
+    with RankPool(2, threads=1) as pool:
+        result = pool.run(_measure)[0]
+    f, g = result["forward_s"], result["generate_s_per_token"]
+    print(
+        f"forward (4 x 256):      check {f['check'] * 1e3:8.2f} ms   off {f['no_check'] * 1e3:8.2f} ms   "
+        f"+{(f['check'] / f['no_check'] - 1) * 100:.1f}%"
+    )
+    print(
+        f"generate, per token:    check {g['check'] * 1e3:8.2f} ms   off {g['no_check'] * 1e3:8.2f} ms   "
+        f"+{(g['check'] / g['no_check'] - 1) * 100:.1f}%"
+    )
+    print(f"random-state broadcast: {result['rng_sync_s'] * 1e3:.3f} ms per generate call")
+    out = pathlib.Path("bench-results/consistency.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"config": CONFIG, **result}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
