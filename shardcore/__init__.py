@@ -9,6 +9,7 @@ from .distributed import ParallelLayout
 from .hookspecs import hookimpl
 from .inference import ParallelModel, parallelize
 from .layers.parallel_module import ParallelModule
+from .meta import init_empty
 from .plugins import NoPolicyError
 from .policy import ModulePolicyDescription, Policy, SubModuleReplacementDescription
 from .sharded_state import full_named_tensors
@@ -29,6 +30,7 @@ __all__ = [
     "__version__",
     "full_named_tensors",
     "hookimpl",
+    "init_empty",
     "load_checkpoint",
     "load_distributed",
     "optimize",

@@ -271,6 +271,7 @@ def _build(key: str, source: Mapping, config: ShardConfig, policy, dtype, device
     import torch.distributed as dist
 
     from .checkpoint import load_checkpoint
+    from .meta import init_empty
     from .sharder import optimize
 
     if "structure" in source:
@@ -287,7 +288,7 @@ def _build(key: str, source: Mapping, config: ShardConfig, policy, dtype, device
                 f"{transformers.__version__} does not have; build the model and pass it instead"
             )
         dtype = dtype or _config_dtype(hf_config)
-        with torch.device("meta"):
+        with init_empty():  # parameters on meta, buffers computed by the modules as usual
             model = cls._from_config(hf_config)
         if dtype is not None:
             model.to(dtype)  # meta tensors: no memory moves

@@ -2,9 +2,38 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 from torch import nn
 
-__all__ = ["guard_meta", "unguard_meta"]
+__all__ = ["guard_meta", "init_empty", "unguard_meta"]
+
+
+@contextlib.contextmanager
+def init_empty() -> Iterator[None]:
+    """Build models with their parameters on the meta device and their buffers real.
+
+    ``with shardcore.init_empty(): model = Model(config)`` allocates no weights (each parameter
+    moves to ``meta`` as it is registered), while buffers are computed by the modules' own
+    ``__init__`` as usual (rotary frequencies, position ids, causal masks), whatever the model
+    library's version; persistent ones are then overwritten by :func:`shardcore.load_checkpoint`.
+    Prefer it to ``with torch.device("meta")``, under which buffers must be recomputed after
+    loading (see :meth:`shardcore.Policy.materialize_buffers`). Not thread-safe: it patches
+    ``nn.Module.register_parameter`` while the block runs.
+    """
+    original = nn.Module.register_parameter
+
+    def register_parameter(self: nn.Module, name: str, param) -> None:
+        original(self, name, param)
+        if param is not None and not param.is_meta:
+            self._parameters[name] = nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+
+    nn.Module.register_parameter = register_parameter
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = original
 
 
 def guard_meta(model: nn.Module) -> None:

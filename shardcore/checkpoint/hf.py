@@ -15,6 +15,7 @@ before the first collective, so a bad checkpoint fails everywhere alike instead 
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 from collections.abc import Iterator
@@ -173,6 +174,24 @@ def _progress(n: int, total_bytes: int, progress: bool | None):
     return tqdm(total=n, desc="loading shards", unit="tensor")
 
 
+def _save_config(model: nn.Module, path: Path, entries) -> None:
+    """A HuggingFace model's ``config.json`` as ``save_pretrained`` writes it: with the model's
+    class as ``architectures`` and its weights' dtype, without run-time-only fields."""
+    config = getattr(model, "config", None)
+    if not hasattr(config, "save_pretrained"):
+        return
+    config = copy.deepcopy(config)
+    if hasattr(model, "base_model_prefix"):  # a transformers model: from_pretrained picks the class from it
+        config.architectures = [type(model).__name__]
+    dtypes = [dtype for _, _, dtype in entries if dtype.is_floating_point]
+    if dtypes:
+        # transformers 5 names it ``dtype`` (``torch_dtype`` is a property aliasing it); 4.x ``torch_dtype``
+        key = "dtype" if isinstance(getattr(type(config), "torch_dtype", None), property) else "torch_dtype"
+        setattr(config, key, max(set(dtypes), key=dtypes.count))
+    config.__dict__.pop("_attn_implementation_autoset", None)  # 4.x: set at run time, not a setting
+    config.save_pretrained(path)
+
+
 def save_checkpoint(model: nn.Module, path: str | os.PathLike, *, max_shard_size: int | str = "5GB") -> None:
     """Write ``model`` as a HuggingFace checkpoint directory: full, unpadded tensors, native names.
 
@@ -207,9 +226,7 @@ def save_checkpoint(model: nn.Module, path: str | os.PathLike, *, max_shard_size
     )
     if writer:
         path.mkdir(parents=True, exist_ok=True)
-        config = getattr(model, "config", None)
-        if hasattr(config, "save_pretrained"):
-            config.save_pretrained(path)
+        _save_config(model, path, entries)
         if len(files) > 1:
             index = {renamed.get(e[0], e[0]): n for n, group in zip(names, files, strict=True) for e in group}
             total = sum(tensor_nbytes(shape, dtype) for _, shape, dtype in entries)

@@ -31,12 +31,39 @@ def replace_tensors(model: nn.Module, replaced: dict[int, torch.Tensor]) -> None
 
 
 def materialize_buffers(model: nn.Module, device) -> None:
-    """Buffers still on meta (non-persistent ones, e.g. rotary frequencies) are computed by the model."""
-    owners = [m for m in model.modules() if any(b is not None and b.is_meta for b in m._buffers.values())]
-    if not owners:
+    """Buffers still on meta (non-persistent ones, e.g. rotary frequencies) are computed by the model.
+
+    The policy's :meth:`~shardcore.Policy.materialize_buffers` runs twice, on buffers filled with
+    0 and then with 1: a buffer whose result depends on that fill was not computed, and raises
+    (never silently uninitialized memory)."""
+    pending = [
+        (module, name, buf)
+        for module in model.modules()
+        for name, buf in module._buffers.items()
+        if buf is not None and buf.is_meta
+    ]
+    if not pending:
         return
-    for module in owners:
-        for name, buf in list(module._buffers.items()):
-            if buf is not None and buf.is_meta:
-                module._buffers[name] = torch.empty_like(buf, device=device)
-    checkpoint_policy(model).materialize_buffers(owners)
+    owners = list({id(m): m for m, _, _ in pending}.values())
+    results = []
+    for fill in (0, 1):
+        for module, name, buf in pending:
+            module._buffers[name] = torch.full(buf.shape, fill, dtype=buf.dtype, device=device)
+        checkpoint_policy(model).materialize_buffers(owners)
+        results.append([module._buffers[name].clone() for module, name, _ in pending])
+    names = {id(m): n for n, m in model.named_modules()}
+    unset = [
+        f"{names[id(module)]}.{name}".lstrip(".")
+        for (module, name, _), a, b in zip(pending, *results, strict=True)
+        if not torch.equal(torch.nan_to_num(a.float()), torch.nan_to_num(b.float()))
+    ]
+    if unset:
+        from .safetensors_io import CheckpointError
+
+        raise CheckpointError(
+            f"{type(model).__name__}: the buffers {unset} are not in the checkpoint and "
+            f"{type(checkpoint_policy(model)).__name__}.materialize_buffers did not compute them after the meta "
+            "build (older model-library versions compute them only in __init__); build the model under "
+            "`with shardcore.init_empty():` instead of `with torch.device('meta'):` (parameters on meta, "
+            "buffers computed as usual)"
+        )

@@ -23,17 +23,19 @@ def assert_lazy_load_matches(
     seed: int = 0,
     atol: float = 1e-5,
     policy=None,
+    meta: str = "init_empty",
 ) -> float:
-    """Build the model on the meta device, shard it, load ``checkpoint`` into it and compare its
+    """Build the model with its parameters on the meta device (:func:`shardcore.init_empty`), shard it, load ``checkpoint`` into it and compare its
     outputs with ``build()`` (seeded with ``seed``; the checkpoint must hold that model's weights)
     within ``atol`` (1e-5, the output tolerance of :func:`assert_sharded_matches`: split matmuls sum
-    in another order, a few ulps of O(1-10) logits). With ``save_to``, then write it back with :func:`shardcore.save_checkpoint`
+    in another order, a few ulps of O(1-10) logits). ``meta="device"`` builds under
+    ``torch.device("meta")`` instead (buffers then recomputed after loading). With ``save_to``, then write it back with :func:`shardcore.save_checkpoint`
     (compare the directories with :func:`assert_same_checkpoint`). Run on every rank."""
     import shardcore
 
     torch.manual_seed(seed)
     ref = build().eval()
-    with torch.device("meta"):
+    with shardcore.init_empty() if meta == "init_empty" else torch.device("meta"):
         model = build()
     model = shardcore.optimize(model.eval(), config, policy=policy)
     shardcore.load_checkpoint(model, checkpoint)

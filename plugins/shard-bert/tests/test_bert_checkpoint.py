@@ -34,7 +34,7 @@ def _minilm_lazy(tp: int, path: str) -> float:
     tokenizer = AutoTokenizer.from_pretrained(path)
     batch = dict(tokenizer(SENTENCES, padding=True, return_tensors="pt"))
     reference = BertModel.from_pretrained(path).eval()
-    with torch.device("meta"):
+    with shardcore.init_empty():  # weights on meta; position ids computed as the model does
         model = BertModel(AutoConfig.from_pretrained(path))
     model = shardcore.optimize(model.eval(), ShardConfig(tensor_parallel_size=tp))
     shardcore.load_checkpoint(model, path)  # the real safetensors file, each rank reading its rows

@@ -34,8 +34,7 @@ def test_meta_load_then_save_round_trip(tp, tmp_path):
     run_on_ranks(tp, _lazy, tp, str(tmp_path / "ckpt"), str(tmp_path / "out"))
     assert_same_checkpoint(str(tmp_path / "ckpt"), str(tmp_path / "out"))
     reloaded = LlamaForCausalLM.from_pretrained(tmp_path / "out")  # HF reads it back unsharded
-    torch.manual_seed(0)
-    ref = build("LlamaForCausalLM", **CFG)
+    ref = LlamaForCausalLM.from_pretrained(tmp_path / "ckpt")  # the same loader on the original
     with torch.no_grad():
         batch = lm_batch(1001)
         assert torch.equal(reloaded(**batch).logits, ref(**batch).logits)
@@ -57,3 +56,27 @@ def _dcp_resume(tp: int, path: str) -> float:
 def test_distributed_checkpoint_reshards(tp_after, tmp_path):
     run_on_ranks(2, _dcp_save, 2, str(tmp_path / "dcp"))
     run_on_ranks(tp_after, _dcp_resume, tp_after, str(tmp_path / "dcp"))
+
+
+def _lazy_on_meta_device(ckpt: str) -> str:
+    import transformers
+
+    from shardcore import CheckpointError
+
+    batch = lm_batch(1001)
+    build_ = lambda: build("LlamaForCausalLM", **CFG)  # noqa: E731
+    config = ShardConfig(tensor_parallel_size=2)
+    if int(transformers.__version__.split(".")[0]) >= 5:  # _init_weights computes the rotary buffers
+        assert_lazy_load_matches(build_, batch, ckpt, config, meta="device")
+        return "matches"
+    with pytest.raises(CheckpointError) as err:  # 4.x computes them in __init__ only: refused, never garbage
+        assert_lazy_load_matches(build_, batch, ckpt, config, meta="device")
+    assert "rotary_emb.inv_freq" in str(err.value) and "shardcore.init_empty()" in str(err.value)
+    return "refused"
+
+
+def test_torch_meta_device_build_computes_buffers_or_refuses(tmp_path):
+    torch.manual_seed(0)
+    build("LlamaForCausalLM", **CFG).save_pretrained(tmp_path / "ckpt")
+    results = run_on_ranks(2, _lazy_on_meta_device, str(tmp_path / "ckpt"))
+    assert results[0] == results[1]
