@@ -113,7 +113,7 @@ def isolated(session: nox.Session, plugin: str) -> None:
 
 
 #: The oldest releases the plugins declare and are tested with (``nox -s compat``).
-OLDEST = ("transformers==4.51.3", "timm==1.0.3")
+OLDEST = ("transformers==4.51.3", "timm==1.0.23")
 
 
 @nox.session(default=False)

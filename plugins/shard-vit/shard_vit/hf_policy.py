@@ -2,7 +2,9 @@
 ``ViTForMaskedImageModeling``, ``DeiTModel``, ``DeiTForImageClassification``).
 
 Per layer: ``attention.q_proj/k_proj/v_proj`` column parallel by heads (one backward all-reduce
-for the three), ``attention.o_proj`` row parallel; ``mlp.fc1`` column, ``mlp.fc2`` row parallel.
+for the three), ``attention.o_proj`` row parallel; ``mlp.fc1`` column, ``mlp.fc2`` row parallel
+(transformers 4.x: ``attention.attention.query/key/value``, ``attention.output.dense``,
+``intermediate.dense``, ``output.dense``, the same way).
 Patch embedding, class/distillation tokens, position embeddings, norms, pooler and heads stay
 replicated. Attention dropout draws from a per-rank random stream. Structural: imports nothing
 from transformers.
@@ -19,7 +21,21 @@ __all__ = ["HFViTPolicy"]
 
 
 def _is_layer(module) -> bool:
+    return _is_v5_layer(module) or _is_v4_layer(module)
+
+
+def _is_v5_layer(module) -> bool:
+    """transformers 5: ``attention.{q,k,v,o}_proj`` and ``mlp.fc1/fc2``."""
     return hasattr(getattr(module, "attention", None), "q_proj") and hasattr(getattr(module, "mlp", None), "fc1")
+
+
+def _is_v4_layer(module) -> bool:
+    """transformers 4.x: ``attention.attention.{query,key,value}``, ``attention.output.dense``,
+    ``intermediate.dense``, ``output.dense``."""
+    attn = getattr(module, "attention", None)
+    return hasattr(getattr(attn, "attention", None), "query") and hasattr(
+        getattr(module, "intermediate", None), "dense"
+    )
 
 
 class HFViTPolicy(Policy):
@@ -29,7 +45,10 @@ class HFViTPolicy(Policy):
         for module in self.model.modules():
             if isinstance(module, nn.ModuleList) and module and all(_is_layer(m) for m in module):
                 return self.blocks_in(module)
-        raise ValueError(f"{type(self.model).__name__}: no ViT layers (attention.q_proj, mlp.fc1) found")
+        raise ValueError(
+            f"{type(self.model).__name__}: no ViT layers found (attention.q_proj + mlp.fc1 in transformers 5, "
+            "attention.attention.query + intermediate.dense in 4.x)"
+        )
 
     def _layer_cls(self) -> type:
         layer_cls = self.block_type()
@@ -43,7 +62,10 @@ class HFViTPolicy(Policy):
 
     def checkpoint_names(self, names: list[str]) -> dict[str, str]:
         """transformers 5 saves ViT/DeiT under their legacy names (``encoder.layer.0.attention.
-        attention.query``): map ours onto them with transformers' own conversion mapping."""
+        attention.query``): map ours onto them with transformers' own conversion mapping. Under
+        4.x the module names are the checkpoint names."""
+        if _is_v4_layer(self.blocks()[0][1]):
+            return {}
         from transformers.conversion_mapping import get_model_conversion_mapping
         from transformers.core_model_loading import WeightConverter, WeightRenaming, rename_source_key
 
@@ -60,8 +82,23 @@ class HFViTPolicy(Policy):
         return out
 
     def module_policy(self):
-        cfg = self.model.config
+        cfg, tp = self.model.config, self.tp_size
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        heads = cfg.num_attention_heads
+        if _is_v4_layer(self.blocks()[0][1]):
+            names = ("attention.query", "attention.key", "attention.value", "output.dense")
+            return {
+                self._layer_cls(): ModulePolicyDescription(
+                    attribute_replacement={  # the self-attention reshapes its output to all_head_size
+                        "attention.attention.num_attention_heads": heads // tp,
+                        "attention.attention.all_head_size": heads // tp * head_dim,
+                    },
+                    sub_module_replacement=attention("attention", heads, head_dim, names=names)
+                    + mlp("", inputs=("intermediate.dense",), output="output.dense"),
+                    enter_tp_region=["attention"],
+                    per_rank_rng=["attention.attention"],  # dropout on this rank's attention heads
+                )
+            }
         return {
             self._layer_cls(): ModulePolicyDescription(
                 attribute_replacement={"attention.num_attention_heads": cfg.num_attention_heads // self.tp_size},

@@ -44,6 +44,13 @@ class TimmViTPolicy(Policy):
                 f"{name}: block type {type(block).__name__} (attention {type(attn).__name__}, "
                 f"MLP {type(mlp).__name__}) is not supported; shard-vit needs attn.qkv and mlp.fc1/fc2 Linear layers"
             )
+        if not hasattr(attn, "attn_dim"):
+            import timm
+
+            raise NotImplementedError(
+                f"{name}: timm {timm.__version__} reshapes the attention output to the input width, which a "
+                "rank holding some heads cannot; shard-vit needs timm 1.0.23 or newer (attention with attn_dim)"
+            )
         unsupported = [n for n in ("q_norm", "k_norm", "norm") if not _is_identity(getattr(attn, n, None))]
         unsupported += ["attn.gate"] if getattr(attn, "gate", None) is not None else []
         unsupported += ["mlp.norm"] if not _is_identity(getattr(mlp, "norm", None)) else []

@@ -76,7 +76,8 @@ class WhisperPolicy(Policy):
         if encoder is not None:
             h = cfg.encoder_attention_heads
             policy[encoder] = ModulePolicyDescription(
-                attribute_replacement={"self_attn.num_heads": h // tp},
+                # embed_dim: transformers 4.x reshapes the attention output to it
+                attribute_replacement={"self_attn.num_heads": h // tp, "self_attn.embed_dim": cfg.d_model // tp},
                 sub_module_replacement=attention("self_attn", h, cfg.d_model // h, names=_NAMES) + mlp(""),
                 enter_tp_region=["self_attn"],
                 per_rank_rng=["self_attn"],
@@ -84,7 +85,12 @@ class WhisperPolicy(Policy):
         if decoder is not None:
             h = cfg.decoder_attention_heads
             policy[decoder] = ModulePolicyDescription(
-                attribute_replacement={"self_attn.num_heads": h // tp, "encoder_attn.num_heads": h // tp},
+                attribute_replacement={
+                    "self_attn.num_heads": h // tp,
+                    "encoder_attn.num_heads": h // tp,
+                    "self_attn.embed_dim": cfg.d_model // tp,
+                    "encoder_attn.embed_dim": cfg.d_model // tp,
+                },
                 sub_module_replacement=attention("self_attn", h, cfg.d_model // h, names=_NAMES)
                 # cross-attention: query from the decoder's states, key/value from the encoder's
                 + attention("encoder_attn", h, cfg.d_model // h, names=_NAMES, shared_input=False)
