@@ -23,7 +23,8 @@ def _check(tp: int, cls_name: str) -> dict:
         lambda: hf_build(cls_name),
         hf_batch(cls_name),
         ShardConfig(tensor_parallel_size=tp),
-        zero_grads=("*attention.k_proj.bias",),  # softmax ignores a shift of every key: zero gradient
+        # softmax ignores a shift of every key: zero gradient (transformers 5 name, 4.x name)
+        zero_grads=("*attention.k_proj.bias", "*attention.attention.key.bias"),
         **kwargs,
     )
 
