@@ -35,7 +35,7 @@ PLUGINS = sorted(
 )
 ENV = pathlib.Path(os.environ.get("SHARDCORE_NOX_ENV", ROOT / ".nox" / "shared"))
 
-# PyTorch pins served from local disk on our machines (any torch 2.4+ works): the CPU build, or,
+# PyTorch pins served from local disk on our machines (the core needs torch 2.13+): the CPU build, or,
 # for environments with timm (which needs torchvision), the matching torch + torchvision pair.
 TORCH = os.environ.get("SHARDCORE_TORCH", "torch==2.13.0")
 TORCH_VISION = os.environ.get("SHARDCORE_TORCH_VISION", "torch==2.14.1 torchvision==0.29.1")

@@ -122,3 +122,15 @@ def test_a_collective_only_some_ranks_call_raises_within_the_bound(direction, ch
     assert "waited more than 3 s for the other ranks of its tensor-parallel group [0, 1]" in message
     assert where in message and "#" in message
     assert "`if rank == 0:` is the usual mistake" in message
+
+
+def _unknown_token() -> str:
+    model = _sharded()
+    with pytest.raises(IndexError) as err:
+        model(ids=torch.tensor([[1, 2, 500]]))  # vocabulary 128: the unsharded embedding raises here too
+    return str(err.value)
+
+
+def test_unknown_token_id_raises_instead_of_embedding_zeros():
+    for message in run_on_ranks(2, _unknown_token):
+        assert "token id 500 is outside the vocabulary [0, 128)" in message

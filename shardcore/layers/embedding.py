@@ -53,6 +53,13 @@ class VocabParallelEmbedding1D(ParallelModule):
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:
             return F.embedding(ids, self.weight, self._local_padding_idx)
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.num_embeddings):
+            # every rank masks ids outside its slice: without this an unknown id would embed as zeros
+            bad = ids[(ids < 0) | (ids >= self.num_embeddings)]
+            raise IndexError(
+                f"token id {int(bad[0])} is outside the vocabulary [0, {self.num_embeddings}) "
+                f"({bad.numel()} such ids); the unsharded embedding raises 'index out of range' too"
+            )
         outside = (ids < self.vocab_start) | (ids >= self.vocab_end)
         local = (ids - self.vocab_start).masked_fill(outside, 0)
         out = F.embedding(local, self.weight, self._local_padding_idx)
