@@ -130,8 +130,9 @@ def compat(session: nox.Session, leg: str) -> None:
     if leg == "newest":
         bin_dir = _install(session)
     else:
-        name = "compat-oldest" if any(p.name in NEEDS_TORCHVISION for p in chosen) else "compat-oldest-cpu"
-        bin_dir = _install(session, ROOT / ".nox" / name, chosen, OLDEST)
+        vision = any(p.name in NEEDS_TORCHVISION for p in chosen)
+        pins = OLDEST if vision else tuple(p for p in OLDEST if not p.startswith("timm"))  # timm needs torchvision
+        bin_dir = _install(session, ROOT / ".nox" / ("compat-oldest" if vision else "compat-oldest-cpu"), chosen, pins)
     session.run(
         str(bin_dir / "python"), "-c", "import transformers, sys; print('transformers', transformers.__version__)"
     )

@@ -5,9 +5,11 @@
 
 from .checkpoint import CheckpointError, load_checkpoint, load_distributed, save_checkpoint, save_distributed
 from .config import ShardConfig
+from .consistency import InputMismatch
 from .distributed import ParallelLayout
 from .hookspecs import hookimpl
 from .inference import ParallelModel, parallelize
+from .layers.comm import CollectiveTimeout
 from .layers.parallel_module import ParallelModule
 from .meta import init_empty
 from .plugins import NoPolicyError
@@ -19,6 +21,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CheckpointError",
+    "CollectiveTimeout",
+    "InputMismatch",
     "ModulePolicyDescription",
     "NoPolicyError",
     "ParallelLayout",

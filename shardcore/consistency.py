@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .layers.comm import WHERE, all_gather_cat, broadcast
+from .layers.comm import WHERE, all_gather_cat, broadcast, group_ranks
 from .layers.parallel_module import ParallelModule
 
 __all__ = ["InputMismatch", "input_digests", "install", "sync_random_state"]
@@ -96,7 +96,7 @@ def _mismatch_message(model_name: str, tables: list[dict[str, tuple[str, int]]],
 
 
 def _check_inputs_hook(group, model_name: str):
-    ranks = dist.get_process_group_ranks(group) if group is not None else list(range(dist.get_world_size()))
+    ranks = group_ranks(group)
 
     def hook(module, args, kwargs):
         digests = input_digests(args, kwargs)

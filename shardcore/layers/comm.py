@@ -33,6 +33,7 @@ __all__ = [
     "enter_tp_region",
     "gather_from_tp",
     "group_rank",
+    "group_ranks",
     "group_size",
     "reduce_from_tp",
     "set_collective_timeout",
@@ -107,7 +108,7 @@ def _wait(work, kind: str, group, where: str | None) -> None:
     try:
         work.wait(timeout=timedelta(seconds=WHERE.timeout_s))
     except RuntimeError as err:
-        ranks = dist.get_process_group_ranks(group) if group is not None else list(range(dist.get_world_size()))
+        ranks = group_ranks(group)
         raise CollectiveTimeout(
             f"shardcore: {kind} #{WHERE.seq} ({where or 'forward of ' + WHERE.module}) waited more than "
             f"{WHERE.timeout_s:g} s for the other ranks of its tensor-parallel group {ranks} ({err}). "
@@ -116,6 +117,11 @@ def _wait(work, kind: str, group, where: str | None) -> None:
             "every rank, print on one), or another rank failed or is stuck. The bound is "
             f"ShardConfig(collective_timeout=...) or {TIMEOUT_ENV}=<seconds>."
         ) from err
+
+
+def group_ranks(group: dist.ProcessGroup | None) -> list[int]:
+    """The global ranks of ``group`` (``None``: the default group)."""
+    return dist.get_process_group_ranks(group) if group is not None else list(range(dist.get_world_size()))
 
 
 def group_size(group: dist.ProcessGroup | None) -> int:
