@@ -168,8 +168,8 @@ class ParallelModel:
     def _call(self, method: str, args: tuple, kwargs: dict) -> Any:
         if not self._pool.alive:
             raise RankError(
-                f"this ParallelModel is closed (a worker died, did not answer, or close() was called); "
-                f"create a new one with shardcore.parallelize. Workers alive: {self._pool.alive}"
+                "this ParallelModel is closed (a worker died, did not answer, or close() was called); "
+                "create a new one with shardcore.parallelize"
             )
         if kwargs.get("output_attentions"):
             raise ValueError(
@@ -290,8 +290,14 @@ def _build(key: str, source: Mapping, config: ShardConfig, policy, dtype, device
         dtype = dtype or _config_dtype(hf_config)
         with init_empty():  # parameters on meta, buffers computed by the modules as usual
             model = cls._from_config(hf_config)
-        if dtype is not None:
-            model.to(dtype)  # meta tensors: no memory moves
+        if dtype is not None:  # floating parameters only (meta: nothing moves); buffers keep their dtype
+            converted: dict[int, torch.nn.Parameter] = {}  # by identity: tied parameters stay tied
+            for module in model.modules():
+                for name, p in module._parameters.items():
+                    if p is not None and p.is_floating_point() and p.dtype != dtype:
+                        if id(p) not in converted:
+                            converted[id(p)] = torch.nn.Parameter(p.to(dtype), requires_grad=p.requires_grad)
+                        module._parameters[name] = converted[id(p)]
     model = optimize(model.eval(), config, policy=policy)
     device = torch.device("cuda", torch.cuda.current_device()) if device_type == "cuda" else torch.device("cpu")
     # zero_copy=False: each worker's slices in its own memory, none left in a map of the file

@@ -44,3 +44,26 @@ def test_forward_and_generate_match_unsharded(reference, source):
         assert torch.equal(plain, model.generate(batch["input_ids"], attention_mask=batch["attention_mask"], **GEN))
         pids = handle.pids
     assert handle.closed and len(pids) == 2
+
+
+def test_bfloat16_with_tied_embeddings_from_a_path(tmp_path):
+    """``dtype=torch.bfloat16``: the parameters in bf16 (tied ones stay tied), buffers kept; the
+    tokens of ``from_pretrained(path, dtype=bfloat16)``."""
+    import transformers
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(0)
+    build("LlamaForCausalLM", kv=2, vocab=1001, initializer_range=0.1, tie=True).save_pretrained(tmp_path)
+    key = "dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype"  # renamed in 5
+    ref = LlamaForCausalLM.from_pretrained(tmp_path, **{key: torch.bfloat16}).eval()
+    batch = lm_batch(1001, seed=3)
+    with shardcore.parallelize(tmp_path, world_size=2, dtype=torch.bfloat16) as handle:
+        out = handle(**batch)
+        with torch.no_grad():
+            want = ref(**batch)
+        assert out.logits.dtype == torch.bfloat16
+        # bf16 keeps 8 bits of mantissa: a few of its ulps at the logits' scale, summed in another order
+        diff = (out.logits.float() - want.logits.float()).abs().max().item()
+        assert diff <= 0.03 * want.logits.abs().max().item(), diff
+        ids = dict(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+        assert torch.equal(handle.generate(**ids, **GEN), ref.generate(**ids, **GEN))
