@@ -134,3 +134,18 @@ def _unknown_token() -> str:
 def test_unknown_token_id_raises_instead_of_embedding_zeros():
     for message in run_on_ranks(2, _unknown_token):
         assert "token id 500 is outside the vocabulary [0, 128)" in message
+
+
+def test_timeout_from_config_then_environment_then_default(monkeypatch):
+    from shardcore.layers.comm import DEFAULT_TIMEOUT_S, TIMEOUT_ENV, resolve_timeout
+
+    monkeypatch.delenv(TIMEOUT_ENV, raising=False)
+    assert resolve_timeout(None) == DEFAULT_TIMEOUT_S == 300.0
+    monkeypatch.setenv(TIMEOUT_ENV, "42")
+    assert resolve_timeout(None) == 42.0 and resolve_timeout(7) == 7.0
+    for bad in ("soon", "-1"):
+        monkeypatch.setenv(TIMEOUT_ENV, bad)
+        with pytest.raises(ValueError, match=f"SHARDCORE_COLLECTIVE_TIMEOUT='{bad}'"):
+            shardcore.optimize(ToyLM(vocab=128), ShardConfig(), policy=ToyPolicy)  # before any group exists
+    with pytest.raises(ValueError):
+        ShardConfig(collective_timeout=0)
