@@ -105,12 +105,17 @@ def _wait(work, kind: str, group, where: str | None) -> None:
     if WHERE.timeout_s is None:
         work.wait()
         return
+    where = where or "forward of " + WHERE.module
     try:
         work.wait(timeout=timedelta(seconds=WHERE.timeout_s))
     except RuntimeError as err:
+        if "timed out" not in str(err).lower():  # e.g. a peer that died: say where, keep the error
+            if hasattr(err, "add_note"):  # Python 3.11+
+                err.add_note(f"shardcore: while waiting in {kind} #{WHERE.seq} ({where})")
+            raise
         ranks = group_ranks(group)
         raise CollectiveTimeout(
-            f"shardcore: {kind} #{WHERE.seq} ({where or 'forward of ' + WHERE.module}) waited more than "
+            f"shardcore: {kind} #{WHERE.seq} ({where}) waited more than "
             f"{WHERE.timeout_s:g} s for the other ranks of its tensor-parallel group {ranks} ({err}). "
             "Every rank of the tensor-parallel group must call the model the same number of times with the "
             "same shapes: a generate() or forward under `if rank == 0:` is the usual mistake (call it on "
