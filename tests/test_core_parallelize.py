@@ -221,9 +221,20 @@ def test_script_without_main_guard_runs_once_and_exits_clean(tmp_path):
     assert _gone(pids), "workers outlived the script"
 
 
+def _interactive_sigint() -> None:
+    # as in a terminal: a job started in the background of a non-interactive shell (CI) inherits
+    # SIGINT ignored, and Python then installs no KeyboardInterrupt handler at all
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _start_and_wait_for_call(script: Path) -> tuple[subprocess.Popen, list[int]]:
     proc = subprocess.Popen(
-        [sys.executable, str(script)], env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        [sys.executable, str(script)],
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=_interactive_sigint,
     )
     pids = []
     for line in proc.stdout:
@@ -240,7 +251,12 @@ def test_ctrl_c_stops_everything(tmp_path):
     proc, pids = _start_and_wait_for_call(script)
     start = time.monotonic()
     proc.send_signal(signal.SIGINT)
-    proc.wait(timeout=30)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        raise AssertionError(f"the caller did not stop within 30 s of SIGINT; its output:\n{out}\n{err}") from None
     print(f"Ctrl+C to caller exit: {time.monotonic() - start:.2f} s")
     assert time.monotonic() - start < 10
     assert "KeyboardInterrupt" in proc.stderr.read()
