@@ -7,7 +7,9 @@
   arithmetic, plus name, shape and dtype) and all-gathers one pair of int64 per rank over the
   group. Inputs that differ between ranks raise :class:`InputMismatch` on every rank, naming the
   input and which ranks hold which version, before the model computes anything with them.
-  ``ShardConfig(check_inputs=False)`` turns it off (one small all-gather per forward saved).
+  ``generate`` checks its own arguments once at entry and not each step's forward (those inputs
+  derive from the checked ones and the synced draws). ``ShardConfig(check_inputs=False)`` turns
+  it off (one small all-gather per forward, or per ``generate`` call, saved).
 * **sampling**: ``generate`` first makes the group's random state equal to its first rank's
   (one broadcast of the generator state per ``generate`` call), so ``do_sample=True`` draws the
   same tokens on every rank whatever each rank was seeded with.
@@ -28,7 +30,7 @@ from torch import nn
 from .layers.comm import WHERE, all_gather_cat, broadcast, group_ranks
 from .layers.parallel_module import ParallelModule
 
-__all__ = ["InputMismatch", "input_digests", "install", "sync_random_state"]
+__all__ = ["InputMismatch", "check_inputs", "input_digests", "install", "sync_random_state"]
 
 _MASK = (1 << 63) - 1
 
@@ -95,20 +97,18 @@ def _mismatch_message(model_name: str, tables: list[dict[str, tuple[str, int]]],
     )
 
 
-def _check_inputs_hook(group, model_name: str):
+def check_inputs(group, where: str, args: tuple, kwargs: dict) -> None:
+    """Raise :class:`InputMismatch` on every rank of ``group`` if their tensor arguments differ
+    (one all-gather of 16 bytes per rank; a second, of the per-input table, only on a mismatch)."""
+    digests = input_digests(args, kwargs)
+    mine = _combined(digests)
+    gathered = all_gather_cat(mine, group, dim=0, where=f"input check at the entry of {where}")
+    if torch.equal(gathered, mine.expand_as(gathered)):
+        return
     ranks = group_ranks(group)
-
-    def hook(module, args, kwargs):
-        digests = input_digests(args, kwargs)
-        mine = _combined(digests)
-        gathered = all_gather_cat(mine, group, dim=0, where=f"input check at the entry of {model_name}.forward")
-        if torch.equal(gathered, mine.expand_as(gathered)):
-            return None
-        tables: list = [None] * len(ranks)
-        dist.all_gather_object(tables, digests, group=group)
-        raise InputMismatch(_mismatch_message(model_name, tables, ranks))
-
-    return hook
+    tables: list = [None] * len(ranks)
+    dist.all_gather_object(tables, digests, group=group)
+    raise InputMismatch(_mismatch_message(where, tables, ranks))
 
 
 def sync_random_state(group, device: torch.device) -> None:
@@ -144,8 +144,14 @@ def install(model: nn.Module, group, config) -> None:
         if name in holders:  # prepend: before any enter-TP-region hook on the same module reads the name
             module.register_forward_pre_hook(_where_hook(f"{name} ({type(module).__name__})"), prepend=True)
     model_name = type(model).__name__
+    generating = [False]  # inside generate(): its inputs were checked once, at its entry
     if config.check_inputs:
-        model.register_forward_pre_hook(_check_inputs_hook(group, model_name), with_kwargs=True, prepend=True)
+
+        def hook(module, args, kwargs):
+            if not generating[0]:
+                check_inputs(group, f"{model_name}.forward", args, kwargs)
+
+        model.register_forward_pre_hook(hook, with_kwargs=True, prepend=True)
     generate = getattr(model, "generate", None)
     if callable(generate):
 
@@ -153,6 +159,13 @@ def install(model: nn.Module, group, config) -> None:
         def synced_generate(*args, **kwargs):
             param = next(model.parameters(), None)
             sync_random_state(group, param.device if param is not None else torch.device("cpu"))
-            return generate(*args, **kwargs)
+            if config.check_inputs and not generating[0]:
+                check_inputs(group, f"{model_name}.generate", args, kwargs)
+            # the steps' inputs derive from the checked ones and the synced draws: not re-checked
+            outer, generating[0] = generating[0], True
+            try:
+                return generate(*args, **kwargs)
+            finally:
+                generating[0] = outer
 
         model.generate = synced_generate

@@ -49,9 +49,10 @@ def test_sampling_with_per_rank_seeds_draws_the_same_tokens(world):
     assert all(r["tokens"] == results[0]["tokens"] for r in results)
     new = [row[12:] for row in results[0]["tokens"]]
     assert all(len(set(row)) >= 4 for row in new), new  # really sampled varied tokens
-    # the price: one broadcast of the random state per generate call, one input check per step
+    # the price: per generate call one broadcast of the random state and one input check
+    # (the other all-gathers: the vocabulary-split logits, one per step)
     assert all(r["broadcasts"] == 1 for r in results)
-    assert all(r["all_gathers"] == 2 * SAMPLE["max_new_tokens"] for r in results)  # check + vocab gather
+    assert all(r["all_gathers"] == 1 + SAMPLE["max_new_tokens"] for r in results)
 
 
 def test_sampling_with_equal_seeds_matches_unsharded():
@@ -85,3 +86,18 @@ def test_generate_on_rank_zero_only_raises_within_the_bound():
     assert "broadcast #" in message and "generate() entry" in message
     assert "waited more than 3 s" in message and "`if rank == 0:` is the usual mistake" in message
     assert other.startswith("barrier: ")
+
+
+def _generate_with_other_prompt_on_rank_1() -> str:
+    model = _model()
+    batch = lm_batch(1001, seed=3)
+    ids = batch["input_ids"].flip(0) if dist.get_rank() == 1 else batch["input_ids"]
+    with pytest.raises(shardcore.InputMismatch) as err:
+        model.generate(input_ids=ids, attention_mask=batch["attention_mask"], **SAMPLE)
+    return str(err.value)
+
+
+def test_generate_checks_its_prompt_once_at_entry():
+    for message in run_on_ranks(2, _generate_with_other_prompt_on_rank_1):
+        assert message.startswith("LlamaForCausalLM.generate: the ranks of the tensor-parallel group [0, 1]")
+        assert "'input_ids' differs" in message and "attention_mask" not in message
