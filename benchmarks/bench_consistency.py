@@ -8,7 +8,8 @@
 * the sampling sync: the time of the one broadcast of the random state per ``generate`` call
   (measured alone, 200 times).
 
-Medians of repeated runs in one process pair, on and off interleaved (this machine is noisy).
+Medians of repeated runs in one process pair, on and off interleaved, alternating which goes
+first (this machine is noisy).
 Writes ``bench-results/consistency.json``.
 """
 
@@ -51,14 +52,14 @@ def _measure() -> dict:
             for check in (True, False):
                 models[check](input_ids=ids)
                 models[check].generate(prompt, max_new_tokens=4, do_sample=False)
-        for _ in range(10):
-            for check in (True, False):
+        for i in range(10):
+            for check in (True, False) if i % 2 else (False, True):  # alternate which runs first
                 dist.barrier()
                 start = time.perf_counter()
                 models[check](input_ids=ids)
                 forward[check].append(time.perf_counter() - start)
-        for _ in range(5):
-            for check in (True, False):
+        for i in range(6):
+            for check in (True, False) if i % 2 else (False, True):
                 dist.barrier()
                 start = time.perf_counter()
                 models[check].generate(prompt, max_new_tokens=32, min_new_tokens=32, do_sample=False)
