@@ -248,9 +248,9 @@ def _meta_tensor(shape, dtype, is_param: bool, requires_grad: bool) -> torch.Ten
 
 
 def _structure(model: nn.Module, dtype: torch.dtype | None) -> bytes:
-    held = {id(p): True for p in model.parameters()}
-    persistent = set(model.state_dict(keep_vars=True))
-    held.update({id(b): False for name, b in model.named_buffers() if name in persistent})
+    from .checkpoint.hf import _model_tensors
+
+    held = {id(t): is_param for _, t, is_param in _model_tensors(model)}  # what the checkpoint holds
     import io
 
     buf = io.BytesIO()
@@ -271,6 +271,7 @@ def _build(key: str, source: Mapping, config: ShardConfig, policy, dtype, device
     import torch.distributed as dist
 
     from .checkpoint import load_checkpoint
+    from .checkpoint.materialize import replace_tensors
     from .meta import init_empty
     from .sharder import optimize
 
@@ -291,13 +292,12 @@ def _build(key: str, source: Mapping, config: ShardConfig, policy, dtype, device
         with init_empty():  # parameters on meta, buffers computed by the modules as usual
             model = cls._from_config(hf_config)
         if dtype is not None:  # floating parameters only (meta: nothing moves); buffers keep their dtype
-            converted: dict[int, torch.nn.Parameter] = {}  # by identity: tied parameters stay tied
-            for module in model.modules():
-                for name, p in module._parameters.items():
-                    if p is not None and p.is_floating_point() and p.dtype != dtype:
-                        if id(p) not in converted:
-                            converted[id(p)] = torch.nn.Parameter(p.to(dtype), requires_grad=p.requires_grad)
-                        module._parameters[name] = converted[id(p)]
+            converted = {
+                id(p): torch.nn.Parameter(p.to(dtype), requires_grad=p.requires_grad)
+                for p in model.parameters()
+                if p.is_floating_point() and p.dtype != dtype
+            }
+            replace_tensors(model, converted)  # every reference: tied parameters stay tied
     model = optimize(model.eval(), config, policy=policy)
     device = torch.device("cuda", torch.cuda.current_device()) if device_type == "cuda" else torch.device("cpu")
     # zero_copy=False: each worker's slices in its own memory, none left in a map of the file

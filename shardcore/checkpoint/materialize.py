@@ -45,11 +45,12 @@ def materialize_buffers(model: nn.Module, device) -> None:
     if not pending:
         return
     owners = list({id(m): m for m, _, _ in pending}.values())
+    policy = checkpoint_policy(model)
     results = []
     for fill in (0, 1):
         for module, name, buf in pending:
             module._buffers[name] = torch.full(buf.shape, fill, dtype=buf.dtype, device=device)
-        checkpoint_policy(model).materialize_buffers(owners)
+        policy.materialize_buffers(owners)
         results.append([module._buffers[name].clone() for module, name, _ in pending])
     names = {id(m): n for n, m in model.named_modules()}
     unset = [
@@ -62,7 +63,7 @@ def materialize_buffers(model: nn.Module, device) -> None:
 
         raise CheckpointError(
             f"{type(model).__name__}: the buffers {unset} are not in the checkpoint and "
-            f"{type(checkpoint_policy(model)).__name__}.materialize_buffers did not compute them after the meta "
+            f"{type(policy).__name__}.materialize_buffers did not compute them after the meta "
             "build (older model-library versions compute them only in __init__); build the model under "
             "`with shardcore.init_empty():` instead of `with torch.device('meta'):` (parameters on meta, "
             "buffers computed as usual)"

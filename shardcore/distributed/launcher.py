@@ -295,6 +295,9 @@ class RankPool:
             self.close(force=True)
             raise
 
+    def _died(self, rank: int) -> str:
+        return f"worker died ({_describe_exit(self._procs[rank].poll())})"
+
     def _run(self, name: str, task: bytes) -> list[Any]:
         results: list[Any] = [None] * self.world_size
         errors: dict[int, str] = {}
@@ -303,7 +306,7 @@ class RankPool:
             try:
                 conn.send_bytes(task)
             except OSError:
-                errors[rank] = f"worker died ({_describe_exit(self._procs[rank].poll())})"
+                errors[rank] = self._died(rank)
                 del pending[rank]
         deadline = None if self.call_timeout is None else time.monotonic() + self.call_timeout
         broken = bool(errors)
@@ -317,7 +320,7 @@ class RankPool:
                 except (EOFError, OSError):
                     with contextlib.suppress(subprocess.TimeoutExpired):
                         self._procs[rank].wait(timeout=5)
-                    errors[rank] = f"worker died ({_describe_exit(self._procs[rank].poll())})"
+                    errors[rank] = self._died(rank)
                     broken = True
                     continue
                 if status == "err":
@@ -325,7 +328,7 @@ class RankPool:
                 results[rank] = value
             for rank in list(pending):
                 if self._procs[rank].poll() is not None:
-                    errors[rank] = f"worker died ({_describe_exit(self._procs[rank].poll())})"
+                    errors[rank] = self._died(rank)
                     del pending[rank]
                     broken = True
             if pending and deadline is not None and time.monotonic() > deadline:
