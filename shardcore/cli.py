@@ -1,4 +1,4 @@
-"""``shardcore`` command line: ``shardcore plugins [--json]``."""
+"""``shardcore`` command line: ``shardcore plugins [--json]``, ``shardcore explain MODEL --tp N``."""
 
 from __future__ import annotations
 
@@ -47,14 +47,60 @@ def _plugins(as_json: bool) -> int:
     return 0
 
 
+def _explain(args) -> int:
+    import torch
+
+    from .explain import ExplainError, explain, format_report, to_json
+
+    dtype = getattr(torch, args.dtype) if args.dtype else None
+    if dtype is not None and not isinstance(dtype, torch.dtype):
+        print(
+            f"shardcore explain: --dtype {args.dtype!r} is not a torch dtype (float32, bfloat16, ...)", file=sys.stderr
+        )
+        return 2
+    try:
+        report = explain(args.model, args.tp, pp=args.pp, sp=args.sp, dtype=dtype, device=args.device)
+    except ExplainError as err:
+        if args.json:
+            print(json.dumps({"error": str(err), "valid_tensor_parallel_sizes": err.valid_tp}, indent=2))
+        print(f"shardcore explain: {err}", file=sys.stderr)
+        return 1
+    except (ValueError, TypeError, NotImplementedError, FileNotFoundError, LookupError) as err:
+        # the same messages optimize raises (layout, no plugin, bad model spec): no traceback
+        print(f"shardcore explain: {err}", file=sys.stderr)
+        return 1
+    print(to_json(report) if args.json else format_report(report))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="shardcore", description="shardcore command line")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("plugins", help="list installed plugins and the model classes they cover")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    e = sub.add_parser(
+        "explain",
+        help="show how a model would be sharded (on the meta device: no weights, no processes)",
+        description="Build MODEL on the meta device and print, per module pattern, its parallel replacement, "
+        "the bytes each rank holds, the collectives per layer, the attention backend and any divisibility problem.",
+    )
+    e.add_argument(
+        "model", help="a directory with a HuggingFace config.json, or module:Class (e.g. transformers:LlamaForCausalLM)"
+    )
+    e.add_argument("--tp", type=int, required=True, help="tensor_parallel_size")
+    e.add_argument("--pp", type=int, default=1, help="pipeline_parallel_size (planned: stage bytes)")
+    e.add_argument("--sp", type=int, default=1, help="sequence_parallel_size (planned: heads checked over tp x sp)")
+    e.add_argument("--dtype", default=None, help="parameter dtype (default: the config's dtype, else float32)")
+    e.add_argument("--device", default="cpu", help="device the model would run on (picks the attention backend)")
+    e.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = parser.parse_args(argv)
     if args.command == "plugins":
         return _plugins(args.json)
+    if args.command == "explain":
+        for flag in ("tp", "pp", "sp"):
+            if getattr(args, flag) < 1:
+                parser.error(f"--{flag} must be at least 1")
+        return _explain(args)
     return 2  # pragma: no cover
 
 

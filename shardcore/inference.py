@@ -211,16 +211,16 @@ class ParallelModel:
         return f"ParallelModel({name}, world_size={self.world_size}, {state})"
 
 
-def _read_config(path: Path):
+def _read_config(path: Path, who: str = "parallelize"):
     if not (path / "config.json").is_file():
         raise FileNotFoundError(
-            f"parallelize: {str(path)!r} is not a model directory (no config.json); pass a directory "
+            f"{who}: {str(path)!r} is not a model directory (no config.json); pass a directory "
             "save_pretrained wrote, or the model itself"
         )
     archs = json.loads((path / "config.json").read_text()).get("architectures") or []
     if not archs:
         raise ValueError(
-            f"parallelize: {path / 'config.json'} names no architectures, so the model class is unknown; "
+            f"{who}: {path / 'config.json'} names no architectures, so the model class is unknown; "
             "build the model and pass it instead of the path"
         )
     from transformers import AutoConfig
@@ -309,7 +309,9 @@ def _build(key: str, source: Mapping, config: ShardConfig, policy, dtype, device
 
 
 def _config_dtype(hf_config) -> torch.dtype | None:
-    value = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
+    value = getattr(hf_config, "dtype", None)
+    if value is None and "dtype" not in vars(hf_config):  # transformers 4.x names it torch_dtype
+        value = getattr(hf_config, "torch_dtype", None)
     if isinstance(value, str):
         value = getattr(torch, value, None)
     return value if isinstance(value, torch.dtype) else None

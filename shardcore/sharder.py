@@ -188,6 +188,15 @@ def resolve_policy(model: nn.Module, policy: Policy | type[Policy] | None = None
     return policy
 
 
+def check_policy_features(model: nn.Module, policy: Policy, config: ShardConfig) -> None:
+    """Refuse a ``config`` feature the policy does not honour (before any collective)."""
+    if config.parallel_output and not policy.supports_parallel_output:
+        raise NotImplementedError(
+            f"{type(model).__name__}: {type(policy).__name__} does not support ShardConfig(parallel_output=True) "
+            "(vocab-split logits and loss) yet; leave it False: logits are gathered and the loss is the unsharded one."
+        )
+
+
 def optimize(
     model: nn.Module, config: ShardConfig | None = None, *, policy: Policy | type[Policy] | None = None
 ) -> nn.Module:
@@ -211,11 +220,7 @@ def optimize(
 
     policy = resolve_policy(model, policy)
     policy.set_shard_config(config, tp_size)
-    if config.parallel_output and not policy.supports_parallel_output:
-        raise NotImplementedError(
-            f"{type(model).__name__}: {type(policy).__name__} does not support ShardConfig(parallel_output=True) "
-            "(vocab-split logits and loss) yet; leave it False: logits are gathered and the loss is the unsharded one."
-        )
+    check_policy_features(model, policy, config)
     policy.config_sanity_check()
     if tp_size == 1 or not config.enable_tensor_parallelism:
         guard_meta(model)

@@ -22,12 +22,14 @@ from collections import Counter
 from collections.abc import Iterator
 from datetime import timedelta
 
+import attrs
 import torch
 import torch.distributed as dist
 
 __all__ = [
     "COUNTS",
     "CollectiveTimeout",
+    "PaperGroup",
     "copy_to_tp",
     "count_collectives",
     "enter_tp_region",
@@ -129,13 +131,29 @@ def group_ranks(group: dist.ProcessGroup | None) -> list[int]:
     return dist.get_process_group_ranks(group) if group is not None else list(range(dist.get_world_size()))
 
 
+@attrs.frozen
+class PaperGroup:
+    """A tensor-parallel group that exists only on paper: this process plays ``rank`` of ``size``.
+
+    Sharding a (meta-device) model with it computes the slices rank ``rank`` would hold, with no
+    process group and no other process (``shardcore explain``); a collective on it is an error.
+    """
+
+    rank: int
+    size: int
+
+
 def group_size(group: dist.ProcessGroup | None) -> int:
+    if isinstance(group, PaperGroup):
+        return group.size
     if group is None and not dist.is_initialized():
         return 1
     return dist.get_world_size(group)
 
 
 def group_rank(group: dist.ProcessGroup | None) -> int:
+    if isinstance(group, PaperGroup):
+        return group.rank
     if group is None and not dist.is_initialized():
         return 0
     return dist.get_rank(group)

@@ -66,6 +66,9 @@ class VocabParallelEmbedding1D(ParallelModule):
         out = out.masked_fill(outside.unsqueeze(-1), 0.0)
         return reduce_from_tp(out, self.process_group)
 
+    def collectives(self) -> dict[str, list[str]]:
+        return {"forward": ["all_reduce"] if self.tp_size > 1 else [], "backward": []}
+
     def extra_repr(self) -> str:
         return (
             f"{self.num_embeddings}, {self.embedding_dim}, rank {self.tp_rank}/{self.tp_size} holds ids "
@@ -113,6 +116,9 @@ class VocabParallelLMHead1D(ParallelModule):
         if self.gather_output:
             return gather_from_tp(logits, self.process_group, dim=-1)[..., : self.out_features]
         return logits[..., : self.vocab_end - self.vocab_start]
+
+    def collectives(self) -> dict[str, list[str]]:
+        return {"forward": ["all_gather"] if self.gather_output else [], "backward": ["all_reduce"]}
 
     def extra_repr(self) -> str:
         return (

@@ -146,6 +146,13 @@ class Linear1D_Col(FromLinear, ParallelModule):
             y = gather_from_tp(y, self.process_group, dim=-1)
         return y
 
+    def collectives(self) -> dict[str, list[str]]:
+        backward = ["all_reduce"] if self.copy_input else []
+        if self._replica_groups is not None:  # replicated heads' weight (and bias) gradients are summed
+            per = sum(g is not None for g in self._replica_groups)
+            backward += ["all_reduce"] * per * (2 if self.bias is not None else 1)
+        return {"forward": ["all_gather"] if self.gather_output else [], "backward": backward}
+
     def extra_repr(self) -> str:
         return (
             f"in_features={self.in_features}, out_features={self.out_features} "
@@ -232,6 +239,9 @@ class Linear1D_Row(FromLinear, ParallelModule):
             x = split_to_tp(x, self.process_group, dim=-1)
         y = reduce_from_tp(F.linear(x, self.weight.t() if self.transposed else self.weight), self.process_group)
         return y if self.bias is None else y + self.bias
+
+    def collectives(self) -> dict[str, list[str]]:
+        return {"forward": ["all_reduce"], "backward": [] if self.input_is_parallel else ["all_gather"]}
 
     def extra_repr(self) -> str:
         return (

@@ -26,6 +26,12 @@ class ParallelModule(nn.Module):
         self.tp_rank = group_rank(process_group)
         self.shard_specs: dict[str, ShardSpec] = {}
 
+    def collectives(self) -> dict[str, list[str]]:
+        """The collectives one call of this layer issues over its group: ``{"forward": [...],
+        "backward": [...]}`` (kinds such as ``"all_reduce"``). Read by ``shardcore explain``; the
+        plugins' collective-count tests check it against what a real step issues."""
+        return {"forward": [], "backward": []}
+
     @classmethod
     def from_native_module(cls, module: nn.Module, process_group=None, **kwargs) -> ParallelModule:
         raise NotImplementedError(f"{cls.__name__} does not implement from_native_module")

@@ -8,6 +8,7 @@
   make it able to fail);
 * ``checkpoints.py``: :func:`assert_lazy_load_matches`, :func:`assert_same_checkpoint`,
   :func:`train_and_save` / :func:`assert_resume_matches` (save at one layout, resume at another);
+* ``explained.py``: :func:`assert_explain_matches` (``shardcore explain`` predicts a real step);
 * ``refusals.py``: :func:`refusal_message` (bad input fails on every rank before any collective,
   nobody hangs), :func:`count_c10d_calls`.
 
@@ -26,6 +27,7 @@ A typical plugin test::
 from ..distributed.launcher import RankError, RankPool, close_pools, run_on_ranks
 from .checkpoints import assert_lazy_load_matches, assert_resume_matches, assert_same_checkpoint, train_and_save
 from .conformance import assert_sharded_matches, hidden_state_loss
+from .explained import assert_explain_matches
 from .generation import assert_generate_matches
 from .refusals import count_c10d_calls, refusal_message
 from .structure import check_blocks
@@ -33,6 +35,7 @@ from .structure import check_blocks
 __all__ = [
     "RankError",
     "RankPool",
+    "assert_explain_matches",
     "assert_generate_matches",
     "assert_lazy_load_matches",
     "assert_resume_matches",

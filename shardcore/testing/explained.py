@@ -1,0 +1,52 @@
+"""Check ``shardcore explain`` against a real sharded step: what it predicts is what runs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..config import ShardConfig
+from .conformance import _loss
+
+__all__ = ["assert_explain_matches"]
+
+
+def assert_explain_matches(
+    build_fn: Callable[[], nn.Module],
+    inputs: dict[str, Any],
+    config: ShardConfig,
+    *,
+    loss_fn: Callable[[Any], torch.Tensor] | None = None,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """On every rank of a live group: :func:`shardcore.explain.explain` of ``build_fn()`` built on
+    the meta device must predict the collectives one real forward + backward issues (counted,
+    by kind, input check included) and rank 0's parameter bytes. Returns the report."""
+    import shardcore
+    from shardcore.explain import explain
+    from shardcore.layers.comm import count_collectives, group_rank
+
+    tp = config.tensor_parallel_size
+    with shardcore.init_empty():
+        meta = build_fn()
+    report = explain(meta, tp, config=config)
+
+    torch.manual_seed(seed)
+    model = shardcore.optimize(build_fn(), config)
+    with count_collectives() as fwd:
+        out = model(**inputs)
+    with count_collectives() as bwd:
+        _loss(out, loss_fn).backward()
+    measured = {"forward": dict(fwd), "backward": dict(bwd)}
+    assert report["collectives_per_step"] == measured, (
+        f"explain predicts {report['collectives_per_step']}, a step issued {measured}"
+    )
+    if group_rank(model.shardcore.process_group) == 0:
+        held = sum(p.numel() * p.element_size() for p in model.parameters())
+        assert report["bytes_per_rank"] == held, (
+            f"explain says rank 0 holds {report['bytes_per_rank']} B, it holds {held} B"
+        )
+    return report
