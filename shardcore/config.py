@@ -12,14 +12,9 @@ __all__ = ["ShardConfig"]
 #: Features whose fields exist (with Shardformer's names and meaning) but are not built yet.
 #: Each maps to the only value accepted until it is built.
 _NOT_BUILT: dict[str, Any] = {
-    "enable_fused_normalization": False,
-    "enable_flash_attention": False,
-    "enable_jit_fused": False,
     "enable_sequence_parallelism": False,
     "sequence_parallelism_mode": None,
     "enable_sequence_overlap": False,
-    "enable_all_optimization": False,
-    "inference_only": False,
 }
 #: The layout degrees and modes of the next features, refused by :meth:`ShardConfig.check_built`
 #: (at ``optimize``) rather than the constructor: the layout must first be checked against the world.
@@ -85,10 +80,21 @@ class ShardConfig:
             before raising an error that names it (layer, forward/backward, sequence number).
             ``None``: ``$SHARDCORE_COLLECTIVE_TIMEOUT``, else 300. Per process; also the timeout
             of the process group :func:`shardcore.optimize` creates from torchrun's environment.
-        enable_fused_normalization, enable_flash_attention, enable_jit_fused,
-        enable_sequence_parallelism, sequence_parallelism_mode, enable_sequence_overlap,
-        enable_all_optimization, inference_only: accepted at their defaults only until built;
-            any other value raises ``NotImplementedError`` naming the field.
+        enable_flash_attention: attention on ``flash_attn`` 2 when it is installed and the model
+            runs on CUDA in fp16/bf16, else on ``torch.nn.functional.scaled_dot_product_attention``
+            (fused CPU/CUDA kernels; grouped K/V not repeated where the kernel allows), through
+            the model library's own attention registry. Which one runs is logged at INFO.
+        enable_fused_normalization: RMSNorm/LayerNorm on fused kernels (``torch.nn.functional.
+            rms_norm``; apex on CUDA when installed), same parameters, same numbers within fp32.
+        enable_jit_fused: the policy's projection + elementwise modules (SwiGLU, bias + GeLU,
+            bias + dropout + residual) compiled with ``torch.compile``; eager, with one WARNING,
+            where compilation is unavailable.
+        enable_all_optimization: the three above (not sequence parallelism: it changes the layout).
+        inference_only: drop what only training needs: no backward all-reduce hooks, no per-rank
+            random streams; parameters are frozen and the model is put in eval mode (training
+            it raises).
+        enable_sequence_parallelism, sequence_parallelism_mode, enable_sequence_overlap: accepted
+            at their defaults only until built; any other value raises ``NotImplementedError``.
     """
 
     tensor_parallel_size: int | None = attrs.field(default=None, validator=v.optional([v.instance_of(int), v.ge(1)]))
@@ -101,14 +107,14 @@ class ShardConfig:
         default=None, validator=v.optional([v.instance_of((int, float)), v.gt(0)])
     )
 
-    enable_fused_normalization: bool = attrs.field(default=False, validator=_not_built)
-    enable_flash_attention: bool = attrs.field(default=False, validator=_not_built)
-    enable_jit_fused: bool = attrs.field(default=False, validator=_not_built)
+    enable_fused_normalization: bool = attrs.field(default=False, validator=v.instance_of(bool))
+    enable_flash_attention: bool = attrs.field(default=False, validator=v.instance_of(bool))
+    enable_jit_fused: bool = attrs.field(default=False, validator=v.instance_of(bool))
     enable_sequence_parallelism: bool = attrs.field(default=False, validator=_not_built)
     sequence_parallelism_mode: str | None = attrs.field(default=None, validator=_not_built)
     enable_sequence_overlap: bool = attrs.field(default=False, validator=_not_built)
-    enable_all_optimization: bool = attrs.field(default=False, validator=_not_built)
-    inference_only: bool = attrs.field(default=False, validator=_not_built)
+    enable_all_optimization: bool = attrs.field(default=False, validator=v.instance_of(bool))
+    inference_only: bool = attrs.field(default=False, validator=v.instance_of(bool))
 
     data_parallel_size: int | None = attrs.field(default=None, validator=v.optional([v.instance_of(int), v.ge(1)]))
     pipeline_parallel_size: int = attrs.field(default=1, validator=[v.instance_of(int), v.ge(1)])

@@ -134,6 +134,40 @@ class Policy:
             out += [(prefix + name, child) for name, child in container.named_children()]
         return out
 
+    def set_attention_backend(self, backend: str) -> str:
+        """Make the model's attention run on ``backend`` (``"flash_attention_2"`` or ``"sdpa"``, see
+        :func:`shardcore.kernels.attention_backend`) for ``ShardConfig(enable_flash_attention=True)``;
+        returns the name of what now runs. The default plugs into HuggingFace's attention
+        registry (``set_attn_implementation``); policies of other libraries override it."""
+        from .kernels import use_hf_attention
+
+        return use_hf_attention(self.model, backend)
+
+    def rms_norm_classes(self) -> tuple[type, ...]:
+        """The model library's RMSNorm classes that :class:`~shardcore.layers.FusedRMSNorm` computes
+        exactly (``weight * x / rms(x)``, in fp32), for ``enable_fused_normalization``;
+        ``nn.LayerNorm`` and ``nn.RMSNorm`` are always covered. Structural: take them from the
+        model instance. Default: none."""
+        return ()
+
+    def fusible_modules(self) -> list[tuple[str, nn.Module]]:
+        """``(name, module)`` of the submodules ``enable_jit_fused`` compiles: modules whose forward
+        is projections and elementwise work (bias + GeLU, SwiGLU, bias + dropout + residual), whose
+        compiled forward fuses the elementwise ops. Not attention (caches, masks). Default: none."""
+        return []
+
+    def in_blocks(self, *suffixes: str) -> list[tuple[str, nn.Module]]:
+        """``(qualified name, module)`` of the submodule at each of ``suffixes`` in every block of
+        :meth:`blocks` that has it (e.g. ``in_blocks("mlp")`` for :meth:`fusible_modules`)."""
+        out = []
+        for name, block in self.blocks():
+            for suffix in suffixes:
+                try:
+                    out.append((f"{name}.{suffix}", block.get_submodule(suffix)))
+                except AttributeError:
+                    continue
+        return out
+
     def module_policy(self) -> dict[type | str, ModulePolicyDescription]:
         """Per module class (or its qualified name), what to do with every instance."""
         raise NotImplementedError(f"{type(self).__name__} must implement module_policy()")

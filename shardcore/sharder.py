@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from . import consistency, distributed
+from . import consistency, distributed, kernels
 from .config import ShardConfig
 from .distributed import ParallelLayout
 from .layers.comm import enter_tp_region, group_size, resolve_timeout, set_collective_timeout
@@ -34,6 +34,8 @@ class ShardInfo:
     process_group: object
     policy: Policy
     layout: ParallelLayout
+    #: What each optimization switch runs (``{"attention": "shardcore_sdpa", ...}``), see :mod:`shardcore.kernels`.
+    kernels: dict = attrs.field(factory=dict)
 
 
 def _get(module: nn.Module, dotted: str):
@@ -118,6 +120,8 @@ class ModelSharder:
                 _set(module, sub.suffix, sub.target_module.from_native_module(native, self.process_group, **sub.kwargs))
             for method, fn in desc.method_replacement.items():
                 setattr(module, method, types.MethodType(fn, module))
+            if getattr(getattr(self.policy, "shard_config", None), "inference_only", False):
+                continue  # no backward all-reduce hooks, no per-rank random streams
             for suffix in desc.enter_tp_region:
                 enter_tp_region(_get(module, suffix), self.process_group)
             for suffix in desc.per_rank_rng:
@@ -223,6 +227,8 @@ def optimize(
     check_policy_features(model, policy, config)
     policy.config_sanity_check()
     if tp_size == 1 or not config.enable_tensor_parallelism:
+        kernels.apply(model, policy, config)
+        _freeze_for_inference(model, config)
         guard_meta(model)
         return model
 
@@ -236,8 +242,31 @@ def optimize(
     sharder.process_group = group
     model = sharder.shard(plan)
     model = policy.postprocess()
-    model.shardcore = ShardInfo(config, tp_size, group, policy, layout)
+    applied = kernels.apply(model, policy, config)
+    model.shardcore = ShardInfo(config, tp_size, group, policy, layout, applied)
     set_collective_timeout(resolve_timeout(config.collective_timeout))
     consistency.install(model, group, config)
+    _freeze_for_inference(model, config)
     guard_meta(model)
     return model
+
+
+def _freeze_for_inference(model: nn.Module, config: ShardConfig) -> None:
+    """``inference_only``: eval mode, frozen parameters, and a clear error (first, before any
+    collective) if the model is put back in training mode."""
+    if not config.inference_only:
+        return
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    name = type(model).__name__
+
+    def refuse_training(module, args, kwargs):
+        if module.training:
+            raise RuntimeError(
+                f"{name} was sharded with ShardConfig(inference_only=True): its backward all-reduce hooks and "
+                "per-rank random streams were left out, so it cannot train; call model.eval(), or shard it "
+                "without inference_only to train it"
+            )
+
+    model.register_forward_pre_hook(refuse_training, with_kwargs=True, prepend=True)

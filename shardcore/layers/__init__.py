@@ -5,6 +5,7 @@ from .conv1d import Conv1D_Col, Conv1D_Row, FusedConv1D_Col
 from .embedding import VocabParallelEmbedding1D, VocabParallelLMHead1D
 from .linear import FusedLinear1D_Col, Linear1D_Col, Linear1D_Row
 from .loss import vocab_parallel_cross_entropy
+from .norm import FusedLayerNorm, FusedRMSNorm
 from .parallel_module import ParallelModule
 from .rng import fork_tp_rng, run_in_shared_rng, run_in_tp_rng
 from .shard_spec import Segment, ShardSpec
@@ -13,7 +14,9 @@ __all__ = [
     "Conv1D_Col",
     "Conv1D_Row",
     "FusedConv1D_Col",
+    "FusedLayerNorm",
     "FusedLinear1D_Col",
+    "FusedRMSNorm",
     "Linear1D_Col",
     "Linear1D_Row",
     "ParallelModule",

@@ -252,21 +252,34 @@ class _SplitToTP(torch.autograd.Function):
         return all_gather_cat(grad, ctx.group, ctx.dim, where=ctx.where), None, None
 
 
+# The four are never traced by torch.compile (ShardConfig(enable_jit_fused=True) compiles modules
+# that hold parallel layers): a compiled graph breaks at them and they run eagerly.
+
+
+@torch.compiler.disable
 def copy_to_tp(x: torch.Tensor, group) -> torch.Tensor:
-    """Megatron's ``f``: enter a tensor-parallel region: identity forward, all-reduce of the gradient backward."""
-    return x if group_size(group) == 1 else _CopyToTP.apply(x, group)
+    """Megatron's ``f``: enter a tensor-parallel region: identity forward, all-reduce of the gradient backward.
+
+    The identity itself when no gradient can flow to ``x`` (it does not require one, or autograd
+    is off): the backward all-reduce would never run, so nothing is recorded for it."""
+    if group_size(group) == 1 or not (x.requires_grad and torch.is_grad_enabled()):
+        return x
+    return _CopyToTP.apply(x, group)
 
 
+@torch.compiler.disable
 def reduce_from_tp(x: torch.Tensor, group) -> torch.Tensor:
     """Megatron's ``g``: leave a tensor-parallel region by summing partial results: all-reduce forward only."""
     return x if group_size(group) == 1 else _ReduceFromTP.apply(x, group)
 
 
+@torch.compiler.disable
 def gather_from_tp(x: torch.Tensor, group, dim: int = -1) -> torch.Tensor:
     """Concatenate every rank's slice along ``dim`` (all-gather); backward keeps the local slice."""
     return x if group_size(group) == 1 else _GatherFromTP.apply(x, group, dim % x.dim())
 
 
+@torch.compiler.disable
 def split_to_tp(x: torch.Tensor, group, dim: int = -1) -> torch.Tensor:
     """Keep this rank's equal slice along ``dim``; backward all-gathers the gradient."""
     return x if group_size(group) == 1 else _SplitToTP.apply(x, group, dim % x.dim())

@@ -131,9 +131,10 @@ class Linear1D_Col(FromLinear, ParallelModule):
 
     def _weights(self):
         weight, bias = self.weight, self.bias
-        if self._replica_groups is not None:
-            weight = _SyncReplicaGrads.apply(weight, self.weight_spec, self._replica_groups)
-            if bias is not None:
+        if self._replica_groups is not None and torch.is_grad_enabled():  # no gradient, nothing to sum
+            if weight.requires_grad:
+                weight = _SyncReplicaGrads.apply(weight, self.weight_spec, self._replica_groups)
+            if bias is not None and bias.requires_grad:
                 bias = _SyncReplicaGrads.apply(bias, self.spec, self._replica_groups)
         return (weight.t() if self.transposed else weight), bias
 

@@ -166,7 +166,8 @@ def assert_sharded_matches(
     skip_outputs: tuple[str, ...] = ("loss",),
     sharded_output_fn: Callable[[nn.Module, Any], Any] | None = None,
     max_param_fraction: float | None = None,
-) -> dict[str, float]:
+    reference_config=None,
+) -> dict[str, Any]:
     """Check a sharded model against the unsharded one; run on every rank of the group.
 
     ``build()`` is called twice after ``torch.manual_seed(seed)``; one copy is sharded with
@@ -188,18 +189,27 @@ def assert_sharded_matches(
 
     ``sharded_output_fn(model, output)``, if given, maps the sharded output before it is
     compared (e.g. to gather logits kept vocab-parallel by ``parallel_output=True``).
+
+    ``reference_config`` (a :class:`~shardcore.ShardConfig` with ``tensor_parallel_size=1``), if
+    given, is applied to the unsharded reference with :func:`shardcore.optimize`: the way to give
+    it the same kernels (``enable_flash_attention``, ...) as the sharded model.
     """
     import shardcore
 
     torch.manual_seed(seed)
     ref = build()
+    if reference_config is not None:
+        if reference_config.tensor_parallel_size != 1:
+            raise ValueError("reference_config must keep the reference unsharded: tensor_parallel_size=1")
+        ref = shardcore.optimize(ref, reference_config, policy=policy)
     torch.manual_seed(seed)
     model = shardcore.optimize(build(), config, policy=policy)
     info = getattr(model, "shardcore", None)
     used = info.policy if info is not None else shardcore.resolve_policy(model, policy)
     blocks = check_blocks(used, model)
-    report: dict[str, float] = {"blocks": len(blocks)}
+    report: dict[str, Any] = {"blocks": len(blocks)}
     if info is not None:
+        report["kernels"] = dict(info.kernels)  # what each optimization switch runs
         report.update(check_sharded_structure(model, ref, blocks, max_param_fraction))
 
     out_ref, out = ref(**inputs), model(**inputs)

@@ -40,6 +40,10 @@ class BertPolicy(Policy):
     def blocks(self):
         return self.blocks_in(self.base.encoder.layer)
 
+    def fusible_modules(self):
+        # bias + GeLU; bias + dropout + residual + LayerNorm (after the MLP and after attention)
+        return self.in_blocks("intermediate", "output", "attention.output", "crossattention.output")
+
     def config_sanity_check(self) -> None:
         cfg, tp = self.model.config, self.tp_size
         name = type(self.model).__name__

@@ -33,6 +33,9 @@ class GPT2Policy(Policy):
     def blocks(self):
         return self.blocks_in(self.base.h)
 
+    def fusible_modules(self):
+        return self.in_blocks("mlp")  # c_fc, tanh-GeLU, c_proj, dropout: the GeLU's dozen ops fused
+
     def config_sanity_check(self) -> None:
         cfg, tp, name = self.model.config, self.tp_size, type(self.model).__name__
         self.require_divisible(cfg.n_head, tp, "n_head", name)

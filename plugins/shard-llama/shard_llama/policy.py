@@ -43,6 +43,12 @@ class LlamaPolicy(Policy):
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
         return heads, kv, head_dim
 
+    def rms_norm_classes(self):
+        return (type(self.base.norm),)  # LlamaRMSNorm / MistralRMSNorm / Qwen2RMSNorm: weight * x / rms(x)
+
+    def fusible_modules(self):
+        return self.in_blocks("mlp")  # down(silu(gate(x)) * up(x)): SwiGLU fused
+
     def config_sanity_check(self) -> None:
         cfg, tp = self.model.config, self.tp_size
         name = type(self.model).__name__

@@ -8,10 +8,12 @@ import sys
 import time
 
 import pytest
+import torch
 from llama_cases import build, lm_batch
 
 from shardcore import ShardConfig
-from shardcore.testing import assert_explain_matches, run_on_ranks
+from shardcore import kernels as _kernels
+from shardcore.testing import assert_explain_matches, assert_sharded_matches, run_on_ranks
 
 
 def _explain(tp: int, kv: int, layers: int) -> dict:
@@ -108,3 +110,132 @@ def test_explain_table_and_bad_spec(llama_7b):
     proc, _, _ = _cli("explain", "no_such_module:Model", "--tp", "2")
     assert proc.returncode == 1 and "cannot import 'no_such_module:Model'" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+FLAGS = {
+    "flash": {"enable_flash_attention": True},
+    "norm": {"enable_fused_normalization": True},
+    "jit": {"enable_jit_fused": True},
+    "all": {"enable_all_optimization": True},
+}
+
+
+def _flag(tp: int, flag: str, kv: int) -> dict:
+    # the reference runs the same kernels unsharded (TP=1): the sharded model must equal it as
+    # tightly as without them; that the kernels equal the model's own eager path: test_kernels_match_eager
+    report = assert_sharded_matches(
+        lambda: build("LlamaForCausalLM", kv=kv),
+        lm_batch(),
+        ShardConfig(tensor_parallel_size=tp, **FLAGS[flag]),
+        reference_config=ShardConfig(tensor_parallel_size=1, **FLAGS[flag]),
+    )
+    return report["kernels"]
+
+
+@pytest.mark.parametrize("flag", list(FLAGS))
+def test_optimization_flags_at_tp2(flag):
+    """Each switch at TP=2 with grouped-query attention: outputs, loss, every gradient and three
+    AdamW steps equal to the unsharded model running the same kernels."""
+    (kernels, _) = run_on_ranks(2, _flag, 2, flag, 2)
+    if flag in ("flash", "all"):
+        assert kernels["attention"] == "shardcore_sdpa"
+    if flag in ("norm", "all"):
+        assert kernels["normalization"] == "5 norms on fused kernels"  # 2 layers x 2 + final
+    if flag in ("jit", "all"):
+        assert kernels["jit_fused"] == "2 modules compiled (LlamaMLP)"
+
+
+def test_flash_attention_at_tp4_with_replicated_kv():
+    """4 ranks, 2 KV heads (each replicated on 2 ranks) on the registry's SDPA with grouped K/V."""
+    (kernels, *_) = run_on_ranks(4, _flag, 4, "flash", 2)
+    assert kernels["attention"] == "shardcore_sdpa"
+
+
+def _eager_build():
+    model = build("LlamaForCausalLM", kv=2)
+    model.config._attn_implementation = "eager"
+    return model
+
+
+def test_kernels_match_eager():
+    """All switches, unsharded, against the model's own eager attention and unfused norms and MLP:
+    logits of every real (unpadded) token, the loss and every gradient, within fp32 rounding
+    (SDPA and the fused kernels sum in another order; padded query rows are excluded: eager and SDPA
+    fill a row with no visible key differently)."""
+    import shardcore
+
+    torch.manual_seed(0)
+    ref = _eager_build()
+    torch.manual_seed(0)
+    model = shardcore.optimize(_eager_build(), ShardConfig(tensor_parallel_size=1, enable_all_optimization=True))
+    assert model.config._attn_implementation == "shardcore_sdpa"
+    batch = lm_batch()  # padded: the masked grouped-K/V path
+    real = batch["attention_mask"].bool()
+    torch.testing.assert_close(model(**batch).logits[real], ref(**batch).logits[real], rtol=1e-5, atol=1e-5)
+    # the loss of a left-padded row reads the last pad position's prediction (of the first real
+    # token), one of the rows eager and SDPA fill differently: loss and gradients on unpadded rows
+    batch = lm_batch(pad=False)
+    out, expected = model(**batch), ref(**batch)
+    torch.testing.assert_close(out.loss, expected.loss, rtol=1e-6, atol=0)
+    out.loss.backward()
+    expected.loss.backward()
+    ref_params = dict(ref.named_parameters())
+    for name, p in model.named_parameters():
+        g, e = p.grad, ref_params[name].grad
+        assert (g - e).norm() <= 1e-5 * e.norm() + 1e-7, name
+
+
+def _inference_only(tp: int) -> dict:
+    import shardcore
+
+    torch.manual_seed(0)
+    ref = build("LlamaForCausalLM", kv=2).eval()
+    torch.manual_seed(0)
+    model = shardcore.optimize(
+        build("LlamaForCausalLM", kv=2), ShardConfig(tensor_parallel_size=tp, inference_only=True)
+    )
+    torch.manual_seed(0)
+    trained = shardcore.optimize(build("LlamaForCausalLM", kv=2), ShardConfig(tensor_parallel_size=tp))
+    batch = lm_batch()
+    torch.testing.assert_close(model(**batch).logits, ref(**batch).logits, rtol=1e-5, atol=1e-5)
+    attn, attn_trained = model.model.layers[0].self_attn, trained.model.layers[0].self_attn
+    return {
+        "hooks": (len(attn._forward_pre_hooks), len(attn_trained._forward_pre_hooks)),
+        "rng_wrapped": ("forward" in vars(attn), "forward" in vars(attn_trained)),
+        "frozen": not any(p.requires_grad for p in model.parameters()),
+        "generate": model.generate(batch["input_ids"][1:], max_new_tokens=4, do_sample=False).tolist(),
+        "generate_ref": ref.generate(batch["input_ids"][1:], max_new_tokens=4, do_sample=False).tolist(),
+    }
+
+
+def test_inference_only():
+    """inference_only at TP=2: same logits and greedy tokens; the attention has no entry hook
+    (backward all-reduce) and no per-rank random stream, which the training layout has."""
+    for result in run_on_ranks(2, _inference_only, 2):
+        assert result["hooks"] == (1, 2)  # only the hook naming the module for timeouts is left
+        assert result["rng_wrapped"] == (False, True)
+        assert result["frozen"]
+        assert result["generate"] == result["generate_ref"]
+
+
+def _flash_cuda() -> None:
+    import shardcore
+
+    torch.manual_seed(0)
+    ref = build("LlamaForCausalLM", kv=2).cuda().to(torch.bfloat16)
+    torch.manual_seed(0)
+    model = build("LlamaForCausalLM", kv=2).cuda().to(torch.bfloat16)
+    model = shardcore.optimize(model, ShardConfig(tensor_parallel_size=1, enable_flash_attention=True))
+    assert model.config._attn_implementation == "flash_attention_2"
+    batch = {k: v.cuda() for k, v in lm_batch().items()}
+    real = batch["attention_mask"].bool()
+    # bf16: flash-attn and SDPA round differently; a bf16 tolerance
+    torch.testing.assert_close(model(**batch).logits[real], ref(**batch).logits[real], rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.skipif(
+    not (torch.cuda.is_available() and _kernels.flash_attn_available()),
+    reason="flash-attn path: needs CUDA and flash-attn 2 (pip install shardcore[flash]); this machine has neither",
+)
+def test_flash_attn_on_cuda():
+    _flash_cuda()

@@ -50,6 +50,10 @@ class HFViTPolicy(Policy):
             "attention.attention.query + intermediate.dense in 4.x)"
         )
 
+    def fusible_modules(self):
+        # transformers 5: mlp (fc1, GeLU, fc2); 4.x: intermediate (bias + GeLU), output (bias + dropout + residual)
+        return self.in_blocks("mlp", "intermediate", "output")
+
     def _layer_cls(self) -> type:
         layer_cls = self.block_type()
         return layer_cls

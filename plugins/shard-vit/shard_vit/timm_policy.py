@@ -33,6 +33,22 @@ class TimmViTPolicy(Policy):
     def _block(self):
         return self.blocks()[0][1]
 
+    def set_attention_backend(self, backend: str) -> str:
+        """timm's own switch: every attention with ``fused_attn`` runs ``F.scaled_dot_product_attention``
+        (on CUDA in fp16/bf16 torch picks its flash kernel itself; timm has no flash-attn path)."""
+        count = 0
+        for module in self.model.modules():
+            if hasattr(module, "fused_attn"):
+                module.fused_attn, count = True, count + 1
+        if not count:
+            raise NotImplementedError(f"timm {type(self.model).__name__}: no attention with fused_attn to switch")
+        return "sdpa (timm fused_attn)"
+
+    def fusible_modules(self):
+        # fc1, GeLU, fc2: bias + GeLU fused. An MLP whose hidden dropout draws (p > 0) stays eager:
+        # that dropout runs on a per-rank random stream, which a compiled graph would not keep.
+        return [(n, m) for n, m in self.in_blocks("mlp") if getattr(getattr(m, "drop1", None), "p", 0) == 0]
+
     def config_sanity_check(self) -> None:
         name = f"timm {type(self.model).__name__}"
         block = self._block()
