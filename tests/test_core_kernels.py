@@ -6,9 +6,8 @@ import logging
 
 import pytest
 import torch
-import torch.nn.functional as F
-from toy_models import ToyLM, ToyPolicy, toy_batch
 from torch import nn
+from toy_models import ToyLM, ToyPolicy, toy_batch
 
 import shardcore
 from shardcore import ShardConfig, kernels
