@@ -149,16 +149,19 @@ def _switches(config) -> tuple[bool, bool, bool]:
     )
 
 
-def replace_norms(model: torch.nn.Module, rms_classes: tuple[type, ...]) -> int:
-    """Put every ``nn.LayerNorm`` (exactly that class) and every instance of ``rms_classes`` on its
-    fused layer, keeping the parameters; how many were replaced."""
+def replace_norms(model: torch.nn.Module, classes: tuple[type, ...]) -> int:
+    """Put every ``nn.LayerNorm`` / ``nn.RMSNorm`` (exactly those classes) and every instance of
+    ``classes`` (the policy's, see :meth:`shardcore.Policy.norm_classes`) on its fused layer,
+    keeping the parameters; how many were replaced."""
     from .layers.norm import FusedLayerNorm, FusedRMSNorm
 
     targets = []
     for name, module in model.named_modules():
-        if type(module) is torch.nn.LayerNorm:
+        if type(module) is torch.nn.LayerNorm or (
+            isinstance(module, classes) and isinstance(module, torch.nn.LayerNorm)
+        ):
             targets.append((name, FusedLayerNorm))
-        elif isinstance(module, rms_classes) or type(module) is getattr(torch.nn, "RMSNorm", None):
+        elif isinstance(module, classes) or type(module) is getattr(torch.nn, "RMSNorm", None):
             targets.append((name, FusedRMSNorm))
     for name, cls in targets:
         parent, _, attr = name.rpartition(".")
@@ -197,8 +200,9 @@ def compile_modules(modules: list[tuple[str, torch.nn.Module]]) -> str:
 
 
 def apply(model: torch.nn.Module, policy, config) -> dict[str, str]:
-    """Apply ``config``'s optimization switches to ``model`` through ``policy``; what each one runs."""
-    flash, norms, jit = _switches(config)
+    """Apply ``config``'s attention and normalization switches to ``model`` through ``policy``
+    (before sharding and before any collective: a refusal is raised on every rank alike); what each runs."""
+    flash, norms, _ = _switches(config)
     done: dict[str, str] = {}
     name = type(model).__name__
     if flash:
@@ -207,10 +211,15 @@ def apply(model: torch.nn.Module, policy, config) -> dict[str, str]:
         done["attention"] = policy.set_attention_backend(backend)
         log.info("enable_flash_attention: %s attention on %s (%s, %s)", name, done["attention"], device.type, dtype)
     if norms:
-        count = replace_norms(model, tuple(policy.rms_norm_classes()))
+        count = replace_norms(model, tuple(policy.norm_classes()))
         done["normalization"] = f"{count} norms on fused kernels"
         log.info("enable_fused_normalization: %s: %s", name, done["normalization"])
-    if jit:
+    return done
+
+
+def apply_jit(model: torch.nn.Module, policy, config, done: dict[str, str]) -> dict[str, str]:
+    """Apply ``enable_jit_fused`` to the (sharded) model: compile the policy's fusible modules."""
+    if _switches(config)[2]:
         done["jit_fused"] = compile_modules(policy.fusible_modules())
-        log.info("enable_jit_fused: %s: %s", name, done["jit_fused"])
+        log.info("enable_jit_fused: %s: %s", type(model).__name__, done["jit_fused"])
     return done

@@ -143,11 +143,12 @@ class Policy:
 
         return use_hf_attention(self.model, backend)
 
-    def rms_norm_classes(self) -> tuple[type, ...]:
-        """The model library's RMSNorm classes that :class:`~shardcore.layers.FusedRMSNorm` computes
-        exactly (``weight * x / rms(x)``, in fp32), for ``enable_fused_normalization``;
-        ``nn.LayerNorm`` and ``nn.RMSNorm`` are always covered. Structural: take them from the
-        model instance. Default: none."""
+    def norm_classes(self) -> tuple[type, ...]:
+        """The model library's normalization classes ``enable_fused_normalization`` puts on fused
+        kernels: subclasses of ``nn.LayerNorm`` that compute a plain layer norm (onto
+        :class:`~shardcore.layers.FusedLayerNorm`) and RMSNorms computing ``weight * x / rms(x)`` in
+        fp32 (onto :class:`~shardcore.layers.FusedRMSNorm`). ``nn.LayerNorm`` and ``nn.RMSNorm``
+        themselves are always covered. Structural: take them from the model instance. Default: none."""
         return ()
 
     def fusible_modules(self) -> list[tuple[str, nn.Module]]:

@@ -226,8 +226,9 @@ def optimize(
     policy.set_shard_config(config, tp_size)
     check_policy_features(model, policy, config)
     policy.config_sanity_check()
+    applied = kernels.apply(model, policy, config)  # attention backend, fused norms: still no collective
     if tp_size == 1 or not config.enable_tensor_parallelism:
-        kernels.apply(model, policy, config)
+        kernels.apply_jit(model, policy, config, applied)
         _freeze_for_inference(model, config)
         guard_meta(model)
         return model
@@ -242,7 +243,7 @@ def optimize(
     sharder.process_group = group
     model = sharder.shard(plan)
     model = policy.postprocess()
-    applied = kernels.apply(model, policy, config)
+    kernels.apply_jit(model, policy, config, applied)
     model.shardcore = ShardInfo(config, tp_size, group, policy, layout, applied)
     set_collective_timeout(resolve_timeout(config.collective_timeout))
     consistency.install(model, group, config)

@@ -87,9 +87,17 @@ def test_fused_layer_norm_is_the_same_layer_norm():
 
 
 def test_replace_norms_covers_layer_norms_and_the_policy_classes():
-    model = nn.Sequential(nn.LayerNorm(8), _HFStyleRMSNorm(8), nn.RMSNorm(8), nn.Linear(8, 8))
-    assert kernels.replace_norms(model, (_HFStyleRMSNorm,)) == 3
-    assert [type(m).__name__ for m in model] == ["FusedLayerNorm", "FusedRMSNorm", "FusedRMSNorm", "Linear"]
+    class LibraryLayerNorm(nn.LayerNorm):
+        pass
+
+    model = nn.Sequential(
+        nn.LayerNorm(8), _HFStyleRMSNorm(8), nn.RMSNorm(8), LibraryLayerNorm(8), LibraryLayerNorm(8), nn.Linear(8, 8)
+    )
+    assert kernels.replace_norms(model, (_HFStyleRMSNorm,)) == 3  # a LayerNorm subclass only when named
+    assert type(model[3]) is LibraryLayerNorm
+    assert kernels.replace_norms(model, (LibraryLayerNorm,)) == 2
+    kinds = ["FusedLayerNorm", "FusedRMSNorm", "FusedRMSNorm", "FusedLayerNorm", "FusedLayerNorm", "Linear"]
+    assert [type(m).__name__ for m in model] == kinds
     x = torch.randn(4, 8)
     model(x)  # nn.RMSNorm's eps=None: torch's default, accepted
 

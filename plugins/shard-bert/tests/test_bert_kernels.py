@@ -6,7 +6,7 @@ import pytest
 from bert_cases import batch_for, build
 
 from shardcore import ShardConfig
-from shardcore.testing import assert_explain_matches, run_on_ranks
+from shardcore.testing import assert_explain_matches, assert_sharded_matches, refusal_message, run_on_ranks
 
 
 def _explain(tp: int, cls_name: str) -> dict:
@@ -21,3 +21,52 @@ def test_explain_predicts_a_step(cls_name):
         "forward": {"all_reduce": 2},
         "backward": {"all_reduce": 2},
     }
+
+
+FLAGS = {
+    "flash": {"enable_flash_attention": True},
+    "norm": {"enable_fused_normalization": True},
+    "jit": {"enable_jit_fused": True},
+}
+
+
+def _flag(tp: int, flag: str) -> dict:
+    # the reference runs the same kernels unsharded: the sharded model must equal it as tightly as without them
+    report = assert_sharded_matches(
+        lambda: build("BertForMaskedLM"),
+        batch_for("BertForMaskedLM"),
+        ShardConfig(tensor_parallel_size=tp, **FLAGS[flag]),
+        reference_config=ShardConfig(tensor_parallel_size=1, **FLAGS[flag]),
+        zero_grads=("*attention.self.key.bias",),  # softmax ignores a constant shift of the keys
+    )
+    return report["kernels"]
+
+
+def _switchable() -> bool:
+    import transformers
+
+    return hasattr(transformers.PreTrainedModel, "set_attn_implementation")
+
+
+def _refused(tp: int) -> str:
+    config = ShardConfig(tensor_parallel_size=tp, enable_flash_attention=True)
+    return refusal_message(lambda: build("BertForMaskedLM"), config)
+
+
+@pytest.mark.parametrize("flag", list(FLAGS))
+def test_optimization_flags_at_tp2(flag):
+    """Each switch on BertForMaskedLM at TP=2: outputs, loss, every gradient, three AdamW steps.
+    A transformers whose BERT picks its attention class when built (4.x before the registry could
+    switch it) refuses enable_flash_attention on every rank, before any collective."""
+    if flag == "flash" and not run_on_ranks(1, _switchable)[0]:
+        for message in run_on_ranks(2, _refused, 2):
+            assert "cannot switch its attention implementation" in message
+            assert "attn_implementation='sdpa'" in message
+        return
+    (kernels, _) = run_on_ranks(2, _flag, 2, flag)
+    expected = {
+        "flash": ("attention", "shardcore_sdpa"),
+        "norm": ("normalization", "6 norms on fused kernels"),  # embeddings + 2 per layer + MLM head
+        "jit": ("jit_fused", "6 modules compiled (BertIntermediate, BertOutput, BertSelfOutput)"),
+    }[flag]
+    assert kernels[expected[0]] == expected[1], kernels

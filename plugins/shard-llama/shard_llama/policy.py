@@ -43,7 +43,7 @@ class LlamaPolicy(Policy):
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
         return heads, kv, head_dim
 
-    def rms_norm_classes(self):
+    def norm_classes(self):
         return (type(self.base.norm),)  # LlamaRMSNorm / MistralRMSNorm / Qwen2RMSNorm: weight * x / rms(x)
 
     def fusible_modules(self):

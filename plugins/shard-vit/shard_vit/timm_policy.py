@@ -44,6 +44,11 @@ class TimmViTPolicy(Policy):
             raise NotImplementedError(f"timm {type(self.model).__name__}: no attention with fused_attn to switch")
         return "sdpa (timm fused_attn)"
 
+    def norm_classes(self):
+        # timm's LayerNorm subclasses nn.LayerNorm and computes F.layer_norm (unless timm's fast_norm
+        # is switched on, which shardcore then replaces by the same kernel choice)
+        return tuple({type(m) for m in self.model.modules() if isinstance(m, nn.LayerNorm)})
+
     def fusible_modules(self):
         # fc1, GeLU, fc2: bias + GeLU fused. An MLP whose hidden dropout draws (p > 0) stays eager:
         # that dropout runs on a per-rank random stream, which a compiled graph would not keep.

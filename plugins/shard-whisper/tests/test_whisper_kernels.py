@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
 from whisper_cases import batch_for, build
 
 from shardcore import ShardConfig
-from shardcore.testing import assert_explain_matches, run_on_ranks
+from shardcore.testing import assert_explain_matches, assert_sharded_matches, run_on_ranks
 
 MAIN = "WhisperForConditionalGeneration"
 
@@ -21,3 +22,38 @@ def test_explain_predicts_a_step():
     layers = report["collectives_per_layer"]
     assert layers["WhisperEncoderLayer"] == {"forward": {"all_reduce": 2}, "backward": {"all_reduce": 2}}
     assert layers["WhisperDecoderLayer"]["forward"] == {"all_reduce": 3}
+
+
+FLAGS = {
+    "flash": {"enable_flash_attention": True},
+    "norm": {"enable_fused_normalization": True},
+    "jit": {"enable_jit_fused": True},
+}
+
+
+def _flag(tp: int, flag: str) -> dict:
+    # the reference runs the same kernels unsharded: the sharded model must equal it as tightly as without them
+    report = assert_sharded_matches(
+        lambda: build(MAIN),
+        batch_for(MAIN),
+        ShardConfig(tensor_parallel_size=tp, **FLAGS[flag]),
+        reference_config=ShardConfig(tensor_parallel_size=1, **FLAGS[flag]),
+    )
+    return report["kernels"]
+
+
+@pytest.mark.parametrize("flag", list(FLAGS))
+def test_optimization_flags_at_tp2(flag):
+    """Each switch on WhisperForConditionalGeneration at TP=2 (encoder, decoder self- and
+    cross-attention): outputs, loss, every gradient, three AdamW steps."""
+    (kernels, _) = run_on_ranks(2, _flag, 2, flag)
+    key = {"flash": "attention", "norm": "normalization", "jit": "jit_fused"}[flag]
+    assert (
+        kernels[key]
+        == {
+            "flash": "shardcore_sdpa",
+            "norm": "12 norms on fused kernels",  # 2 per encoder layer, 3 per decoder layer (2 + 2), 2 final
+            # the layers call fc1, the activation and fc2 in their own forward: no module to compile
+            "jit": "nothing to fuse in this model",
+        }[flag]
+    )
