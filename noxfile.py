@@ -13,6 +13,7 @@ themselves are re-installed from this checkout, as wheels, at the start of every
     nox -s bench                        # shardcore TP vs PyTorch TP vs unsharded
     nox -s memory                       # loading a checkpoint: RSS and time vs HuggingFace
     nox -s bench-parallelize            # shardcore.parallelize start-up and RSS vs one unsharded process
+    nox -s bench-kernels                # the optimization switches on/off at TP=2 (step-time ratios)
     nox -s convergence                  # BERT fine-tuning unsharded vs TP=2 vs TP=4
     nox -s mutants                      # mutation testing of the kit (each deliberate bug caught)
     nox -s compat                       # each plugin under the oldest and the newest transformers/timm
@@ -177,6 +178,13 @@ def memory(session: nox.Session) -> None:
     bin_dir = _install(session)
     session.run(str(bin_dir / "python"), "-m", "pip", "install", "--quiet", "accelerate", external=True)  # HF tp_plan
     _run(session, bin_dir, "python", "benchmarks/bench_load_memory.py", *session.posargs)
+
+
+@nox.session(name="bench-kernels", default=False)
+def bench_kernels(session: nox.Session) -> None:
+    """Benchmark (not a test): each optimization switch on/off at TP=2; writes bench-results/kernels.json."""
+    bin_dir = _install(session)
+    _run(session, bin_dir, "python", "benchmarks/bench_kernels.py", *session.posargs)
 
 
 @nox.session(name="bench-parallelize", default=False)
