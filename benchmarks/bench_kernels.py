@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from bench_llama_tp import CONFIG as LLAMA  # noqa: E402
+from bench_llama_tp import CONFIG as LLAMA
 
 BERT = {
     "hidden_size": 512,
