@@ -226,8 +226,8 @@ def optimize(
     policy.set_shard_config(config, tp_size)
     check_policy_features(model, policy, config)
     policy.config_sanity_check()
-    applied = kernels.apply(model, policy, config)  # attention backend, fused norms: still no collective
     if tp_size == 1 or not config.enable_tensor_parallelism:
+        applied = kernels.apply(model, policy, config)
         kernels.apply_jit(model, policy, config, applied)
         _freeze_for_inference(model, config)
         guard_meta(model)
@@ -236,6 +236,7 @@ def optimize(
     model = policy.preprocess()
     sharder = ModelSharder(model, policy, None)
     plan = sharder.plan()  # module_policy and its structural checks: still no collective
+    applied = kernels.apply(model, policy, config)  # attention backend, fused norms: still none
     group = config.tensor_parallel_process_group
     if group is None:
         group = layout.group("tp")
