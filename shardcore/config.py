@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from typing import Any
 
 import attrs
@@ -24,7 +26,6 @@ _NOT_BUILT_LAYOUT: dict[str, Any] = {
     "pipeline_schedule": None,
     "sequence_parallel_size": 1,
     "data_parallel": None,
-    "plan": None,
 }
 _NOT_BUILT.update(_NOT_BUILT_LAYOUT)
 _CHECKED_AT_OPTIMIZE = tuple(_NOT_BUILT_LAYOUT)
@@ -61,7 +62,8 @@ class ShardConfig:
             built yet: accepted at ``1``/``None``/``None``, refused by ``optimize`` otherwise).
         sequence_parallel_size: the Ulysses / ring-attention group (not built yet: ``1``).
         data_parallel: ``"ddp"`` / ``"fsdp"`` on the data-parallel dim (not built yet: ``None``).
-        plan: a YAML sharding plan, path or dict (not built yet: ``None``).
+        plan: a sharding plan (torchprime's syntax), a YAML path or a dict: shards by it instead of
+            a plugin's policy (see :mod:`shardcore.plan`); refused together with ``policy=``.
         tensor_parallel_process_group: an existing process group to use instead of building one;
             its size then is the tensor-parallel size.
         enable_tensor_parallelism: ``False`` leaves the model unsharded (policies still run their
@@ -122,7 +124,7 @@ class ShardConfig:
     pipeline_schedule: str | None = attrs.field(default=None, validator=v.optional(v.instance_of(str)))
     sequence_parallel_size: int = attrs.field(default=1, validator=[v.instance_of(int), v.ge(1)])
     data_parallel: str | None = attrs.field(default=None, validator=v.optional(v.in_(("ddp", "fsdp"))))
-    plan: Any = None
+    plan: Any = attrs.field(default=None, validator=v.optional(v.instance_of((str, os.PathLike, Mapping))))
 
     def __attrs_post_init__(self) -> None:
         if self.tensor_parallel_size is not None and self.tensor_parallel_process_group is not None:

@@ -79,6 +79,11 @@ class Policy:
     #: than returning full logits the user did not ask for.
     supports_parallel_output: bool = False
 
+    #: ``True``: during each forward of the sharded model, column-parallel layers that read the
+    #: same tensor share one backward all-reduce (:func:`shardcore.layers.comm.shared_copies`),
+    #: without ``enter_tp_region`` entries. Plans use it; plugins name their regions instead.
+    share_tp_copies: bool = False
+
     def set_model(self, model: nn.Module) -> None:
         self.model = model
 

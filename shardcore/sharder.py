@@ -13,7 +13,7 @@ from torch import nn
 from . import consistency, distributed, kernels
 from .config import ShardConfig
 from .distributed import ParallelLayout
-from .layers.comm import enter_tp_region, group_size, resolve_timeout, set_collective_timeout
+from .layers.comm import enter_tp_region, group_size, resolve_timeout, set_collective_timeout, shared_copies
 from .layers.rng import run_in_shared_rng, run_in_tp_rng
 from .meta import guard_meta
 from .policy import ModulePolicyDescription, Policy
@@ -222,6 +222,14 @@ def optimize(
     config.check_built()
     tp_size = layout.tp
 
+    if config.plan is not None:
+        if policy is not None:
+            raise ValueError(
+                "optimize: ShardConfig(plan=...) and policy=... both say how to shard the model; pass one of them"
+            )
+        from .plan import PlanPolicy
+
+        policy = PlanPolicy(config.plan)  # reads and checks the plan's syntax: no collective
     policy = resolve_policy(model, policy)
     policy.set_shard_config(config, tp_size)
     check_policy_features(model, policy, config)
@@ -245,12 +253,31 @@ def optimize(
     model = sharder.shard(plan)
     model = policy.postprocess()
     kernels.apply_jit(model, policy, config, applied)
+    if policy.share_tp_copies:
+        _share_copies_per_forward(model)
     model.shardcore = ShardInfo(config, tp_size, group, policy, layout, applied)
     set_collective_timeout(resolve_timeout(config.collective_timeout))
     consistency.install(model, group, config)
     _freeze_for_inference(model, config)
     guard_meta(model)
     return model
+
+
+def _share_copies_per_forward(model: nn.Module) -> None:
+    """Open a :func:`~shardcore.layers.comm.shared_copies` scope for each forward of ``model``."""
+    scopes: list = []
+
+    def enter(module, args):
+        scope = shared_copies()
+        scope.__enter__()
+        scopes.append(scope)
+
+    def leave(module, args, output):
+        if scopes:
+            scopes.pop().__exit__(None, None, None)
+
+    model.register_forward_pre_hook(enter)
+    model.register_forward_hook(leave, always_call=True)
 
 
 def _freeze_for_inference(model: nn.Module, config: ShardConfig) -> None:

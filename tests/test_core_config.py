@@ -42,7 +42,6 @@ _UNBUILT_LAYOUT = {
     "num_microbatches": 4,
     "pipeline_schedule": "1F1B",
     "data_parallel": "fsdp",
-    "plan": {"model.layers.*.self_attn.q_proj.weight": ["tp", None]},
 }
 
 

@@ -256,14 +256,39 @@ class _SplitToTP(torch.autograd.Function):
 # that hold parallel layers): a compiled graph breaks at them and they run eagerly.
 
 
+#: Inside :func:`shared_copies`: ``{(id(x), id(group)): (x, copy)}`` of the forward running now.
+_COPIES: list[dict] = []
+
+
+@contextlib.contextmanager
+def shared_copies() -> Iterator[None]:
+    """Within the block (one forward), :func:`copy_to_tp` of one tensor returns one copy: layers
+    reading the same input (q/k/v, gate/up) share one backward all-reduce of its gradient, which
+    is exact (the all-reduce of a sum is the sum of the all-reduces)."""
+    _COPIES.append({})
+    try:
+        yield
+    finally:
+        _COPIES.pop()
+
+
 @torch.compiler.disable
 def copy_to_tp(x: torch.Tensor, group) -> torch.Tensor:
     """Megatron's ``f``: enter a tensor-parallel region: identity forward, all-reduce of the gradient backward.
 
     The identity itself when no gradient can flow to ``x`` (it does not require one, or autograd
-    is off): the backward all-reduce would never run, so nothing is recorded for it."""
+    is off): the backward all-reduce would never run, so nothing is recorded for it. Inside
+    :func:`shared_copies`, one copy per tensor."""
     if group_size(group) == 1 or not (x.requires_grad and torch.is_grad_enabled()):
         return x
+    if _COPIES:
+        key = (id(x), id(group))
+        hit = _COPIES[-1].get(key)
+        if hit is not None and hit[0] is x:
+            return hit[1]
+        y = _CopyToTP.apply(x, group)
+        _COPIES[-1][key] = (x, y)
+        return y
     return _CopyToTP.apply(x, group)
 
 

@@ -26,13 +26,14 @@ A typical plugin test::
 
 from ..distributed.launcher import RankError, RankPool, close_pools, run_on_ranks
 from .checkpoints import assert_lazy_load_matches, assert_resume_matches, assert_same_checkpoint, train_and_save
-from .conformance import assert_sharded_matches, hidden_state_loss
+from .conformance import SWITCHES, assert_sharded_matches, assert_switch_matches, hidden_state_loss
 from .explained import assert_explain_matches
 from .generation import assert_generate_matches
 from .refusals import count_c10d_calls, refusal_message
 from .structure import check_blocks
 
 __all__ = [
+    "SWITCHES",
     "RankError",
     "RankPool",
     "assert_explain_matches",
@@ -41,6 +42,7 @@ __all__ = [
     "assert_resume_matches",
     "assert_same_checkpoint",
     "assert_sharded_matches",
+    "assert_switch_matches",
     "check_blocks",
     "close_pools",
     "count_c10d_calls",

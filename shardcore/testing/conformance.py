@@ -290,3 +290,31 @@ def assert_sharded_matches(
             worst = max(worst, diff)
         report["max_abs_diff_after_steps"] = worst
     return report
+
+
+#: The ``ShardConfig`` fields of each optimization switch, by short name (plugins' tests parametrize on them).
+SWITCHES: dict[str, dict[str, bool]] = {
+    "flash": {"enable_flash_attention": True},
+    "norm": {"enable_fused_normalization": True},
+    "jit": {"enable_jit_fused": True},
+    "all": {"enable_all_optimization": True},
+}
+
+
+def assert_switch_matches(
+    build: Callable[[], nn.Module], inputs: Mapping[str, Any], switch: str, tp: int, **kwargs: Any
+) -> dict[str, str]:
+    """:func:`assert_sharded_matches` for one optimization switch (a key of :data:`SWITCHES`) at
+    ``tp``: the unsharded reference runs the same kernels (``reference_config``), so the sharded
+    model must equal it as tightly as without them. Returns what each switch runs
+    (``model.shardcore.kernels``)."""
+    from ..config import ShardConfig
+
+    report = assert_sharded_matches(
+        build,
+        inputs,
+        ShardConfig(tensor_parallel_size=tp, **SWITCHES[switch]),
+        reference_config=ShardConfig(tensor_parallel_size=1, **SWITCHES[switch]),
+        **kwargs,
+    )
+    return report["kernels"]

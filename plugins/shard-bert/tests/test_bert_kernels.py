@@ -6,7 +6,7 @@ import pytest
 from bert_cases import batch_for, build
 
 from shardcore import ShardConfig
-from shardcore.testing import assert_explain_matches, assert_sharded_matches, refusal_message, run_on_ranks
+from shardcore.testing import assert_explain_matches, assert_switch_matches, refusal_message, run_on_ranks
 
 
 def _explain(tp: int, cls_name: str) -> dict:
@@ -23,23 +23,14 @@ def test_explain_predicts_a_step(cls_name):
     }
 
 
-FLAGS = {
-    "flash": {"enable_flash_attention": True},
-    "norm": {"enable_fused_normalization": True},
-    "jit": {"enable_jit_fused": True},
-}
-
-
 def _flag(tp: int, flag: str) -> dict:
-    # the reference runs the same kernels unsharded: the sharded model must equal it as tightly as without them
-    report = assert_sharded_matches(
+    return assert_switch_matches(
         lambda: build("BertForMaskedLM"),
         batch_for("BertForMaskedLM"),
-        ShardConfig(tensor_parallel_size=tp, **FLAGS[flag]),
-        reference_config=ShardConfig(tensor_parallel_size=1, **FLAGS[flag]),
+        flag,
+        tp,
         zero_grads=("*attention.self.key.bias",),  # softmax ignores a constant shift of the keys
     )
-    return report["kernels"]
 
 
 def _switchable() -> bool:
@@ -53,7 +44,7 @@ def _refused(tp: int) -> str:
     return refusal_message(lambda: build("BertForMaskedLM"), config)
 
 
-@pytest.mark.parametrize("flag", list(FLAGS))
+@pytest.mark.parametrize("flag", ["flash", "norm", "jit"])
 def test_optimization_flags_at_tp2(flag):
     """Each switch on BertForMaskedLM at TP=2: outputs, loss, every gradient, three AdamW steps.
     A transformers whose BERT picks its attention class when built (4.x before the registry could

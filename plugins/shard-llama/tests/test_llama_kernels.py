@@ -13,7 +13,7 @@ from llama_cases import build, lm_batch
 
 from shardcore import ShardConfig
 from shardcore import kernels as _kernels
-from shardcore.testing import assert_explain_matches, assert_sharded_matches, run_on_ranks
+from shardcore.testing import SWITCHES, assert_explain_matches, assert_switch_matches, run_on_ranks
 
 
 def _explain(tp: int, kv: int, layers: int) -> dict:
@@ -112,27 +112,12 @@ def test_explain_table_and_bad_spec(llama_7b):
     assert "Traceback" not in proc.stderr
 
 
-FLAGS = {
-    "flash": {"enable_flash_attention": True},
-    "norm": {"enable_fused_normalization": True},
-    "jit": {"enable_jit_fused": True},
-    "all": {"enable_all_optimization": True},
-}
-
-
 def _flag(tp: int, flag: str, kv: int) -> dict:
-    # the reference runs the same kernels unsharded (TP=1): the sharded model must equal it as
-    # tightly as without them; that the kernels equal the model's own eager path: test_kernels_match_eager
-    report = assert_sharded_matches(
-        lambda: build("LlamaForCausalLM", kv=kv),
-        lm_batch(),
-        ShardConfig(tensor_parallel_size=tp, **FLAGS[flag]),
-        reference_config=ShardConfig(tensor_parallel_size=1, **FLAGS[flag]),
-    )
-    return report["kernels"]
+    # that the kernels equal the model's own eager path: test_kernels_match_eager
+    return assert_switch_matches(lambda: build("LlamaForCausalLM", kv=kv), lm_batch(), flag, tp)
 
 
-@pytest.mark.parametrize("flag", list(FLAGS))
+@pytest.mark.parametrize("flag", list(SWITCHES))
 def test_optimization_flags_at_tp2(flag):
     """Each switch at TP=2 with grouped-query attention: outputs, loss, every gradient and three
     AdamW steps equal to the unsharded model running the same kernels."""

@@ -6,7 +6,7 @@ import pytest
 from vit_cases import hf_batch, hf_build, timm_batch, timm_build, timm_loss
 
 from shardcore import ShardConfig
-from shardcore.testing import assert_explain_matches, assert_sharded_matches, run_on_ranks
+from shardcore.testing import assert_explain_matches, assert_switch_matches, run_on_ranks
 
 HF_MAIN = "ViTForImageClassification"
 TIMM_MAIN = "vit_small_patch16_224"  # 6 heads
@@ -30,33 +30,14 @@ def test_explain_predicts_a_step_timm():
     assert report["collectives_per_layer"]["Block"] == {"forward": {"all_reduce": 2}, "backward": {"all_reduce": 2}}
 
 
-FLAGS = {
-    "flash": {"enable_flash_attention": True},
-    "norm": {"enable_fused_normalization": True},
-    "jit": {"enable_jit_fused": True},
-}
-
-
 def _flag(tp: int, library: str, flag: str) -> dict:
-    config = ShardConfig(tensor_parallel_size=tp, **FLAGS[flag])
-    # the reference runs the same kernels unsharded: the sharded model must equal it as tightly as without them
-    reference = ShardConfig(tensor_parallel_size=1, **FLAGS[flag])
     if library == "hf":
-        report = assert_sharded_matches(
-            lambda: hf_build(HF_MAIN),
-            hf_batch(HF_MAIN),
-            config,
-            reference_config=reference,
-            zero_grads=("*attention.k_proj.bias", "*attention.attention.key.bias"),  # softmax ignores a key shift
-        )
-    else:
-        report = assert_sharded_matches(
-            lambda: timm_build(TIMM_MAIN), timm_batch(), config, loss_fn=timm_loss, reference_config=reference
-        )
-    return report["kernels"]
+        zero = ("*attention.k_proj.bias", "*attention.attention.key.bias")  # softmax ignores a key shift
+        return assert_switch_matches(lambda: hf_build(HF_MAIN), hf_batch(HF_MAIN), flag, tp, zero_grads=zero)
+    return assert_switch_matches(lambda: timm_build(TIMM_MAIN), timm_batch(), flag, tp, loss_fn=timm_loss)
 
 
-@pytest.mark.parametrize("flag", list(FLAGS))
+@pytest.mark.parametrize("flag", ["flash", "norm", "jit"])
 @pytest.mark.parametrize("library", ["hf", "timm"])
 def test_optimization_flags_at_tp2(library, flag):
     """Each switch on ViTForImageClassification and timm's ViT at TP=2: outputs, loss, every

@@ -6,7 +6,7 @@ import pytest
 from whisper_cases import batch_for, build
 
 from shardcore import ShardConfig
-from shardcore.testing import assert_explain_matches, assert_sharded_matches, run_on_ranks
+from shardcore.testing import assert_explain_matches, assert_switch_matches, run_on_ranks
 
 MAIN = "WhisperForConditionalGeneration"
 
@@ -24,25 +24,11 @@ def test_explain_predicts_a_step():
     assert layers["WhisperDecoderLayer"]["forward"] == {"all_reduce": 3}
 
 
-FLAGS = {
-    "flash": {"enable_flash_attention": True},
-    "norm": {"enable_fused_normalization": True},
-    "jit": {"enable_jit_fused": True},
-}
-
-
 def _flag(tp: int, flag: str) -> dict:
-    # the reference runs the same kernels unsharded: the sharded model must equal it as tightly as without them
-    report = assert_sharded_matches(
-        lambda: build(MAIN),
-        batch_for(MAIN),
-        ShardConfig(tensor_parallel_size=tp, **FLAGS[flag]),
-        reference_config=ShardConfig(tensor_parallel_size=1, **FLAGS[flag]),
-    )
-    return report["kernels"]
+    return assert_switch_matches(lambda: build(MAIN), batch_for(MAIN), flag, tp)
 
 
-@pytest.mark.parametrize("flag", list(FLAGS))
+@pytest.mark.parametrize("flag", ["flash", "norm", "jit"])
 def test_optimization_flags_at_tp2(flag):
     """Each switch on WhisperForConditionalGeneration at TP=2 (encoder, decoder self- and
     cross-attention): outputs, loss, every gradient, three AdamW steps."""
