@@ -1,4 +1,5 @@
-"""``shardcore`` command line: ``shardcore plugins [--json]``, ``shardcore explain MODEL --tp N``."""
+"""``shardcore`` command line: ``shardcore plugins [--json]``, ``shardcore explain MODEL --tp N``,
+``shardcore plan MODEL [--out FILE]``."""
 
 from __future__ import annotations
 
@@ -73,6 +74,43 @@ def _explain(args) -> int:
     return 0
 
 
+def _plan(args) -> int:
+    from .explain import load_for_explain
+    from .plan import PlanError, hf_tp_plan
+
+    try:
+        model = load_for_explain(args.model)
+        specs = hf_tp_plan(model)
+    except (ValueError, TypeError, FileNotFoundError, LookupError, PlanError) as err:
+        print(f"shardcore plan: {err}", file=sys.stderr)
+        return 1
+    if specs is None:
+        print(
+            f"shardcore plan: {type(model).__name__} ships no tensor-parallel plan (config.base_model_tp_plan)",
+            file=sys.stderr,
+        )
+        return 1
+    lines = [
+        f"# {type(model).__name__}: derived from its config.base_model_tp_plan (shardcore's zero-config fallback).",
+        "# Edit and pass back: ShardConfig(plan='this.yaml').",
+    ]
+    width = max(len(k) for k in specs) + 1
+
+    def spec(v) -> str:
+        return v if isinstance(v, str) else "[" + ", ".join("null" if a is None else a for a in v) + "]"
+
+    lines += [f"{k + ':':<{width}} {spec(v)}" for k, v in specs.items()]
+    text = "\n".join(lines) + "\n"
+    if args.out:
+        from pathlib import Path
+
+        Path(args.out).write_text(text)
+        print(f"written: {args.out}")
+    else:
+        print(text, end="")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="shardcore", description="shardcore command line")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -93,7 +131,12 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--dtype", default=None, help="parameter dtype (default: the config's dtype, else float32)")
     e.add_argument("--device", default="cpu", help="device the model would run on (picks the attention backend)")
     e.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    pl = sub.add_parser("plan", help="write the sharding plan a HuggingFace model ships, as a YAML plan to edit")
+    pl.add_argument("model", help="a directory with a HuggingFace config.json, or module:Class")
+    pl.add_argument("--out", default=None, help="write the YAML here instead of printing it")
     args = parser.parse_args(argv)
+    if args.command == "plan":
+        return _plan(args)
     if args.command == "plugins":
         return _plugins(args.json)
     if args.command == "explain":

@@ -9,7 +9,9 @@ any layer index, and its value a partition spec, one entry per dimension: a mesh
     model.layers.*.self_attn.o_proj.weight: [null, tp]  # row parallel
     lm_head.weight: [tp, null]                          # vocab-parallel head
 
-A key naming a module instead (``model.layers.*.mlp``, ``name[i]`` for element ``i`` of a tuple
+A replicated parameter that acts on split activations (a norm over each head's features) takes
+the spec ``replicated_with_grad_allreduce`` (transformers' name): its gradient is summed over
+the group. A key naming a module instead (``model.layers.*.mlp``, ``name[i]`` for element ``i`` of a tuple
 output) is an activation spec: the layout of that module's output, which shardcore's layers
 decide; it is checked against them (a disagreement is an error), never ignored.
 
@@ -38,10 +40,13 @@ from .layers import Linear1D_Col, Linear1D_Row, VocabParallelEmbedding1D, VocabP
 from .policy import ModulePolicyDescription, Policy
 from .policy import SubModuleReplacementDescription as Sub
 
-__all__ = ["PlanError", "PlanPolicy", "load_plan"]
+__all__ = ["PlanError", "PlanPolicy", "hf_tp_plan", "load_plan", "zero_config_policy"]
 
 #: Mesh axes a spec may name, and what each would need.
 AXES = {"tp": None, "dp": "sharding parameters over the data-parallel axis (FSDP) is not built in this version"}
+#: The spec of a replicated parameter that acts on split activations (a norm over each head's
+#: features): its gradient is summed over the group. transformers' name for it.
+GRAD_SUM = "replicated_with_grad_allreduce"
 _INDEX = re.compile(r"^(?P<name>.*?)(\[(?P<i>\d+)\])?$")
 _HEAD_ATTRS = ("num_heads", "num_attention_heads", "num_key_value_heads")
 
@@ -98,10 +103,15 @@ def load_plan(plan: str | Path | Mapping[str, Any]) -> _Plan:
         at = f"{source}:{lines[key]}" if key in lines else source
         if not isinstance(key, str):
             raise PlanError(f"{at}: key {key!r} is not a parameter or module name")
+        if spec == GRAD_SUM:
+            specs[key] = GRAD_SUM
+            continue
         if spec is not None and not (
             isinstance(spec, list | tuple) and all(a is None or isinstance(a, str) for a in spec)
         ):
-            raise PlanError(f"{at}: {key!r}: a spec is a list of mesh axis names or null, got {spec!r}")
+            raise PlanError(
+                f"{at}: {key!r}: a spec is a list of mesh axis names or null (or {GRAD_SUM!r}), got {spec!r}"
+            )
         for axis in spec or ():
             if axis is None:
                 continue
@@ -127,7 +137,7 @@ class PlanPolicy(Policy):
 
     def __init__(self, plan: str | Path | Mapping[str, Any] | _Plan) -> None:
         self.plan = plan if isinstance(plan, _Plan) else load_plan(plan)
-        self._resolved: dict[str, tuple[str, list]] | None = None
+        self._grad_sum: list[str] = []
 
     # -- matching ------------------------------------------------------------------------------
 
@@ -174,9 +184,10 @@ class PlanPolicy(Policy):
         plans: dict[str, tuple[type, dict, str]] = {}
         by_module: dict[str, dict[str, tuple[str, list | None]]] = {}
         self._check_ties(resolved)
+        self._grad_sum = [n for n, (_, spec) in resolved.items() if spec == GRAD_SUM]
         for pname, (key, spec) in resolved.items():
             mod_path, _, attr = pname.rpartition(".")
-            by_module.setdefault(mod_path, {})[attr] = (key, spec)
+            by_module.setdefault(mod_path, {})[attr] = (key, None if spec == GRAD_SUM else spec)
         for mod_path, entries in by_module.items():
             module = modules[mod_path]
             weight_key, weight_spec = entries.get("weight", (None, None))
@@ -195,6 +206,13 @@ class PlanPolicy(Policy):
                 )
             dim = next(i for i, a in enumerate(weight_spec) if a is not None)
             bias_key, bias_spec = entries.get("bias", (None, None))
+            plain = (nn.Embedding, nn.Linear)
+            if isinstance(module, plain) and not any(type(module).forward is c.forward for c in plain):
+                raise PlanError(
+                    f"{at}: {mod_path} is a {type(module).__name__}, whose forward differs from torch's "
+                    f"(e.g. scales its output); a plan splits plain nn.Linear / nn.Embedding layers: give it null "
+                    "(replicated) or write a policy"
+                )
             if isinstance(module, nn.Embedding):
                 if dim != 0:
                     raise PlanError(
@@ -256,7 +274,7 @@ class PlanPolicy(Policy):
             names.setdefault(id(p), []).append(n)
         for tied in (v for v in names.values() if len(v) > 1):
             specs = {n: (resolved[n][1] if n in resolved else None) for n in tied}
-            split = {n: s for n, s in specs.items() if s and any(a is not None for a in s)}
+            split = {n: s for n, s in specs.items() if isinstance(s, list) and any(a is not None for a in s)}
             if split and (len(split) != len(tied) or len({tuple(s) for s in split.values()}) > 1):
                 key = next(resolved[n][0] for n in split)
                 raise PlanError(
@@ -273,6 +291,8 @@ class PlanPolicy(Policy):
             split_last = layer is Linear1D_Col  # a column layer's output stays split over tp
             if spec is None:
                 continue
+            if spec == GRAD_SUM:
+                raise PlanError(f"{self.plan.where(key)}: {key!r}: {GRAD_SUM} is a parameter spec; {path} is a module")
             expected = "split over tp on its last dimension" if split_last else "replicated (all null)"
             given_split = [i for i, a in enumerate(spec) if a is not None]
             ok = (given_split == [len(spec) - 1]) if split_last else not given_split
@@ -329,3 +349,72 @@ class PlanPolicy(Policy):
                 attribute_replacement=attributes, sub_module_replacement=subs, per_rank_rng=per_rank
             )
         }
+
+    def postprocess(self):
+        """Sum over the group the gradients of the parameters given ``replicated_with_grad_allreduce``."""
+        if self._grad_sum:
+            from .layers.comm import all_reduce
+            from .layers.parallel_module import ParallelModule
+
+            group = next(m.process_group for m in self.model.modules() if isinstance(m, ParallelModule))
+            params = dict(self.model.named_parameters(remove_duplicate=False))
+            for name in self._grad_sum:
+                where = f"backward of {name} (gradient summed over the group)"
+                params[name].register_hook(
+                    lambda g, where=where: all_reduce(g.contiguous().clone(), group, where=where)
+                )
+        return self.model
+
+
+# -- zero-config: the plan a HuggingFace model ships ---------------------------------------------------
+
+#: transformers' tensor-parallel styles the fallback turns into specs.
+_STYLES = {"colwise": ["tp", None], "rowwise": [None, "tp"]}
+
+
+def hf_tp_plan(model: nn.Module) -> dict[str, list | str | None] | None:
+    """The plan a HuggingFace model's ``config.base_model_tp_plan`` describes, in shardcore's syntax
+    (each parameter of a ``replicated_with_grad_allreduce`` module gets that spec); ``None`` if the
+    model ships no plan. The embedding and the LM head are split over the vocabulary too
+    (transformers keeps them replicated) when they are plain ``nn.Embedding`` / ``nn.Linear``."""
+    config = getattr(model, "config", None)
+    base_plan = getattr(config, "base_model_tp_plan", None)
+    if not base_plan:
+        return None
+    base = getattr(model, "base_model", model)
+    paths = {id(m): n for n, m in model.named_modules()}
+    prefix = paths.get(id(base), "")
+    prefix = f"{prefix}." if prefix else ""
+    specs: dict[str, list | str | None] = {}
+    for pattern, style in base_plan.items():
+        if style in _STYLES:
+            specs[f"{prefix}{pattern}.weight"] = list(_STYLES[style])
+        elif style == GRAD_SUM:
+            regex = _regex(f"{prefix}{pattern}")
+            module = next((m for n, m in model.named_modules() if regex.match(n)), None)
+            for pname, _ in module.named_parameters(recurse=False) if module is not None else ():
+                specs[f"{prefix}{pattern}.{pname}"] = GRAD_SUM
+        else:
+            raise PlanError(
+                f"{type(model).__name__}: base_model_tp_plan gives {pattern!r} the style {style!r}, which shardcore's "
+                f"zero-config fallback does not translate (colwise, rowwise and {GRAD_SUM} are); "
+                "write a plan (shardcore plan MODEL writes one to start from) or a plugin"
+            )
+    embed = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    ends = [m for m in (embed, head) if m is not None]
+    tied = head is not None and embed is not None and head.weight is embed.weight
+    plain = all(type(m).forward in (nn.Embedding.forward, nn.Linear.forward) for m in ends)
+    if plain or not tied:  # a tied pair is split together or not at all
+        for m in ends:
+            if type(m).forward in (nn.Embedding.forward, nn.Linear.forward) and id(m) in paths:
+                specs[f"{paths[id(m)]}.weight"] = ["tp", None]
+    return specs
+
+
+def zero_config_policy(model: nn.Module) -> PlanPolicy | None:
+    """The fallback policy for a model no plugin covers: its HuggingFace TP plan, if it ships one."""
+    specs = hf_tp_plan(model)
+    if specs is None:
+        return None
+    return PlanPolicy(_Plan(specs, {}, f"{type(model).__name__}.config.base_model_tp_plan"))

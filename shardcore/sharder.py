@@ -179,11 +179,22 @@ def _check_same_weights(model: nn.Module, group) -> None:
 
 def resolve_policy(model: nn.Module, policy: Policy | type[Policy] | None = None) -> Policy:
     """The policy for ``model``: ``policy`` (an instance or a :class:`~shardcore.Policy` subclass) or,
-    if ``None``, the installed plugins' policy for ``type(model)`` (matched along its MRO). No collective."""
+    if ``None``, the installed plugins' policy for ``type(model)`` (matched along its MRO), or, when
+    no plugin covers it, the tensor-parallel plan a HuggingFace model ships (zero-config: see
+    :func:`shardcore.plan.zero_config_policy`). Plugins always win. No collective."""
     if policy is None:
-        from .plugins import get_policy
+        from .plugins import NoPolicyError, get_policy
 
-        policy = get_policy(model)
+        try:
+            policy = get_policy(model)
+        except NoPolicyError as err:
+            from .plan import zero_config_policy
+
+            policy = zero_config_policy(model)
+            if policy is None:
+                raise NoPolicyError(
+                    f"{err}\nNor does the model ship a tensor-parallel plan (config.base_model_tp_plan)."
+                ) from None
     elif isinstance(policy, type):
         policy = policy()
     if not isinstance(policy, Policy):
