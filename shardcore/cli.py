@@ -60,7 +60,10 @@ def _explain(args) -> int:
         )
         return 2
     try:
-        report = explain(args.model, args.tp, pp=args.pp, sp=args.sp, dtype=dtype, device=args.device)
+        from .config import ShardConfig
+
+        config = ShardConfig(plan=args.plan) if args.plan else None
+        report = explain(args.model, args.tp, pp=args.pp, sp=args.sp, dtype=dtype, device=args.device, config=config)
     except ExplainError as err:
         if args.json:
             print(json.dumps({"error": str(err), "valid_tensor_parallel_sizes": err.valid_tp}, indent=2))
@@ -130,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--sp", type=int, default=1, help="sequence_parallel_size (planned: heads checked over tp x sp)")
     e.add_argument("--dtype", default=None, help="parameter dtype (default: the config's dtype, else float32)")
     e.add_argument("--device", default="cpu", help="device the model would run on (picks the attention backend)")
+    e.add_argument("--plan", default=None, help="a YAML sharding plan to explain instead of the plugin's policy")
     e.add_argument("--json", action="store_true", help="print JSON instead of a table")
     pl = sub.add_parser("plan", help="write the sharding plan a HuggingFace model ships, as a YAML plan to edit")
     pl.add_argument("model", help="a directory with a HuggingFace config.json, or module:Class")

@@ -24,6 +24,7 @@ from torch import nn
 from .config import ShardConfig
 from .distributed import ParallelLayout
 from .layers.comm import PaperGroup
+from .layers.linear import Linear1D_Col
 from .layers.parallel_module import ParallelModule
 
 __all__ = ["ExplainError", "explain", "format_report", "load_for_explain"]
@@ -175,6 +176,10 @@ def explain(
                 f"{name}={value}: not built in this shardcore version (optimize refuses it); shown as planned "
                 "(pipeline: Policy.blocks() split evenly; sequence: heads checked over tp x sp)"
             )
+    if config.plan is not None and policy is None:
+        from .plan import PlanPolicy
+
+        policy = PlanPolicy(config.plan)
     policy = resolve_policy(model, policy)
     valid = _valid_tp_sizes(policy, config)
     checked_tp = tp * sp  # Ulysses splits the heads over sp x tp
@@ -239,6 +244,7 @@ def explain(
     outside = {"forward": Counter(), "backward": Counter()}
     counts_by_block: dict[str, dict[str, Counter]] = {}
     if sharded_by_tp:
+        copied: set[str] = set()  # parents whose column layers already entered the region
         for mod_name, module in model.named_modules():
             if isinstance(module, ParallelModule):
                 block = inside(mod_name)
@@ -247,8 +253,21 @@ def explain(
                     if block
                     else outside
                 )
-                for phase, kinds in module.collectives().items():
+                counts = module.collectives()
+                if policy.share_tp_copies and isinstance(module, Linear1D_Col) and module.copy_input:
+                    # column layers of one module read one input: one shared copy, one all-reduce
+                    parent = mod_name.rpartition(".")[0]
+                    if parent in copied:
+                        counts = {**counts, "backward": counts["backward"][1:]}
+                    copied.add(parent)
+                for phase, kinds in counts.items():
                     target[phase].update(kinds)
+        for name in getattr(policy, "grad_sum_parameters", ()):  # replicated, gradient summed
+            block = inside(name)
+            target = (
+                counts_by_block.setdefault(block, {"forward": Counter(), "backward": Counter()}) if block else outside
+            )
+            target["backward"]["all_reduce"] += 1
         for name, desc in entries:
             block = inside(name)
             target = (

@@ -350,6 +350,11 @@ class PlanPolicy(Policy):
             )
         }
 
+    @property
+    def grad_sum_parameters(self) -> list[str]:
+        """Names of the parameters given ``replicated_with_grad_allreduce`` (known after the checks)."""
+        return list(self._grad_sum)
+
     def postprocess(self):
         """Sum over the group the gradients of the parameters given ``replicated_with_grad_allreduce``."""
         if self._grad_sum:

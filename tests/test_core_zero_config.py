@@ -155,3 +155,20 @@ def test_shardcore_plan_writes_a_plan_that_round_trips(tmp_path):
     assert "model.layers.*.self_attn.q_norm.weight: replicated_with_grad_allreduce" in text.replace("  ", "")
     assert "lm_head.weight:" in text and "model.embed_tokens.weight:" in text
     run_on_ranks(2, _from_yaml, 2, str(path))
+
+
+def _explain(tp: int) -> dict:
+    from shardcore.testing import assert_explain_matches
+
+    return assert_explain_matches(lambda: build("Qwen3"), batch(), ShardConfig(tensor_parallel_size=tp))
+
+
+def test_explain_predicts_a_zero_config_step():
+    """explain of a zero-config model predicts its real step: q/k/v and gate/up share one backward
+    all-reduce each, and the per-head norms' gradient sums add one per norm."""
+    (report, _) = run_on_ranks(2, _explain, 2)
+    assert report["policy"] == "PlanPolicy"
+    assert report["collectives_per_layer"]["Qwen3DecoderLayer"] == {
+        "forward": {"all_reduce": 2},
+        "backward": {"all_reduce": 4},
+    }
