@@ -172,3 +172,19 @@ def test_explain_predicts_a_zero_config_step():
         "forward": {"all_reduce": 2},
         "backward": {"all_reduce": 4},
     }
+
+
+def test_parallelize_a_zero_config_model():
+    """One call from a plain process: the workers shard the model by its shipped plan."""
+    import shardcore
+
+    torch.manual_seed(0)
+    model = build("Qwen3").eval()
+    b = batch()
+    inputs = {"input_ids": b["input_ids"], "attention_mask": b["attention_mask"]}
+    with torch.no_grad():
+        expected = model(**inputs).logits
+    with shardcore.parallelize(model, 2) as handle:
+        logits = handle(**inputs).logits
+    real = b["attention_mask"].bool()
+    torch.testing.assert_close(logits[real], expected[real], rtol=1e-5, atol=1e-5)
