@@ -18,6 +18,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import attrs
 import torch
 from torch import nn
 
@@ -100,8 +101,6 @@ def _nbytes(params) -> int:
 
 
 def _valid_tp_sizes(policy, config: ShardConfig, limit: int = 64) -> list[int]:
-    import attrs
-
     valid = []
     for t in range(1, limit + 1):
         policy.set_shard_config(attrs.evolve(config, tensor_parallel_size=t), t)
@@ -163,8 +162,6 @@ def explain(
     elif any(not p.is_meta for p in model.parameters()):
         raise ValueError("explain: pass a model built on the meta device (shardcore.init_empty()) or a spec")
     config = config or ShardConfig()
-    import attrs
-
     config = attrs.evolve(
         config, tensor_parallel_size=tp, pipeline_parallel_size=pp, sequence_parallel_size=sp, data_parallel_size=1
     )
