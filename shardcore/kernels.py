@@ -98,8 +98,10 @@ def hf_sdpa_attention(module, query, key, value, attention_mask, dropout=0.0, sc
 
 
 @functools.cache
-def _register_hf_sdpa() -> str:
-    """Register :func:`hf_sdpa_attention` (and SDPA's mask builder) with transformers; its name."""
+def hf_sdpa_name() -> str:
+    """The name shardcore's SDPA runs under in this transformers: ``shardcore_sdpa``, registered
+    (with SDPA's mask builder) on first call; ``sdpa`` (transformers' own) where transformers has
+    no mask registry (4.x before ``masking_utils``)."""
     try:
         from transformers import AttentionInterface
         from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
@@ -110,25 +112,35 @@ def _register_hf_sdpa() -> str:
     return HF_SDPA
 
 
+def hf_attention_switchable(model) -> bool:
+    """Whether a HuggingFace model (instance or class) can change its attention at run time:
+    ``set_attn_implementation`` (transformers 5), or 4.x models reading the registry per call."""
+    return hasattr(model, "set_attn_implementation") or bool(getattr(model, "_supports_attention_backend", False))
+
+
 def use_hf_attention(model: torch.nn.Module, backend: str) -> str:
     """Switch a HuggingFace model's attention to ``backend`` through its registry
     (``set_attn_implementation``); the registry name now in use. Raises ``NotImplementedError``
     naming the model when it cannot switch at run time."""
-    name = "flash_attention_2" if backend == "flash_attention_2" else _register_hf_sdpa()
+    name = "flash_attention_2" if backend == "flash_attention_2" else hf_sdpa_name()
     setter = getattr(model, "set_attn_implementation", None)
     fix = f"build it with attn_implementation={backend!r} instead of enable_flash_attention=True"
-    if setter is None:
+    configs = [m.config for m in model.modules() if getattr(m, "config", None) is not None]
+    if setter is None and hf_attention_switchable(model):
+        for config in configs:  # transformers 4.x: a model reading the registry at run time follows its config
+            config._attn_implementation = name
+    elif setter is None:
         raise NotImplementedError(
             f"enable_flash_attention: {type(model).__name__} cannot switch its attention implementation after it "
             f"was built with this transformers version (no set_attn_implementation); {fix}"
         )
-    try:
-        setter(name)
-    except (ValueError, ImportError) as err:
-        raise NotImplementedError(
-            f"enable_flash_attention: {type(model).__name__} refuses {name!r}: {err}; {fix}"
-        ) from err
-    configs = [m.config for m in model.modules() if getattr(m, "config", None) is not None]
+    else:
+        try:
+            setter(name)
+        except (ValueError, ImportError) as err:
+            raise NotImplementedError(
+                f"enable_flash_attention: {type(model).__name__} refuses {name!r}: {err}; {fix}"
+            ) from err
     if any(getattr(c, "_attn_implementation", name) != name for c in configs):
         raise NotImplementedError(
             f"enable_flash_attention: {type(model).__name__} does not switch its attention implementation at run "

@@ -301,6 +301,14 @@ SWITCHES: dict[str, dict[str, bool]] = {
 }
 
 
+def switch_refusal(build: Callable[[], nn.Module], switch: str, tp: int) -> str:
+    """The error every rank gets when ``build()``'s model refuses a switch (see :func:`refusal_message`)."""
+    from ..config import ShardConfig
+    from .refusals import refusal_message
+
+    return refusal_message(build, ShardConfig(tensor_parallel_size=tp, **SWITCHES[switch]))
+
+
 def assert_switch_matches(
     build: Callable[[], nn.Module], inputs: Mapping[str, Any], switch: str, tp: int, **kwargs: Any
 ) -> dict[str, str]:
