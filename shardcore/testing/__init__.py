@@ -26,7 +26,14 @@ A typical plugin test::
 
 from ..distributed.launcher import RankError, RankPool, close_pools, run_on_ranks
 from .checkpoints import assert_lazy_load_matches, assert_resume_matches, assert_same_checkpoint, train_and_save
-from .conformance import SWITCHES, assert_sharded_matches, assert_switch_matches, hidden_state_loss, switch_refusal
+from .conformance import (
+    SWITCHES,
+    assert_sharded_matches,
+    assert_switch_matches,
+    flash_refused_here,
+    hidden_state_loss,
+    switch_refusal,
+)
 from .explained import assert_explain_matches
 from .generation import assert_generate_matches
 from .refusals import count_c10d_calls, refusal_message
@@ -46,6 +53,7 @@ __all__ = [
     "check_blocks",
     "close_pools",
     "count_c10d_calls",
+    "flash_refused_here",
     "hidden_state_loss",
     "refusal_message",
     "run_on_ranks",

@@ -309,6 +309,23 @@ def switch_refusal(build: Callable[[], nn.Module], switch: str, tp: int) -> str:
     return refusal_message(build, ShardConfig(tensor_parallel_size=tp, **SWITCHES[switch]))
 
 
+def flash_refused_here(model_class: type, refused: Callable[[int], str], tp: int = 2) -> bool:
+    """Where this transformers cannot switch ``model_class``'s attention at run time (4.x models
+    whose attention class is fixed when built), check that ``enable_flash_attention`` is refused on
+    every rank before any collective, naming the fix, and return ``True``; else ``False`` (test
+    the switch). ``refused(tp)`` is the plugin's module-level rank function calling
+    :func:`switch_refusal` on its model."""
+    from ..distributed.launcher import run_on_ranks
+    from ..kernels import hf_attention_switchable
+
+    if hf_attention_switchable(model_class):
+        return False
+    for message in run_on_ranks(tp, refused, tp):
+        assert "cannot switch its attention implementation" in message, message
+        assert "attn_implementation='sdpa'" in message, message
+    return True
+
+
 def assert_switch_matches(
     build: Callable[[], nn.Module], inputs: Mapping[str, Any], switch: str, tp: int, **kwargs: Any
 ) -> dict[str, str]:

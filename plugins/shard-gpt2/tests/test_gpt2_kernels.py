@@ -6,7 +6,13 @@ import pytest
 from gpt2_cases import batch_for, build
 
 from shardcore import ShardConfig
-from shardcore.testing import assert_explain_matches, assert_switch_matches, run_on_ranks, switch_refusal
+from shardcore.testing import (
+    assert_explain_matches,
+    assert_switch_matches,
+    flash_refused_here,
+    run_on_ranks,
+    switch_refusal,
+)
 
 
 def _explain(tp: int) -> dict:
@@ -29,24 +35,12 @@ def _refused(tp: int) -> str:
     return switch_refusal(lambda: build("GPT2LMHeadModel"), "flash", tp)
 
 
-def _flash_refused_here() -> bool:
-    """transformers 4.x builds this model's attention class once: enable_flash_attention must be
-    refused there, on every rank before any collective, with the fix."""
-    import transformers
-
-    from shardcore.kernels import hf_attention_switchable
-
-    if hf_attention_switchable(transformers.GPT2LMHeadModel):
-        return False
-    for message in run_on_ranks(2, _refused, 2):
-        assert "cannot switch its attention implementation" in message, message
-    return True
-
-
 @pytest.mark.parametrize("flag", ["flash", "norm", "jit"])
 def test_optimization_flags_at_tp2(flag):
     """Each switch on GPT2LMHeadModel at TP=2: outputs, loss, every gradient, three AdamW steps."""
-    if flag == "flash" and _flash_refused_here():
+    import transformers
+
+    if flag == "flash" and flash_refused_here(transformers.GPT2LMHeadModel, _refused):
         return
     (kernels, _) = run_on_ranks(2, _flag, 2, flag)
     key = {"flash": "attention", "norm": "normalization", "jit": "jit_fused"}[flag]

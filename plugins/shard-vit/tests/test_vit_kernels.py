@@ -6,7 +6,13 @@ import pytest
 from vit_cases import hf_batch, hf_build, timm_batch, timm_build, timm_loss
 
 from shardcore import ShardConfig
-from shardcore.testing import assert_explain_matches, assert_switch_matches, run_on_ranks, switch_refusal
+from shardcore.testing import (
+    assert_explain_matches,
+    assert_switch_matches,
+    flash_refused_here,
+    run_on_ranks,
+    switch_refusal,
+)
 
 HF_MAIN = "ViTForImageClassification"
 TIMM_MAIN = "vit_small_patch16_224"  # 6 heads
@@ -50,11 +56,7 @@ def test_optimization_flags_at_tp2(library, flag):
     every rank before any collective; its MLP is then two modules (intermediate, output)."""
     import transformers
 
-    from shardcore.kernels import hf_attention_switchable
-
-    if (library, flag) == ("hf", "flash") and not hf_attention_switchable(transformers.ViTForImageClassification):
-        for message in run_on_ranks(2, _refused, 2):
-            assert "cannot switch its attention implementation" in message, message
+    if (library, flag) == ("hf", "flash") and flash_refused_here(transformers.ViTForImageClassification, _refused):
         return
     v5_layout = any(name.endswith(".mlp") for name, _ in hf_build(HF_MAIN).named_modules())
     (kernels, _) = run_on_ranks(2, _flag, 2, library, flag)

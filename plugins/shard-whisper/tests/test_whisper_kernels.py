@@ -6,7 +6,13 @@ import pytest
 from whisper_cases import batch_for, build
 
 from shardcore import ShardConfig
-from shardcore.testing import assert_explain_matches, assert_switch_matches, run_on_ranks, switch_refusal
+from shardcore.testing import (
+    assert_explain_matches,
+    assert_switch_matches,
+    flash_refused_here,
+    run_on_ranks,
+    switch_refusal,
+)
 
 MAIN = "WhisperForConditionalGeneration"
 
@@ -32,25 +38,13 @@ def _refused(tp: int) -> str:
     return switch_refusal(lambda: build(MAIN), "flash", tp)
 
 
-def _flash_refused_here() -> bool:
-    """transformers 4.x builds this model's attention class once: enable_flash_attention must be
-    refused there, on every rank before any collective, with the fix."""
-    import transformers
-
-    from shardcore.kernels import hf_attention_switchable
-
-    if hf_attention_switchable(transformers.WhisperForConditionalGeneration):
-        return False
-    for message in run_on_ranks(2, _refused, 2):
-        assert "cannot switch its attention implementation" in message, message
-    return True
-
-
 @pytest.mark.parametrize("flag", ["flash", "norm", "jit"])
 def test_optimization_flags_at_tp2(flag):
     """Each switch on WhisperForConditionalGeneration at TP=2 (encoder, decoder self- and
     cross-attention): outputs, loss, every gradient, three AdamW steps."""
-    if flag == "flash" and _flash_refused_here():
+    import transformers
+
+    if flag == "flash" and flash_refused_here(transformers.WhisperForConditionalGeneration, _refused):
         return
     (kernels, _) = run_on_ranks(2, _flag, 2, flag)
     key = {"flash": "attention", "norm": "normalization", "jit": "jit_fused"}[flag]
