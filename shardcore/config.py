@@ -25,7 +25,6 @@ _NOT_BUILT_LAYOUT: dict[str, Any] = {
     "num_microbatches": None,
     "pipeline_schedule": None,
     "sequence_parallel_size": 1,
-    "data_parallel": None,
 }
 _NOT_BUILT.update(_NOT_BUILT_LAYOUT)
 _CHECKED_AT_OPTIMIZE = tuple(_NOT_BUILT_LAYOUT)
@@ -61,7 +60,13 @@ class ShardConfig:
         pipeline_parallel_size, num_microbatches, pipeline_schedule: pipeline parallelism (not
             built yet: accepted at ``1``/``None``/``None``, refused by ``optimize`` otherwise).
         sequence_parallel_size: the Ulysses / ring-attention group (not built yet: ``1``).
-        data_parallel: ``"ddp"`` / ``"fsdp"`` on the data-parallel dim (not built yet: ``None``).
+        data_parallel: what runs on the data-parallel dim (``dp`` of the mesh, see
+            :mod:`shardcore.distributed.data_parallel`): ``"fsdp"`` (FSDP2's ``fully_shard`` on each
+            block of :meth:`~shardcore.Policy.blocks` and on the model: parameters, gradients and
+            optimizer state split over the data-parallel ranks too) or ``"ddp"`` (whole
+            tensor-parallel slices on each replica, gradients all-reduced). ``None`` (default):
+            nothing; the ``dp`` replicas are the caller's to synchronize. Each data-parallel rank
+            feeds its own part of the global batch; gradients are averaged over them.
         plan: a sharding plan (torchprime's syntax), a YAML path or a dict: shards by it instead of
             a plugin's policy (see :mod:`shardcore.plan`); refused together with ``policy=``.
         tensor_parallel_process_group: an existing process group to use instead of building one;

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
+from .distributed.data_parallel import dp_full, reshard
 from .layers.parallel_module import ParallelModule
 
 __all__ = ["full_named_tensors", "parameter_specs"]
@@ -30,12 +31,13 @@ def full_named_tensors(model: nn.Module, *, grads: bool = False) -> Iterator[tup
     """Yield ``(name, full tensor)`` for every parameter (or its gradient, with ``grads=True``).
 
     Split parameters are gathered from their group (a collective: every rank of the group must
-    iterate to the end); replicated ones are returned as they are. Names are the native model's.
+    iterate to the end); replicated ones are returned as they are. Under
+    ``data_parallel="fsdp"`` the data-parallel shards are gathered first. Names are the native model's.
     A parameter without a gradient yields ``None`` (on every rank alike, so no rank hangs).
     """
-    specs = parameter_specs(model)
+    specs = parameter_specs(reshard(model))
     for name, param in model.named_parameters():
-        tensor = param.grad if grads else param.detach()
+        tensor = dp_full(param.grad if grads else param.detach())
         if name in specs:
             spec, group = specs[name]
             yield name, None if tensor is None else spec.gather(tensor, group)

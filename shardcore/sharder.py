@@ -13,6 +13,7 @@ from torch import nn
 from . import consistency, distributed, kernels
 from .config import ShardConfig
 from .distributed import ParallelLayout
+from .distributed.data_parallel import apply_data_parallel, check_data_parallel
 from .layers.comm import enter_tp_region, group_size, resolve_timeout, set_collective_timeout, shared_copies
 from .layers.rng import run_in_shared_rng, run_in_tp_rng
 from .meta import guard_meta
@@ -36,6 +37,8 @@ class ShardInfo:
     layout: ParallelLayout
     #: What each optimization switch runs (``{"attention": "shardcore_sdpa", ...}``), see :mod:`shardcore.kernels`.
     kernels: dict = attrs.field(factory=dict)
+    #: What runs on the data-parallel dim: ``"fsdp"``, ``"ddp"`` or ``None`` (see :mod:`shardcore.distributed.data_parallel`).
+    data_parallel: str | None = None
 
 
 def _get(module: nn.Module, dotted: str):
@@ -245,10 +248,15 @@ def optimize(
     policy.set_shard_config(config, tp_size)
     check_policy_features(model, policy, config)
     policy.config_sanity_check()
+    check_data_parallel(model, policy, config, layout)
     if tp_size == 1 or not config.enable_tensor_parallelism:
         applied = kernels.apply(model, policy, config)
         kernels.apply_jit(model, policy, config, applied)
         _freeze_for_inference(model, config)
+        if config.data_parallel is not None and layout.dp > 1:
+            _check_same_weights(model, dist.group.WORLD)
+            data_parallel = apply_data_parallel(model, policy, config, layout)
+            model.shardcore = ShardInfo(config, tp_size, layout.group("tp"), policy, layout, applied, data_parallel)
         guard_meta(model)
         return model
 
@@ -259,17 +267,19 @@ def optimize(
     group = config.tensor_parallel_process_group
     if group is None:
         group = layout.group("tp")
-    _check_same_weights(model, group)
+    # with data parallelism every rank of the world starts from the same weights, not only the TP group
+    _check_same_weights(model, dist.group.WORLD if config.data_parallel is not None and layout.dp > 1 else group)
     sharder.process_group = group
     model = sharder.shard(plan)
     model = policy.postprocess()
     kernels.apply_jit(model, policy, config, applied)
     if policy.share_tp_copies:
         _share_copies_per_forward(model)
-    model.shardcore = ShardInfo(config, tp_size, group, policy, layout, applied)
     set_collective_timeout(resolve_timeout(config.collective_timeout))
     consistency.install(model, group, config)
     _freeze_for_inference(model, config)
+    data_parallel = apply_data_parallel(model, policy, config, layout)  # last: wraps the sharded model
+    model.shardcore = ShardInfo(config, tp_size, group, policy, layout, applied, data_parallel)
     guard_meta(model)
     return model
 

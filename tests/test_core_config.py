@@ -41,7 +41,6 @@ def test_unbuilt_feature_flags_raise(field):
 _UNBUILT_LAYOUT = {
     "num_microbatches": 4,
     "pipeline_schedule": "1F1B",
-    "data_parallel": "fsdp",
 }
 
 

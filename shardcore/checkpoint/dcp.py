@@ -20,6 +20,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch import nn
 
+from ..distributed.data_parallel import dp_assign, dp_full, reshard
 from ..layers.comm import group_rank
 from ..sharded_state import parameter_specs
 
@@ -42,7 +43,7 @@ def _pieces(tensor: torch.Tensor, spec, rank: int) -> list[tuple[int, int, torch
 
 def _flatten(model: nn.Module, optimizer: torch.optim.Optimizer | None):
     """``(prefix, name, tensor, spec, group)`` for model tensors and tensor optimizer state."""
-    specs = parameter_specs(model)
+    specs = parameter_specs(reshard(model))
     names = {id(p): n for n, p in model.named_parameters()}
     for name, param in model.named_parameters():
         yield "model", name, param.detach(), *specs.get(name, (None, None))
@@ -61,6 +62,7 @@ def save_distributed(model: nn.Module, path: str | os.PathLike, optimizer: torch
     """Save ``model`` (and ``optimizer``) with ``torch.distributed.checkpoint``; collective, call on every rank."""
     state: dict[str, object] = {}
     for prefix, name, tensor, spec, group in _flatten(model, optimizer):
+        tensor = dp_full(tensor)  # FSDP: the data-parallel shards -> this rank's TP slice
         if spec is None:
             state[f"{prefix}.{name}"] = tensor
         else:
@@ -105,9 +107,9 @@ def load_distributed(model: nn.Module, path: str | os.PathLike, optimizer: torch
         request["optim.param_groups"] = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
     dcp.load(request, checkpoint_id=str(path))
 
-    with torch.no_grad():
-        for base, tensor, spec, rank in wanted:
-            tensor.copy_(_assemble(saved[base], request, tensor, spec, rank, split_dim.get(base, 0)))
+    for base, tensor, spec, rank in wanted:
+        like = torch.empty(tensor.shape, dtype=tensor.dtype, device=tensor.device)  # plain, also for a DTensor
+        dp_assign(tensor, _assemble(saved[base], request, like, spec, rank, split_dim.get(base, 0)))
     if optimizer is not None:
         for group, loaded in zip(optimizer.param_groups, request["optim.param_groups"], strict=True):
             group.update(loaded)

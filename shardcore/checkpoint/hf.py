@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..distributed.data_parallel import dp_assign, dp_full, native_class, reshard
 from ..layers.comm import group_rank
 from ..meta import unguard_meta
 from ..sharded_state import parameter_specs
@@ -101,7 +102,13 @@ def load_checkpoint(
     """
     path = Path(path)
     files = weight_map(path)
-    specs = parameter_specs(model)
+    if device is None:
+        device = (
+            torch.device("cuda", torch.cuda.current_device())
+            if (dist.is_initialized() and dist.get_backend() == "nccl")
+            else torch.device("cpu")
+        )
+    specs = parameter_specs(reshard(model))
     prefix = getattr(model, "base_model_prefix", None)
     tensors = list(_model_tensors(model))
     renamed = checkpoint_policy(model).checkpoint_names([name for name, _, _ in tensors])
@@ -115,12 +122,6 @@ def load_checkpoint(
         plan.append((name, tensor, is_param, key, spec, group))
     handles: dict[Path, SafetensorsFile] = {}
     try:
-        if device is None:
-            device = (
-                torch.device("cuda", torch.cuda.current_device())
-                if (dist.is_initialized() and dist.get_backend() == "nccl")
-                else torch.device("cpu")
-            )
         zero_copy = zero_copy and torch.device(device).type == "cpu"
         for file in sorted({files[p[3]] for p in plan}, key=str):
             handles[file] = SafetensorsFile(file, zero_copy=zero_copy)
@@ -137,6 +138,9 @@ def load_checkpoint(
         if problems:
             raise CheckpointError(f"checkpoint {path} does not fit {type(model).__name__}: " + "; ".join(problems))
 
+        if _materialize_dp_shards(model, device):  # FSDP over a meta build: allocate the shards, then fill them
+            now = {name: tensor for name, tensor, _ in _model_tensors(model)}
+            plan = [(name, now[name], *rest) for name, _, *rest in plan]
         total = sum(t.numel() * t.element_size() for _, t, *_ in plan)
         bar = _progress(len(plan), total, progress)
         replaced: dict[int, torch.Tensor] = {}
@@ -148,8 +152,7 @@ def load_checkpoint(
                 )
                 replaced[id(tensor)] = new
             else:
-                with torch.no_grad():
-                    tensor.copy_(local)
+                dp_assign(tensor, local)  # in place (FSDP: this rank's data-parallel shard of it)
             if bar is not None:
                 bar.update(1)
         if bar is not None:
@@ -161,6 +164,22 @@ def load_checkpoint(
     materialize_buffers(model, device)
     unguard_meta(model)
     return model
+
+
+def _materialize_dp_shards(model: nn.Module, device) -> bool:
+    """FSDP-sharded meta parameters cannot be swapped for loaded tensors (FSDP holds them): give
+    them memory on ``device`` in place (``to_empty``, which FSDP2 supports), to be filled by the
+    loader. Buffers are put back as they were (``to_empty`` would leave them uninitialized): computed
+    ones keep their values, those still on meta are left for :func:`materialize_buffers`."""
+    from ..distributed.data_parallel import _is_dtensor
+
+    if not any(_is_dtensor(p) and p.is_meta for p in model.parameters()):
+        return False
+    buffers = [(m, n, b) for m in model.modules() for n, b in m._buffers.items() if b is not None]
+    model.to_empty(device=device)
+    for module, name, buf in buffers:
+        module._buffers[name] = buf if buf.is_meta else buf.to(device)
+    return True
 
 
 def _progress(n: int, total_bytes: int, progress: bool | None):
@@ -182,7 +201,7 @@ def _save_config(model: nn.Module, path: Path, entries) -> None:
         return
     config = copy.deepcopy(config)
     if hasattr(model, "base_model_prefix"):  # a transformers model: from_pretrained picks the class from it
-        config.architectures = [type(model).__name__]
+        config.architectures = [native_class(model).__name__]
     dtypes = [dtype for _, _, dtype in entries if dtype.is_floating_point]
     if dtypes:
         # transformers 5 names it ``dtype`` (``torch_dtype`` is a property aliasing it); 4.x ``torch_dtype``
@@ -203,7 +222,7 @@ def save_checkpoint(model: nn.Module, path: str | os.PathLike, *, max_shard_size
     """
     path = Path(path)
     writer = not dist.is_initialized() or dist.get_rank() == 0
-    specs = parameter_specs(model)
+    specs = parameter_specs(reshard(model))
     tensors = {name: t for name, t, _ in _model_tensors(model)}
     entries = [(name, _full_shape(t, specs.get(name, (None,))[0]), t.dtype) for name, t in tensors.items()]
     renamed = checkpoint_policy(model).checkpoint_names(list(tensors))
@@ -235,7 +254,7 @@ def save_checkpoint(model: nn.Module, path: str | os.PathLike, *, max_shard_size
         on_disk = [(renamed.get(name, name), shape, dtype) for name, shape, dtype in group]
         stream = StreamingSafetensors(path / file_name, on_disk) if writer else None
         for name, _, _ in group:
-            local = tensors[name]
+            local = dp_full(tensors[name])  # FSDP: this rank's data-parallel shard -> the TP slice
             spec, pg = specs.get(name, (None, None))
             full = local if spec is None else spec.gather(local, pg)  # one full tensor at a time
             if stream is not None:

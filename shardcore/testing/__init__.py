@@ -8,6 +8,8 @@
   make it able to fail);
 * ``checkpoints.py``: :func:`assert_lazy_load_matches`, :func:`assert_same_checkpoint`,
   :func:`train_and_save` / :func:`assert_resume_matches` (save at one layout, resume at another);
+* ``data_parallel.py``: :func:`assert_data_parallel_matches` (FSDP / DDP x TP trains like the
+  unsharded model on the whole batch; bytes of parameters and optimizer state per rank);
 * ``explained.py``: :func:`assert_explain_matches` (``shardcore explain`` predicts a real step);
 * ``refusals.py``: :func:`refusal_message` (bad input fails on every rank before any collective,
   nobody hangs), :func:`count_c10d_calls`.
@@ -34,6 +36,7 @@ from .conformance import (
     hidden_state_loss,
     switch_refusal,
 )
+from .data_parallel import assert_data_parallel_matches, dp_part, state_bytes
 from .explained import assert_explain_matches
 from .generation import assert_generate_matches
 from .refusals import count_c10d_calls, refusal_message
@@ -43,6 +46,7 @@ __all__ = [
     "SWITCHES",
     "RankError",
     "RankPool",
+    "assert_data_parallel_matches",
     "assert_explain_matches",
     "assert_generate_matches",
     "assert_lazy_load_matches",
@@ -53,10 +57,12 @@ __all__ = [
     "check_blocks",
     "close_pools",
     "count_c10d_calls",
+    "dp_part",
     "flash_refused_here",
     "hidden_state_loss",
     "refusal_message",
     "run_on_ranks",
+    "state_bytes",
     "switch_refusal",
     "train_and_save",
 ]

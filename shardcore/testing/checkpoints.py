@@ -75,11 +75,24 @@ def assert_same_checkpoint(reference: str, written: str) -> None:
             raise AssertionError(f"tensor {name!r} differs after the save_checkpoint round trip")
 
 
+def _part(model: nn.Module, batch: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The part of a global batch this rank feeds: all of it, or under ``data_parallel`` its
+    data-parallel rank's part (:func:`~shardcore.testing.dp_part`)."""
+    info = getattr(model, "shardcore", None)
+    if info is None or info.data_parallel is None:
+        return batch
+    import torch.distributed as dist
+
+    from .data_parallel import dp_part
+
+    return dp_part(batch, info.layout.coordinates(dist.get_rank())["dp"], info.layout.dp)
+
+
 def _train(model: nn.Module, batches, loss_fn, *, lr: float, eps: float, state=None):
     opt = state if state is not None else torch.optim.AdamW(model.parameters(), lr=lr, eps=eps)
     for batch in batches:
         opt.zero_grad()
-        _loss(model(**batch), loss_fn).backward()
+        _loss(model(**_part(model, batch)), loss_fn).backward()
         opt.step()
     return opt
 
@@ -96,8 +109,8 @@ def train_and_save(
     lr: float = 1e-3,
     adam_eps: float = 1e-5,
 ) -> None:
-    """First half of a resume check: shard ``build()`` (seeded), take one AdamW step per batch,
-    then :func:`shardcore.save_distributed` model and optimizer to ``path``. Run on every rank."""
+    """First half of a resume check: shard ``build()`` (seeded), take one AdamW step per batch
+    (each data-parallel rank on its part of it, under ``data_parallel``), then :func:`shardcore.save_distributed` model and optimizer to ``path``. Run on every rank."""
     import shardcore
 
     torch.manual_seed(seed)

@@ -1,0 +1,153 @@
+"""The conformance check for data parallelism (``ShardConfig(data_parallel="fsdp" | "ddp")``): each
+data-parallel rank trains on its part of the batch; the whole must train like the unsharded model
+on the whole batch."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .conformance import _check_grads, _declared_zero, _loss
+
+__all__ = ["assert_data_parallel_matches", "dp_part", "state_bytes"]
+
+
+def dp_part(inputs: Mapping[str, Any], dp_rank: int, dp_size: int) -> dict[str, Any]:
+    """This data-parallel rank's part of a global batch: every tensor split evenly along its first
+    (batch) dimension, rank ``i`` taking the ``i``-th part; other values passed as they are."""
+    out = {}
+    for key, value in inputs.items():
+        if isinstance(value, torch.Tensor) and value.dim() > 0:
+            if value.shape[0] % dp_size:
+                raise ValueError(
+                    f"input {key!r} has batch size {value.shape[0]}, not divisible by data_parallel_size={dp_size}"
+                )
+            value = value.chunk(dp_size)[dp_rank]
+        out[key] = value
+    return out
+
+
+def state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> int:
+    """Bytes of parameters and tensor optimizer state this rank holds (its shards, under FSDP)."""
+    from ..distributed.data_parallel import local_nbytes, reshard
+
+    total = sum(local_nbytes(p) for p in reshard(model).parameters())
+    if optimizer is not None:
+        for state in optimizer.state.values():
+            total += sum(local_nbytes(v) for v in state.values() if isinstance(v, torch.Tensor) and v.dim() > 0)
+    return total
+
+
+def assert_data_parallel_matches(
+    build: Callable[[], nn.Module],
+    inputs: Mapping[str, Any],
+    config,
+    *,
+    policy=None,
+    loss_fn: Callable[[Any], torch.Tensor] | None = None,
+    seed: int = 0,
+    steps: int = 3,
+    lr: float = 1e-3,
+    adam_eps: float = 1e-5,
+    rtol_loss: float = 1e-6,
+    grad_rtol: float = 1e-4,
+    grad_floor: float = 1e-5,
+    zero_grads: tuple[str, ...] = (),
+    atol_step: float = 1e-5,
+    max_state_fraction: float | None = None,
+) -> dict[str, Any]:
+    """Check a data-parallel (x tensor-parallel) model against the unsharded one; run on every rank.
+
+    ``build()`` is called twice after ``torch.manual_seed(seed)``; one copy is optimized with
+    ``config`` (``data_parallel="fsdp"`` or ``"ddp"``, ``data_parallel_size > 1``). The unsharded
+    model runs the whole ``inputs``; each data-parallel rank runs its part (:func:`dp_part`). Then:
+    the mean of the ranks' losses equals the unsharded loss (relative ``rtol_loss``; the batch
+    must give every part the same number of loss terms), every gradient gathered over dp and tp
+    equals the unsharded one (relative norm, as :func:`~shardcore.testing.assert_sharded_matches`),
+    and so does every parameter after ``steps`` AdamW steps (``atol_step``). The parameter names
+    must be the unsharded model's. Reports ``state_fraction``: this rank's bytes of parameters and
+    AdamW state over the unsharded model's (at most ``max_state_fraction`` if given).
+    """
+    import shardcore
+
+    torch.manual_seed(seed)
+    ref = build()
+    torch.manual_seed(seed)
+    model = shardcore.optimize(build(), config, policy=policy)
+    info = model.shardcore
+    if info.data_parallel != config.data_parallel:
+        raise AssertionError(f"model.shardcore.data_parallel is {info.data_parallel!r}, asked {config.data_parallel!r}")
+    layout = info.layout
+    dp_rank = layout.coordinates(dist.get_rank())["dp"]
+    dp_group = layout.group("dp")
+    mine = dp_part(inputs, dp_rank, layout.dp)
+    ref_params = dict(ref.named_parameters())
+    names = [n for n, _ in model.named_parameters()]
+    if set(names) != set(ref_params):
+        raise AssertionError(
+            f"parameter names differ from the unsharded model's: missing {sorted(set(ref_params) - set(names))}, "
+            f"extra {sorted(set(names) - set(ref_params))}"
+        )
+    report: dict[str, Any] = {"dp": layout.dp, "tp": layout.tp, "data_parallel": info.data_parallel}
+
+    opt_ref = torch.optim.AdamW(ref.parameters(), lr=lr, eps=adam_eps)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, eps=adam_eps)
+    for step in range(max(steps, 1)):
+        opt_ref.zero_grad()
+        opt.zero_grad()
+        loss_ref = _loss(ref(**inputs), loss_fn)
+        loss = _loss(model(**mine), loss_fn)
+        loss_ref.backward()
+        loss.backward()
+        if step == 0:
+            mean = loss.detach().clone()
+            dist.all_reduce(mean, group=dp_group)
+            mean = mean.item() / layout.dp
+            rel = abs(mean - loss_ref.item()) / max(abs(loss_ref.item()), 1e-12)
+            if not rel <= rtol_loss:
+                raise AssertionError(
+                    f"mean loss over the data-parallel ranks {mean:.9g} vs unsharded {loss_ref.item():.9g}: "
+                    f"relative diff {rel:.3g} > {rtol_loss}"
+                )
+            report["loss"], report["loss_unsharded"], report["loss_rel_diff"] = mean, loss_ref.item(), rel
+            ref_grads = {n: p.grad for n, p in ref_params.items()}
+            scale = max((g.double().norm().item() for g in ref_grads.values() if g is not None), default=0.0)
+            gathered = dict(shardcore.full_named_tensors(model, grads=True))
+            check = {"scale": scale, "rtol": grad_rtol, "floor": grad_floor, "zero_grads": zero_grads}
+            pairs = ((n, g, ref_grads[n]) for n, g in gathered.items())
+            report["max_rel_err_grads"] = _check_grads(pairs, where="gathered over dp and tp", **check)
+            if steps == 0:
+                break
+        opt_ref.step()
+        opt.step()
+
+    if steps:
+        worst = 0.0
+        for name, full in shardcore.full_named_tensors(model):
+            tol = atol_step * (10 if _declared_zero(name, zero_grads) else 1)
+            diff = (full - ref_params[name].detach()).abs().max().item()
+            if not diff <= tol:
+                raise AssertionError(f"parameter {name} after {steps} AdamW steps: max abs diff {diff:.3g} > {tol:g}")
+            worst = max(worst, diff)
+        report["max_abs_diff_after_steps"] = worst
+    if steps and info.data_parallel == "ddp":  # each replica holds its own copy: they must stay equal
+        for name, param in model.named_parameters():
+            local = param.detach()
+            first = local.clone()
+            dist.broadcast(first, group=dp_group, group_src=0)
+            if not torch.equal(first, local):
+                raise AssertionError(f"parameter {name}: the data-parallel replicas drifted apart after {steps} steps")
+    mine_bytes = state_bytes(model, opt)
+    full_bytes = state_bytes(ref, opt_ref)
+    report["state_bytes"], report["state_bytes_unsharded"] = mine_bytes, full_bytes
+    report["state_fraction"] = mine_bytes / full_bytes
+    if max_state_fraction is not None and not report["state_fraction"] <= max_state_fraction:
+        raise AssertionError(
+            f"this rank holds {mine_bytes} bytes of parameters and optimizer state, "
+            f"{report['state_fraction']:.3f} of the unsharded {full_bytes}, above {max_state_fraction}"
+        )
+    return report
