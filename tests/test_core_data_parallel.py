@@ -1,0 +1,98 @@
+"""Data parallelism on the mesh's dp dim (FSDP2 / DDP) with the core's toy model: training like the
+unsharded model on the whole batch, and the refusals, each before any collective on every rank."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from toy_models import ToyLM, ToyPolicy
+
+import shardcore
+from shardcore import ShardConfig
+from shardcore.testing import assert_data_parallel_matches, dp_part, refusal_message, run_on_ranks
+
+
+def _batch() -> dict:
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, 101, (4, 10), generator=g)
+    return {"ids": ids, "labels": ids}
+
+
+def _train(dp: int, tp: int, mode: str) -> dict:
+    return assert_data_parallel_matches(
+        ToyLM,
+        _batch(),
+        ShardConfig(tensor_parallel_size=tp, data_parallel_size=dp, data_parallel=mode),
+        policy=ToyPolicy,
+    )
+
+
+@pytest.mark.parametrize(("mode", "fraction"), [("fsdp", 1 / 4), ("ddp", 1 / 2)])
+def test_toy_trains_like_unsharded_at_dp2_tp2(mode, fraction):
+    for report in run_on_ranks(4, _train, 2, 2, mode):
+        assert abs(report["state_fraction"] - fraction) <= 0.05 * fraction, report
+
+
+class _NoBlocks(ToyPolicy):
+    def blocks(self):
+        raise NotImplementedError("_NoBlocks has no blocks")
+
+
+def _refused(config: dict, policy=ToyPolicy, seed_by_dp: bool = False) -> str:
+    import torch.distributed as dist
+
+    if "tensor_parallel_process_group" in config:  # built here, before the refusal is counted
+        config = {**config, "tensor_parallel_process_group": dist.new_group([0, 1]) if dist.get_rank() < 2 else None}
+        if dist.get_rank() >= 2:
+            config["tensor_parallel_process_group"] = dist.new_group([2, 3])
+        else:
+            dist.new_group([2, 3])
+    return refusal_message(
+        ToyLM,
+        ShardConfig(**config),
+        policy=policy,
+        seed=dist.get_rank() // 2 if seed_by_dp else 0,  # same within each TP group, not across dp
+        collectives_allowed=seed_by_dp,
+    )
+
+
+FSDP = {"tensor_parallel_size": 2, "data_parallel_size": 2, "data_parallel": "fsdp"}
+
+
+@pytest.mark.parametrize(
+    ("config", "policy", "expected"),
+    [
+        (FSDP, _NoBlocks, "wraps each block of _NoBlocks.blocks(), which this policy does not implement"),
+        ({**FSDP, "data_parallel": "ddp", "inference_only": True}, ToyPolicy, "an inference-only model has none"),
+        ({**FSDP, "tensor_parallel_process_group": True}, ToyPolicy, "runs on shardcore's device mesh"),
+    ],
+    ids=["fsdp-without-blocks", "ddp-inference-only", "own-tp-group"],
+)
+def test_refused_before_any_collective_on_every_rank(config, policy, expected):
+    messages = run_on_ranks(4, _refused, config, policy)
+    assert all(expected in m for m in messages), messages
+
+
+def test_weights_differing_across_data_parallel_ranks_are_detected():
+    # each TP group agrees, the two data-parallel replicas do not: FSDP would mix them silently
+    messages = run_on_ranks(4, _refused, FSDP, ToyPolicy, True)
+    assert all("ranks hold different weights" in m for m in messages), messages
+
+
+def test_data_parallel_mode_is_validated():
+    with pytest.raises(ValueError, match="data_parallel"):
+        ShardConfig(data_parallel="zero3")
+
+
+def test_data_parallel_of_one_rank_changes_nothing():
+    model = shardcore.optimize(ToyLM(), ShardConfig(data_parallel="fsdp"), policy=ToyPolicy)
+    assert all(type(p) is torch.nn.Parameter for p in model.parameters())
+    assert getattr(model, "shardcore", None) is None
+
+
+def test_dp_part_splits_the_batch_and_names_a_bad_size():
+    batch = _batch()
+    parts = [dp_part(batch, r, 2) for r in range(2)]
+    assert torch.equal(torch.cat([p["ids"] for p in parts]), batch["ids"])
+    with pytest.raises(ValueError, match="'ids' has batch size 4, not divisible by data_parallel_size=3"):
+        dp_part(batch, 0, 3)
