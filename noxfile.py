@@ -187,6 +187,13 @@ def bench_kernels(session: nox.Session) -> None:
     _run(session, bin_dir, "python", "benchmarks/bench_kernels.py", *session.posargs)
 
 
+@nox.session(name="bench-dp", default=False)
+def bench_dp(session: nox.Session) -> None:
+    """Benchmark (not a test): FSDPxTP 2x2 vs DDPxTP 2x2 vs TP=4 vs FSDP=4 on 4 ranks; writes bench-results/data_parallel.json."""
+    bin_dir = _install(session)
+    _run(session, bin_dir, "python", "benchmarks/bench_data_parallel.py", *session.posargs)
+
+
 @nox.session(name="bench-parallelize", default=False)
 def bench_parallelize(session: nox.Session) -> None:
     """Benchmark (not a test): shardcore.parallelize of a ~1 GB Llama vs loading it unsharded (RSS, time)."""

@@ -2,12 +2,17 @@
 
 The syntax is torchprime's: each top-level key is a state-dict parameter name, ``*`` matching
 any layer index, and its value a partition spec, one entry per dimension: a mesh axis name
-(``tp``) or ``null`` (that dimension is replicated)::
+(``tp``, ``dp``) or ``null`` (that dimension is replicated)::
 
     model.embed_tokens.weight: [tp, null]               # vocab parallel
     model.layers.*.self_attn.q_proj.weight: [tp, null]  # column parallel
     model.layers.*.self_attn.o_proj.weight: [null, tp]  # row parallel
     lm_head.weight: [tp, null]                          # vocab-parallel head
+    model.layers.*.mlp.up_proj.weight: [tp, dp]         # column parallel, FSDP splits dim 1
+
+``dp`` names the dimension FSDP splits a parameter along over the data-parallel ranks (with
+``ShardConfig(data_parallel="fsdp")``, which splits every parameter, along dim 0 unless the plan
+says otherwise); one dimension per axis.
 
 A replicated parameter that acts on split activations (a norm over each head's features) takes
 the spec ``replicated_with_grad_allreduce`` (transformers' name): its gradient is summed over
@@ -42,8 +47,9 @@ from .policy import SubModuleReplacementDescription as Sub
 
 __all__ = ["PlanError", "PlanPolicy", "hf_tp_plan", "load_plan", "zero_config_policy"]
 
-#: Mesh axes a spec may name, and what each would need.
-AXES = {"tp": None, "dp": "sharding parameters over the data-parallel axis (FSDP) is not built in this version"}
+#: Mesh axes a spec may name: ``tp`` (shardcore's parallel layers) and ``dp`` (the dimension FSDP
+#: splits the parameter along over the data-parallel ranks, with ``ShardConfig(data_parallel="fsdp")``).
+AXES = ("dp", "tp")
 #: The spec of a replicated parameter that acts on split activations (a norm over each head's
 #: features): its gradient is summed over the group. transformers' name for it.
 GRAD_SUM = "replicated_with_grad_allreduce"
@@ -56,8 +62,11 @@ class PlanError(ValueError):
 
 
 class _Plan:
-    def __init__(self, specs: dict[str, list | None], lines: dict[str, int], source: str) -> None:
-        self.specs, self.lines, self.source = specs, lines, source
+    def __init__(
+        self, specs: dict[str, list | None], lines: dict[str, int], source: str, dp: dict[str, int] | None = None
+    ) -> None:
+        #: the tensor-parallel specs (``dp`` entries read as null) and ``{key: dim}`` of the ``dp`` entries
+        self.specs, self.lines, self.source, self.dp = specs, lines, source, dp or {}
 
     def where(self, key: str) -> str:
         line = self.lines.get(key)
@@ -99,6 +108,7 @@ def load_plan(plan: str | Path | Mapping[str, Any]) -> _Plan:
             f"{source}: a sharding plan is a mapping of parameter names to specs, got {type(data).__name__}"
         )
     specs: dict[str, list | None] = {}
+    dp: dict[str, int] = {}
     for key, spec in data.items():
         at = f"{source}:{lines[key]}" if key in lines else source
         if not isinstance(key, str):
@@ -117,15 +127,16 @@ def load_plan(plan: str | Path | Mapping[str, Any]) -> _Plan:
                 continue
             if axis not in AXES:
                 raise PlanError(
-                    f"{at}: {key!r}: unknown mesh axis {axis!r}; shardcore's axes are {', '.join(sorted(AXES))} "
+                    f"{at}: {key!r}: unknown mesh axis {axis!r}; shardcore's axes are {', '.join(AXES)} "
                     "(or null for a replicated dimension)"
                 )
-            if AXES[axis]:
-                raise PlanError(f"{at}: {key!r}: axis {axis!r}: {AXES[axis]}")
-        if spec is not None and sum(a is not None for a in spec) > 1:
-            raise PlanError(f"{at}: {key!r}: {list(spec)} splits more than one dimension over tp")
-        specs[key] = None if spec is None else list(spec)
-    return _Plan(specs, lines, source)
+        for axis in AXES:
+            if spec is not None and sum(a == axis for a in spec) > 1:
+                raise PlanError(f"{at}: {key!r}: {list(spec)} splits more than one dimension over {axis}")
+        if spec is not None and "dp" in spec:
+            dp[key] = list(spec).index("dp")
+        specs[key] = None if spec is None else [None if a == "dp" else a for a in spec]
+    return _Plan(specs, lines, source, dp)
 
 
 def _regex(key: str) -> re.Pattern:
@@ -320,6 +331,35 @@ class PlanPolicy(Policy):
     def config_sanity_check(self) -> None:
         self._plans = self._layers()
         self._check_activations(self._plans)
+        self._dp_dims = self._data_parallel_dims()
+
+    def _data_parallel_dims(self) -> dict[str, int]:
+        """``{parameter name: dim}`` of the plan's ``dp`` entries, checked against the config and
+        the parameters (a ``dp`` entry of an activation spec says the batch is split: nothing to do)."""
+        if not self.plan.dp:
+            return {}
+        mode = getattr(self.shard_config, "data_parallel", None)
+        if mode != "fsdp":
+            key = next(iter(self.plan.dp))
+            raise PlanError(
+                f"{self.plan.where(key)}: {key!r}: the axis 'dp' splits parameters over the data-parallel ranks, "
+                f"which FSDP does: set ShardConfig(data_parallel='fsdp') (it is {mode!r}), or write null"
+            )
+        params = dict(self.model.named_parameters(remove_duplicate=False))
+        dims: dict[str, int] = {}
+        for key, dim in self.plan.dp.items():
+            regex = _regex(key)
+            for name in (n for n in params if regex.match(n)):
+                if dim >= params[name].dim():
+                    raise PlanError(
+                        f"{self.plan.where(key)}: {name} has {params[name].dim()} dimensions, the spec puts dp on dim {dim}"
+                    )
+                dims[name] = dim
+        return dims
+
+    def data_parallel_shard_dims(self) -> dict[str, int]:
+        """The dimension FSDP splits each parameter the plan gives a ``dp`` entry along."""
+        return dict(getattr(self, "_dp_dims", {}))
 
     def module_policy(self):
         plans = self._plans if getattr(self, "_plans", None) is not None else self._layers()

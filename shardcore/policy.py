@@ -139,6 +139,12 @@ class Policy:
             out += [(prefix + name, child) for name, child in container.named_children()]
         return out
 
+    def data_parallel_shard_dims(self) -> dict[str, int]:
+        """``{parameter name: dim}``: parameters ``ShardConfig(data_parallel="fsdp")`` splits over the
+        data-parallel ranks along a dimension other than 0 (FSDP's default for the others). A
+        plan's ``dp`` entries say it; policies rarely need to."""
+        return {}
+
     def set_attention_backend(self, backend: str) -> str:
         """Make the model's attention run on ``backend`` (``"flash_attention_2"`` or ``"sdpa"``, see
         :func:`shardcore.kernels.attention_backend`) for ``ShardConfig(enable_flash_attention=True)``;

@@ -44,7 +44,7 @@ def test_tied_parameters_need_one_spec():
     [
         ({"a.weight": ["tp", "tp"]}, "splits more than one dimension"),
         ({"a.weight": ["mp", None]}, "unknown mesh axis 'mp'"),
-        ({"a.weight": ["dp", None]}, "axis 'dp': sharding parameters over the data-parallel axis (FSDP) is not built"),
+        ({"a.weight": ["dp", "dp"]}, "splits more than one dimension over dp"),
         ({"a.weight": "tp"}, "a spec is a list of mesh axis names or null"),
         ([1, 2], "a sharding plan is a mapping"),
     ],

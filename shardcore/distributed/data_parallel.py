@@ -146,10 +146,14 @@ def apply_data_parallel(model: nn.Module, policy, config, layout) -> str | None:
     mesh = layout.mesh()["dp"]
     if mode == "fsdp":
         from torch.distributed.fsdp import fully_shard
+        from torch.distributed.tensor import Shard
 
+        dims = policy.data_parallel_shard_dims()
+        placement = {id(p): Shard(dims[n]) for n, p in model.named_parameters(remove_duplicate=False) if n in dims}
+        kwargs = {"shard_placement_fn": (lambda p: placement.get(id(p)))} if placement else {}
         for _, block in policy.blocks():
-            fully_shard(block, mesh=mesh)
-        fully_shard(model, mesh=mesh)
+            fully_shard(block, mesh=mesh, **kwargs)
+        fully_shard(model, mesh=mesh, **kwargs)
     else:
         from torch.distributed._composable.replicate import replicate
 

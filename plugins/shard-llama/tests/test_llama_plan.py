@@ -97,6 +97,11 @@ BAD = {
         LLAMA_PLAN + "model.layers.*.mlp.gate_proj: [null, null, null]\n",
         "'model.layers.*.mlp.gate_proj': model.layers.0.mlp.gate_proj's output is split over tp on its last dimension",
     ),
+    "dp axis without fsdp": (
+        LLAMA_PLAN.replace("up_proj.weight: [tp, null]", "up_proj.weight: [tp, dp]"),
+        "plan.yaml:8: 'model.layers.*.mlp.up_proj.weight': the axis 'dp' splits parameters over the data-parallel "
+        "ranks, which FSDP does: set ShardConfig(data_parallel='fsdp')",
+    ),
     "embedding width": (
         LLAMA_PLAN.replace("model.embed_tokens.weight: [tp, null]", "model.embed_tokens.weight: [null, tp]"),
         "shardcore splits embeddings over the vocabulary",
@@ -125,3 +130,27 @@ def _with_policy(tmp: str) -> str:
 def test_plan_and_policy_conflict(tmp_path):
     for message in run_on_ranks(2, _with_policy, str(tmp_path)):
         assert "ShardConfig(plan=...) and policy=... both say how to shard the model" in message
+
+
+# FSDP on the plan's dp axis: q_proj split over tp on dim 0 and over dp on dim 1; the rest along dim 0
+DP_PLAN = LLAMA_PLAN.replace("q_proj.weight: [tp, null]", "q_proj.weight: [tp, dp]") + "model.norm.weight: [dp]\n"
+
+
+def _fsdp_plan(path: str) -> dict:
+    import shardcore
+    from shardcore.testing import assert_data_parallel_matches
+
+    config = ShardConfig(tensor_parallel_size=2, data_parallel_size=2, data_parallel="fsdp", plan=path)
+    report = assert_data_parallel_matches(lambda: build("LlamaForCausalLM", kv=2), lm_batch(batch=4, pad=False), config)
+    torch.manual_seed(0)
+    model = shardcore.optimize(build("LlamaForCausalLM", kv=2), config)
+    report["placements"] = {n: str(p.placements) for n, p in model.named_parameters() if "layers.0.self_attn" in n}
+    return report
+
+
+def test_plan_dp_axis_picks_the_fsdp_dimension(tmp_path):
+    path = _write(tmp_path, DP_PLAN)
+    for report in run_on_ranks(4, _fsdp_plan, path):
+        assert report["placements"]["model.layers.0.self_attn.q_proj.weight"] == "(Shard(dim=1),)", report
+        assert report["placements"]["model.layers.0.self_attn.k_proj.weight"] == "(Shard(dim=0),)", report
+        assert abs(report["state_fraction"] - 0.25) <= 0.01, report
