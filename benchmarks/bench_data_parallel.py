@@ -9,15 +9,15 @@ the Llama bench model of ``bench_llama_tp.py`` with AdamW on one global batch, l
 * ``FSDPxTP 2x2``: ``ShardConfig(tensor_parallel_size=2, data_parallel_size=2, data_parallel="fsdp")``;
 * ``DDPxTP 2x2``: the same with ``data_parallel="ddp"``;
 * ``FSDP=4``: ``tensor_parallel_size=1, data_parallel_size=4, data_parallel="fsdp"``;
-* ``unsharded``: the whole model, whole batch, on one of the ranks (the others wait).
+* ``unsharded``: the whole model, whole batch, in one process with one thread.
 
-Each layout builds the model on the meta device (:func:`shardcore.init_empty`), shards it and
-loads one checkpoint (written once by this script), so no rank ever holds the whole model, then
-runs ``--warmup`` + ``--steps`` optimizer steps (each data-parallel rank on its part of the
-batch). Measured per rank: the step time (median; a step ends when the slowest rank does), the
-peak RSS over the run (``VmHWM``, reset before each layout) and its increase over the RSS before
-the layout started (after one unmeasured TP=4 step that takes the one-time costs), and the
-bytes of parameters + AdamW state it holds. The first step's loss
+Each layout runs in fresh processes: it builds the model on the meta device
+(:func:`shardcore.init_empty`), shards it and loads one checkpoint (written once by this script),
+so no rank ever holds the whole model, then runs ``--warmup`` + ``--steps`` optimizer steps (each
+data-parallel rank on its part of the batch). Measured per rank: the step time (median; a step
+ends when the slowest rank does), the peak RSS of the process (``VmHWM``) and its increase over
+the RSS before the model was built (imports and the process group already there), and the bytes
+of parameters + AdamW state it holds. The first step's loss
 (mean over the data-parallel ranks) must equal the unsharded loss (relative 1e-4) or the run
 stops. Times are also given as ratios to TP=4 in the same run. Writes ``bench-results/data_parallel.json``.
 """
@@ -60,69 +60,62 @@ def _slowest(seconds: float) -> float:
     return t.item()
 
 
-def worker(args, checkpoint: str) -> list[dict]:
-    import gc
-
+def worker(args, checkpoint: str, name: str) -> dict:
+    """One layout in fresh processes: build on meta, shard, load, train; this rank's figures."""
     import shardcore
     from shardcore.testing import dp_part, state_bytes
 
-    rank = dist.get_rank()
+    layout = LAYOUTS[name]
     torch.set_num_threads(1)
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, CONFIG["vocab_size"], (args.batch, args.seq), generator=g)
     batch = {"input_ids": ids, "labels": ids}
-    results = []
-    # a first, unmeasured TP=4 step: one-time costs (lazy imports, first collectives) out of the figures
-    for name, layout in [("warm-up", LAYOUTS["TP=4"]), *LAYOUTS.items()]:
-        gc.collect()
+    import importlib
+
+    for lazy in (  # what the layouts import on first use, imported before "before"
+        "shard_llama.policy",
+        "torch.distributed.fsdp",
+        "torch.distributed.tensor",
+        "torch.distributed._composable.replicate",
+        "transformers.models.llama.modeling_llama",
+    ):
+        importlib.import_module(lazy)
+
+    before = _rss_kb("VmRSS")  # torch, transformers' Llama and shardcore imported, the process group up
+    with shardcore.init_empty():
+        model = build()
+    if layout is not None:
+        model = shardcore.optimize(model, shardcore.ShardConfig(**layout))
+    shardcore.load_checkpoint(model, checkpoint)
+    mine, dp = batch, 1
+    if layout is not None and layout.get("data_parallel"):
+        info = model.shardcore.layout
+        mine, dp = dp_part(batch, info.coordinates(dist.get_rank())["dp"], info.dp), info.dp
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    times, first = [], None
+    for step in range(args.warmup + args.steps):
         dist.barrier()
-        pathlib.Path("/proc/self/clear_refs").write_text("5")  # reset the peak to the current RSS
-        before = _rss_kb("VmRSS")
-        active = layout is not None or rank == 0
-        times, first_loss, held = [], None, 0
-        if active:
-            with shardcore.init_empty():
-                model = build()
-            if layout is not None:
-                model = shardcore.optimize(model, shardcore.ShardConfig(**layout))
-            shardcore.load_checkpoint(model, checkpoint)
-            mine = batch
-            if layout is not None and layout.get("data_parallel"):
-                coords = model.shardcore.layout.coordinates(rank)
-                mine = dp_part(batch, coords["dp"], model.shardcore.layout.dp)
-            opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-            for step in range(1 if name == "warm-up" else args.warmup + args.steps):
-                if layout is not None:
-                    dist.barrier()
-                start = time.perf_counter()
-                opt.zero_grad(set_to_none=True)
-                loss = model(**mine).loss
-                loss.backward()
-                opt.step()
-                if step >= args.warmup:
-                    times.append(time.perf_counter() - start)
-                if step == 0:
-                    first_loss = loss.detach()
-            held = state_bytes(model, opt)
-            del model, opt
-        if name == "warm-up":
-            continue
-        if layout is not None:
-            dp = layout.get("data_parallel_size", 1) if layout.get("data_parallel") else 1
-            total = first_loss.clone()
-            dist.all_reduce(total)  # sum over all ranks; each TP group repeats its dp rank's loss tp times
-            first = total.item() / dist.get_world_size()
-            step_s = _slowest(statistics.median(times))
-        else:
-            dp, first = 1, (first_loss.item() if rank == 0 else 0.0)
-            step_s = statistics.median(times) if rank == 0 else 0.0
-        peak = _rss_kb("VmHWM")
-        row = {"layout": name, "rank": rank, "dp": dp, "loss": first, "step_s": step_s}
-        row.update(peak_rss_mb=peak / 1024, rss_increase_mb=(peak - before) / 1024, state_mb=held / 2**20)
-        results.append(row)
-    gathered = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, results)
-    return [r for rows in gathered for r in rows] if rank == 0 else []
+        start = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        loss = model(**mine).loss
+        loss.backward()
+        opt.step()
+        if step >= args.warmup:
+            times.append(time.perf_counter() - start)
+        if step == 0:
+            first = loss.detach().clone()
+    dist.all_reduce(first)  # each TP group repeats its data-parallel rank's loss: the mean over all ranks
+    peak = _rss_kb("VmHWM")
+    return {
+        "layout": name,
+        "rank": dist.get_rank(),
+        "dp": dp,
+        "loss": first.item() / dist.get_world_size(),
+        "step_s": _slowest(statistics.median(times)),
+        "peak_rss_mb": peak / 1024,
+        "rss_increase_mb": (peak - before) / 1024,
+        "state_mb": state_bytes(model, opt) / 2**20,
+    }
 
 
 def report(results: list[dict], args, out: pathlib.Path) -> None:
@@ -157,13 +150,16 @@ def main() -> None:
     args = parser.parse_args()
     from shardcore.testing import RankPool
 
+    results = []
     with tempfile.TemporaryDirectory() as tmp:
         build().save_pretrained(tmp)  # one checkpoint every layout loads slice by slice
-        pool = RankPool(4, timeout_s=7200, threads=1)
-        try:
-            results = pool.run(worker, args, tmp)[0]
-        finally:
-            pool.close()
+        for name, layout in LAYOUTS.items():  # fresh processes per layout: peaks are the layout's own
+            pool = RankPool(4 if layout is not None else 1, timeout_s=7200, threads=1)
+            try:
+                results += pool.run(worker, args, tmp, name)
+            finally:
+                pool.close()
+            print(f"{name}: done", flush=True)
     report(results, args, pathlib.Path(args.out))
 
 

@@ -107,8 +107,8 @@ class Policy:
         Decoder layers for a decoder; encoder then decoder layers for an encoder-decoder. The
         conformance kit checks it (:func:`shardcore.testing.check_blocks`; every block must hold a
         parallel module once sharded) and a policy takes its layer classes from it
-        (``self.block_type()``); it is the list pipeline stages, FSDP wrapping and activation
-        checkpointing are to be cut along (not built yet). Structural: read the model instance,
+        (``self.block_type()``); ``data_parallel="fsdp"`` wraps each block in FSDP, and it is the
+        list pipeline stages and activation checkpointing are to be cut along (not built yet). Structural: read the model instance,
         import nothing from the model library.
         """
         raise NotImplementedError(f"{type(self).__name__} must implement blocks()")
