@@ -42,11 +42,8 @@ def _refused(config: dict, policy=ToyPolicy, seed_by_dp: bool = False) -> str:
     import torch.distributed as dist
 
     if "tensor_parallel_process_group" in config:  # built here, before the refusal is counted
-        config = {**config, "tensor_parallel_process_group": dist.new_group([0, 1]) if dist.get_rank() < 2 else None}
-        if dist.get_rank() >= 2:
-            config["tensor_parallel_process_group"] = dist.new_group([2, 3])
-        else:
-            dist.new_group([2, 3])
+        groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]  # every rank creates both, in one order
+        config = {**config, "tensor_parallel_process_group": groups[dist.get_rank() // 2]}
     return refusal_message(
         ToyLM,
         ShardConfig(**config),
