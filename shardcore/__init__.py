@@ -12,6 +12,7 @@ from .inference import ParallelModel, parallelize
 from .layers.comm import CollectiveTimeout
 from .layers.parallel_module import ParallelModule
 from .meta import init_empty
+from .pipeline import pipeline_step
 from .plugins import NoPolicyError
 from .policy import ModulePolicyDescription, Policy, SubModuleReplacementDescription
 from .sharded_state import full_named_tensors
@@ -39,6 +40,7 @@ __all__ = [
     "load_distributed",
     "optimize",
     "parallelize",
+    "pipeline_step",
     "resolve_policy",
     "save_checkpoint",
     "save_distributed",

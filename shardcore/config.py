@@ -21,9 +21,6 @@ _NOT_BUILT: dict[str, Any] = {
 #: The layout degrees and modes of the next features, refused by :meth:`ShardConfig.check_built`
 #: (at ``optimize``) rather than the constructor: the layout must first be checked against the world.
 _NOT_BUILT_LAYOUT: dict[str, Any] = {
-    "pipeline_parallel_size": 1,
-    "num_microbatches": None,
-    "pipeline_schedule": None,
     "sequence_parallel_size": 1,
 }
 _NOT_BUILT.update(_NOT_BUILT_LAYOUT)
@@ -57,8 +54,15 @@ class ShardConfig:
         tensor_parallel_size: ranks a tensor-parallel group spans. ``None`` (default) means every
             rank the other degrees leave.
         data_parallel_size: data-parallel replicas; ``None`` (default): the ranks left over.
-        pipeline_parallel_size, num_microbatches, pipeline_schedule: pipeline parallelism (not
-            built yet: accepted at ``1``/``None``/``None``, refused by ``optimize`` otherwise).
+        pipeline_parallel_size, num_microbatches, pipeline_schedule: pipeline parallelism on
+            ``torch.distributed.pipelining`` (see :mod:`shardcore.pipeline`): stages, microbatches
+            per step (default: the number of stages) and the schedule (``"1F1B"`` by default; any
+            schedule the installed torch offers). Train with :func:`shardcore.pipeline_step`.
+        pipeline_layers: blocks per stage (default: an even split, the first stages taking one
+            more); must sum to the model's blocks.
+        pipeline_stages_per_rank: stages each rank runs under a multi-stage schedule
+            (``Interleaved1F1B``, ``LoopedBFS``, ``InterleavedZeroBubble``: default 2;
+            ``ZBVZeroBubble``, ``DualPipeV``: 2); one-stage schedules refuse another value.
         sequence_parallel_size: the Ulysses / ring-attention group (not built yet: ``1``).
         data_parallel: what runs on the data-parallel dim (``dp`` of the mesh, see
             :mod:`shardcore.distributed.data_parallel`): ``"fsdp"`` (FSDP2's ``fully_shard`` on each
@@ -127,6 +131,14 @@ class ShardConfig:
     pipeline_parallel_size: int = attrs.field(default=1, validator=[v.instance_of(int), v.ge(1)])
     num_microbatches: int | None = attrs.field(default=None, validator=v.optional([v.instance_of(int), v.ge(1)]))
     pipeline_schedule: str | None = attrs.field(default=None, validator=v.optional(v.instance_of(str)))
+    pipeline_layers: tuple[int, ...] | None = attrs.field(
+        default=None,
+        converter=lambda x: None if x is None else tuple(x),
+        validator=v.optional(v.deep_iterable(v.instance_of(int), v.instance_of(tuple))),
+    )
+    pipeline_stages_per_rank: int | None = attrs.field(
+        default=None, validator=v.optional([v.instance_of(int), v.ge(1)])
+    )
     sequence_parallel_size: int = attrs.field(default=1, validator=[v.instance_of(int), v.ge(1)])
     data_parallel: str | None = attrs.field(default=None, validator=v.optional(v.in_(("ddp", "fsdp"))))
     plan: Any = attrs.field(default=None, validator=v.optional(v.instance_of((str, os.PathLike, Mapping))))

@@ -148,7 +148,8 @@ def install(model: nn.Module, group, config) -> None:
     if config.check_inputs:
 
         def hook(module, args, kwargs):
-            if not generating[0]:
+            # inside generate(): checked at its entry; inside a pipeline stage: pipeline_step checked the batch
+            if not generating[0] and not getattr(module, "_shardcore_in_stage", False):
                 check_inputs(group, f"{model_name}.forward", args, kwargs)
 
         model.register_forward_pre_hook(hook, with_kwargs=True, prepend=True)

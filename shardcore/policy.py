@@ -139,6 +139,37 @@ class Policy:
             out += [(prefix + name, child) for name, child in container.named_children()]
         return out
 
+    # -- pipeline parallelism (see shardcore.pipeline); a policy without them refuses it -------
+
+    #: Whether a block returns a tuple whose first element is the hidden states (older
+    #: transformers) rather than the hidden states: what its pipeline hole returns.
+    pipeline_block_returns_tuple: bool = False
+
+    def pipeline_ends(self) -> dict[str, str]:
+        """``{module path: "first" | "last"}``: the modules outside :meth:`blocks` only the first
+        stage runs (the embedding) or only the last (final norm, head); other stages hold holes."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement pipeline_ends()")
+
+    def pipeline_inputs(self, batch: dict) -> tuple[tuple, Any]:
+        """``(positional inputs of the first stage, labels)`` from a batch as the model takes it;
+        every tensor with the batch as its first dimension (they are cut into microbatches)."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement pipeline_inputs()")
+
+    def pipeline_stage_forward(self, inputs: tuple, *, first: bool, last: bool):
+        """Run ``self.model`` (pruned to this rank's stages) on one stage's inputs: the first
+        stage's are :meth:`pipeline_inputs`; the others get what the previous stage returned. The
+        last stage returns what :meth:`pipeline_loss` takes (logits)."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement pipeline_stage_forward()")
+
+    def pipeline_num_items(self, labels) -> Any:
+        """The number of loss terms of the whole batch (label tokens the loss counts)."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement pipeline_num_items()")
+
+    def pipeline_loss(self, output, labels, num_items):
+        """One microbatch's loss summed over its terms and divided by the whole batch's
+        ``num_items``: the microbatches' losses then add up to the whole batch's mean loss."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement pipeline_loss()")
+
     def data_parallel_shard_dims(self) -> dict[str, int]:
         """``{parameter name: dim}``: parameters ``ShardConfig(data_parallel="fsdp")`` splits over the
         data-parallel ranks along a dimension other than 0 (FSDP's default for the others). A

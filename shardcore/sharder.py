@@ -17,6 +17,7 @@ from .distributed.data_parallel import apply_data_parallel, check_data_parallel
 from .layers.comm import enter_tp_region, group_size, resolve_timeout, set_collective_timeout, shared_copies
 from .layers.rng import run_in_shared_rng, run_in_tp_rng
 from .meta import guard_meta
+from .pipeline import build_pipeline, check_pipeline
 from .policy import ModulePolicyDescription, Policy
 
 __all__ = ["ModelSharder", "ShardInfo", "optimize", "resolve_policy"]
@@ -39,6 +40,8 @@ class ShardInfo:
     kernels: dict = attrs.field(factory=dict)
     #: What runs on the data-parallel dim: ``"fsdp"``, ``"ddp"`` or ``None`` (see :mod:`shardcore.distributed.data_parallel`).
     data_parallel: str | None = None
+    #: This rank's pipeline stages and schedule (:class:`shardcore.pipeline.PipelineInfo`), or ``None``.
+    pipeline: object = None
 
 
 def _get(module: nn.Module, dotted: str):
@@ -249,14 +252,20 @@ def optimize(
     check_policy_features(model, policy, config)
     policy.config_sanity_check()
     check_data_parallel(model, policy, config, layout)
+    stages = check_pipeline(model, policy, config, layout) if layout.pp > 1 else None
+    # with data or pipeline parallelism every rank of the world starts from the same weights
+    whole_world = layout.pp > 1 or (config.data_parallel is not None and layout.dp > 1)
     if tp_size == 1 or not config.enable_tensor_parallelism:
         applied = kernels.apply(model, policy, config)
         kernels.apply_jit(model, policy, config, applied)
         _freeze_for_inference(model, config)
-        if config.data_parallel is not None and layout.dp > 1:
+        if whole_world:
             _check_same_weights(model, dist.group.WORLD)
+            pipeline = build_pipeline(model, policy, config, layout, *stages) if stages else None
             data_parallel = apply_data_parallel(model, policy, config, layout)
-            model.shardcore = ShardInfo(config, tp_size, layout.group("tp"), policy, layout, applied, data_parallel)
+            model.shardcore = ShardInfo(
+                config, tp_size, layout.group("tp"), policy, layout, applied, data_parallel, pipeline
+            )
         guard_meta(model)
         return model
 
@@ -267,8 +276,7 @@ def optimize(
     group = config.tensor_parallel_process_group
     if group is None:
         group = layout.group("tp")
-    # with data parallelism every rank of the world starts from the same weights, not only the TP group
-    _check_same_weights(model, dist.group.WORLD if config.data_parallel is not None and layout.dp > 1 else group)
+    _check_same_weights(model, dist.group.WORLD if whole_world else group)
     sharder.process_group = group
     model = sharder.shard(plan)
     model = policy.postprocess()
@@ -278,8 +286,9 @@ def optimize(
     set_collective_timeout(resolve_timeout(config.collective_timeout))
     consistency.install(model, group, config)
     _freeze_for_inference(model, config)
+    pipeline = build_pipeline(model, policy, config, layout, *stages) if stages else None  # prunes the stages
     data_parallel = apply_data_parallel(model, policy, config, layout)  # last: wraps the sharded model
-    model.shardcore = ShardInfo(config, tp_size, group, policy, layout, applied, data_parallel)
+    model.shardcore = ShardInfo(config, tp_size, group, policy, layout, applied, data_parallel, pipeline)
     guard_meta(model)
     return model
 

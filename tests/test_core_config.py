@@ -38,21 +38,15 @@ def test_unbuilt_feature_flags_raise(field):
         ShardConfig(**{field: value})
 
 
-_UNBUILT_LAYOUT = {
-    "num_microbatches": 4,
-    "pipeline_schedule": "1F1B",
-}
-
-
 def test_every_deferred_field_has_a_case():
-    assert set(_CHECKED_AT_OPTIMIZE) == {*_UNBUILT_LAYOUT, "pipeline_parallel_size", "sequence_parallel_size"}
+    assert set(_CHECKED_AT_OPTIMIZE) == {
+        "sequence_parallel_size"
+    }  # see test_sequence_parallel_size_is_refused_after_the_layout_check
 
 
-@pytest.mark.parametrize("field", sorted(_UNBUILT_LAYOUT))
-def test_unbuilt_layout_features_are_refused_by_optimize(field):
-    config = ShardConfig(**{field: _UNBUILT_LAYOUT[field]})  # accepted here: the layout is checked first
-    with pytest.raises(NotImplementedError, match=f"ShardConfig.{field}="):
-        shardcore.optimize(ToyLM(), config, policy=ToyPolicy)
+def test_sequence_parallel_size_is_refused_after_the_layout_check():
+    messages = run_on_ranks(2, _expect_error, {"tensor_parallel_size": 1, "sequence_parallel_size": 2}, {})
+    assert all("NotImplementedError: ShardConfig.sequence_parallel_size=2 is not supported" in m for m in messages)
 
 
 @pytest.mark.parametrize("field", ["pipeline_parallel_size", "sequence_parallel_size", "data_parallel_size"])

@@ -21,6 +21,8 @@ instance, so they import nothing from transformers.
 
 from __future__ import annotations
 
+from torch import nn
+
 from shardcore import ModulePolicyDescription, Policy
 from shardcore.builders import attention, mlp, vocab_embedding, vocab_head
 
@@ -81,6 +83,46 @@ class LlamaPolicy(Policy):
             ),
         }
 
+    # -- pipeline parallelism: stages run the model's own forward, hidden states as inputs_embeds ------
+
+    @property
+    def pipeline_block_returns_tuple(self) -> bool:
+        import transformers  # the model is a transformers model: it is imported already
+
+        return int(transformers.__version__.split(".")[0]) < 5  # 4.x decoder layers return (hidden, ...)
+
+    def _base_prefix(self) -> str:
+        path = next(n for n, m in self.model.named_modules() if m is self.base)
+        return f"{path}." if path else ""
+
+    def pipeline_ends(self):
+        pre = self._base_prefix()
+        ends = {f"{pre}embed_tokens": "first", f"{pre}norm": "last"}
+        for head in ("lm_head", "score"):
+            if isinstance(getattr(self.model, head, None), nn.Module):
+                ends[head] = "last"
+        return ends
+
+    def pipeline_inputs(self, batch):
+        import torch
+
+        extra = sorted(set(batch) - {"input_ids", "attention_mask", "labels"})
+        if extra or "input_ids" not in batch or "labels" not in batch:
+            raise ValueError(
+                f"pipeline_step({type(self.model).__name__}): the batch holds input_ids, labels and optionally "
+                f"attention_mask; got {sorted(batch)}"
+            )
+        ids = batch["input_ids"]
+        mask = batch.get("attention_mask")
+        return (ids, torch.ones_like(ids) if mask is None else mask), batch["labels"]
+
+    def _stage_body(self, inputs, first: bool):
+        if first:
+            ids, mask = inputs
+            return self.base(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state, mask
+        hidden, mask = inputs
+        return self.base(inputs_embeds=hidden, attention_mask=mask, use_cache=False).last_hidden_state, mask
+
 
 class LlamaModelPolicy(LlamaPolicy):
     """``LlamaModel`` / ``MistralModel`` / ``Qwen2Model``: the decoder stack alone."""
@@ -101,6 +143,21 @@ class LlamaForCausalLMPolicy(LlamaPolicy):
             method_replacement={"forward": causal_lm_forward} if parallel_output else {},
         )
         return policy
+
+    def pipeline_stage_forward(self, inputs, *, first, last):
+        if not last:
+            return self._stage_body(inputs, first)
+        hidden, mask = inputs  # the last stage is never the first: a pipeline has two stages at least
+        return self.model(inputs_embeds=hidden, attention_mask=mask, use_cache=False).logits
+
+    def pipeline_num_items(self, labels):
+        return (labels[..., 1:] != -100).sum()  # the shifted labels transformers' causal-LM loss counts
+
+    def pipeline_loss(self, output, labels, num_items):
+        cfg = self.model.config
+        return self.model.loss_function(
+            logits=output, labels=labels, vocab_size=cfg.vocab_size, num_items_in_batch=num_items
+        )
 
     def postprocess(self):
         if self.shard_config.parallel_output:

@@ -1,0 +1,425 @@
+"""Pipeline parallelism on the mesh's ``pp`` dimension, on ``torch.distributed.pipelining``, with
+the model's own forward.
+
+A stage is the model itself with what other stages hold taken out: the blocks of
+:meth:`shardcore.Policy.blocks` outside the stage's range become :class:`PipelineHole` modules
+(no parameters; they hand their input through), and the modules only the first stage runs (the
+embedding) or only the last (the final norm, the head) become holes elsewhere
+(:meth:`shardcore.Policy.pipeline_ends`). Nothing is renamed: a held parameter keeps its
+unsharded name (``model.layers.5.mlp.up_proj.weight``), so optimizers, checkpoints and
+:func:`shardcore.full_named_tensors` work as before. The policy says how the model runs on one
+stage's inputs (:meth:`shardcore.Policy.pipeline_stage_forward`: for a HuggingFace decoder, the
+hidden states enter later stages as ``inputs_embeds``) and how a microbatch's loss is weighed
+(:meth:`shardcore.Policy.pipeline_loss`), so that the loss of the whole batch is the unsharded
+model's even when microbatches hold different numbers of label tokens.
+
+:func:`pipeline_step` runs one training step over the microbatches with the configured schedule
+and returns the loss on every rank; on a model without pipeline parallelism it is
+``model(**batch).loss.backward()``.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+import torch
+import torch.distributed as dist
+from torch import nn
+
+__all__ = [
+    "PipelineHole",
+    "PipelineInfo",
+    "build_pipeline",
+    "check_pipeline",
+    "pipeline_step",
+    "schedule_names",
+    "split_layers",
+]
+
+#: Schedules with one stage per rank; the others (multi-stage) run ``stages_per_rank`` stages each.
+_SINGLE = ("GPipe", "1F1B")
+_DEFAULT_SCHEDULE = "1F1B"
+
+
+def schedule_names() -> list[str]:
+    """The schedules ``torch.distributed.pipelining`` offers in the installed torch."""
+    from torch.distributed.pipelining import schedules
+
+    candidates = [
+        "GPipe",
+        "1F1B",
+        "Interleaved1F1B",
+        "LoopedBFS",
+        "InterleavedZeroBubble",
+        "ZBVZeroBubble",
+        "DualPipeV",
+    ]
+    out = []
+    for name in candidates:
+        try:
+            schedules.get_schedule_class(name)
+        except ValueError:
+            continue
+        out.append(name)
+    return out
+
+
+def _schedule_class(name: str):
+    from torch.distributed.pipelining import schedules
+
+    return schedules.get_schedule_class(name)
+
+
+def _is_single(name: str) -> bool:
+    from torch.distributed.pipelining.schedules import PipelineScheduleSingle
+
+    return issubclass(_schedule_class(name), PipelineScheduleSingle)
+
+
+def split_layers(num_blocks: int, num_stages: int) -> list[int]:
+    """An even split of ``num_blocks`` over ``num_stages`` (the first stages take one more)."""
+    base, extra = divmod(num_blocks, num_stages)
+    return [base + (1 if s < extra else 0) for s in range(num_stages)]
+
+
+class PipelineHole(nn.Module):
+    """What stands in a stage for a module another stage holds: no parameters; its forward hands
+    its first input (the hidden states) through, as a tuple when the module it replaces returned
+    one (``as_tuple``). Simple attributes of the replaced module (``attention_type``, ...) are kept,
+    so the model's forward reads them as before."""
+
+    def __init__(self, replaced: nn.Module | None = None, *, as_tuple: bool = False, where: str = "") -> None:
+        super().__init__()
+        self.as_tuple, self.where = as_tuple, where
+        for key, value in (vars(replaced) if replaced is not None else {}).items():
+            if not key.startswith("_") and key not in ("training", "as_tuple", "where"):
+                if isinstance(value, str | int | float | bool | type(None)):
+                    setattr(self, key, value)
+
+    def forward(self, *args, **kwargs):
+        hidden = args[0] if args else kwargs.get("hidden_states")
+        return (hidden,) if self.as_tuple else hidden
+
+    def extra_repr(self) -> str:
+        return f"held by another pipeline stage: {self.where}"
+
+
+@attrs.define
+class PipelineInfo:
+    """The pipeline of a model on this rank: ``model.shardcore.pipeline``."""
+
+    schedule_name: str
+    num_stages: int
+    stage_indices: list[int]  # the stages this rank runs
+    layers: list[int]  # blocks per stage
+    group: Any
+    num_microbatches: int
+    stages: list = attrs.field(factory=list)  # torch PipelineStage objects
+    schedule: Any = None
+    tied: list = attrs.field(factory=list)  # (parameter, group) whose gradients are summed over first/last stages
+    last_stage_rank: int = 0  # in the pp group
+    num_items: Any = None  # the loss terms of the batch in flight (pipeline_step sets it)
+    shapes: Any = None  # the input shapes the stages were built for
+    rebuild: Any = None
+
+    @property
+    def is_first(self) -> bool:
+        return 0 in self.stage_indices
+
+    @property
+    def is_last(self) -> bool:
+        return self.num_stages - 1 in self.stage_indices
+
+
+def check_pipeline(model: nn.Module, policy, config, layout) -> tuple[str, list[int], int]:
+    """Check the pipeline ``config`` asks for, before any collective (the same on every rank).
+
+    Returns ``(schedule name, blocks per stage, stages per rank)``.
+    """
+    pp = layout.pp
+    name = config.pipeline_schedule or _DEFAULT_SCHEDULE
+    valid = schedule_names()
+    if name not in valid:
+        raise ValueError(
+            f"ShardConfig.pipeline_schedule={name!r} is not a schedule of this torch "
+            f"({torch.__version__}); choose one of {', '.join(valid)}"
+        )
+    single = _is_single(name)
+    per_rank = 1 if single else (config.pipeline_stages_per_rank or 2)
+    if single and config.pipeline_stages_per_rank not in (None, 1):
+        raise ValueError(
+            f"ShardConfig(pipeline_schedule={name!r}) runs one stage per rank, but pipeline_stages_per_rank="
+            f"{config.pipeline_stages_per_rank}; use a multi-stage schedule "
+            f"({', '.join(n for n in valid if n not in _SINGLE)}) or leave pipeline_stages_per_rank unset"
+        )
+    if not single and per_rank < 2:
+        raise ValueError(
+            f"ShardConfig(pipeline_schedule={name!r}) is a multi-stage schedule: it needs at least 2 stages per "
+            f"rank, got pipeline_stages_per_rank={per_rank}; use GPipe or 1F1B for one stage per rank"
+        )
+    if name in ("ZBVZeroBubble", "DualPipeV") and per_rank != 2:
+        raise ValueError(f"ShardConfig(pipeline_schedule={name!r}) runs exactly 2 stages per rank (a V shape)")
+    try:
+        policy.pipeline_ends()
+    except NotImplementedError as err:
+        raise NotImplementedError(
+            f"{type(model).__name__}: {type(policy).__name__} does not support pipeline parallelism ({err}); "
+            "leave pipeline_parallel_size=1"
+        ) from None
+    if config.parallel_output:
+        raise NotImplementedError(
+            "ShardConfig(parallel_output=True) with pipeline parallelism: the last stage computes the loss on "
+            "full logits; leave parallel_output=False"
+        )
+    if config.inference_only:
+        raise NotImplementedError(
+            "ShardConfig(inference_only=True) with pipeline parallelism: forward-only inference through the "
+            "pipeline is not built yet; train it with shardcore.pipeline_step, or leave pipeline_parallel_size=1"
+        )
+    if config.tensor_parallel_process_group is not None:
+        raise ValueError(
+            "pipeline parallelism runs on shardcore's device mesh, but a tensor_parallel_process_group was given; "
+            "leave it out and let the parallel sizes cut the world"
+        )
+    if config.data_parallel is not None:
+        raise NotImplementedError(
+            f"ShardConfig(data_parallel={config.data_parallel!r}) together with pipeline parallelism is not "
+            "built yet; use one of them"
+        )
+    blocks = len(policy.blocks())
+    stages = pp * per_rank
+    if stages > blocks:
+        raise ValueError(
+            f"{type(model).__name__} has {blocks} blocks, fewer than the {stages} pipeline stages "
+            f"(pipeline_parallel_size={pp}" + (f" x {per_rank} stages per rank" if per_rank > 1 else "") + "); "
+            "lower the pipeline degree"
+        )
+    if config.pipeline_layers is not None:
+        layers = list(config.pipeline_layers)
+        if len(layers) != stages or sum(layers) != blocks or min(layers) < 1:
+            raise ValueError(
+                f"ShardConfig.pipeline_layers={layers}: give {stages} numbers of blocks, each at least 1, "
+                f"summing to the model's {blocks} blocks (got {len(layers)} numbers summing to {sum(layers)})"
+            )
+    else:
+        layers = split_layers(blocks, stages)
+    return name, layers, per_rank
+
+
+def _stage_indices(pp_rank: int, pp: int, per_rank: int, name: str) -> list[int]:
+    if per_rank == 1:
+        return [pp_rank]
+    if name in ("ZBVZeroBubble", "DualPipeV"):  # V shape: rank r holds stages r and 2P-1-r
+        return [pp_rank, 2 * pp - 1 - pp_rank]
+    return [pp_rank + k * pp for k in range(per_rank)]  # looped: rank r holds r, r+P, ...
+
+
+class _Stage(nn.Module):
+    """One stage as ``torch.distributed.pipelining`` runs it: the (pruned) model and how it runs.
+
+    Its parameters (what the schedule computes weight gradients for) are its own: the modules
+    ``own`` (its blocks, and the embedding / final norm and head on the first / last stage); the
+    model is referenced, not registered. A rank running several stages holds the blocks of all
+    of them; while one stage runs, the blocks of its other stages are swapped for holes
+    (``others``), so each stage runs its own."""
+
+    def __init__(self, model: nn.Module, policy, first: bool, last: bool, own: list, others: list) -> None:
+        super().__init__()
+        self.own = nn.ModuleList(own)
+        object.__setattr__(self, "model", model)  # not a submodule: other stages' parameters are not ours
+        self._policy, self._first, self._last = policy, first, last
+        self._others = others  # (path, module, hole) of what this rank holds for its other stages
+
+    def forward(self, *inputs):
+        for name, _, hole in self._others:
+            _set(self.model, name, hole)
+        self.model._shardcore_in_stage = True
+        try:
+            return self._policy.pipeline_stage_forward(tuple(inputs), first=self._first, last=self._last)
+        finally:
+            self.model._shardcore_in_stage = False
+            for name, block, _ in self._others:
+                _set(self.model, name, block)
+
+
+def _set(root: nn.Module, dotted: str, value: nn.Module) -> None:
+    parent, _, name = dotted.rpartition(".")
+    setattr(root.get_submodule(parent) if parent else root, name, value)
+
+
+def build_pipeline(model: nn.Module, policy, config, layout, name: str, layers: list[int], per_rank: int):
+    """Prune ``model`` to this rank's stages and build the stages and the schedule (collective:
+    groups for tied weights). Called by :func:`shardcore.optimize` after tensor-parallel sharding."""
+    pp, group = layout.pp, layout.group("pp")
+    pp_rank = layout.coordinates(dist.get_rank())["pp"]
+    indices = _stage_indices(pp_rank, pp, per_rank, name)
+    num_stages = pp * per_rank
+    starts = [sum(layers[:s]) for s in range(num_stages)]
+    stage_blocks = {s: set(range(starts[s], starts[s] + layers[s])) for s in indices}
+    held = set().union(*stage_blocks.values())
+    first, last = 0 in indices, num_stages - 1 in indices
+
+    # tied parameters between a first-only and a last-only module (input and output embeddings)
+    ends = policy.pipeline_ends()
+    names_of: dict[int, list[str]] = {}
+    for n, p in model.named_parameters(remove_duplicate=False):
+        names_of.setdefault(id(p), []).append(n)
+    tied_ids = [
+        pid for pid, names in names_of.items() if {"first", "last"} <= {ends.get(n.rpartition(".")[0]) for n in names}
+    ]
+
+    # prune: the blocks and the ends of other ranks' stages
+    blocks = policy.blocks()
+    as_tuple = bool(getattr(policy, "pipeline_block_returns_tuple", False))
+    holes = {
+        b: PipelineHole(block, as_tuple=as_tuple, where=block_name) for b, (block_name, block) in enumerate(blocks)
+    }
+    for b, (block_name, _) in enumerate(blocks):
+        if b not in held:
+            _set(model, block_name, holes[b])
+    end_holes = {path: PipelineHole(where=path) for path in ends}
+    for path, end in ends.items():
+        if not (first if end == "first" else last):
+            _set(model, path, end_holes[path])
+
+    # the first and last stages' ranks of each (dp, sp, tp) coordinate sum the tied gradients
+    tied: list = []
+    first_owner = _stage_owner(0, pp, per_rank, name)
+    last_owner = _stage_owner(num_stages - 1, pp, per_rank, name)
+    if tied_ids and first_owner != last_owner:
+        coords = [layout.coordinates(r) for r in range(dist.get_world_size())]
+        mine = None
+        for key in sorted({(c["dp"], c["sp"], c["tp"]) for c in coords}):
+            ranks = [
+                r
+                for r, c in enumerate(coords)
+                if (c["dp"], c["sp"], c["tp"]) == key and c["pp"] in (first_owner, last_owner)
+            ]
+            g = dist.new_group(sorted(ranks))  # collective over the world: every rank creates every group
+            if dist.get_rank() in ranks:
+                mine = g
+        live = {id(p): p for p in model.parameters()}
+        tied = [(live[pid], mine) for pid in tied_ids if pid in live]
+
+    info = PipelineInfo(
+        schedule_name=name,
+        num_stages=num_stages,
+        stage_indices=indices,
+        layers=layers,
+        group=group,
+        num_microbatches=config.num_microbatches or pp * per_rank,
+        tied=tied,
+        last_stage_rank=last_owner,
+    )
+
+    def make_stages() -> None:
+        from torch.distributed.pipelining import PipelineStage
+
+        device = next((p.device for p in model.parameters()), torch.device("cpu"))
+        info.stages = []
+        for s in indices:
+            others = [(blocks[b][0], blocks[b][1], holes[b]) for t in indices if t != s for b in stage_blocks[t]]
+            own = [blocks[b][1] for b in sorted(stage_blocks[s])]
+            for path, end in ends.items():
+                mine = (end == "first" and s == 0) or (end == "last" and s == num_stages - 1)
+                held_here = first if end == "first" else last
+                if mine:
+                    own.append(model.get_submodule(path))
+                elif held_here:  # this rank runs that end in another of its stages: a hole while this one runs
+                    others.append((path, model.get_submodule(path), end_holes[path]))
+            stage = _Stage(model, policy, s == 0, s == num_stages - 1, own, others)
+            info.stages.append(PipelineStage(stage, s, num_stages, device, group=group))
+
+        def loss_fn(output, target):
+            return policy.pipeline_loss(output, target, info.num_items)
+
+        info.schedule = _make_schedule(info, loss_fn)
+
+    info.rebuild = make_stages
+    try:
+        make_stages()  # local: the schedule checks its own constraints (microbatches, stages) here
+    except (ValueError, RuntimeError, AssertionError) as err:
+        raise ValueError(
+            f"ShardConfig(pipeline_schedule={name!r}, pipeline_parallel_size={pp}, num_microbatches="
+            f"{info.num_microbatches}): torch.distributed.pipelining refuses it: {err}"
+        ) from err
+
+    def refuse_plain_forward(module, args, kwargs):
+        if not getattr(module, "_shardcore_in_stage", False):
+            raise RuntimeError(
+                f"{type(module).__name__} is split into {num_stages} pipeline stages (this rank holds stage "
+                f"{', '.join(map(str, indices))}); train it with shardcore.pipeline_step(model, batch). A plain "
+                "forward (and generate) through the pipeline is not built yet"
+            )
+
+    model.register_forward_pre_hook(refuse_plain_forward, with_kwargs=True, prepend=True)
+    return info
+
+
+def _stage_owner(stage: int, pp: int, per_rank: int, name: str) -> int:
+    """The pp rank running ``stage``."""
+    for r in range(pp):
+        if stage in _stage_indices(r, pp, per_rank, name):
+            return r
+    raise AssertionError(f"stage {stage} has no rank")
+
+
+def _make_schedule(info: PipelineInfo, loss_fn):
+    cls = _schedule_class(info.schedule_name)
+    stage = info.stages[0] if _is_single(info.schedule_name) else info.stages
+    kwargs: dict[str, Any] = {"loss_fn": loss_fn}
+    if "scale_grads" in inspect.signature(cls.__init__).parameters:
+        kwargs["scale_grads"] = False  # each microbatch's loss is already weighed by the whole batch's terms
+    return cls(stage, info.num_microbatches, **kwargs)
+
+
+def pipeline_step(model: nn.Module, batch: Mapping[str, Any]) -> torch.Tensor:
+    """One training step's forward and backward over the whole ``batch`` (as the unsharded model
+    would take it, labels included); the gradients are left accumulated in the parameters this
+    rank holds, and the loss of the whole batch is returned on every rank.
+
+    Under pipeline parallelism the batch is cut into ``num_microbatches`` microbatches run by the
+    configured schedule; each microbatch's loss is weighed by the whole batch's number of loss
+    terms, so the result equals the unsharded model's loss also when microbatches hold different
+    numbers of label tokens. Without pipeline parallelism: ``model(**batch).loss.backward()``.
+    """
+    info = getattr(getattr(model, "shardcore", None), "pipeline", None)
+    if info is None:
+        loss = model(**batch).loss
+        loss.backward()
+        return loss.detach()
+    policy = model.shardcore.policy
+    args, labels = policy.pipeline_inputs(dict(batch))  # local checks first: the same on every rank
+    size = args[0].shape[0]
+    if size % info.num_microbatches:
+        raise ValueError(
+            f"pipeline_step: batch size {size} is not divisible by num_microbatches={info.num_microbatches}; "
+            "give a batch whose size is a multiple of it (or change num_microbatches)"
+        )
+    if model.shardcore.config.check_inputs:  # every rank of a pipeline (and of its TP groups) gets the same batch
+        from .consistency import check_inputs
+
+        layout = model.shardcore.layout
+        for dim in ("pp", "tp"):
+            if layout.degrees[dim] > 1:
+                check_inputs(layout.group(dim), "pipeline_step", (), dict(batch))
+    info.num_items = policy.pipeline_num_items(labels)
+    shapes = tuple(tuple(a.shape) for a in args)
+    if info.shapes is not None and info.shapes != shapes:
+        info.rebuild()  # torch's stages keep the shapes of their first step: new shapes, new stages
+    info.shapes = shapes
+    losses: list[torch.Tensor] = []
+    if info.is_first:
+        info.schedule.step(*args, target=labels, losses=losses, return_outputs=False)
+    else:
+        info.schedule.step(target=labels, losses=losses, return_outputs=False)
+    for param, group in info.tied:  # the input and output embeddings: one parameter, two stages
+        if param.grad is not None:
+            dist.all_reduce(param.grad, group=group)
+    total = torch.stack([x.detach().float() for x in losses]).sum() if losses else torch.zeros(())
+    src = dist.get_global_rank(info.group, info.last_stage_rank)
+    dist.broadcast(total, src=src, group=info.group)
+    return total
