@@ -388,7 +388,8 @@ def pipeline_step(model: nn.Module, batch: Mapping[str, Any]) -> torch.Tensor:
     """
     info = getattr(getattr(model, "shardcore", None), "pipeline", None)
     if info is None:
-        loss = model(**batch).loss
+        out = model(**batch)
+        loss = out["loss"] if isinstance(out, Mapping) else out.loss
         loss.backward()
         return loss.detach()
     policy = model.shardcore.policy

@@ -10,6 +10,8 @@
   :func:`train_and_save` / :func:`assert_resume_matches` (save at one layout, resume at another);
 * ``data_parallel.py``: :func:`assert_data_parallel_matches` (FSDP / DDP x TP trains like the
   unsharded model on the whole batch; bytes of parameters and optimizer state per rank);
+* ``pipeline.py``: :func:`assert_pipeline_matches` (``pipeline_step`` over the stages trains like
+  the unsharded model on the whole batch; names kept, every parameter held somewhere);
 * ``explained.py``: :func:`assert_explain_matches` (``shardcore explain`` predicts a real step);
 * ``refusals.py``: :func:`refusal_message` (bad input fails on every rank before any collective,
   nobody hangs), :func:`count_c10d_calls`.
@@ -39,6 +41,7 @@ from .conformance import (
 from .data_parallel import assert_data_parallel_matches, dp_part, state_bytes
 from .explained import assert_explain_matches
 from .generation import assert_generate_matches
+from .pipeline import assert_pipeline_matches
 from .refusals import count_c10d_calls, refusal_message
 from .structure import check_blocks
 
@@ -50,6 +53,7 @@ __all__ = [
     "assert_explain_matches",
     "assert_generate_matches",
     "assert_lazy_load_matches",
+    "assert_pipeline_matches",
     "assert_resume_matches",
     "assert_same_checkpoint",
     "assert_sharded_matches",

@@ -1,0 +1,113 @@
+"""Llama in pipeline stages (torch.distributed.pipelining), alone and composed with TP: pipeline_step
+trains like the unsharded model on the whole batch, with ragged label counts; errors come early."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from llama_cases import build, lm_batch
+
+from shardcore import ShardConfig
+from shardcore.testing import assert_pipeline_matches, count_c10d_calls, refusal_message, run_on_ranks
+
+CFG = {"kv": 2, "tie": True, "layers": 4}  # GQA, tied embeddings (first and last stage), 4 blocks
+
+
+def _batch() -> dict:
+    batch = lm_batch(batch=4)  # row 0 left-padded
+    batch["labels"][1, 4:] = -100  # ragged: the microbatches hold 8, 3, 11 and 11 label tokens
+    return batch
+
+
+def _check(pp: int, tp: int, schedule: str, extra: dict) -> dict:
+    config = ShardConfig(
+        tensor_parallel_size=tp, pipeline_parallel_size=pp, num_microbatches=4, pipeline_schedule=schedule, **extra
+    )
+    return assert_pipeline_matches(lambda: build("LlamaForCausalLM", **CFG), _batch(), config)
+
+
+@pytest.mark.parametrize(
+    ("pp", "tp", "schedule", "extra"),
+    [
+        (2, 1, "GPipe", {}),
+        (2, 1, "1F1B", {"pipeline_layers": [1, 3]}),  # an uneven split, as asked
+        (2, 2, "1F1B", {}),  # PP=2 x TP=2 on 4 ranks
+        (2, 1, "Interleaved1F1B", {}),  # 2 stages per rank, looped: rank 0 runs stages 0 and 2
+        (2, 1, "ZBVZeroBubble", {}),  # 2 stages per rank in a V: rank 0 runs the first and the last
+    ],
+    ids=["gpipe", "1f1b-layers13", "1f1b-tp2", "interleaved1f1b", "zbv"],
+)
+def test_pipeline_trains_like_unsharded(pp, tp, schedule, extra):
+    reports = run_on_ranks(pp * tp, _check, pp, tp, schedule, extra)
+    losses = {round(r["loss"], 7) for r in reports}
+    assert len(losses) == 1, losses  # the same loss on every rank
+    for r in reports:
+        assert r["loss_rel_diff"] <= 1e-6 and r["max_abs_diff_after_steps"] <= 1e-5, r
+    if schedule in ("Interleaved1F1B", "ZBVZeroBubble"):
+        assert [r["stages"] for r in reports] == (
+            [[0, 2], [1, 3]] if schedule == "Interleaved1F1B" else [[0, 3], [1, 2]]
+        )
+
+
+def _refused(extra: dict, layers: int = 4) -> str:
+    return refusal_message(lambda: build("LlamaForCausalLM", **{**CFG, "layers": layers}), ShardConfig(**extra))
+
+
+BAD = {
+    "more stages than blocks": (
+        {"pipeline_parallel_size": 2, "pipeline_schedule": "Interleaved1F1B", "pipeline_stages_per_rank": 3},
+        "has 4 blocks, fewer than the 6 pipeline stages",
+    ),
+    "unknown schedule": (
+        {"pipeline_parallel_size": 2, "pipeline_schedule": "Zigzag"},
+        "pipeline_schedule='Zigzag' is not a schedule of this torch",
+    ),
+    "multi-stage schedule, one stage per rank": (
+        {"pipeline_parallel_size": 2, "pipeline_schedule": "Interleaved1F1B", "pipeline_stages_per_rank": 1},
+        "is a multi-stage schedule: it needs at least 2 stages per rank",
+    ),
+    "layers not summing": (
+        {"pipeline_parallel_size": 2, "pipeline_layers": [1, 2]},
+        "pipeline_layers=[1, 2]: give 2 numbers of blocks, each at least 1, summing to the model's 4 blocks",
+    ),
+    "with data parallel": (
+        {"pipeline_parallel_size": 2, "tensor_parallel_size": 1, "data_parallel": "fsdp"},
+        "together with pipeline parallelism is not built yet",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_pipeline_config_is_refused_on_every_rank(case):
+    extra, expected = BAD[case]
+    for message in run_on_ranks(2, _refused, extra):
+        assert expected in message, message
+    if case == "unknown schedule":
+        assert "GPipe, 1F1B, Interleaved1F1B" in message  # the valid ones for this torch are listed
+
+
+def _bad_step() -> dict:
+    import shardcore
+
+    torch.manual_seed(0)
+    config = ShardConfig(pipeline_parallel_size=2, num_microbatches=4)
+    model = shardcore.optimize(build("LlamaForCausalLM", **CFG), config)
+    out = {}
+    with count_c10d_calls() as calls:
+        try:
+            shardcore.pipeline_step(model, lm_batch(batch=6))
+        except ValueError as err:
+            out["step"] = str(err)
+    out["calls"] = dict(calls)
+    try:
+        model(**lm_batch())
+    except RuntimeError as err:
+        out["forward"] = str(err)
+    return out
+
+
+def test_microbatches_not_dividing_the_batch_and_plain_forward_are_refused():
+    for out in run_on_ranks(2, _bad_step):
+        assert "batch size 6 is not divisible by num_microbatches=4" in out["step"], out
+        assert out["calls"] == {}, out  # before any collective or send/recv
+        assert "train it with shardcore.pipeline_step(model, batch)" in out["forward"], out
