@@ -37,6 +37,7 @@ __all__ = [
     "pipeline_step",
     "schedule_names",
     "split_layers",
+    "tensor_aliases",
 ]
 
 #: Schedules with one stage per rank; the others (multi-stage) run ``stages_per_rank`` stages each.
@@ -124,6 +125,9 @@ class PipelineInfo:
     num_items: Any = None  # the loss terms of the batch in flight (pipeline_step sets it)
     shapes: Any = None  # the input shapes the stages were built for
     rebuild: Any = None
+    #: ``{name: [other names]}`` of parameters the unsharded model holds under several names (tied
+    #: embeddings): a stage may hold one under a name a checkpoint stores under another.
+    aliases: dict = attrs.field(factory=dict)
 
     @property
     def is_first(self) -> bool:
@@ -270,6 +274,7 @@ def build_pipeline(model: nn.Module, policy, config, layout, name: str, layers: 
     tied_ids = [
         pid for pid, names in names_of.items() if {"first", "last"} <= {ends.get(n.rpartition(".")[0]) for n in names}
     ]
+    aliases = {n: [m for m in names if m != n] for names in names_of.values() if len(names) > 1 for n in names}
 
     # prune: the blocks and the ends of other ranks' stages
     blocks = policy.blocks()
@@ -313,6 +318,7 @@ def build_pipeline(model: nn.Module, policy, config, layout, name: str, layers: 
         num_microbatches=config.num_microbatches or pp * per_rank,
         tied=tied,
         last_stage_rank=last_owner,
+        aliases=aliases,
     )
 
     def make_stages() -> None:
@@ -424,3 +430,9 @@ def pipeline_step(model: nn.Module, batch: Mapping[str, Any]) -> torch.Tensor:
     src = dist.get_global_rank(info.group, info.last_stage_rank)
     dist.broadcast(total, src=src, group=info.group)
     return total
+
+
+def tensor_aliases(model: nn.Module) -> dict[str, list[str]]:
+    """The other names of each tied parameter of a pipelined model (``{}`` without a pipeline)."""
+    info = getattr(getattr(model, "shardcore", None), "pipeline", None)
+    return dict(info.aliases) if info is not None else {}

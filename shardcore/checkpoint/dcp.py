@@ -22,6 +22,7 @@ from torch import nn
 
 from ..distributed.data_parallel import dp_assign, dp_full, reshard
 from ..layers.comm import group_rank
+from ..pipeline import tensor_aliases
 from ..sharded_state import parameter_specs
 
 __all__ = ["load_distributed", "save_distributed"]
@@ -93,8 +94,11 @@ def load_distributed(model: nn.Module, path: str | os.PathLike, optimizer: torch
     wanted = []  # (base, destination tensor, spec, rank)
     if optimizer is not None:
         _init_optimizer_state(model, optimizer)
+    aliases = tensor_aliases(model)
     for prefix, name, tensor, spec, group in _flatten(model, optimizer):
         base = f"{prefix}.{name}"
+        if base not in saved:  # a tied parameter a pipeline stage holds under another of its names
+            base = next((f"{prefix}.{a}" for a in aliases.get(name, []) if f"{prefix}.{a}" in saved), base)
         if base not in saved:
             raise KeyError(f"distributed checkpoint {path} has no {base!r}")
         wanted.append((base, tensor, spec, group_rank(group) if spec is not None else 0))

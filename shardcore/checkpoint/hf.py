@@ -28,6 +28,7 @@ from torch import nn
 from ..distributed.data_parallel import dp_assign, dp_full, native_class, reshard
 from ..layers.comm import group_rank
 from ..meta import unguard_meta
+from ..pipeline import tensor_aliases
 from ..sharded_state import parameter_specs
 from .materialize import checkpoint_policy, materialize_buffers, replace_tensors
 from .safetensors_io import (
@@ -112,9 +113,12 @@ def load_checkpoint(
     prefix = getattr(model, "base_model_prefix", None)
     tensors = list(_model_tensors(model))
     renamed = checkpoint_policy(model).checkpoint_names([name for name, _, _ in tensors])
+    aliases = tensor_aliases(model)
     plan, problems = [], []
     for name, tensor, is_param in tensors:
         key = _resolve_key(name, files, prefix, renamed)
+        for alias in aliases.get(name, []) if key is None else []:  # tied, held under another name
+            key = key or _resolve_key(alias, files, prefix, renamed)
         spec, group = specs.get(name, (None, None))
         if key is None:
             problems.append(f"missing tensor {name!r}")
@@ -182,6 +186,51 @@ def _materialize_dp_shards(model: nn.Module, device) -> bool:
     return True
 
 
+def _coords(model: nn.Module) -> dict[str, int]:
+    return model.shardcore.layout.coordinates(dist.get_rank())
+
+
+def _pipeline_entries(model: nn.Module, local: list) -> tuple[list, dict[str, int]]:
+    """Every stage's tensors (collective): ``(entries in stage order, {name: pp coordinate})``.
+    A tied parameter is written once, under the name the first stage holding it gives it."""
+    layout = model.shardcore.layout
+    aliases = tensor_aliases(model)
+    everyone: list = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, (_coords(model), local))
+    entries, stage_of = [], {}
+    for coords, held in sorted(everyone, key=lambda e: e[0]["pp"]):
+        if any(coords[d] for d in ("dp", "sp", "tp")):
+            continue  # one rank per stage says what it holds
+        for name, shape, dtype in held:
+            if name in stage_of or any(a in stage_of for a in aliases.get(name, [])):
+                continue
+            entries.append((name, shape, dtype))
+            stage_of[name] = coords["pp"]
+    assert layout.pp == len({c["pp"] for c, _ in everyone})
+    return entries, stage_of
+
+
+def _to_writer(model: nn.Module, full: torch.Tensor | None, stage: int, shape, dtype) -> torch.Tensor | None:
+    """Pipeline: the first rank of the stage holding a tensor sends it to the writer (global rank 0)."""
+    layout = model.shardcore.layout
+    coords = _coords(model)
+    source = next(
+        r
+        for r in range(dist.get_world_size())
+        if layout.coordinates(r) == {**coords, "dp": 0, "sp": 0, "tp": 0, "pp": stage}
+    )
+    if stage == 0:
+        return full  # the writer's own stage
+    if dist.get_rank() == source:
+        dist.send(full.contiguous(), dst=0)
+        return None
+    if dist.get_rank() == 0:
+        buffer = torch.empty(shape, dtype=dtype)
+        dist.recv(buffer, src=source)
+        return buffer
+    return None
+
+
 def _progress(n: int, total_bytes: int, progress: bool | None):
     first = not dist.is_initialized() or dist.get_rank() == 0
     if progress is False or not first or (progress is None and total_bytes < 1 << 30):
@@ -225,9 +274,12 @@ def save_checkpoint(model: nn.Module, path: str | os.PathLike, *, max_shard_size
     specs = parameter_specs(reshard(model))
     tensors = {name: t for name, t, _ in _model_tensors(model)}
     entries = [(name, _full_shape(t, specs.get(name, (None,))[0]), t.dtype) for name, t in tensors.items()]
-    renamed = checkpoint_policy(model).checkpoint_names(list(tensors))
     if any(t.is_meta for t in tensors.values()):
         raise RuntimeError("save_checkpoint: the model still has meta tensors; load its weights first")
+    stage_of: dict[str, int] = {}  # pipeline: the pp coordinate of the stage each tensor comes from
+    if getattr(getattr(model, "shardcore", None), "pipeline", None) is not None:
+        entries, stage_of = _pipeline_entries(model, entries)
+    renamed = checkpoint_policy(model).checkpoint_names([e[0] for e in entries])
     limit = parse_size(max_shard_size)
     files: list[list[tuple[str, tuple[int, ...], torch.dtype]]] = [[]]
     size = 0
@@ -253,10 +305,14 @@ def save_checkpoint(model: nn.Module, path: str | os.PathLike, *, max_shard_size
     for file_name, group in zip(names, files, strict=True):
         on_disk = [(renamed.get(name, name), shape, dtype) for name, shape, dtype in group]
         stream = StreamingSafetensors(path / file_name, on_disk) if writer else None
-        for name, _, _ in group:
-            local = dp_full(tensors[name])  # FSDP: this rank's data-parallel shard -> the TP slice
-            spec, pg = specs.get(name, (None, None))
-            full = local if spec is None else spec.gather(local, pg)  # one full tensor at a time
+        for name, shape, dtype in group:
+            full = None
+            if name in tensors and (not stage_of or stage_of[name] == _coords(model)["pp"]):
+                local = dp_full(tensors[name])  # FSDP: this rank's data-parallel shard -> the TP slice
+                spec, pg = specs.get(name, (None, None))
+                full = local if spec is None else spec.gather(local, pg)  # one full tensor at a time
+            if stage_of:  # pipeline: the stage holding it sends it to the writer
+                full = _to_writer(model, full, stage_of[name], shape, dtype)
             if stream is not None:
                 stream.write(full)
             del full

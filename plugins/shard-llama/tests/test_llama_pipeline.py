@@ -111,3 +111,64 @@ def test_microbatches_not_dividing_the_batch_and_plain_forward_are_refused():
         assert "batch size 6 is not divisible by num_microbatches=4" in out["step"], out
         assert out["calls"] == {}, out  # before any collective or send/recv
         assert "train it with shardcore.pipeline_step(model, batch)" in out["forward"], out
+
+
+# -- checkpoints: a stage reads and writes only what it holds; names are the unsharded model's ------------
+
+PP2 = {"pipeline_parallel_size": 2, "num_microbatches": 2}
+
+
+def _dcp_save(path: str) -> None:
+    from shardcore.testing import train_and_save
+
+    batches = [_batch(), lm_batch(batch=4, seed=2)]
+    train_and_save(lambda: build("LlamaForCausalLM", **CFG), batches, ShardConfig(**PP2), path)
+
+
+def _dcp_resume(path: str, config: dict) -> float:
+    from shardcore.testing import assert_resume_matches
+
+    saved, rest = [_batch(), lm_batch(batch=4, seed=2)], [lm_batch(batch=4, seed=3)]
+    return assert_resume_matches(lambda: build("LlamaForCausalLM", **CFG), saved, rest, ShardConfig(**config), path)
+
+
+@pytest.mark.parametrize(
+    ("world", "config"),
+    [(1, {}), (2, {"tensor_parallel_size": 2}), (2, PP2)],
+    ids=["pp1", "tp2", "pp2"],
+)
+def test_distributed_checkpoint_of_pp2_resumes_at_another_layout(world, config, tmp_path):
+    run_on_ranks(2, _dcp_save, str(tmp_path / "dcp"))
+    assert max(run_on_ranks(world, _dcp_resume, str(tmp_path / "dcp"), config)) <= 1e-5
+
+
+def _hf_round_trip(ckpt: str, out: str) -> dict:
+    import shardcore
+
+    torch.manual_seed(0)
+    ref = dict(build("LlamaForCausalLM", **CFG).named_parameters(remove_duplicate=False))
+    with shardcore.init_empty():
+        model = build("LlamaForCausalLM", **CFG)
+    model = shardcore.optimize(model, ShardConfig(**PP2))
+    with count_c10d_calls() as calls:
+        shardcore.load_checkpoint(model, ckpt)  # reads this stage's tensors only: no collective
+    worst = max((p.detach() - ref[n]).abs().max().item() for n, p in model.named_parameters())
+    shardcore.save_checkpoint(model, out)
+    return {"held": [n for n, _ in model.named_parameters()], "worst": worst, "calls": dict(calls)}
+
+
+def test_hf_checkpoint_loads_per_stage_and_saves_whole(tmp_path):
+    import json
+
+    from shardcore.testing import assert_same_checkpoint
+
+    torch.manual_seed(0)
+    build("LlamaForCausalLM", **CFG).save_pretrained(tmp_path / "ref")
+    first, last = run_on_ranks(2, _hf_round_trip, str(tmp_path / "ref"), str(tmp_path / "out"))
+    assert first["worst"] == 0 and last["worst"] == 0 and first["calls"] == {} == last["calls"]
+    assert not any(".layers.2." in n or ".layers.3." in n for n in first["held"])  # blocks 0-1: stage 0
+    assert not any(".layers.0." in n or ".layers.1." in n for n in last["held"])
+    assert "lm_head.weight" in last["held"]  # the tied head, under the unsharded model's name for it
+    assert_same_checkpoint(str(tmp_path / "ref"), str(tmp_path / "out"))
+    written = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert written["architectures"] == ["LlamaForCausalLM"]
