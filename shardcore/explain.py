@@ -167,12 +167,16 @@ def explain(
     )
     notes = []
     ParallelLayout.from_config(config, world_size=tp * pp * sp)
-    for name, value in (("pipeline_parallel_size", pp), ("sequence_parallel_size", sp)):
-        if value > 1:
-            notes.append(
-                f"{name}={value}: not built in this shardcore version (optimize refuses it); shown as planned "
-                "(pipeline: Policy.blocks() split evenly; sequence: heads checked over tp x sp)"
-            )
+    if pp > 1:
+        notes.append(
+            f"pipeline_parallel_size={pp}: one stage per rank, Policy.blocks() split evenly as optimize cuts them "
+            "by default (earlier stages take one more); pipeline_layers= chooses another split"
+        )
+    if sp > 1:
+        notes.append(
+            f"sequence_parallel_size={sp}: not built in this shardcore version (optimize refuses it); shown as "
+            "planned (heads checked over tp x sp)"
+        )
     if config.plan is not None and policy is None:
         from .plan import PlanPolicy
 

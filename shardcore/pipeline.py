@@ -353,16 +353,106 @@ def build_pipeline(model: nn.Module, policy, config, layout, name: str, layers: 
             f"{info.num_microbatches}): torch.distributed.pipelining refuses it: {err}"
         ) from err
 
-    def refuse_plain_forward(module, args, kwargs):
-        if not getattr(module, "_shardcore_in_stage", False):
-            raise RuntimeError(
-                f"{type(module).__name__} is split into {num_stages} pipeline stages (this rank holds stage "
-                f"{', '.join(map(str, indices))}); train it with shardcore.pipeline_step(model, batch). A plain "
-                "forward (and generate) through the pipeline is not built yet"
-            )
-
-    model.register_forward_pre_hook(refuse_plain_forward, with_kwargs=True, prepend=True)
+    _route_forward(model, policy, info)
     return info
+
+
+def _route_forward(model: nn.Module, policy, info: PipelineInfo) -> None:
+    """``model(...)`` outside a stage runs the whole pipeline forward (inference: no autograd across
+    stages) and returns the model's outputs on every rank; ``generate()`` runs through it, without a
+    KV cache (each step recomputes the sequence), its random state shared by the pipeline's ranks."""
+    import functools
+
+    original = model.forward
+
+    @functools.wraps(original)  # generate() inspects the signature (position_ids, logits_to_keep)
+    def forward(*args, **kwargs):
+        if getattr(model, "_shardcore_in_stage", False):
+            return original(*args, **kwargs)
+        if model.training and torch.is_grad_enabled():
+            raise RuntimeError(
+                f"{type(model).__name__} is split into {info.num_stages} pipeline stages: train it with "
+                "shardcore.pipeline_step(model, batch); a forward through the pipeline is for inference "
+                "(model.eval(), or under torch.no_grad())"
+            )
+        return _forward_only(model, policy, info, args, kwargs)
+
+    model.forward = forward
+    generate = getattr(model, "generate", None)
+    if callable(generate):
+
+        @functools.wraps(generate)
+        def generate_through_pipeline(*args, **kwargs):
+            from .consistency import sync_random_state
+
+            if kwargs.get("use_cache"):
+                raise ValueError(
+                    "generate(use_cache=True) through pipeline stages: the KV cache is not split over stages "
+                    "yet; leave use_cache unset (each step recomputes the sequence)"
+                )
+            kwargs["use_cache"] = False
+            sync_random_state(info.group, next(model.parameters()).device)  # sampling alike on every stage
+            return generate(*args, **kwargs)
+
+        model.generate = generate_through_pipeline
+
+
+def _send(tensors: tuple, peer: int, group) -> None:
+    dst = dist.get_global_rank(group, peer)
+    dist.send_object_list([[(tuple(t.shape), t.dtype) for t in tensors]], dst=dst, group=group)
+    for t in tensors:
+        dist.send(t.contiguous(), dst=dst, group=group)
+
+
+def _recv(peer: int, group) -> tuple:
+    src = dist.get_global_rank(group, peer)
+    meta: list = [None]
+    dist.recv_object_list(meta, src=src, group=group)
+    out = []
+    for shape, dtype in meta[0]:
+        t = torch.empty(shape, dtype=dtype)
+        dist.recv(t, src=src, group=group)
+        out.append(t)
+    return tuple(out)
+
+
+def _forward_only(model: nn.Module, policy, info: PipelineInfo, args: tuple, kwargs: dict):
+    """The whole batch through the stages in order; the last stage's output broadcast to every rank."""
+    names = list(inspect.signature(model.forward).parameters)
+    batch = {**dict(zip(names, args, strict=False)), **{k: v for k, v in kwargs.items() if v is not None}}
+    logits_to_keep = batch.pop("logits_to_keep", 0)
+    inputs, labels = policy.pipeline_inputs(batch, training=False)
+    me = dist.get_group_rank(info.group, dist.get_rank())
+    pp = dist.get_world_size(info.group)
+    per_rank = len(info.stage_indices)
+    owner = [_stage_owner(s, pp, per_rank, info.schedule_name) for s in range(info.num_stages)]
+    stages = dict(zip(info.stage_indices, (st.submod for st in info.stages), strict=True))
+    x = inputs
+    with torch.no_grad():
+        for s in range(info.num_stages):
+            if owner[s] != me:
+                continue
+            if s > 0 and owner[s - 1] != me:
+                x = _recv(owner[s - 1], info.group)
+            out = stages[s](*x)
+            x = out if isinstance(out, tuple) else (out,)
+            if s < info.num_stages - 1 and owner[s + 1] != me:
+                _send(x, owner[s + 1], info.group)
+        x = tuple(t.contiguous() for t in x)  # a collective sends memory as it lies (logits may be a narrowed view)
+        meta = [[(tuple(t.shape), t.dtype) for t in x]] if owner[-1] == me else [None]
+        src = dist.get_global_rank(info.group, owner[-1])
+        dist.broadcast_object_list(meta, src=src, group=info.group)
+        if owner[-1] != me:
+            x = tuple(torch.empty(shape, dtype=dtype) for shape, dtype in meta[0])
+        for t in x:
+            dist.broadcast(t, src=src, group=info.group)
+        logits = x[0]
+        if isinstance(logits_to_keep, int) and logits_to_keep > 0:
+            logits = logits[:, -logits_to_keep:]
+        loss = None
+        if labels is not None:
+            loss = policy.pipeline_loss(x[0], labels, policy.pipeline_num_items(labels))
+    return policy.pipeline_output(logits, loss)
 
 
 def _stage_owner(stage: int, pp: int, per_rank: int, name: str) -> int:
@@ -400,6 +490,8 @@ def pipeline_step(model: nn.Module, batch: Mapping[str, Any]) -> torch.Tensor:
         return loss.detach()
     policy = model.shardcore.policy
     args, labels = policy.pipeline_inputs(dict(batch))  # local checks first: the same on every rank
+    if labels is None:
+        raise ValueError("pipeline_step: the batch has no labels; a training step needs them")
     size = args[0].shape[0]
     if size % info.num_microbatches:
         raise ValueError(

@@ -150,9 +150,11 @@ class Policy:
         stage runs (the embedding) or only the last (final norm, head); other stages hold holes."""
         raise NotImplementedError(f"{type(self).__name__} does not implement pipeline_ends()")
 
-    def pipeline_inputs(self, batch: dict) -> tuple[tuple, Any]:
-        """``(positional inputs of the first stage, labels)`` from a batch as the model takes it;
-        every tensor with the batch as its first dimension (they are cut into microbatches)."""
+    def pipeline_inputs(self, batch: dict, training: bool = True) -> tuple[tuple, Any]:
+        """``(positional inputs of the first stage, labels or None)`` from a batch as the model
+        takes it (keyword arguments); every tensor with the batch as its first dimension (they are
+        cut into microbatches). ``training=False``: a forward through the pipeline (arguments
+        ``generate()`` passes may come too)."""
         raise NotImplementedError(f"{type(self).__name__} does not implement pipeline_inputs()")
 
     def pipeline_stage_forward(self, inputs: tuple, *, first: bool, last: bool):
@@ -160,6 +162,11 @@ class Policy:
         stage's are :meth:`pipeline_inputs`; the others get what the previous stage returned. The
         last stage returns what :meth:`pipeline_loss` takes (logits)."""
         raise NotImplementedError(f"{type(self).__name__} does not implement pipeline_stage_forward()")
+
+    def pipeline_output(self, output, loss):
+        """What ``model(...)`` returns from the last stage's ``output`` (and ``loss``, or ``None``)
+        when a forward runs through the pipeline."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement pipeline_output()")
 
     def pipeline_num_items(self, labels) -> Any:
         """The number of loss terms of the whole batch (label tokens the loss counts)."""

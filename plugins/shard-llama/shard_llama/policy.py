@@ -103,25 +103,40 @@ class LlamaPolicy(Policy):
                 ends[head] = "last"
         return ends
 
-    def pipeline_inputs(self, batch):
+    #: what a forward through the pipeline accepts besides the inputs: generate()'s bookkeeping
+    _IGNORED = {"use_cache": (None, False), "past_key_values": (None,), "cache_position": None, "return_dict": None}
+
+    def pipeline_inputs(self, batch, training=True):
         import torch
 
-        extra = sorted(set(batch) - {"input_ids", "attention_mask", "labels"})
-        if extra or "input_ids" not in batch or "labels" not in batch:
+        batch = dict(batch)
+        for key, allowed in self._IGNORED.items():
+            if key in batch and not training and (allowed is None or batch[key] in allowed):
+                batch.pop(key)
+        known = {"input_ids", "attention_mask", "labels", "position_ids"}
+        extra = sorted(set(batch) - known)
+        if extra or "input_ids" not in batch or (training and "labels" not in batch):
+            what = "pipeline_step" if training else "a forward through the pipeline"
             raise ValueError(
-                f"pipeline_step({type(self.model).__name__}): the batch holds input_ids, labels and optionally "
-                f"attention_mask; got {sorted(batch)}"
+                f"{what} ({type(self.model).__name__}) takes input_ids, "
+                + ("labels, " if training else "")
+                + "and optionally attention_mask, position_ids"
+                + ("" if training else ", labels")
+                + f"; got {sorted(batch)}"
+                + (f" ({extra} not supported through pipeline stages)" if extra else "")
             )
         ids = batch["input_ids"]
         mask = batch.get("attention_mask")
-        return (ids, torch.ones_like(ids) if mask is None else mask), batch["labels"]
+        mask = torch.ones_like(ids) if mask is None else mask
+        pos = batch.get("position_ids")
+        pos = torch.arange(ids.shape[1]).expand(ids.shape[0], -1) if pos is None else pos  # the model's default
+        return (ids, mask, pos), batch.get("labels")
 
     def _stage_body(self, inputs, first: bool):
-        if first:
-            ids, mask = inputs
-            return self.base(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state, mask
-        hidden, mask = inputs
-        return self.base(inputs_embeds=hidden, attention_mask=mask, use_cache=False).last_hidden_state, mask
+        tokens, mask, pos = inputs
+        entry = {"input_ids": tokens} if first else {"inputs_embeds": tokens}
+        out = self.base(**entry, attention_mask=mask, position_ids=pos, use_cache=False)
+        return out.last_hidden_state, mask, pos
 
 
 class LlamaModelPolicy(LlamaPolicy):
@@ -147,8 +162,13 @@ class LlamaForCausalLMPolicy(LlamaPolicy):
     def pipeline_stage_forward(self, inputs, *, first, last):
         if not last:
             return self._stage_body(inputs, first)
-        hidden, mask = inputs  # the last stage is never the first: a pipeline has two stages at least
-        return self.model(inputs_embeds=hidden, attention_mask=mask, use_cache=False).logits
+        hidden, mask, pos = inputs  # the last stage is never the first: a pipeline has two stages at least
+        return self.model(inputs_embeds=hidden, attention_mask=mask, position_ids=pos, use_cache=False).logits
+
+    def pipeline_output(self, output, loss):
+        from transformers.modeling_outputs import CausalLMOutputWithPast
+
+        return CausalLMOutputWithPast(loss=loss, logits=output)
 
     def pipeline_num_items(self, labels):
         return (labels[..., 1:] != -100).sum()  # the shifted labels transformers' causal-LM loss counts
