@@ -194,6 +194,14 @@ def bench_dp(session: nox.Session) -> None:
     _run(session, bin_dir, "python", "benchmarks/bench_data_parallel.py", *session.posargs)
 
 
+@nox.session(name="bench-pipeline", default=False)
+def bench_pipeline(session: nox.Session) -> None:
+    """Benchmark (not a test): every pipeline schedule vs TP=2 vs unsharded, bubble fractions, a PNG timeline."""
+    bin_dir = _install(session)
+    session.run(str(bin_dir / "python"), "-m", "pip", "install", "--quiet", "matplotlib", external=True)  # the PNG
+    _run(session, bin_dir, "python", "benchmarks/bench_pipeline.py", *session.posargs)
+
+
 @nox.session(name="bench-parallelize", default=False)
 def bench_parallelize(session: nox.Session) -> None:
     """Benchmark (not a test): shardcore.parallelize of a ~1 GB Llama vs loading it unsharded (RSS, time)."""
