@@ -242,7 +242,9 @@ class _Stage(nn.Module):
             _set(self.model, name, hole)
         self.model._shardcore_in_stage = True
         try:
-            return self._policy.pipeline_stage_forward(tuple(inputs), first=self._first, last=self._last)
+            out = self._policy.pipeline_stage_forward(tuple(inputs), first=self._first, last=self._last)
+            # sent to the next stage as they lie in memory: contiguous (an expanded position index is not)
+            return tuple(t.contiguous() for t in out) if isinstance(out, tuple) else out.contiguous()
         finally:
             self.model._shardcore_in_stage = False
             for name, block, _ in self._others:
@@ -507,8 +509,11 @@ def pipeline_step(model: nn.Module, batch: Mapping[str, Any]) -> torch.Tensor:
                 check_inputs(layout.group(dim), "pipeline_step", (), dict(batch))
     info.num_items = policy.pipeline_num_items(labels)
     shapes = tuple(tuple(a.shape) for a in args)
-    if info.shapes is not None and info.shapes != shapes:
-        info.rebuild()  # torch's stages keep the shapes of their first step: new shapes, new stages
+    device = next(model.parameters()).device
+    if (info.shapes is not None and info.shapes != shapes) or info.stages[0].device != device:
+        # torch's stages keep the shapes of their first step and the device they were built on (meta,
+        # for a model built under init_empty and loaded since): new shapes or device, new stages
+        info.rebuild()
     info.shapes = shapes
     losses: list[torch.Tensor] = []
     if info.is_first:

@@ -154,7 +154,16 @@ def _hf_round_trip(ckpt: str, out: str) -> dict:
         shardcore.load_checkpoint(model, ckpt)  # reads this stage's tensors only: no collective
     worst = max((p.detach() - ref[n]).abs().max().item() for n, p in model.named_parameters())
     shardcore.save_checkpoint(model, out)
-    return {"held": [n for n, _ in model.named_parameters()], "worst": worst, "calls": dict(calls)}
+    torch.manual_seed(0)
+    twin = build("LlamaForCausalLM", **CFG)
+    loss = shardcore.pipeline_step(model, _batch())  # the stages built on meta train once loaded
+    expected = twin(**_batch()).loss.item()
+    return {
+        "held": [n for n, _ in model.named_parameters()],
+        "worst": worst,
+        "calls": dict(calls),
+        "loss": abs(loss.item() - expected) / expected,
+    }
 
 
 def test_hf_checkpoint_loads_per_stage_and_saves_whole(tmp_path):
@@ -166,6 +175,7 @@ def test_hf_checkpoint_loads_per_stage_and_saves_whole(tmp_path):
     build("LlamaForCausalLM", **CFG).save_pretrained(tmp_path / "ref")
     first, last = run_on_ranks(2, _hf_round_trip, str(tmp_path / "ref"), str(tmp_path / "out"))
     assert first["worst"] == 0 and last["worst"] == 0 and first["calls"] == {} == last["calls"]
+    assert first["loss"] <= 1e-6 and last["loss"] <= 1e-6, (first, last)
     assert not any(".layers.2." in n or ".layers.3." in n for n in first["held"])  # blocks 0-1: stage 0
     assert not any(".layers.0." in n or ".layers.1." in n for n in last["held"])
     assert "lm_head.weight" in last["held"]  # the tied head, under the unsharded model's name for it
