@@ -178,11 +178,6 @@ def check_pipeline(model: nn.Module, policy, config, layout) -> tuple[str, list[
             "ShardConfig(parallel_output=True) with pipeline parallelism: the last stage computes the loss on "
             "full logits; leave parallel_output=False"
         )
-    if config.inference_only:
-        raise NotImplementedError(
-            "ShardConfig(inference_only=True) with pipeline parallelism: forward-only inference through the "
-            "pipeline is not built yet; train it with shardcore.pipeline_step, or leave pipeline_parallel_size=1"
-        )
     if config.tensor_parallel_process_group is not None:
         raise ValueError(
             "pipeline parallelism runs on shardcore's device mesh, but a tensor_parallel_process_group was given; "
@@ -491,6 +486,11 @@ def pipeline_step(model: nn.Module, batch: Mapping[str, Any]) -> torch.Tensor:
         loss.backward()
         return loss.detach()
     policy = model.shardcore.policy
+    if model.shardcore.config.inference_only:
+        raise RuntimeError(
+            f"{type(model).__name__} was sharded with ShardConfig(inference_only=True): its parameters are frozen; "
+            "run model(**batch) for inference, or shard it without inference_only to train it"
+        )
     args, labels = policy.pipeline_inputs(dict(batch))  # local checks first: the same on every rank
     if labels is None:
         raise ValueError("pipeline_step: the batch has no labels; a training step needs them")

@@ -241,3 +241,26 @@ def test_forward_and_generate_through_the_pipeline(tp, schedule, num_beams, do_s
         assert out["logits"] <= 1e-5 and out["loss"] <= 1e-6, out
         assert out["tokens"] == outs[0]["tokens"]
         assert out.get("sampled_equal", True), out
+
+
+def _inference_only() -> dict:
+    import shardcore
+
+    torch.manual_seed(0)
+    ref = build("LlamaForCausalLM", **CFG).eval()
+    torch.manual_seed(0)
+    config = ShardConfig(pipeline_parallel_size=2, inference_only=True)
+    model = shardcore.optimize(build("LlamaForCausalLM", **CFG), config)
+    batch = lm_batch()
+    out = {"logits": (model(**batch).logits - ref(**batch).logits).abs().max().item()}  # no torch.no_grad()
+    try:
+        shardcore.pipeline_step(model, _batch())
+    except RuntimeError as err:
+        out["step"] = str(err)
+    return out
+
+
+def test_inference_only_runs_forward_and_refuses_training():
+    for out in run_on_ranks(2, _inference_only):
+        assert out["logits"] <= 1e-5, out
+        assert "ShardConfig(inference_only=True): its parameters are frozen" in out.get("step", ""), out
