@@ -101,7 +101,9 @@ class PipelineHole(nn.Module):
                     setattr(self, key, value)
 
     def forward(self, *args, **kwargs):
-        hidden = args[0] if args else kwargs.get("hidden_states")
+        # the hidden states: the first positional argument, or by keyword (an embedding module
+        # skipped on a later stage is called with inputs_embeds=...)
+        hidden = args[0] if args else kwargs.get("hidden_states", kwargs.get("inputs_embeds"))
         return (hidden,) if self.as_tuple else hidden
 
     def extra_repr(self) -> str:
@@ -268,9 +270,11 @@ def build_pipeline(model: nn.Module, policy, config, layout, name: str, layers: 
     names_of: dict[int, list[str]] = {}
     for n, p in model.named_parameters(remove_duplicate=False):
         names_of.setdefault(id(p), []).append(n)
-    tied_ids = [
-        pid for pid, names in names_of.items() if {"first", "last"} <= {ends.get(n.rpartition(".")[0]) for n in names}
-    ]
+
+    def end_of(param_name: str) -> str | None:  # the end (first / last) whose module holds the parameter
+        return next((e for path, e in ends.items() if param_name.startswith(path + ".")), None)
+
+    tied_ids = [pid for pid, names in names_of.items() if {"first", "last"} <= {end_of(n) for n in names}]
     aliases = {n: [m for m in names if m != n] for names in names_of.values() if len(names) > 1 for n in names}
 
     # prune: the blocks and the ends of other ranks' stages

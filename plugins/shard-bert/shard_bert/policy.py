@@ -74,6 +74,104 @@ class BertPolicy(Policy):
             ),
         }
 
+    # -- pipeline parallelism (masked LM and sequence classification): the model's own forward, the
+    # hidden states entering later stages as inputs_embeds past a skipped embedding module ---------------
+
+    @property
+    def pipeline_block_returns_tuple(self) -> bool:
+        import transformers  # the model is a transformers model: it is imported already
+
+        return int(transformers.__version__.split(".")[0]) < 5  # 4.x layers return (hidden, ...)
+
+    def _head(self) -> str:
+        for head in ("cls", "lm_head"):  # BERT's / RoBERTa's masked-LM head
+            if isinstance(getattr(self.model, head, None), nn.Module) and hasattr(self.model, "get_output_embeddings"):
+                if type(self.model).__name__.endswith("ForMaskedLM"):
+                    return head
+        if type(self.model).__name__.endswith("ForSequenceClassification"):
+            return "classifier"
+        raise NotImplementedError(
+            f"pipeline stages are built for *ForMaskedLM and *ForSequenceClassification, not {type(self.model).__name__}"
+        )
+
+    def pipeline_ends(self):
+        head = self._head()
+        pre = next(n for n, m in self.model.named_modules() if m is self.base) + "."
+        ends = {f"{pre}embeddings": "first", head: "last"}
+        if getattr(self.base, "pooler", None) is not None:
+            ends[f"{pre}pooler"] = "last"
+        return ends
+
+    def pipeline_inputs(self, batch, training=True):
+        import torch
+
+        batch = dict(batch)
+        if not training:
+            batch = {k: v for k, v in batch.items() if not (k == "return_dict" or v is None)}
+        extra = sorted(set(batch) - {"input_ids", "attention_mask", "token_type_ids", "labels"})
+        if extra or "input_ids" not in batch or (training and "labels" not in batch):
+            raise ValueError(
+                f"pipeline stages of {type(self.model).__name__} take input_ids, labels (training), and optionally "
+                f"attention_mask, token_type_ids; got {sorted(batch)}"
+            )
+        ids = batch["input_ids"]
+        mask = batch.get("attention_mask")
+        types = batch.get("token_type_ids")
+        mask = torch.ones_like(ids) if mask is None else mask
+        return (ids, mask, torch.zeros_like(ids) if types is None else types), batch.get("labels")
+
+    def pipeline_stage_forward(self, inputs, *, first, last):
+        tokens, mask, types = inputs
+        entry = {"input_ids": tokens} if first else {"inputs_embeds": tokens}
+        if last:  # the last stage is never the first: a pipeline has two stages at least
+            return self.model(**entry, attention_mask=mask, token_type_ids=types).logits
+        return self.base(**entry, attention_mask=mask, token_type_ids=types).last_hidden_state, mask, types
+
+    def _problem(self, labels) -> str:
+        import torch
+
+        cfg = self.model.config
+        if self._head() != "classifier":
+            return "masked_lm"
+        if cfg.problem_type:
+            return cfg.problem_type
+        if cfg.num_labels == 1:
+            return "regression"
+        return (
+            "single_label_classification" if labels.dtype in (torch.long, torch.int) else "multi_label_classification"
+        )
+
+    def pipeline_num_items(self, labels):
+        problem = self._problem(labels)
+        if problem == "masked_lm":
+            return (labels != -100).sum()  # the masked tokens transformers' loss averages over
+        if problem == "multi_label_classification":
+            return labels.numel()
+        return labels.shape[0]
+
+    def pipeline_loss(self, output, labels, num_items):
+        import torch.nn.functional as F
+
+        problem = self._problem(labels)
+        if problem == "masked_lm":
+            loss = F.cross_entropy(output.reshape(-1, output.shape[-1]), labels.reshape(-1), reduction="sum")
+        elif problem == "single_label_classification":
+            loss = F.cross_entropy(
+                output.reshape(-1, self.model.config.num_labels), labels.reshape(-1), reduction="sum"
+            )
+        elif problem == "regression":
+            shaped = (output.squeeze(), labels.squeeze()) if self.model.config.num_labels == 1 else (output, labels)
+            loss = F.mse_loss(*shaped, reduction="sum")
+        else:
+            loss = F.binary_cross_entropy_with_logits(output, labels, reduction="sum")
+        return loss / num_items
+
+    def pipeline_output(self, output, loss):
+        from transformers.modeling_outputs import MaskedLMOutput, SequenceClassifierOutput
+
+        cls = MaskedLMOutput if self._head() != "classifier" else SequenceClassifierOutput
+        return cls(loss=loss, logits=output)
+
 
 class BertModelPolicy(BertPolicy):
     """``BertModel``/``RobertaModel`` and the heads that keep a small replicated classifier."""
