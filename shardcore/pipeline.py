@@ -89,14 +89,16 @@ def split_layers(num_blocks: int, num_stages: int) -> list[int]:
 class PipelineHole(nn.Module):
     """What stands in a stage for a module another stage holds: no parameters; its forward hands
     its first input (the hidden states) through, as a tuple when the module it replaces returned
-    one (``as_tuple``). Simple attributes of the replaced module (``attention_type``, ...) are kept,
+    one (``as_tuple``), or, with ``zero``, a zero to add (a skipped position embedding). Simple attributes of the replaced module (``attention_type``, ...) are kept,
     so the model's forward reads them as before."""
 
-    def __init__(self, replaced: nn.Module | None = None, *, as_tuple: bool = False, where: str = "") -> None:
+    def __init__(
+        self, replaced: nn.Module | None = None, *, as_tuple: bool = False, where: str = "", zero: bool = False
+    ) -> None:
         super().__init__()
-        self.as_tuple, self.where = as_tuple, where
+        self.as_tuple, self.where, self.zero = as_tuple, where, zero
         for key, value in (vars(replaced) if replaced is not None else {}).items():
-            if not key.startswith("_") and key not in ("training", "as_tuple", "where"):
+            if not key.startswith("_") and key not in ("training", "as_tuple", "where", "zero"):
                 if isinstance(value, str | int | float | bool | type(None)):
                     setattr(self, key, value)
 
@@ -104,6 +106,8 @@ class PipelineHole(nn.Module):
         # the hidden states: the first positional argument, or by keyword (an embedding module
         # skipped on a later stage is called with inputs_embeds=...)
         hidden = args[0] if args else kwargs.get("hidden_states", kwargs.get("inputs_embeds"))
+        if self.zero:  # a term added to the hidden states (a position embedding): nothing to add
+            hidden = torch.zeros(())
         return (hidden,) if self.as_tuple else hidden
 
     def extra_repr(self) -> str:
@@ -240,12 +244,18 @@ class _Stage(nn.Module):
         self.model._shardcore_in_stage = True
         try:
             out = self._policy.pipeline_stage_forward(tuple(inputs), first=self._first, last=self._last)
-            # sent to the next stage as they lie in memory: contiguous (an expanded position index is not)
-            return tuple(t.contiguous() for t in out) if isinstance(out, tuple) else out.contiguous()
+            return tuple(map(_own, out)) if isinstance(out, tuple) else _own(out)
         finally:
             self.model._shardcore_in_stage = False
             for name, block, _ in self._others:
                 _set(self.model, name, block)
+
+
+def _own(t: torch.Tensor) -> torch.Tensor:
+    """A stage output as the schedule needs it: contiguous (it is sent as it lies in memory; an
+    expanded position index is not) and not a view (the zero-bubble schedules detach outputs in
+    place; GPT-2's hidden states are a view of its final norm's output)."""
+    return t.clone(memory_format=torch.contiguous_format) if t._base is not None or not t.is_contiguous() else t
 
 
 def _set(root: nn.Module, dotted: str, value: nn.Module) -> None:
@@ -286,7 +296,7 @@ def build_pipeline(model: nn.Module, policy, config, layout, name: str, layers: 
     for b, (block_name, _) in enumerate(blocks):
         if b not in held:
             _set(model, block_name, holes[b])
-    end_holes = {path: PipelineHole(where=path) for path in ends}
+    end_holes = {path: PipelineHole(where=path, zero=path in policy.pipeline_zero_ends()) for path in ends}
     for path, end in ends.items():
         if not (first if end == "first" else last):
             _set(model, path, end_holes[path])

@@ -150,6 +150,11 @@ class Policy:
         stage runs (the embedding) or only the last (final norm, head); other stages hold holes."""
         raise NotImplementedError(f"{type(self).__name__} does not implement pipeline_ends()")
 
+    def pipeline_zero_ends(self) -> set[str]:
+        """Paths of :meth:`pipeline_ends` whose output the model *adds* to the hidden states (a
+        position embedding): their holes return zero instead of handing the input through."""
+        return set()
+
     def pipeline_inputs(self, batch: dict, training: bool = True) -> tuple[tuple, Any]:
         """``(positional inputs of the first stage, labels or None)`` from a batch as the model
         takes it (keyword arguments); every tensor with the batch as its first dimension (they are
