@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
+from bench_common import rss_kb, slowest
 from bench_llama_tp import CONFIG, build
 
 LAYOUTS = {
@@ -45,19 +46,6 @@ LAYOUTS = {
     "FSDP=4": {"tensor_parallel_size": 1, "data_parallel_size": 4, "data_parallel": "fsdp"},
     "unsharded": None,
 }
-
-
-def _rss_kb(field: str) -> int:
-    for line in pathlib.Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise RuntimeError(field)
-
-
-def _slowest(seconds: float) -> float:
-    t = torch.tensor([seconds])
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t.item()
 
 
 def worker(args, checkpoint: str, name: str) -> dict:
@@ -81,7 +69,7 @@ def worker(args, checkpoint: str, name: str) -> dict:
     ):
         importlib.import_module(lazy)
 
-    before = _rss_kb("VmRSS")  # torch, transformers' Llama and shardcore imported, the process group up
+    before = rss_kb("VmRSS")  # torch, transformers' Llama and shardcore imported, the process group up
     with shardcore.init_empty():
         model = build()
     if layout is not None:
@@ -105,13 +93,13 @@ def worker(args, checkpoint: str, name: str) -> dict:
         if step == 0:
             first = loss.detach().clone()
     dist.all_reduce(first)  # each TP group repeats its data-parallel rank's loss: the mean over all ranks
-    peak = _rss_kb("VmHWM")
+    peak = rss_kb("VmHWM")
     return {
         "layout": name,
         "rank": dist.get_rank(),
         "dp": dp,
         "loss": first.item() / dist.get_world_size(),
-        "step_s": _slowest(statistics.median(times)),
+        "step_s": slowest(statistics.median(times)),
         "peak_rss_mb": peak / 1024,
         "rss_increase_mb": (peak - before) / 1024,
         "state_mb": state_bytes(model, opt) / 2**20,

@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
+from bench_common import slowest
 from bench_llama_tp import CONFIG as LLAMA
 
 BERT = {
@@ -70,12 +71,6 @@ CONTESTANTS = {
 }
 
 
-def _slowest(seconds: float) -> float:
-    t = torch.tensor([seconds])
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)  # a TP step ends when its slowest rank does
-    return t.item()
-
-
 def time_steps(model, batch, warmup: int, steps: int, backward: bool = True) -> float:
     times = []
     for i in range(warmup + steps):
@@ -87,7 +82,7 @@ def time_steps(model, batch, warmup: int, steps: int, backward: bool = True) -> 
             loss.backward()
         if i >= warmup:
             times.append(time.perf_counter() - start)
-    return _slowest(statistics.median(times))
+    return slowest(statistics.median(times))
 
 
 def peak_forward_bytes(model, batch) -> int:

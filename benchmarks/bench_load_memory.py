@@ -27,10 +27,14 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
+import sys
 import time
 
 import torch
 import torch.distributed as dist
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+from bench_common import rss_kb
 
 CONFIG = {
     "hidden_size": 1024,
@@ -43,13 +47,6 @@ CONFIG = {
 }
 
 
-def _rss_kb(field: str) -> int:
-    for line in pathlib.Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise RuntimeError(field)
-
-
 def _measure(fn) -> tuple[float, float, float, float]:
     """(peak RSS increase in MB during ``fn()``, seconds, RSS increase in MB after use, MB replicated).
 
@@ -60,16 +57,16 @@ def _measure(fn) -> tuple[float, float, float, float]:
 
     gc.collect()
     pathlib.Path("/proc/self/clear_refs").write_text("5")  # reset the peak (VmHWM) to the current RSS
-    before = _rss_kb("VmRSS")
+    before = rss_kb("VmRSS")
     start = time.perf_counter()
     model = fn()
     seconds = time.perf_counter() - start
-    peak = _rss_kb("VmHWM")
+    peak = rss_kb("VmHWM")
     with torch.no_grad():
         model(input_ids=torch.ones(1, 8, dtype=torch.long))
         for param in model.parameters():  # touch every weight, not only those an 8-token forward reads
             (param.to_local() if hasattr(param, "to_local") else param).sum()
-    after_use = _rss_kb("VmRSS")
+    after_use = rss_kb("VmRSS")
     replicated = _replicated_mb(model)
     del model
     return (peak - before) / 1024, seconds, (after_use - before) / 1024, replicated

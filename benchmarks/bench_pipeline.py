@@ -35,20 +35,8 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
+from bench_common import rss_kb, slowest
 from bench_llama_tp import CONFIG, build
-
-
-def _rss_kb(field: str) -> int:
-    for line in pathlib.Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise RuntimeError(field)
-
-
-def _slowest(seconds: float) -> float:
-    t = torch.tensor([seconds])
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t.item()
 
 
 def _instrument(model, events: list, clock: list) -> None:
@@ -101,7 +89,7 @@ def worker(args, checkpoint: str) -> list[dict]:
         gc.collect()
         dist.barrier()
         pathlib.Path("/proc/self/clear_refs").write_text("5")
-        before = _rss_kb("VmRSS")
+        before = rss_kb("VmRSS")
         active = layout is not None or rank == 0
         times, first, held, events = [], 0.0, 0, []
         if active:
@@ -130,7 +118,7 @@ def worker(args, checkpoint: str) -> list[dict]:
                     first = loss.item()
             del model, opt
         step_s = (
-            _slowest(statistics.median(times)) if layout is not None else (statistics.median(times) if times else 0.0)
+            slowest(statistics.median(times)) if layout is not None else (statistics.median(times) if times else 0.0)
         )
         row = {
             "name": name,
@@ -138,8 +126,8 @@ def worker(args, checkpoint: str) -> list[dict]:
             "micro": micro,
             "loss": first,
             "step_s": step_s,
-            "peak_rss_mb": _rss_kb("VmHWM") / 1024,
-            "rss_increase_mb": (_rss_kb("VmHWM") - before) / 1024,
+            "peak_rss_mb": rss_kb("VmHWM") / 1024,
+            "rss_increase_mb": (rss_kb("VmHWM") - before) / 1024,
             "param_mb": held / 2**20,
             "events": list(events),
         }
