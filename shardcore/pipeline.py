@@ -172,7 +172,13 @@ def check_pipeline(model: nn.Module, policy, config, layout) -> tuple[str, list[
         )
     if name in ("ZBVZeroBubble", "DualPipeV") and per_rank != 2:
         raise ValueError(f"ShardConfig(pipeline_schedule={name!r}) runs exactly 2 stages per rank (a V shape)")
+    from .policy import Policy
+
+    hooks = ("pipeline_ends", "pipeline_inputs", "pipeline_stage_forward", "pipeline_num_items", "pipeline_loss")
+    missing = [h for h in (*hooks, "pipeline_output") if getattr(type(policy), h) is getattr(Policy, h)]
     try:
+        if missing:  # found now, not at the first step, where one rank's error would leave the others waiting
+            raise NotImplementedError(f"{type(policy).__name__} does not implement {', '.join(missing)}")
         policy.pipeline_ends()
     except NotImplementedError as err:
         raise NotImplementedError(

@@ -264,3 +264,15 @@ def test_inference_only_runs_forward_and_refuses_training():
     for out in run_on_ranks(2, _inference_only):
         assert out["logits"] <= 1e-5, out
         assert "ShardConfig(inference_only=True): its parameters are frozen" in out.get("step", ""), out
+
+
+def _other_head() -> str:
+    return refusal_message(
+        lambda: build("LlamaForSequenceClassification", **CFG), ShardConfig(pipeline_parallel_size=2)
+    )
+
+
+def test_a_head_without_pipeline_stages_is_refused_at_optimize():
+    for message in run_on_ranks(2, _other_head):
+        assert "LlamaForSequenceClassificationPolicy does not support pipeline parallelism" in message, message
+        assert "does not implement pipeline_stage_forward" in message, message
