@@ -146,6 +146,27 @@ def _check_grads(pairs, *, where: str, scale: float, rtol: float, floor: float, 
     return worst
 
 
+def _step_tolerance(name: str, atol_step: float, zero_grads: tuple[str, ...]) -> float:
+    # a gradient that is fp32 noise turns into AdamW steps of up to lr * noise / eps each,
+    # different noise in the two runs: 10x the tolerance for parameters declared zero
+    return atol_step * (10 if _declared_zero(name, zero_grads) else 1)
+
+
+def _check_gathered_params(model: nn.Module, expected: Mapping, steps: int, atol_step: float, zero_grads=()) -> float:
+    """Every parameter of ``model``, gathered (:func:`shardcore.full_named_tensors`), against
+    ``expected[name]`` after ``steps`` optimizer steps; returns the largest difference."""
+    import shardcore
+
+    worst = 0.0
+    for name, full in shardcore.full_named_tensors(model):
+        tol = _step_tolerance(name, atol_step, zero_grads)
+        diff = (full - expected[name].detach()).abs().max().item()
+        if not diff <= tol:
+            raise AssertionError(f"parameter {name} after {steps} AdamW steps: max abs diff {diff:.3g} > {tol:g}")
+        worst = max(worst, diff)
+    return worst
+
+
 def assert_sharded_matches(
     build: Callable[[], nn.Module],
     inputs: Mapping[str, Any],
@@ -266,26 +287,14 @@ def assert_sharded_matches(
                     _loss(m(**inputs), loss_fn).backward()
             opt_ref.step()
             opt.step()
-        worst = 0.0
-
-        def step_tolerance(name: str) -> float:
-            # a gradient that is fp32 noise turns into AdamW steps of up to lr * noise / eps each,
-            # different noise in the two runs: 10x the tolerance for parameters declared zero
-            return atol_step * (10 if _declared_zero(name, zero_grads) else 1)
-
-        for name, full in shardcore.full_named_tensors(model):
-            diff = (full - ref_params[name].detach()).abs().max().item()
-            if not diff <= step_tolerance(name):
-                raise AssertionError(
-                    f"parameter {name} after {steps} AdamW steps: max abs diff {diff:.3g} > {step_tolerance(name):g}"
-                )
-            worst = max(worst, diff)
+        worst = _check_gathered_params(model, ref_params, steps, atol_step, zero_grads)
         expected = local_expected(model, {n: p.detach() for n, p in ref_params.items()})
         for name, param in model.named_parameters():
+            tol = _step_tolerance(name, atol_step, zero_grads)
             diff = (param.detach() - expected[name]).abs().max().item() if param.numel() else 0.0
-            if not diff <= step_tolerance(name):
+            if not diff <= tol:
                 raise AssertionError(
-                    f"parameter {name} after {steps} AdamW steps, this rank's slice: max abs diff {diff:.3g} > {step_tolerance(name):g}"
+                    f"parameter {name} after {steps} AdamW steps, this rank's slice: max abs diff {diff:.3g} > {tol:g}"
                 )
             worst = max(worst, diff)
         report["max_abs_diff_after_steps"] = worst

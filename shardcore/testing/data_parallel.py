@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .conformance import _check_grads, _declared_zero, _loss
+from .conformance import _check_gathered_params, _check_grads, _loss
 
 __all__ = ["assert_data_parallel_matches", "dp_part", "state_bytes"]
 
@@ -126,14 +126,7 @@ def assert_data_parallel_matches(
         opt.step()
 
     if steps:
-        worst = 0.0
-        for name, full in shardcore.full_named_tensors(model):
-            tol = atol_step * (10 if _declared_zero(name, zero_grads) else 1)
-            diff = (full - ref_params[name].detach()).abs().max().item()
-            if not diff <= tol:
-                raise AssertionError(f"parameter {name} after {steps} AdamW steps: max abs diff {diff:.3g} > {tol:g}")
-            worst = max(worst, diff)
-        report["max_abs_diff_after_steps"] = worst
+        report["max_abs_diff_after_steps"] = _check_gathered_params(model, ref_params, steps, atol_step, zero_grads)
     if steps and info.data_parallel == "ddp":  # each replica holds its own copy: they must stay equal
         for name, param in model.named_parameters():
             local = param.detach()
