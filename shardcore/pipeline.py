@@ -101,6 +101,18 @@ class PipelineHole(nn.Module):
             if not key.startswith("_") and key not in ("training", "as_tuple", "where", "zero"):
                 if isinstance(value, str | int | float | bool | type(None)):
                     setattr(self, key, value)
+        # what the model's forward may still read of the replaced module (ViT reads the patch
+        # projection's dtype before its embedding runs): its submodules and tensors on meta, no memory
+        self.__dict__["_stand_in"] = _stand_in(replaced) if replaced is not None else None
+
+    def __getattr__(self, name: str):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            stand_in = self.__dict__.get("_stand_in")
+            if stand_in is None or not hasattr(stand_in, name):
+                raise
+            return getattr(stand_in, name)
 
     def forward(self, *args, **kwargs):
         # the hidden states: the first positional argument, or by keyword (an embedding module
@@ -112,6 +124,24 @@ class PipelineHole(nn.Module):
 
     def extra_repr(self) -> str:
         return f"held by another pipeline stage: {self.where}"
+
+
+def _stand_in(module: nn.Module):
+    """``module``'s attribute tree with its parameters and buffers as meta tensors (shape and dtype
+    only), its submodules likewise, its simple attributes as they are."""
+    import types
+
+    out = types.SimpleNamespace()
+    for key, value in vars(module).items():
+        if not key.startswith("_") and isinstance(value, str | int | float | bool | tuple | type(None)):
+            setattr(out, key, value)
+    for key, t in (*module._parameters.items(), *module._buffers.items()):
+        if t is not None:
+            setattr(out, key, torch.empty_like(t, device="meta"))
+    for key, child in module._modules.items():
+        if child is not None:
+            setattr(out, key, _stand_in(child))
+    return out
 
 
 @attrs.define
@@ -237,9 +267,12 @@ class _Stage(nn.Module):
     of them; while one stage runs, the blocks of its other stages are swapped for holes
     (``others``), so each stage runs its own."""
 
-    def __init__(self, model: nn.Module, policy, first: bool, last: bool, own: list, others: list) -> None:
+    def __init__(
+        self, model: nn.Module, policy, first: bool, last: bool, own: list, own_params: list, others: list
+    ) -> None:
         super().__init__()
         self.own = nn.ModuleList(own)
+        self.own_params = nn.ParameterList(own_params)
         object.__setattr__(self, "model", model)  # not a submodule: other stages' parameters are not ours
         self._policy, self._first, self._last = policy, first, last
         self._others = others  # (path, module, hole) of what this rank holds for its other stages
@@ -250,7 +283,10 @@ class _Stage(nn.Module):
         self.model._shardcore_in_stage = True
         try:
             out = self._policy.pipeline_stage_forward(tuple(inputs), first=self._first, last=self._last)
-            return tuple(map(_own, out)) if isinstance(out, tuple) else _own(out)
+            # an input handed on unchanged (the encoder's states through decoder stages) is a new tensor:
+            # its gradient from the next stage then flows back through this stage's autograd graph
+            fresh = lambda t: t.clone() if any(t is i for i in inputs) else _own(t)  # noqa: E731
+            return tuple(map(fresh, out)) if isinstance(out, tuple) else fresh(out)
         finally:
             self.model._shardcore_in_stage = False
             for name, block, _ in self._others:
@@ -279,22 +315,57 @@ def build_pipeline(model: nn.Module, policy, config, layout, name: str, layers: 
     starts = [sum(layers[:s]) for s in range(num_stages)]
     stage_blocks = {s: set(range(starts[s], starts[s] + layers[s])) for s in indices}
     held = set().union(*stage_blocks.values())
-    first, last = 0 in indices, num_stages - 1 in indices
+    blocks = policy.blocks()
+    stage_of_block = {b: t for t in range(num_stages) for b in range(starts[t], starts[t] + layers[t])}
 
-    # tied parameters between a first-only and a last-only module (input and output embeddings)
+    # the ends: modules (or parameters) outside the blocks that one stage runs
     ends = policy.pipeline_ends()
+    end_stage: dict[str, int] = {}
+    param_ends: set[str] = set()
+    for path, where in ends.items():
+        index = {"first": 0, "last": -1}.get(where, where) if isinstance(where, str) else where
+        if not isinstance(index, int) or not -len(blocks) <= index < len(blocks):
+            raise ValueError(
+                f"{type(policy).__name__}.pipeline_ends(): {path!r}: {where!r} is not 'first', 'last' or a block index"
+            )
+        end_stage[path] = stage_of_block[index % len(blocks)]
+        try:
+            model.get_submodule(path)
+        except AttributeError:
+            try:
+                model.get_parameter(path)
+            except AttributeError:
+                raise ValueError(
+                    f"{type(policy).__name__}.pipeline_ends(): {path!r} is neither a module nor a parameter of "
+                    f"{type(model).__name__}"
+                ) from None
+            param_ends.add(path)
+
+    # parameters the unsharded model holds under several names (tied embeddings), and the stages
+    # holding each name: their gradients are summed over the ranks of those stages
     names_of: dict[int, list[str]] = {}
     for n, p in model.named_parameters(remove_duplicate=False):
         names_of.setdefault(id(p), []).append(n)
 
-    def end_of(param_name: str) -> str | None:  # the end (first / last) whose module holds the parameter
-        return next((e for path, e in ends.items() if param_name.startswith(path + ".")), None)
+    def stage_of(param_name: str) -> int | None:
+        for path, stage in end_stage.items():
+            if param_name == path or param_name.startswith(path + "."):
+                return stage
+        for b, (block_name, _) in enumerate(blocks):
+            if param_name.startswith(block_name + "."):
+                return stage_of_block[b]
+        return None  # outside blocks and ends: every stage has it
 
-    tied_ids = [pid for pid, names in names_of.items() if {"first", "last"} <= {end_of(n) for n in names}]
+    owners_of = {}
+    for pid, names in names_of.items():
+        stages = {stage_of(n) for n in names}
+        if len(names) > 1 and None not in stages:
+            owners = tuple(sorted({_stage_owner(t, pp, per_rank, name) for t in stages}))
+            if len(owners) > 1:
+                owners_of[pid] = owners
     aliases = {n: [m for m in names if m != n] for names in names_of.values() if len(names) > 1 for n in names}
 
     # prune: the blocks and the ends of other ranks' stages
-    blocks = policy.blocks()
     as_tuple = bool(getattr(policy, "pipeline_block_returns_tuple", False))
     holes = {
         b: PipelineHole(block, as_tuple=as_tuple, where=block_name) for b, (block_name, block) in enumerate(blocks)
@@ -302,29 +373,40 @@ def build_pipeline(model: nn.Module, policy, config, layout, name: str, layers: 
     for b, (block_name, _) in enumerate(blocks):
         if b not in held:
             _set(model, block_name, holes[b])
-    end_holes = {path: PipelineHole(where=path, zero=path in policy.pipeline_zero_ends()) for path in ends}
-    for path, end in ends.items():
-        if not (first if end == "first" else last):
+    zero_ends = policy.pipeline_zero_ends()
+    end_holes = {
+        path: PipelineHole(model.get_submodule(path), where=path, zero=path in zero_ends)
+        for path in ends
+        if path not in param_ends
+    }
+    for path in ends:
+        if end_stage[path] in indices:
+            continue
+        if path in param_ends:  # gone from this rank; what reads its shape or dtype still can
+            parent, _, leaf = path.rpartition(".")
+            owner = model.get_submodule(parent) if parent else model
+            stand_in = torch.empty_like(owner._parameters.pop(leaf), device="meta")
+            object.__setattr__(owner, leaf, stand_in)
+        else:
             _set(model, path, end_holes[path])
 
-    # the first and last stages' ranks of each (dp, sp, tp) coordinate sum the tied gradients
+    # the ranks holding a tied parameter's stages sum its gradients, one group per (dp, sp, tp) coordinate
     tied: list = []
-    first_owner = _stage_owner(0, pp, per_rank, name)
-    last_owner = _stage_owner(num_stages - 1, pp, per_rank, name)
-    if tied_ids and first_owner != last_owner:
+    if owners_of:
         coords = [layout.coordinates(r) for r in range(dist.get_world_size())]
-        mine = None
-        for key in sorted({(c["dp"], c["sp"], c["tp"]) for c in coords}):
-            ranks = [
-                r
-                for r, c in enumerate(coords)
-                if (c["dp"], c["sp"], c["tp"]) == key and c["pp"] in (first_owner, last_owner)
-            ]
-            g = dist.new_group(sorted(ranks))  # collective over the world: every rank creates every group
-            if dist.get_rank() in ranks:
-                mine = g
+        keys = sorted({(c["dp"], c["sp"], c["tp"]) for c in coords})
+        groups = {}
+        for owners in sorted(set(owners_of.values())):
+            for key in keys:
+                ranks = sorted(
+                    r for r, c in enumerate(coords) if (c["dp"], c["sp"], c["tp"]) == key and c["pp"] in owners
+                )
+                g = dist.new_group(ranks)  # collective over the world: every rank creates every group
+                if dist.get_rank() in ranks:
+                    groups[owners] = g
         live = {id(p): p for p in model.parameters()}
-        tied = [(live[pid], mine) for pid in tied_ids if pid in live]
+        tied = [(live[pid], groups[owners]) for pid, owners in owners_of.items() if pid in live]
+    last_owner = _stage_owner(num_stages - 1, pp, per_rank, name)
 
     info = PipelineInfo(
         schedule_name=name,
@@ -346,14 +428,16 @@ def build_pipeline(model: nn.Module, policy, config, layout, name: str, layers: 
         for s in indices:
             others = [(blocks[b][0], blocks[b][1], holes[b]) for t in indices if t != s for b in stage_blocks[t]]
             own = [blocks[b][1] for b in sorted(stage_blocks[s])]
-            for path, end in ends.items():
-                mine = (end == "first" and s == 0) or (end == "last" and s == num_stages - 1)
-                held_here = first if end == "first" else last
-                if mine:
+            own_params = []
+            for path, stage in end_stage.items():
+                if path in param_ends:
+                    if stage == s:
+                        own_params.append(model.get_parameter(path))
+                elif stage == s:
                     own.append(model.get_submodule(path))
-                elif held_here:  # this rank runs that end in another of its stages: a hole while this one runs
+                elif stage in indices:  # this rank runs that end in another of its stages: a hole while this one runs
                     others.append((path, model.get_submodule(path), end_holes[path]))
-            stage = _Stage(model, policy, s == 0, s == num_stages - 1, own, others)
+            stage = _Stage(model, policy, s == 0, s == num_stages - 1, own, own_params, others)
             info.stages.append(PipelineStage(stage, s, num_stages, device, group=group))
 
         def loss_fn(output, target):

@@ -145,9 +145,12 @@ class Policy:
     #: transformers) rather than the hidden states: what its pipeline hole returns.
     pipeline_block_returns_tuple: bool = False
 
-    def pipeline_ends(self) -> dict[str, str]:
-        """``{module path: "first" | "last"}``: the modules outside :meth:`blocks` only the first
-        stage runs (the embedding) or only the last (final norm, head); other stages hold holes."""
+    def pipeline_ends(self) -> dict[str, str | int]:
+        """``{path: "first" | "last" | block index}``: the modules outside :meth:`blocks` only one
+        stage runs: the first (the embedding), the last (final norm, head), or the stage holding
+        block ``i`` (an encoder-decoder's decoder embedding goes with its first decoder block).
+        Other stages hold holes in their place. A path may name a parameter of a module that
+        stays (timm's root ``cls_token``): the stages that do not hold it do not have it."""
         raise NotImplementedError(f"{type(self).__name__} does not implement pipeline_ends()")
 
     def pipeline_zero_ends(self) -> set[str]:
