@@ -24,6 +24,7 @@ from torch import nn
 
 from shardcore import ModulePolicyDescription, Policy
 from shardcore.builders import attention, mlp, vocab_embedding, vocab_head
+from shardcore.losses import classification_items, classification_loss, token_items, token_loss
 
 __all__ = ["BertModelPolicy", "BertPolicy", "BertWithLMHeadPolicy"]
 
@@ -127,44 +128,15 @@ class BertPolicy(Policy):
             return self.model(**entry, attention_mask=mask, token_type_ids=types).logits
         return self.base(**entry, attention_mask=mask, token_type_ids=types).last_hidden_state, mask, types
 
-    def _problem(self, labels) -> str:
-        import torch
-
-        cfg = self.model.config
-        if self._head() != "classifier":
-            return "masked_lm"
-        if cfg.problem_type:
-            return cfg.problem_type
-        if cfg.num_labels == 1:
-            return "regression"
-        return (
-            "single_label_classification" if labels.dtype in (torch.long, torch.int) else "multi_label_classification"
-        )
-
     def pipeline_num_items(self, labels):
-        problem = self._problem(labels)
-        if problem == "masked_lm":
-            return (labels != -100).sum()  # the masked tokens transformers' loss averages over
-        if problem == "multi_label_classification":
-            return labels.numel()
-        return labels.shape[0]
+        if self._head() != "classifier":
+            return token_items(labels)  # the masked tokens transformers' loss averages over
+        return classification_items(self.model.config, labels)
 
     def pipeline_loss(self, output, labels, num_items):
-        import torch.nn.functional as F
-
-        problem = self._problem(labels)
-        if problem == "masked_lm":
-            loss = F.cross_entropy(output.reshape(-1, output.shape[-1]), labels.reshape(-1), reduction="sum")
-        elif problem == "single_label_classification":
-            loss = F.cross_entropy(
-                output.reshape(-1, self.model.config.num_labels), labels.reshape(-1), reduction="sum"
-            )
-        elif problem == "regression":
-            shaped = (output.squeeze(), labels.squeeze()) if self.model.config.num_labels == 1 else (output, labels)
-            loss = F.mse_loss(*shaped, reduction="sum")
-        else:
-            loss = F.binary_cross_entropy_with_logits(output, labels, reduction="sum")
-        return loss / num_items
+        if self._head() != "classifier":
+            return token_loss(output, labels, num_items)
+        return classification_loss(self.model.config, output, labels, num_items)
 
     def pipeline_output(self, output, loss):
         from transformers.modeling_outputs import MaskedLMOutput, SequenceClassifierOutput

@@ -8,6 +8,11 @@ for the three), ``attention.o_proj`` row parallel; ``mlp.fc1`` column, ``mlp.fc2
 Patch embedding, class/distillation tokens, position embeddings, norms, pooler and heads stay
 replicated. Attention dropout draws from a per-rank random stream. Structural: imports nothing
 from transformers.
+
+Pipeline stages (``*ForImageClassification``): the embeddings on the first stage, the final
+LayerNorm and the classifier on the last; later stages take the hidden states where the model
+takes ``pixel_values`` (the embeddings' hole hands them through), so every stage runs the model's
+own forward.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from torch import nn
 
 from shardcore import ModulePolicyDescription, Policy
 from shardcore.builders import attention, mlp
+from shardcore.losses import classification_items, classification_loss
 
 __all__ = ["HFViTPolicy"]
 
@@ -111,3 +117,52 @@ class HFViTPolicy(Policy):
                 per_rank_rng=["attention"],
             )
         }
+
+    # -- pipeline parallelism (image classification) -------------------------------------------
+
+    @property
+    def pipeline_block_returns_tuple(self) -> bool:
+        return _is_v4_layer(self.blocks()[0][1])  # transformers 4.x layers return (hidden, ...)
+
+    def _base_path(self) -> str:
+        name = type(self.model).__name__
+        if not name.endswith("ForImageClassification"):
+            raise NotImplementedError(f"pipeline stages are built for *ForImageClassification, not {name}")
+        return next(n for n, m in self.model.named_modules() if m is self.model.base_model)
+
+    def pipeline_ends(self):
+        pre = self._base_path() + "."
+        ends = {f"{pre}embeddings": "first", f"{pre}layernorm": "last", "classifier": "last"}
+        if getattr(self.model.base_model, "pooler", None) is not None:
+            ends[f"{pre}pooler"] = "last"
+        return ends
+
+    def pipeline_inputs(self, batch, training=True):
+        batch = {k: v for k, v in batch.items() if v is not None and (training or k != "return_dict")}
+        if (
+            set(batch) - {"pixel_values", "labels"}
+            or "pixel_values" not in batch
+            or (training and "labels" not in batch)
+        ):
+            raise ValueError(
+                f"pipeline stages of {type(self.model).__name__} take pixel_values and labels (training); "
+                f"got {sorted(batch)}"
+            )
+        return (batch["pixel_values"],), batch.get("labels")
+
+    def pipeline_stage_forward(self, inputs, *, first, last):
+        (x,) = inputs  # pixel values on the first stage, hidden states after it
+        if last:
+            return self.model(pixel_values=x).logits
+        return self.model.base_model(pixel_values=x).last_hidden_state
+
+    def pipeline_num_items(self, labels):
+        return classification_items(self.model.config, labels)
+
+    def pipeline_loss(self, output, labels, num_items):
+        return classification_loss(self.model.config, output, labels, num_items)
+
+    def pipeline_output(self, output, loss):
+        from transformers.modeling_outputs import ImageClassifierOutput
+
+        return ImageClassifierOutput(loss=loss, logits=output)
