@@ -7,6 +7,12 @@ tokens, position embeddings, norms, pooling ('token', 'avg', ...) and the head s
 Attention dropout and the MLP's inner dropout draw from a per-rank random stream, the projection
 dropout after ``attn.proj`` (on replicated activations) from the shared one. Structural:
 imports nothing from timm.
+
+Pipeline stages: the patch embedding, class / register tokens and position embedding on the
+first stage (which runs ``forward_features``, later blocks and the final norm as holes), the
+final norm, pooling and head on the last (``forward_head``). timm models take no labels:
+``pipeline_step(model, {"x": images, "labels": classes})`` trains on the cross-entropy averaged
+over the batch, as timm's ``train.py`` does without label smoothing or mixup.
 """
 
 from __future__ import annotations
@@ -93,3 +99,42 @@ class TimmViTPolicy(Policy):
                 shared_rng=["attn.proj_drop"],  # ... but proj_drop acts on the replicated output
             )
         }
+
+    # -- pipeline parallelism (classification) ---------------------------------------------------
+
+    def pipeline_ends(self):
+        model = self.model
+        first = [
+            n for n in ("patch_embed", "pos_drop", "patch_drop", "norm_pre") if getattr(model, n, None) is not None
+        ]
+        first += [n for n in ("cls_token", "reg_token", "pos_embed") if getattr(model, n, None) is not None]
+        last = [n for n in ("norm", "fc_norm", "attn_pool", "head_drop", "head") if getattr(model, n, None) is not None]
+        return {**dict.fromkeys(first, "first"), **dict.fromkeys(last, "last")}
+
+    def pipeline_inputs(self, batch, training=True):
+        batch = {k: v for k, v in batch.items() if v is not None}
+        if set(batch) - {"x", "labels"} or "x" not in batch or (training and "labels" not in batch):
+            raise ValueError(
+                f"pipeline stages of timm {type(self.model).__name__} take x (images) and labels (class indices, "
+                f"training); got {sorted(batch)}"
+            )
+        return (batch["x"],), batch.get("labels")
+
+    def pipeline_stage_forward(self, inputs, *, first, last):
+        (x,) = inputs  # images on the first stage, tokens after it
+        model = self.model
+        if first:  # later blocks and the final norm are holes here
+            return model.forward_features(x)
+        x = model.blocks(x)  # this stage's blocks; the others are holes
+        return model.forward_head(model.norm(x)) if last else x
+
+    def pipeline_num_items(self, labels):
+        return labels.shape[0]
+
+    def pipeline_loss(self, output, labels, num_items):
+        import torch.nn.functional as F
+
+        return F.cross_entropy(output, labels, reduction="sum") / num_items
+
+    def pipeline_output(self, output, loss):
+        return output  # timm returns the logits
