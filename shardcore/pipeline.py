@@ -486,6 +486,11 @@ def _route_forward(model: nn.Module, policy, info: PipelineInfo) -> None:
         def generate_through_pipeline(*args, **kwargs):
             from .consistency import sync_random_state
 
+            if policy.pipeline_generate_unsupported:
+                raise NotImplementedError(
+                    f"{type(model).__name__} in pipeline stages: {policy.pipeline_generate_unsupported}; "
+                    "generate with a model sharded without pipeline_parallel_size"
+                )
             if kwargs.get("use_cache"):
                 raise ValueError(
                     "generate(use_cache=True) through pipeline stages: the KV cache is not split over stages "

@@ -145,6 +145,9 @@ class Policy:
     #: transformers) rather than the hidden states: what its pipeline hole returns.
     pipeline_block_returns_tuple: bool = False
 
+    #: Why ``generate()`` cannot run through this model's pipeline stages (``None``: it can).
+    pipeline_generate_unsupported: str | None = None
+
     def pipeline_ends(self) -> dict[str, str | int]:
         """``{path: "first" | "last" | block index}``: the modules outside :meth:`blocks` only one
         stage runs: the first (the embedding), the last (final norm, head), or the stage holding

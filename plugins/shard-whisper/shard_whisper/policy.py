@@ -13,6 +13,17 @@
   replicated. Attention dropout draws from a per-rank random stream.
 
 Structural: the layer classes are found on the model instance, nothing imports transformers.
+
+Pipeline stages (``WhisperForConditionalGeneration``): encoder and decoder layers are one list of
+blocks cut into stages. The convolutional front end goes with the first encoder layer, the
+encoder's final norm with its last layer, the decoder's positions with its first layer, its
+final norm and ``proj_out`` with the last (the token embedding, tied to ``proj_out``, is looked
+up on the first stage). Stages send ``(encoder states, decoder embeddings)`` until the decoder
+starts, then ``(encoder output, decoder states)``: the encoder output reaches every
+decoder stage (cross-attention) and its gradient flows back through them. Every stage runs the
+model's own modules: the encoder on a later stage takes its hidden states in at its first held
+layer (a forward pre-hook; the front end before it is a hole), the decoder on a later stage
+takes them as ``decoder_inputs_embeds``.
 """
 
 from __future__ import annotations
@@ -21,6 +32,7 @@ from torch import nn
 
 from shardcore import ModulePolicyDescription, Policy
 from shardcore.builders import attention, mlp, vocab_embedding, vocab_head
+from shardcore.losses import token_items, token_loss
 
 __all__ = ["WhisperPolicy"]
 
@@ -43,6 +55,131 @@ class WhisperPolicy(Policy):
     def blocks(self):
         """Encoder layers, then decoder layers (those present)."""
         return self.blocks_in(*(stack.layers for stack in self._stacks()))
+
+    # -- pipeline parallelism (conditional generation) -------------------------------------------
+
+    #: generate() computes the encoder output outside the model's forward: not through stages yet
+    pipeline_generate_unsupported = (
+        "generate() of an encoder-decoder runs the encoder outside the model's forward, which the pipeline "
+        "cannot route yet"
+    )
+
+    @property
+    def pipeline_block_returns_tuple(self) -> bool:
+        import transformers  # the model is a transformers model: it is imported already
+
+        return int(transformers.__version__.split(".")[0]) < 5  # 4.x layers return (hidden, ...)
+
+    def _encoder_decoder(self):
+        name, cfg = type(self.model).__name__, self.model.config
+        if not hasattr(self.model, "proj_out") or len(self._stacks()) != 2:
+            raise NotImplementedError(f"pipeline stages are built for WhisperForConditionalGeneration, not {name}")
+        if getattr(cfg, "apply_spec_augment", False):
+            raise NotImplementedError(
+                f"{name}: apply_spec_augment=True masks the features in WhisperModel.forward before the encoder, "
+                "which a pipeline stage runs on its own; set apply_spec_augment=False"
+            )
+        return self._stacks()
+
+    def pipeline_ends(self):
+        encoder, decoder = self._encoder_decoder()
+        paths = {id(m): n for n, m in self.model.named_modules()}
+        enc, dec, n_enc = paths[id(encoder)], paths[id(decoder)], len(encoder.layers)
+        return {
+            f"{enc}.conv1": "first",
+            f"{enc}.conv2": "first",
+            f"{enc}.embed_positions": "first",
+            f"{enc}.layer_norm": n_enc - 1,  # with the last encoder layer
+            # the token embedding on the first stage: later stages receive only floating-point states
+            # (torch's stages infer shapes on uninitialised tensors, where token ids would not be valid)
+            f"{dec}.embed_tokens": "first",
+            f"{dec}.embed_positions": n_enc,  # with the first decoder layer
+            f"{dec}.layer_norm": "last",
+            "proj_out": "last",
+        }
+
+    def pipeline_zero_ends(self):
+        encoder, decoder = self._encoder_decoder()
+        paths = {id(m): n for n, m in self.model.named_modules()}
+        return {f"{paths[id(encoder)]}.embed_positions", f"{paths[id(decoder)]}.embed_positions"}
+
+    def pipeline_inputs(self, batch, training=True):
+        batch = {
+            k: v for k, v in batch.items() if v is not None and (training or k not in ("return_dict", "use_cache"))
+        }
+        allowed = {"input_features", "labels", "decoder_input_ids"}
+        if set(batch) - allowed or "input_features" not in batch or not {"labels", "decoder_input_ids"} & set(batch):
+            raise ValueError(
+                f"pipeline stages of {type(self.model).__name__} take input_features and labels (or "
+                f"decoder_input_ids); got {sorted(batch)}"
+            )
+        if training and "labels" not in batch:
+            raise ValueError(f"a pipeline training step of {type(self.model).__name__} needs labels")
+        labels, ids = batch.get("labels"), batch.get("decoder_input_ids")
+        if ids is None:  # as the model's forward does: the labels shifted right after the start token
+            import sys
+
+            cfg = self.model.config
+            shift = sys.modules[type(self.model).__module__].shift_tokens_right
+            ids = shift(labels, cfg.pad_token_id, cfg.decoder_start_token_id)
+        return (batch["input_features"], ids), labels
+
+    def pipeline_stage_forward(self, inputs, *, first, last):
+        from shardcore.pipeline import PipelineHole
+
+        encoder, decoder = self._encoder_decoder()
+        x, y = inputs  # (features | encoder states | encoder output, decoder ids | embeddings | states)
+        if first:
+            y = decoder.embed_tokens(y)  # as the decoder would: it takes them as decoder_inputs_embeds
+        held_encoder = [layer for layer in encoder.layers if not isinstance(layer, PipelineHole)]
+        if held_encoder:
+            x = self._encode(encoder, held_encoder[0], x, first)
+        if all(isinstance(layer, PipelineHole) for layer in decoder.layers):
+            return x, y
+        from transformers.modeling_outputs import BaseModelOutput
+
+        starts = not isinstance(decoder.embed_positions, PipelineHole)  # this stage adds the positions
+        saved = decoder.dropout
+        decoder.dropout = decoder.dropout if starts else 0.0  # the input dropout ran where the decoder started
+        try:
+            run = self.model if last else self.model.model
+            encoded = BaseModelOutput(last_hidden_state=x)
+            out = run(encoder_outputs=encoded, decoder_inputs_embeds=y, use_cache=False)
+        finally:
+            decoder.dropout = saved
+        return out.logits if last else (x, out.last_hidden_state)
+
+    def _encode(self, encoder, first_held, x, first: bool):
+        """The encoder's own forward on this stage's layers. Later stages: the hidden states enter
+        at the first held layer (the features the encoder checks are zeros, the front end a hole)."""
+        if first:
+            return encoder(input_features=x).last_hidden_state
+
+        def enter(module, args, kwargs):
+            if args:
+                return (x, *args[1:]), kwargs
+            return args, {**kwargs, "hidden_states": x}
+
+        cfg = self.model.config
+        frames = cfg.max_source_positions * encoder.conv1.stride[0] * encoder.conv2.stride[0]
+        handle = first_held.register_forward_pre_hook(enter, with_kwargs=True)
+        saved, encoder.dropout = encoder.dropout, 0.0  # the input dropout ran on the first stage
+        try:
+            return encoder(input_features=x.new_zeros(x.shape[0], cfg.num_mel_bins, frames)).last_hidden_state
+        finally:
+            handle.remove()
+            encoder.dropout = saved
+
+    def pipeline_num_items(self, labels):
+        return token_items(labels)
+
+    def pipeline_loss(self, output, labels, num_items):
+        return token_loss(output, labels, num_items)
+
+    def pipeline_output(self, output, loss):
+        from transformers.modeling_outputs import Seq2SeqLMOutput
+
+        return Seq2SeqLMOutput(loss=loss, logits=output)
 
     def _layers(self) -> tuple[type | None, type | None]:
         encoder = decoder = None
