@@ -557,8 +557,8 @@ def _forward_only(model: nn.Module, policy, info: PipelineInfo, args: tuple, kwa
             logits = logits[:, -logits_to_keep:]
         loss = None
         if labels is not None:
-            loss = policy.pipeline_loss(x[0], labels, policy.pipeline_num_items(labels))
-    return policy.pipeline_output(logits, loss)
+            loss = policy.pipeline_loss(x[0] if len(x) == 1 else x, labels, policy.pipeline_num_items(labels))
+    return policy.pipeline_output(logits, loss, *x[1:])  # the last stage's further outputs, if any
 
 
 def _stage_owner(stage: int, pp: int, per_rank: int, name: str) -> int:

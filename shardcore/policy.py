@@ -174,9 +174,10 @@ class Policy:
         last stage returns what :meth:`pipeline_loss` takes (logits)."""
         raise NotImplementedError(f"{type(self).__name__} does not implement pipeline_stage_forward()")
 
-    def pipeline_output(self, output, loss):
+    def pipeline_output(self, output, loss, *extra):
         """What ``model(...)`` returns from the last stage's ``output`` (and ``loss``, or ``None``)
-        when a forward runs through the pipeline."""
+        when a forward runs through the pipeline; ``extra``: the last stage's further outputs when
+        it returns a tuple (``output`` is its first element)."""
         raise NotImplementedError(f"{type(self).__name__} does not implement pipeline_output()")
 
     def pipeline_num_items(self, labels) -> Any:

@@ -147,7 +147,8 @@ class WhisperPolicy(Policy):
             out = run(encoder_outputs=encoded, decoder_inputs_embeds=y, use_cache=False)
         finally:
             decoder.dropout = saved
-        return out.logits if last else (x, out.last_hidden_state)
+        # the last stage: the logits, and the encoder output the model returns too (a forward through the stages)
+        return (out.logits, x) if last else (x, out.last_hidden_state)
 
     def _encode(self, encoder, first_held, x, first: bool):
         """The encoder's own forward on this stage's layers. Later stages: the hidden states enter
@@ -174,12 +175,12 @@ class WhisperPolicy(Policy):
         return token_items(labels)
 
     def pipeline_loss(self, output, labels, num_items):
-        return token_loss(output, labels, num_items)
+        return token_loss(output[0], labels, num_items)  # (logits, encoder output)
 
-    def pipeline_output(self, output, loss):
+    def pipeline_output(self, output, loss, encoder_output=None):
         from transformers.modeling_outputs import Seq2SeqLMOutput
 
-        return Seq2SeqLMOutput(loss=loss, logits=output)
+        return Seq2SeqLMOutput(loss=loss, logits=output, encoder_last_hidden_state=encoder_output)
 
     def _layers(self) -> tuple[type | None, type | None]:
         encoder = decoder = None

@@ -64,7 +64,8 @@ def _infer() -> dict:
         batch = _batch(given)
         with torch.no_grad():
             got, want = model(**batch), ref(**batch)
-        out[given] = max((got.logits - want.logits).abs().max().item(), abs(got.loss - want.loss).item())
+        encoded = (got.encoder_last_hidden_state - want.encoder_last_hidden_state).abs().max().item()
+        out[given] = max((got.logits - want.logits).abs().max().item(), abs(got.loss - want.loss).item(), encoded)
     try:
         model.generate(input_features=batch["input_features"][:1], max_new_tokens=2)
         out["generate"] = "ran"
