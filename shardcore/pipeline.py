@@ -103,7 +103,7 @@ class PipelineHole(nn.Module):
                     setattr(self, key, value)
         # what the model's forward may still read of the replaced module (ViT reads the patch
         # projection's dtype before its embedding runs): its submodules and tensors on meta, no memory
-        self.__dict__["_stand_in"] = _stand_in(replaced) if replaced is not None else None
+        self.__dict__["_stand_in"] = _stand_in(replaced, zero) if replaced is not None else None
 
     def __getattr__(self, name: str):
         try:
@@ -126,9 +126,11 @@ class PipelineHole(nn.Module):
         return f"held by another pipeline stage: {self.where}"
 
 
-def _stand_in(module: nn.Module):
+def _stand_in(module: nn.Module, zero: bool = False):
     """``module``'s attribute tree with its parameters and buffers as meta tensors (shape and dtype
-    only), its submodules likewise, its simple attributes as they are."""
+    only), its submodules likewise, its simple attributes as they are. ``zero``: a term the model
+    adds, whose tensors it may read directly (transformers 4.x Whisper adds
+    ``embed_positions.weight``): they are zero scalars."""
     import types
 
     out = types.SimpleNamespace()
@@ -137,10 +139,10 @@ def _stand_in(module: nn.Module):
             setattr(out, key, value)
     for key, t in (*module._parameters.items(), *module._buffers.items()):
         if t is not None:
-            setattr(out, key, torch.empty_like(t, device="meta"))
+            setattr(out, key, torch.zeros((), dtype=t.dtype) if zero else torch.empty_like(t, device="meta"))
     for key, child in module._modules.items():
         if child is not None:
-            setattr(out, key, _stand_in(child))
+            setattr(out, key, _stand_in(child, zero))
     return out
 
 
