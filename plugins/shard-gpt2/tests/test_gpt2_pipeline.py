@@ -19,7 +19,9 @@ def _check(pp: int, tp: int, schedule: str) -> dict:
     return assert_pipeline_matches(lambda: build(layers=4), batch, config)
 
 
-@pytest.mark.parametrize(("pp", "tp", "schedule"), [(2, 1, "1F1B"), (2, 2, "1F1B"), (2, 1, "ZBVZeroBubble")])
+@pytest.mark.parametrize(
+    ("pp", "tp", "schedule"), [(2, 1, "GPipe"), (2, 1, "1F1B"), (2, 2, "1F1B"), (2, 1, "ZBVZeroBubble")]
+)
 def test_pipeline_trains_like_unsharded(pp, tp, schedule):
     for report in run_on_ranks(pp * tp, _check, pp, tp, schedule):
         assert report["loss_rel_diff"] <= 1e-6 and report["max_abs_diff_after_steps"] <= 1e-5, report
