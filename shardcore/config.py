@@ -13,11 +13,7 @@ __all__ = ["ShardConfig"]
 
 #: Features whose fields exist (with Shardformer's names and meaning) but are not built yet.
 #: Each maps to the only value accepted until it is built.
-_NOT_BUILT: dict[str, Any] = {
-    "enable_sequence_parallelism": False,
-    "sequence_parallelism_mode": None,
-    "enable_sequence_overlap": False,
-}
+_NOT_BUILT: dict[str, Any] = {}
 #: The layout degrees and modes of the next features, refused by :meth:`ShardConfig.check_built`
 #: (at ``optimize``) rather than the constructor: the layout must first be checked against the world.
 _NOT_BUILT_LAYOUT: dict[str, Any] = {
@@ -36,8 +32,15 @@ def _refuse_unbuilt(name: str, value: Any) -> None:
         )
 
 
-def _not_built(instance: ShardConfig, attribute: attrs.Attribute, value: Any) -> None:
-    _refuse_unbuilt(attribute.name, value)
+#: Every sequence_parallelism_mode (built or not: see shardcore.sequence).
+SEQUENCE_MODES = ("split_gather", "all_to_all", "ring_attn")
+
+
+def _sequence_mode(instance: ShardConfig, attribute: attrs.Attribute, value: Any) -> None:
+    if value is not None and value not in SEQUENCE_MODES:
+        raise ValueError(
+            f"ShardConfig.sequence_parallelism_mode={value!r} is not a mode; choose one of {', '.join(SEQUENCE_MODES)}"
+        )
 
 
 @attrs.frozen(kw_only=True)
@@ -104,8 +107,13 @@ class ShardConfig:
         inference_only: drop what only training needs: no backward all-reduce hooks, no per-rank
             random streams; parameters are frozen and the model is put in eval mode (training
             it raises).
-        enable_sequence_parallelism, sequence_parallelism_mode, enable_sequence_overlap: accepted
-            at their defaults only until built; any other value raises ``NotImplementedError``.
+        enable_sequence_parallelism, sequence_parallelism_mode: sequence parallelism (see
+            :mod:`shardcore.sequence`). ``"split_gather"`` (the default mode): Megatron-LM's, over
+            the tensor-parallel group (norms, residuals and dropout on each rank's slice of the
+            sequence; all-gather / reduce-scatter instead of the all-reduces). ``"all_to_all"``
+            (Ulysses) and ``"ring_attn"`` are not built yet and raise ``NotImplementedError``.
+        enable_sequence_overlap: overlap sequence-parallel communication with the matmuls (not
+            built yet: ``NotImplementedError``; without sequence parallelism: ``ValueError``).
     """
 
     tensor_parallel_size: int | None = attrs.field(default=None, validator=v.optional([v.instance_of(int), v.ge(1)]))
@@ -121,9 +129,9 @@ class ShardConfig:
     enable_fused_normalization: bool = attrs.field(default=False, validator=v.instance_of(bool))
     enable_flash_attention: bool = attrs.field(default=False, validator=v.instance_of(bool))
     enable_jit_fused: bool = attrs.field(default=False, validator=v.instance_of(bool))
-    enable_sequence_parallelism: bool = attrs.field(default=False, validator=_not_built)
-    sequence_parallelism_mode: str | None = attrs.field(default=None, validator=_not_built)
-    enable_sequence_overlap: bool = attrs.field(default=False, validator=_not_built)
+    enable_sequence_parallelism: bool = attrs.field(default=False, validator=v.instance_of(bool))
+    sequence_parallelism_mode: str | None = attrs.field(default=None, validator=_sequence_mode)
+    enable_sequence_overlap: bool = attrs.field(default=False, validator=v.instance_of(bool))
     enable_all_optimization: bool = attrs.field(default=False, validator=v.instance_of(bool))
     inference_only: bool = attrs.field(default=False, validator=v.instance_of(bool))
 

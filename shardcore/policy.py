@@ -84,6 +84,14 @@ class Policy:
     #: without ``enter_tp_region`` entries. Plans use it; plugins name their regions instead.
     share_tp_copies: bool = False
 
+    #: The ``ShardConfig.sequence_parallelism_mode`` values this policy supports (see
+    #: :mod:`shardcore.sequence`); ``optimize`` refuses the others, naming them.
+    sequence_parallelism_modes: tuple[str, ...] = ()
+
+    #: Dropout modules (suffixes inside each block) that act on sequence-split activations under
+    #: sequence parallelism (residual dropout): they then draw from the per-rank random stream.
+    sequence_parallel_dropouts: tuple[str, ...] = ()
+
     def set_model(self, model: nn.Module) -> None:
         self.model = model
 

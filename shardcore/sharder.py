@@ -14,11 +14,19 @@ from . import consistency, distributed, kernels
 from .config import ShardConfig
 from .distributed import ParallelLayout
 from .distributed.data_parallel import apply_data_parallel, check_data_parallel
-from .layers.comm import enter_tp_region, group_size, resolve_timeout, set_collective_timeout, shared_copies
+from .layers.comm import (
+    SequenceParallel,
+    enter_tp_region,
+    group_size,
+    resolve_timeout,
+    set_collective_timeout,
+    shared_copies,
+)
 from .layers.rng import run_in_shared_rng, run_in_tp_rng
 from .meta import guard_meta
 from .pipeline import build_pipeline, check_pipeline
 from .policy import ModulePolicyDescription, Policy
+from .sequence import apply_sequence_parallel, check_sequence_parallel
 
 __all__ = ["ModelSharder", "ShardInfo", "optimize", "resolve_policy"]
 
@@ -70,6 +78,7 @@ class ModelSharder:
         self.model = model
         self.policy = policy
         self.process_group = process_group
+        self.sequence = None  # the sequence split (SequenceParallel) the TP regions' entries follow
 
     def plan(self) -> list[tuple[str, nn.Module, ModulePolicyDescription]]:
         """Every module a description applies to, checked before anything changes (no collective)."""
@@ -129,7 +138,7 @@ class ModelSharder:
             if getattr(getattr(self.policy, "shard_config", None), "inference_only", False):
                 continue  # no backward all-reduce hooks, no per-rank random streams
             for suffix in desc.enter_tp_region:
-                enter_tp_region(_get(module, suffix), self.process_group)
+                enter_tp_region(_get(module, suffix), self.process_group, sequence=self.sequence)
             for suffix in desc.per_rank_rng:
                 run_in_tp_rng(_get(module, suffix), self.process_group)
             for suffix in desc.shared_rng:
@@ -253,6 +262,7 @@ def optimize(
     policy.config_sanity_check()
     check_data_parallel(model, policy, config, layout)
     stages = check_pipeline(model, policy, config, layout) if layout.pp > 1 else None
+    sequence_mode = check_sequence_parallel(model, policy, config, layout)
     # with data or pipeline parallelism every rank of the world starts from the same weights
     whole_world = layout.pp > 1 or (config.data_parallel is not None and layout.dp > 1)
     if tp_size == 1 or not config.enable_tensor_parallelism:
@@ -278,8 +288,12 @@ def optimize(
         group = layout.group("tp")
     _check_same_weights(model, dist.group.WORLD if whole_world else group)
     sharder.process_group = group
+    sequence = SequenceParallel(group, group_size(group), sequence_mode) if sequence_mode else None
+    sharder.sequence = sequence
     model = sharder.shard(plan)
     model = policy.postprocess()
+    if sequence is not None:
+        apply_sequence_parallel(model, policy, sequence)
     kernels.apply_jit(model, policy, config, applied)
     if policy.share_tp_copies:
         _share_copies_per_forward(model)

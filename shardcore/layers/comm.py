@@ -21,6 +21,7 @@ import os
 from collections import Counter
 from collections.abc import Iterator
 from datetime import timedelta
+from typing import Any
 
 import attrs
 import torch
@@ -30,14 +31,18 @@ __all__ = [
     "COUNTS",
     "CollectiveTimeout",
     "PaperGroup",
+    "SequenceParallel",
     "copy_to_tp",
     "count_collectives",
+    "enter_region",
     "enter_tp_region",
     "gather_from_tp",
     "group_rank",
     "group_ranks",
     "group_size",
+    "leave_region",
     "reduce_from_tp",
+    "reduce_scatter_cat",
     "set_collective_timeout",
     "split_to_tp",
 ]
@@ -181,6 +186,21 @@ def all_gather_cat(x: torch.Tensor, group, dim: int, *, where: str | None = None
     return torch.cat(parts, dim=dim)
 
 
+def reduce_scatter_cat(x: torch.Tensor, group, dim: int, *, where: str | None = None) -> torch.Tensor:
+    """This rank's equal chunk along ``dim`` of the sum over the group (reduce-scatter); counted, bounded."""
+    world = group_size(group)
+    if world == 1:
+        return x
+    if x.shape[dim] % world:
+        raise ValueError(f"cannot reduce-scatter dimension {dim} of size {x.shape[dim]} over {world} ranks")
+    COUNTS["reduce_scatter"] += 1
+    WHERE.seq += 1
+    parts = [c.contiguous() for c in x.chunk(world, dim=dim)]
+    out = torch.empty_like(parts[0])
+    _wait(dist.reduce_scatter(out, parts, group=group, async_op=True), "reduce_scatter", group, where)
+    return out
+
+
 def broadcast(x: torch.Tensor, group, *, where: str) -> torch.Tensor:
     """In place, from the group's first rank; counted, bounded."""
     if group_size(group) > 1:
@@ -310,8 +330,9 @@ def split_to_tp(x: torch.Tensor, group, dim: int = -1) -> torch.Tensor:
     return x if group_size(group) == 1 else _SplitToTP.apply(x, group, dim % x.dim())
 
 
-def enter_tp_region(module: torch.nn.Module, group, arg: str = "hidden_states"):
-    """Make ``module``'s input enter the tensor-parallel region (:func:`copy_to_tp`) once.
+def enter_tp_region(module: torch.nn.Module, group, arg: str = "hidden_states", sequence=None):
+    """Make ``module``'s input enter the tensor-parallel region (:func:`copy_to_tp`, or with
+    ``sequence`` split, :func:`enter_region`'s all-gather) once.
 
     The input is the keyword argument ``arg`` if given, else the first positional argument.
     Column-parallel layers inside ``module`` that read it are built with ``copy_input=False``.
@@ -320,11 +341,78 @@ def enter_tp_region(module: torch.nn.Module, group, arg: str = "hidden_states"):
 
     def hook(mod, args, kwargs):
         if arg in kwargs:
-            kwargs = {**kwargs, arg: copy_to_tp(kwargs[arg], group)}
+            kwargs = {**kwargs, arg: enter_region(kwargs[arg], group, sequence)}
         elif args:
-            args = (copy_to_tp(args[0], group), *args[1:])
+            args = (enter_region(args[0], group, sequence), *args[1:])
         else:
             raise TypeError(f"{type(mod).__name__} was called without '{arg}' or a positional input")
         return args, kwargs
 
     return module.register_forward_pre_hook(hook, with_kwargs=True)
+
+
+@attrs.define(eq=False)
+class SequenceParallel:
+    """A model's sequence split over its tensor-parallel group (see :mod:`shardcore.sequence`):
+    whether the forward running now is split along the sequence (``active``)."""
+
+    group: Any
+    size: int
+    mode: str = "split_gather"
+    dim: int = 1  # the sequence dimension of the hidden states
+    active: bool = False
+
+
+class _GatherSeq(torch.autograd.Function):
+    """Entering a TP region from sequence-split activations: all-gather along the sequence
+    forward; the input gradient (partial on each rank) reduce-scattered backward."""
+
+    @staticmethod
+    def forward(ctx, x, group, dim):
+        ctx.group, ctx.dim, ctx.where = group, dim, "backward of " + WHERE.module
+        return all_gather_cat(x, group, dim)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return reduce_scatter_cat(grad, ctx.group, ctx.dim, where=ctx.where), None, None
+
+
+class _ReduceScatterSeq(torch.autograd.Function):
+    """Leaving a TP region into sequence-split activations: partial sums reduce-scattered along
+    the sequence forward; the gradient all-gathered backward."""
+
+    @staticmethod
+    def forward(ctx, x, group, dim):
+        ctx.group, ctx.dim, ctx.where = group, dim, "backward of " + WHERE.module
+        return reduce_scatter_cat(x, group, dim)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return all_gather_cat(grad.contiguous(), ctx.group, ctx.dim, where=ctx.where), None, None
+
+
+@torch.compiler.disable
+def enter_region(x: torch.Tensor, group, sequence: SequenceParallel | None = None) -> torch.Tensor:
+    """A tensor-parallel region's input: all-gathered along the sequence when the forward running
+    now is sequence-split (backward: reduce-scatter), else :func:`copy_to_tp` (Megatron's *f*).
+    Within :func:`shared_copies`, one gather per tensor (q, k and v share it)."""
+    if sequence is None or not sequence.active or group_size(group) == 1:
+        return copy_to_tp(x, group)
+    if _COPIES:
+        key = (id(x), id(group), "sequence")
+        hit = _COPIES[-1].get(key)
+        if hit is not None and hit[0] is x:
+            return hit[1]
+        y = _GatherSeq.apply(x, group, sequence.dim % x.dim())
+        _COPIES[-1][key] = (x, y)
+        return y
+    return _GatherSeq.apply(x, group, sequence.dim % x.dim())
+
+
+@torch.compiler.disable
+def leave_region(y: torch.Tensor, group, sequence: SequenceParallel | None = None) -> torch.Tensor:
+    """A row-parallel layer's partial sums: reduce-scattered along the sequence when the forward is
+    sequence-split (backward: all-gather), else :func:`reduce_from_tp` (Megatron's *g*)."""
+    if sequence is None or not sequence.active or group_size(group) == 1:
+        return reduce_from_tp(y, group)
+    return _ReduceScatterSeq.apply(y, group, sequence.dim % y.dim())

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .comm import WHERE, all_reduce, copy_to_tp, gather_from_tp, group_size, reduce_from_tp, split_to_tp
+from .comm import WHERE, all_reduce, enter_region, gather_from_tp, group_size, leave_region, split_to_tp
 from .parallel_module import ParallelModule
 from .shard_spec import ShardSpec
 
@@ -140,8 +140,8 @@ class Linear1D_Col(FromLinear, ParallelModule):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weight, bias = self._weights()
-        if self.copy_input:
-            x = copy_to_tp(x, self.process_group)
+        if self.copy_input:  # with the sequence split: all-gathered along the sequence
+            x = enter_region(x, self.process_group, self.sequence)
         y = F.linear(x, weight, bias)
         if self.gather_output:
             y = gather_from_tp(y, self.process_group, dim=-1)
@@ -238,7 +238,8 @@ class Linear1D_Row(FromLinear, ParallelModule):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.input_is_parallel:
             x = split_to_tp(x, self.process_group, dim=-1)
-        y = reduce_from_tp(F.linear(x, self.weight.t() if self.transposed else self.weight), self.process_group)
+        y = F.linear(x, self.weight.t() if self.transposed else self.weight)
+        y = leave_region(y, self.process_group, self.sequence)  # all-reduce, or reduce-scatter along the sequence
         return y if self.bias is None else y + self.bias
 
     def collectives(self) -> dict[str, list[str]]:

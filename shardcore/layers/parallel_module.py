@@ -25,6 +25,10 @@ class ParallelModule(nn.Module):
         self.tp_size = group_size(process_group)
         self.tp_rank = group_rank(process_group)
         self.shard_specs: dict[str, ShardSpec] = {}
+        #: The model's sequence split (:class:`~shardcore.layers.comm.SequenceParallel`) when this
+        #: layer runs inside a block under sequence parallelism: its TP-region input is then
+        #: all-gathered along the sequence and its partial sums reduce-scattered.
+        self.sequence = None
 
     def collectives(self) -> dict[str, list[str]]:
         """The collectives one call of this layer issues over its group: ``{"forward": [...],

@@ -34,6 +34,10 @@ _NAMES = ("self.query", "self.key", "self.value", "output.dense")
 class BertPolicy(Policy):
     """Shards the encoder and word embeddings of ``model.base_model`` (``BertModel``/``RobertaModel``)."""
 
+    #: Megatron sequence parallelism: LayerNorms, residuals and their dropout on this rank's tokens
+    sequence_parallelism_modes = ("split_gather",)
+    sequence_parallel_dropouts = ("attention.output.dropout", "output.dropout", "crossattention.output.dropout")
+
     @property
     def base(self):
         return self.model.base_model

@@ -32,6 +32,9 @@ __all__ = ["LlamaForCausalLMPolicy", "LlamaForSequenceClassificationPolicy", "Ll
 class LlamaPolicy(Policy):
     """Shared by every Llama-architecture head: shards the base model (``model.base_model``)."""
 
+    #: Megatron sequence parallelism: norms and residuals on this rank's slice of the sequence
+    sequence_parallelism_modes = ("split_gather",)
+
     @property
     def base(self):
         return self.model.base_model

@@ -1,0 +1,195 @@
+"""Sequence parallelism over the tensor-parallel group (``sequence_parallelism_mode="split_gather"``,
+Megatron-LM's sequence parallelism), on the model's own forward.
+
+Between the tensor-parallel regions (norms, residual adds, dropout) every rank holds only its
+slice of the sequence: the hidden states are split along the sequence at the input of the first
+of :meth:`shardcore.Policy.blocks` and gathered at the output of the last, so the model's
+forward computes masks and positions on the whole sequence before the blocks and everything
+after them (final norm, head, pooler) sees the whole sequence, as unsharded. Inside the blocks:
+
+* a column-parallel layer (or an ``enter_tp_region`` module) all-gathers its input along the
+  sequence instead of taking it as it is (Megatron's *f*: identity forward, all-reduce backward),
+  and the backward reduce-scatters the input gradient instead of all-reducing it;
+* a row-parallel layer reduce-scatters its partial sums along the sequence instead of
+  all-reducing them (Megatron's *g*), the backward all-gathers.
+
+Same communication volume as tensor parallelism alone (an all-reduce is a reduce-scatter and an
+all-gather), but the activations outside the regions take 1/tp of the memory.
+
+Replicated parameters used on sequence-split activations (norm weights, a row-parallel layer's
+bias) get gradients from this rank's tokens only: they are summed over the group (the
+parameter enters the forward through Megatron's *f*). Dropout on split activations (the policy's
+:attr:`~shardcore.Policy.sequence_parallel_dropouts`) draws from the per-rank random stream:
+each rank drops its own tokens.
+
+A forward whose sequence length the group does not divide (a decoding step of ``generate()``, one
+token) runs without the split: plain tensor parallelism, the same numbers.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import nn
+
+from .layers.comm import SequenceParallel, copy_to_tp, gather_from_tp, split_to_tp
+from .layers.parallel_module import ParallelModule
+from .layers.rng import fork_tp_rng
+
+__all__ = ["SequenceParallel", "apply_sequence_parallel", "check_sequence_parallel"]
+
+_BUILT = ("split_gather",)
+
+
+def check_sequence_parallel(model: nn.Module, policy, config, layout) -> str | None:
+    """The mode ``config`` asks for, checked before any collective (the same on every rank)."""
+    if not config.enable_sequence_parallelism:
+        if config.enable_sequence_overlap:
+            raise ValueError(
+                "ShardConfig(enable_sequence_overlap=True) overlaps sequence-parallel communication, but "
+                "enable_sequence_parallelism=False; enable sequence parallelism or leave the overlap off"
+            )
+        if config.sequence_parallelism_mode is not None:
+            raise ValueError(
+                f"ShardConfig(sequence_parallelism_mode={config.sequence_parallelism_mode!r}) without "
+                "enable_sequence_parallelism=True; enable it or leave the mode unset"
+            )
+        return None
+    mode = config.sequence_parallelism_mode or "split_gather"
+    if mode not in _BUILT:
+        raise NotImplementedError(
+            f"ShardConfig(sequence_parallelism_mode={mode!r}) is not built yet; built: {', '.join(_BUILT)}"
+        )
+    if config.enable_sequence_overlap:
+        raise NotImplementedError(
+            "ShardConfig(enable_sequence_overlap=True) is not built yet; leave it False (split_gather runs "
+            "its collectives synchronously)"
+        )
+    supported = tuple(policy.sequence_parallelism_modes)
+    if mode not in supported:
+        raise NotImplementedError(
+            f"{type(model).__name__}: {type(policy).__name__} does not support sequence_parallelism_mode={mode!r}"
+            + (f" (it supports {', '.join(supported)})" if supported else " (no sequence parallelism)")
+            + "; leave enable_sequence_parallelism=False"
+        )
+    if layout.tp == 1 or not config.enable_tensor_parallelism:
+        raise ValueError(
+            "sequence_parallelism_mode='split_gather' splits the sequence over the tensor-parallel group, "
+            "but tensor_parallel_size is 1; give tensor_parallel_size > 1"
+        )
+    refused = {
+        "pipeline_parallel_size > 1": layout.pp > 1,
+        f"data_parallel={config.data_parallel!r}": config.data_parallel is not None,
+        "enable_jit_fused (compiled modules)": config.enable_jit_fused or config.enable_all_optimization,
+        "inference_only": config.inference_only,
+    }
+    for what, present in refused.items():
+        if present:
+            raise NotImplementedError(f"sequence parallelism together with {what} is not built yet; use one of them")
+    return mode
+
+
+def apply_sequence_parallel(model: nn.Module, policy, state: SequenceParallel) -> None:
+    """Split at the first block's input, gather at the last block's output, and make the blocks'
+    parallel layers, replicated parameters and dropouts follow ``state``. Called by
+    :func:`shardcore.optimize` after the sharder (which gave the layers ``state``)."""
+    blocks = [block for _, block in policy.blocks()]
+    group = state.group
+    name = type(model).__name__
+
+    def refuse_unsupported(module, args, kwargs):
+        cfg = getattr(module, "config", None)
+        if kwargs.get("output_hidden_states") or getattr(cfg, "output_hidden_states", False):
+            raise NotImplementedError(
+                f"{name} with sequence parallelism: output_hidden_states would return each rank's slice of "
+                "the inner layers' states; leave it off"
+            )
+        if module.training and getattr(module, "is_gradient_checkpointing", False):
+            raise NotImplementedError(
+                f"{name}: gradient checkpointing with sequence parallelism is not built yet (the recomputed "
+                "blocks would run unsplit); disable one of them"
+            )
+
+    model.register_forward_pre_hook(refuse_unsupported, with_kwargs=True)
+
+    def split(module, args, kwargs):
+        in_kwargs = "hidden_states" in kwargs
+        x = kwargs["hidden_states"] if in_kwargs else args[0]
+        length = x.shape[state.dim]
+        state.active = length % state.size == 0 and length >= state.size
+        if not state.active:
+            return None  # plain tensor parallelism for this forward (a decoding step, an odd length)
+        x = split_to_tp(x, group, dim=state.dim)
+        return (args, {**kwargs, "hidden_states": x}) if in_kwargs else ((x, *args[1:]), kwargs)
+
+    def gather(module, args, output):
+        if not state.active:
+            return None
+        state.active = False  # what follows the blocks (final norm, head) sees the whole sequence
+        if isinstance(output, tuple):  # transformers 4.x layers: (hidden_states, ...)
+            return (gather_from_tp(output[0], group, dim=state.dim), *output[1:])
+        return gather_from_tp(output, group, dim=state.dim)
+
+    blocks[0].register_forward_pre_hook(split, with_kwargs=True)
+    blocks[-1].register_forward_hook(gather)
+
+    for block in blocks:
+        for module in block.modules():
+            if isinstance(module, ParallelModule):
+                module.sequence = state
+            partial = [
+                n
+                for n, p in module.named_parameters(recurse=False)
+                if p.requires_grad and n not in getattr(module, "shard_specs", {})
+            ]
+            if partial:
+                _sum_grads_when_split(module, partial, state)
+    suffixes = tuple(policy.sequence_parallel_dropouts)
+    for block in blocks:
+        for suffix in suffixes:
+            try:
+                dropout = block.get_submodule(suffix)
+            except AttributeError:
+                continue
+            _per_rank_when_split(dropout, state)
+
+
+def _sum_grads_when_split(module: nn.Module, names: list[str], state: SequenceParallel) -> None:
+    """While a split forward runs, ``module``'s parameters ``names`` enter it through Megatron's
+    *f* (identity forward, gradient all-reduced over the group): their gradients, from this
+    rank's tokens only, become the sum over every token."""
+
+    def enter(mod, args):
+        if not (state.active and torch.is_grad_enabled()):
+            return
+        saved = mod.__dict__.pop("_shardcore_sp_saved", None)
+        if saved:  # a forward that raised never restored them
+            mod._parameters.update(saved)
+        saved = {n: mod._parameters[n] for n in names}
+        for n, p in saved.items():
+            mod._parameters[n] = copy_to_tp(p, state.group)
+        mod.__dict__["_shardcore_sp_saved"] = saved
+
+    def leave(mod, args, output):
+        saved = mod.__dict__.pop("_shardcore_sp_saved", None)
+        if saved:
+            mod._parameters.update(saved)
+
+    module.register_forward_pre_hook(enter)
+    module.register_forward_hook(leave, always_call=True)
+
+
+def _per_rank_when_split(module: nn.Module, state: SequenceParallel) -> None:
+    """Dropout on split activations draws from the per-rank stream (each rank drops its own
+    tokens); on a forward that is not split it stays on the shared one (replicas in step)."""
+    forward = module.forward
+
+    @functools.wraps(forward)
+    def wrapped(x, *args, **kwargs):
+        if not (module.training and state.active):
+            return forward(x, *args, **kwargs)
+        with fork_tp_rng(state.group, "cuda" if x.is_cuda else "cpu"):
+            return forward(x, *args, **kwargs)
+
+    module.forward = wrapped
