@@ -152,6 +152,16 @@ class ShardConfig:
     plan: Any = attrs.field(default=None, validator=v.optional(v.instance_of((str, os.PathLike, Mapping))))
 
     def __attrs_post_init__(self) -> None:
+        if not self.enable_sequence_parallelism and self.enable_sequence_overlap:
+            raise ValueError(
+                "ShardConfig(enable_sequence_overlap=True) overlaps sequence-parallel communication, but "
+                "enable_sequence_parallelism=False; enable sequence parallelism or leave the overlap off"
+            )
+        if not self.enable_sequence_parallelism and self.sequence_parallelism_mode is not None:
+            raise ValueError(
+                f"ShardConfig(sequence_parallelism_mode={self.sequence_parallelism_mode!r}) without "
+                "enable_sequence_parallelism=True; enable it or leave the mode unset"
+            )
         if self.tensor_parallel_size is not None and self.tensor_parallel_process_group is not None:
             import torch.distributed as dist
 

@@ -44,17 +44,7 @@ _BUILT = ("split_gather",)
 
 def check_sequence_parallel(model: nn.Module, policy, config, layout) -> str | None:
     """The mode ``config`` asks for, checked before any collective (the same on every rank)."""
-    if not config.enable_sequence_parallelism:
-        if config.enable_sequence_overlap:
-            raise ValueError(
-                "ShardConfig(enable_sequence_overlap=True) overlaps sequence-parallel communication, but "
-                "enable_sequence_parallelism=False; enable sequence parallelism or leave the overlap off"
-            )
-        if config.sequence_parallelism_mode is not None:
-            raise ValueError(
-                f"ShardConfig(sequence_parallelism_mode={config.sequence_parallelism_mode!r}) without "
-                "enable_sequence_parallelism=True; enable it or leave the mode unset"
-            )
+    if not config.enable_sequence_parallelism:  # (overlap or a mode without it: refused by ShardConfig)
         return None
     mode = config.sequence_parallelism_mode or "split_gather"
     if mode not in _BUILT:

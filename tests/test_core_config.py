@@ -31,11 +31,14 @@ def test_config_is_frozen_and_keyword_only():
         ShardConfig().tensor_parallel_size = 2  # type: ignore[misc]
 
 
-@pytest.mark.parametrize("field", sorted(set(_NOT_BUILT) - set(_CHECKED_AT_OPTIMIZE)))
-def test_unbuilt_feature_flags_raise(field):
-    value = "ring" if field == "sequence_parallelism_mode" else True
-    with pytest.raises(NotImplementedError, match=f"ShardConfig.{field}="):
-        ShardConfig(**{field: value})
+def test_sequence_parallel_flags_are_checked_in_the_constructor():
+    with pytest.raises(ValueError, match="'ring' is not a mode; choose one of split_gather, all_to_all, ring_attn"):
+        ShardConfig(enable_sequence_parallelism=True, sequence_parallelism_mode="ring")
+    with pytest.raises(ValueError, match=r"enable_sequence_overlap=True.*enable_sequence_parallelism=False"):
+        ShardConfig(enable_sequence_overlap=True)
+    with pytest.raises(ValueError, match="without enable_sequence_parallelism=True"):
+        ShardConfig(sequence_parallelism_mode="split_gather")
+    assert set(_NOT_BUILT) == set(_CHECKED_AT_OPTIMIZE)  # the rest is refused at optimize, by the layout
 
 
 def test_every_deferred_field_has_a_case():

@@ -84,6 +84,8 @@ def test_broken_plugin_is_skipped_and_llama_still_works(monkeypatch, tmp_path):
     assert type(policy).__name__ == "LlamaForCausalLMPolicy"
 
 
-def test_unbuilt_flag_is_refused():
-    with pytest.raises(NotImplementedError, match="enable_sequence_parallelism"):
+def test_sequence_parallelism_needs_a_tensor_parallel_group():
+    with pytest.raises(
+        ValueError, match=r"splits the sequence over the tensor-parallel group.*tensor_parallel_size > 1"
+    ):
         shardcore.optimize(build("LlamaForCausalLM"), ShardConfig(enable_sequence_parallelism=True))

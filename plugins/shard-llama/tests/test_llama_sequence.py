@@ -72,3 +72,31 @@ def _generate() -> list:
 def test_generate_prefill_split_decode_unsplit():
     tokens = run_on_ranks(2, _generate)
     assert tokens[0] == tokens[1]
+
+
+def _refused(config: dict, cls_name: str = "LlamaForCausalLM") -> str:
+    from shardcore.testing import refusal_message
+
+    if cls_name.startswith("ViT"):
+        from transformers import ViTConfig, ViTForImageClassification
+
+        cfg = ViTConfig(hidden_size=64, num_attention_heads=4, intermediate_size=128, num_hidden_layers=2)
+        return refusal_message(lambda: ViTForImageClassification(cfg), ShardConfig(tensor_parallel_size=2, **config))
+    return refusal_message(lambda: build(cls_name), ShardConfig(tensor_parallel_size=2, **config))
+
+
+@pytest.mark.parametrize(
+    ("config", "cls_name", "expected"),
+    [
+        ({**SP, "sequence_parallelism_mode": "ring_attn"}, "LlamaForCausalLM", "'ring_attn') is not built yet"),
+        ({**SP, "sequence_parallelism_mode": "all_to_all"}, "LlamaForCausalLM", "'all_to_all') is not built yet"),
+        ({**SP, "enable_sequence_overlap": True}, "LlamaForCausalLM", "enable_sequence_overlap=True) is not built"),
+        (SP, "ViTForImageClassification", "HFViTPolicy does not support sequence_parallelism_mode='split_gather'"),
+        ({**SP, "data_parallel": "ddp"}, "LlamaForCausalLM", "together with data_parallel='ddp' is not built"),
+        ({**SP, "enable_jit_fused": True}, "LlamaForCausalLM", "enable_jit_fused (compiled modules) is not built"),
+    ],
+    ids=["ring", "ulysses", "overlap", "family", "ddp", "jit"],
+)
+def test_refused_on_every_rank_before_any_collective(config, cls_name, expected):
+    for message in run_on_ranks(2, _refused, config, cls_name):
+        assert expected in message, message
