@@ -14,6 +14,7 @@ themselves are re-installed from this checkout, as wheels, at the start of every
     nox -s memory                       # loading a checkpoint: RSS and time vs HuggingFace
     nox -s bench-parallelize            # shardcore.parallelize start-up and RSS vs one unsharded process
     nox -s bench-kernels                # the optimization switches on/off at TP=2 (step-time ratios)
+    nox -s bench-sequence               # sequence parallelism at 1024-4096 tokens: step time, activation memory
     nox -s convergence                  # BERT fine-tuning unsharded vs TP=2 vs TP=4
     nox -s mutants                      # mutation testing of the kit (each deliberate bug caught)
     nox -s compat                       # each plugin under the oldest and the newest transformers/timm
@@ -200,6 +201,14 @@ def bench_pipeline(session: nox.Session) -> None:
     bin_dir = _install(session)
     session.run(str(bin_dir / "python"), "-m", "pip", "install", "--quiet", "matplotlib", external=True)  # the PNG
     _run(session, bin_dir, "python", "benchmarks/bench_pipeline.py", *session.posargs)
+
+
+@nox.session(name="bench-sequence", default=False)
+def bench_sequence(session: nox.Session) -> None:
+    """Benchmark (not a test): sequence parallelism vs TP=2 vs unsharded at long sequences, a PNG plot."""
+    bin_dir = _install(session)
+    session.run(str(bin_dir / "python"), "-m", "pip", "install", "--quiet", "matplotlib", external=True)  # the PNG
+    _run(session, bin_dir, "python", "benchmarks/bench_sequence.py", *session.posargs)
 
 
 @nox.session(name="bench-parallelize", default=False)

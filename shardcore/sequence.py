@@ -33,7 +33,7 @@ import functools
 import torch
 from torch import nn
 
-from .layers.comm import SequenceParallel, copy_to_tp, gather_from_tp, split_to_tp
+from .layers.comm import SequenceParallel, _storage_key, all_gather_cat, copy_to_tp, gather_from_tp, split_to_tp
 from .layers.parallel_module import ParallelModule
 from .layers.rng import fork_tp_rng
 
@@ -111,9 +111,19 @@ def apply_sequence_parallel(model: nn.Module, policy, state: SequenceParallel) -
         if not state.active:
             return None  # plain tensor parallelism for this forward (a decoding step, an odd length)
         x = split_to_tp(x, group, dim=state.dim)
+        state.gathered.clear()
+        if torch.is_grad_enabled():  # autograd keeps the slices of gathered inputs, not the gathered tensors
+            saving = torch.autograd.graph.saved_tensors_hooks(*_regather_hooks(state))
+            saving.__enter__()
+            saving_now.append(saving)
         return (args, {**kwargs, "hidden_states": x}) if in_kwargs else ((x, *args[1:]), kwargs)
 
+    saving_now: list = []
+
     def gather(module, args, output):
+        while saving_now:
+            saving_now.pop().__exit__(None, None, None)
+        state.gathered.clear()
         if not state.active:
             return None
         state.active = False  # what follows the blocks (final norm, head) sees the whole sequence
@@ -143,6 +153,49 @@ def apply_sequence_parallel(model: nn.Module, policy, state: SequenceParallel) -
             except AttributeError:
                 continue
             _per_rank_when_split(dropout, state)
+
+
+class _Regather:
+    """A gathered tensor autograd saved as this rank's slice: gathered again in the backward,
+    once for all the nodes that saved it (q, k and v read one gathered input)."""
+
+    def __init__(self, local: torch.Tensor, state: SequenceParallel) -> None:
+        self.local, self.group, self.dim, self.uses, self.full = local, state.group, state.dim, 0, None
+
+    def get(self) -> torch.Tensor:
+        if self.full is None:
+            self.full = all_gather_cat(self.local, self.group, self.dim, where="backward: gathering a saved input")
+        full, self.uses = self.full, self.uses - 1
+        if self.uses <= 0:
+            self.full = None  # the last node that saved it has it: nothing more to keep
+        return full
+
+
+def _regather_hooks(state: SequenceParallel):
+    """``saved_tensors_hooks`` that save a gathered input (Megatron's: the column-parallel layers'
+    inputs) as this rank's slice: sequence parallelism then keeps 1/tp of those activations."""
+    shared: dict[int, _Regather] = {}
+
+    def pack(t: torch.Tensor):
+        entry = state.gathered.get(_storage_key(t))
+        full = entry[0]() if entry is not None else None
+        if full is None or t.numel() == 0:
+            return t
+        regather = shared.get(id(entry[1]))
+        if regather is None or regather.local is not entry[1]:
+            regather = shared[id(entry[1])] = _Regather(entry[1], state)
+        regather.uses += 1
+        # the saved tensor may be a view of the gathered one: its shape, strides and offset
+        return regather, tuple(t.shape), t.stride(), t.storage_offset() - full.storage_offset()
+
+    def unpack(saved):
+        if not isinstance(saved, tuple):
+            return saved
+        regather, shape, stride, offset = saved
+        full = regather.get()
+        return full.as_strided(shape, stride, full.storage_offset() + offset)
+
+    return pack, unpack
 
 
 def _sum_grads_when_split(module: nn.Module, names: list[str], state: SequenceParallel) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import weakref
 from collections import Counter
 from collections.abc import Iterator
 from datetime import timedelta
@@ -361,6 +362,15 @@ class SequenceParallel:
     mode: str = "split_gather"
     dim: int = 1  # the sequence dimension of the hidden states
     active: bool = False
+    #: ``{storage key of gathered: (weakref to it, this rank's slice)}`` of the forward running now: autograd
+    #: saves the slice instead of the gathered tensor and gathers again in the backward
+    gathered: dict = attrs.field(factory=dict)
+
+
+def _storage_key(t: torch.Tensor) -> tuple:
+    """What identifies a tensor's memory: autograd may save a view of it (``F.linear`` saves its
+    input flattened to 2-D)."""
+    return (t.untyped_storage().data_ptr(), t.dtype)
 
 
 class _GatherSeq(torch.autograd.Function):
@@ -405,8 +415,10 @@ def enter_region(x: torch.Tensor, group, sequence: SequenceParallel | None = Non
             return hit[1]
         y = _GatherSeq.apply(x, group, sequence.dim % x.dim())
         _COPIES[-1][key] = (x, y)
-        return y
-    return _GatherSeq.apply(x, group, sequence.dim % x.dim())
+    else:
+        y = _GatherSeq.apply(x, group, sequence.dim % x.dim())
+    sequence.gathered[_storage_key(y)] = (weakref.ref(y), x)
+    return y
 
 
 @torch.compiler.disable
