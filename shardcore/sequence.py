@@ -35,7 +35,7 @@ from torch import nn
 
 from .layers.comm import SequenceParallel, _storage_key, all_gather_cat, copy_to_tp, gather_from_tp, split_to_tp
 from .layers.parallel_module import ParallelModule
-from .layers.rng import fork_tp_rng
+from .layers.rng import fork_tp_rng, in_tp_rng
 
 __all__ = ["SequenceParallel", "apply_sequence_parallel", "check_sequence_parallel"]
 
@@ -95,7 +95,11 @@ def apply_sequence_parallel(model: nn.Module, policy, state: SequenceParallel) -
                 f"{name} with sequence parallelism: output_hidden_states would return each rank's slice of "
                 "the inner layers' states; leave it off"
             )
-        if module.training and getattr(module, "is_gradient_checkpointing", False):
+        new_name = "is_activation_checkpointing"  # transformers 5 (is_gradient_checkpointing: 4.x, deprecated)
+        checkpointing = getattr(
+            module, new_name if hasattr(type(module), new_name) else "is_gradient_checkpointing", False
+        )
+        if module.training and checkpointing:
             raise NotImplementedError(
                 f"{name}: gradient checkpointing with sequence parallelism is not built yet (the recomputed "
                 "blocks would run unsplit); disable one of them"
@@ -227,12 +231,16 @@ def _per_rank_when_split(module: nn.Module, state: SequenceParallel) -> None:
     """Dropout on split activations draws from the per-rank stream (each rank drops its own
     tokens); on a forward that is not split it stays on the shared one (replicas in step)."""
     forward = module.forward
+    inner = getattr(forward, "__wrapped__", forward)  # beneath a shared-stream wrapper (run_in_shared_rng)
 
     @functools.wraps(forward)
     def wrapped(x, *args, **kwargs):
         if not (module.training and state.active):
             return forward(x, *args, **kwargs)
-        with fork_tp_rng(state.group, "cuda" if x.is_cuda else "cpu"):
-            return forward(x, *args, **kwargs)
+        device = "cuda" if x.is_cuda else "cpu"
+        if in_tp_rng(device):  # inside a per-rank module (GPT-2's attention): its stream is ours
+            return inner(x, *args, **kwargs)
+        with fork_tp_rng(state.group, device):
+            return inner(x, *args, **kwargs)
 
     module.forward = wrapped

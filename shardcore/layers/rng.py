@@ -21,7 +21,7 @@ from torch import nn
 
 from .comm import group_rank
 
-__all__ = ["fork_tp_rng", "run_in_shared_rng", "run_in_tp_rng"]
+__all__ = ["fork_tp_rng", "in_tp_rng", "run_in_shared_rng", "run_in_tp_rng"]
 
 _STATES: dict[tuple[int, str], torch.Tensor] = {}
 #: the default stream's state saved by each open fork_tp_rng block, innermost last, per device
@@ -55,6 +55,11 @@ def fork_tp_rng(group, device: str = "cpu") -> Iterator[None]:
     finally:
         _STATES[key] = _get(device)
         _set(device, _OUTER[device].pop())
+
+
+def in_tp_rng(device: str = "cpu") -> bool:
+    """Whether code runs inside a :func:`fork_tp_rng` block (on a per-rank stream) now."""
+    return bool(_OUTER[device])
 
 
 @contextlib.contextmanager

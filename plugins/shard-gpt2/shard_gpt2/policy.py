@@ -26,6 +26,10 @@ __all__ = ["GPT2Policy"]
 
 
 class GPT2Policy(Policy):
+    #: Megatron sequence parallelism: norms, residuals and residual dropout on this rank's tokens
+    sequence_parallelism_modes = ("split_gather",)
+    sequence_parallel_dropouts = ("attn.resid_dropout", "mlp.dropout")
+
     @property
     def base(self):
         return self.model.base_model
