@@ -16,9 +16,7 @@ __all__ = ["ShardConfig"]
 _NOT_BUILT: dict[str, Any] = {}
 #: The layout degrees and modes of the next features, refused by :meth:`ShardConfig.check_built`
 #: (at ``optimize``) rather than the constructor: the layout must first be checked against the world.
-_NOT_BUILT_LAYOUT: dict[str, Any] = {
-    "sequence_parallel_size": 1,
-}
+_NOT_BUILT_LAYOUT: dict[str, Any] = {}
 _NOT_BUILT.update(_NOT_BUILT_LAYOUT)
 _CHECKED_AT_OPTIMIZE = tuple(_NOT_BUILT_LAYOUT)
 
@@ -66,7 +64,8 @@ class ShardConfig:
         pipeline_stages_per_rank: stages each rank runs under a multi-stage schedule
             (``Interleaved1F1B``, ``LoopedBFS``, ``InterleavedZeroBubble``: default 2;
             ``ZBVZeroBubble``, ``DualPipeV``: 2); one-stage schedules refuse another value.
-        sequence_parallel_size: the Ulysses / ring-attention group (not built yet: ``1``).
+        sequence_parallel_size: the Ulysses group (``sequence_parallelism_mode="all_to_all"``): the
+            mesh's ``sp`` dim; only that mode takes it (``1`` otherwise).
         data_parallel: what runs on the data-parallel dim (``dp`` of the mesh, see
             :mod:`shardcore.distributed.data_parallel`): ``"fsdp"`` (FSDP2's ``fully_shard`` on each
             block of :meth:`~shardcore.Policy.blocks` and on the model: parameters, gradients and
@@ -111,7 +110,8 @@ class ShardConfig:
             :mod:`shardcore.sequence`). ``"split_gather"`` (the default mode): Megatron-LM's, over
             the tensor-parallel group (norms, residuals and dropout on each rank's slice of the
             sequence; all-gather / reduce-scatter instead of the all-reduces). ``"all_to_all"``
-            (Ulysses) and ``"ring_attn"`` are not built yet and raise ``NotImplementedError``.
+            (DeepSpeed-Ulysses) over ``sequence_parallel_size`` ranks, alone or with TP.
+            ``"ring_attn"`` is not built yet and raises ``NotImplementedError``.
         enable_sequence_overlap: overlap sequence-parallel communication with the matmuls (not
             built yet: ``NotImplementedError``; without sequence parallelism: ``ValueError``).
     """

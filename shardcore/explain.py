@@ -174,8 +174,8 @@ def explain(
         )
     if sp > 1:
         notes.append(
-            f"sequence_parallel_size={sp}: not built in this shardcore version (optimize refuses it); shown as "
-            "planned (heads checked over tp x sp)"
+            f"sequence_parallel_size={sp}: Ulysses (sequence_parallelism_mode='all_to_all'): heads checked over "
+            "tp x sp; its all-to-alls around attention (4 per block forward, 4 backward) are not in the counts below"
         )
     if config.plan is not None and policy is None:
         from .plan import PlanPolicy

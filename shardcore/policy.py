@@ -92,6 +92,22 @@ class Policy:
     #: sequence parallelism (residual dropout): they then draw from the per-rank random stream.
     sequence_parallel_dropouts: tuple[str, ...] = ()
 
+    #: Keyword arguments of every block that run along the sequence with the hidden states
+    #: (rotary ``position_embeddings``): under ``all_to_all`` each rank takes its slice of them.
+    sequence_split_kwargs: tuple[str, ...] = ()
+
+    def sequence_parallel_heads(self) -> tuple[int, int]:
+        """``(attention heads, key/value heads)`` for ``all_to_all``, which gives each rank whole heads."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement sequence_parallel_heads()")
+
+    def set_sequence_attention(self, state) -> str:
+        """Make the model's attention run under ``all_to_all`` (see
+        :func:`shardcore.sequence.ulysses_attention`); returns the name now in use. The default
+        registers it in HuggingFace's attention registry around the model's implementation."""
+        from .kernels import use_ulysses_attention
+
+        return use_ulysses_attention(self.model)
+
     def set_model(self, model: nn.Module) -> None:
         self.model = model
 

@@ -33,21 +33,40 @@ import functools
 import torch
 from torch import nn
 
-from .layers.comm import SequenceParallel, _storage_key, all_gather_cat, copy_to_tp, gather_from_tp, split_to_tp
+from .layers.comm import (
+    SequenceParallel,
+    _storage_key,
+    all_gather_cat,
+    all_to_all_cat,
+    copy_to_tp,
+    gather_from_tp,
+    split_to_tp,
+)
 from .layers.parallel_module import ParallelModule
 from .layers.rng import fork_tp_rng, in_tp_rng
 
-__all__ = ["SequenceParallel", "apply_sequence_parallel", "check_sequence_parallel"]
+__all__ = [
+    "SequenceParallel",
+    "apply_sequence_parallel",
+    "apply_ulysses",
+    "check_sequence_parallel",
+    "ulysses_attention",
+]
 
-_BUILT = ("split_gather",)
+_BUILT = ("split_gather", "all_to_all")
 
 
 def check_sequence_parallel(model: nn.Module, policy, config, layout) -> str | None:
     """The mode ``config`` asks for, checked before any collective (the same on every rank)."""
     if not config.enable_sequence_parallelism:  # (overlap or a mode without it: refused by ShardConfig)
+        if layout.sp > 1:
+            raise ValueError(
+                f"sequence_parallel_size={layout.sp} without sequence parallelism: give "
+                "enable_sequence_parallelism=True, sequence_parallelism_mode='all_to_all', or leave it 1"
+            )
         return None
     mode = config.sequence_parallelism_mode or "split_gather"
-    if mode not in _BUILT:
+    if mode == "ring_attn":
         raise NotImplementedError(
             f"ShardConfig(sequence_parallelism_mode={mode!r}) is not built yet; built: {', '.join(_BUILT)}"
         )
@@ -63,11 +82,30 @@ def check_sequence_parallel(model: nn.Module, policy, config, layout) -> str | N
             + (f" (it supports {', '.join(supported)})" if supported else " (no sequence parallelism)")
             + "; leave enable_sequence_parallelism=False"
         )
-    if layout.tp == 1 or not config.enable_tensor_parallelism:
+    if mode == "split_gather" and layout.sp > 1:
+        raise ValueError(
+            f"sequence_parallel_size={layout.sp} is the group of sequence_parallelism_mode='all_to_all' (or "
+            "'ring_attn'); 'split_gather' splits over the tensor-parallel group: leave sequence_parallel_size=1"
+        )
+    if mode == "split_gather" and (layout.tp == 1 or not config.enable_tensor_parallelism):
         raise ValueError(
             "sequence_parallelism_mode='split_gather' splits the sequence over the tensor-parallel group, "
             "but tensor_parallel_size is 1; give tensor_parallel_size > 1"
         )
+    if mode == "all_to_all":
+        if layout.sp == 1:
+            raise ValueError(
+                "sequence_parallelism_mode='all_to_all' (Ulysses) runs over sequence_parallel_size ranks, but it "
+                "is 1; give sequence_parallel_size > 1"
+            )
+        tp = layout.tp if config.enable_tensor_parallelism else 1
+        for what, heads in zip(("attention heads", "key/value heads"), policy.sequence_parallel_heads(), strict=True):
+            if heads % (tp * layout.sp):
+                raise ValueError(
+                    f"{type(model).__name__}: {heads} {what} do not split over tensor_parallel_size x "
+                    f"sequence_parallel_size = {tp} x {layout.sp} (Ulysses gives each rank whole heads); choose "
+                    f"sizes whose product divides {heads}"
+                )
     refused = {
         "pipeline_parallel_size > 1": layout.pp > 1,
         f"data_parallel={config.data_parallel!r}": config.data_parallel is not None,
@@ -244,3 +282,107 @@ def _per_rank_when_split(module: nn.Module, state: SequenceParallel) -> None:
             return inner(x, *args, **kwargs)
 
     module.forward = wrapped
+
+
+# -- all_to_all: DeepSpeed-Ulysses over the sequence-parallel group ---------------------------------
+
+
+def apply_ulysses(model: nn.Module, policy, state: SequenceParallel) -> None:
+    """DeepSpeed-Ulysses over ``state.group`` (the mesh's ``sp`` dim): the hidden states split along
+    the sequence at the first block's input (and the per-block inputs that run along it, such as
+    rotary ``position_embeddings``), gathered at the last block's output; around attention an
+    all-to-all trades the sequence split for a head split and back, through the model library's
+    attention registry (:meth:`shardcore.Policy.set_sequence_attention`). Every block parameter's
+    gradient, from this rank's tokens only, is summed over the group."""
+    blocks = [block for _, block in policy.blocks()]
+    group = state.group
+    split_kwargs = tuple(policy.sequence_split_kwargs)
+
+    def split_first(module, args, kwargs):
+        in_kwargs = "hidden_states" in kwargs
+        x = kwargs["hidden_states"] if in_kwargs else args[0]
+        length = x.shape[state.dim]
+        cached = kwargs.get("past_key_values") is not None and not module.training
+        # a KV cache would keep only this rank's part of the sequence: inference with one runs unsplit
+        state.active = length % state.size == 0 and length >= state.size and not cached
+        if not state.active:
+            return None
+        x = split_to_tp(x, group, dim=state.dim)
+        return (args, {**kwargs, "hidden_states": x}) if in_kwargs else ((x, *args[1:]), kwargs)
+
+    def split_along(module, args, kwargs):
+        if not state.active:
+            return None
+        out = dict(kwargs)
+        for key in split_kwargs:
+            value = kwargs.get(key)
+            if isinstance(value, torch.Tensor):
+                out[key] = split_to_tp(value, group, dim=state.dim)
+            elif isinstance(value, tuple) and all(isinstance(v, torch.Tensor) for v in value):
+                out[key] = tuple(split_to_tp(v, group, dim=state.dim) for v in value)
+        return args, out
+
+    def gather_last(module, args, output):
+        if not state.active:
+            return None
+        state.active = False
+        if isinstance(output, tuple):
+            return (gather_from_tp(output[0], group, dim=state.dim), *output[1:])
+        return gather_from_tp(output, group, dim=state.dim)
+
+    blocks[0].register_forward_pre_hook(split_first, with_kwargs=True)
+    for block in blocks:  # after split_first on the first block: the flag is set when these run
+        block.register_forward_pre_hook(split_along, with_kwargs=True)
+    blocks[-1].register_forward_hook(gather_last)
+    for block in blocks:
+        for module in block.modules():
+            module.__dict__["_shardcore_sequence"] = state  # the attention function finds it here
+            own = [n for n, p in module.named_parameters(recurse=False) if p.requires_grad]
+            if own:  # every block parameter saw this rank's tokens only
+                _sum_grads_when_split(module, own, state)
+    for block in blocks:
+        for suffix in policy.sequence_parallel_dropouts:
+            try:
+                dropout = block.get_submodule(suffix)
+            except AttributeError:
+                continue
+            _per_rank_when_split(dropout, state)
+    policy.set_sequence_attention(state)
+
+
+class _AllToAll(torch.autograd.Function):
+    """Split ``x`` along ``scatter`` into the group's ranks and concatenate what they send along
+    ``gather``; the backward is the inverse exchange."""
+
+    @staticmethod
+    def forward(ctx, x, group, scatter: int, gather: int):
+        ctx.group, ctx.scatter, ctx.gather = group, scatter, gather
+        return all_to_all_cat(x, group, scatter, gather)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return (
+            all_to_all_cat(grad, ctx.group, ctx.gather, ctx.scatter, where="backward of Ulysses attention"),
+            None,
+            None,
+            None,
+        )
+
+
+def ulysses_attention(base):
+    """An attention function for a registry (HuggingFace's ``AttentionInterface``) that runs
+    ``base`` under Ulysses: ``(batch, heads, seq/sp, dim)`` query, key and value exchanged to
+    ``(batch, heads/sp, seq, dim)``, attention over the whole sequence, the output ``(batch,
+    seq, heads/sp, dim)`` exchanged back to ``(batch, seq/sp, heads, dim)``."""
+
+    @functools.wraps(base)
+    def attention(module, query, key, value, attention_mask, **kwargs):
+        state = module.__dict__.get("_shardcore_sequence")
+        if state is None or not state.active:
+            return base(module, query, key, value, attention_mask, **kwargs)
+        group = state.group
+        query, key, value = (_AllToAll.apply(t, group, 1, 2) for t in (query, key, value))
+        out, _ = base(module, query, key, value, attention_mask, **kwargs)
+        return _AllToAll.apply(out, group, 1, 2), None  # (batch, seq, heads, dim): seq split, heads whole
+
+    return attention

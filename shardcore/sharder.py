@@ -26,7 +26,7 @@ from .layers.rng import run_in_shared_rng, run_in_tp_rng
 from .meta import guard_meta
 from .pipeline import build_pipeline, check_pipeline
 from .policy import ModulePolicyDescription, Policy
-from .sequence import apply_sequence_parallel, check_sequence_parallel
+from .sequence import apply_sequence_parallel, apply_ulysses, check_sequence_parallel
 
 __all__ = ["ModelSharder", "ShardInfo", "optimize", "resolve_policy"]
 
@@ -264,13 +264,15 @@ def optimize(
     stages = check_pipeline(model, policy, config, layout) if layout.pp > 1 else None
     sequence_mode = check_sequence_parallel(model, policy, config, layout)
     # with data or pipeline parallelism every rank of the world starts from the same weights
-    whole_world = layout.pp > 1 or (config.data_parallel is not None and layout.dp > 1)
+    whole_world = layout.pp > 1 or layout.sp > 1 or (config.data_parallel is not None and layout.dp > 1)
     if tp_size == 1 or not config.enable_tensor_parallelism:
         applied = kernels.apply(model, policy, config)
         kernels.apply_jit(model, policy, config, applied)
         _freeze_for_inference(model, config)
         if whole_world:
             _check_same_weights(model, dist.group.WORLD)
+            if sequence_mode == "all_to_all":
+                _ulysses(model, policy, config, layout)
             pipeline = build_pipeline(model, policy, config, layout, *stages) if stages else None
             data_parallel = apply_data_parallel(model, policy, config, layout)
             model.shardcore = ShardInfo(
@@ -288,12 +290,15 @@ def optimize(
         group = layout.group("tp")
     _check_same_weights(model, dist.group.WORLD if whole_world else group)
     sharder.process_group = group
-    sequence = SequenceParallel(group, group_size(group), sequence_mode) if sequence_mode else None
+    split_gather = sequence_mode == "split_gather"
+    sequence = SequenceParallel(group, group_size(group), sequence_mode) if split_gather else None
     sharder.sequence = sequence
     model = sharder.shard(plan)
     model = policy.postprocess()
     if sequence is not None:
         apply_sequence_parallel(model, policy, sequence)
+    if sequence_mode == "all_to_all":
+        _ulysses(model, policy, config, layout)
     kernels.apply_jit(model, policy, config, applied)
     if policy.share_tp_copies:
         _share_copies_per_forward(model)
@@ -305,6 +310,19 @@ def optimize(
     model.shardcore = ShardInfo(config, tp_size, group, policy, layout, applied, data_parallel, pipeline)
     guard_meta(model)
     return model
+
+
+def _ulysses(model: nn.Module, policy: Policy, config: ShardConfig, layout: ParallelLayout) -> None:
+    """``all_to_all`` over the mesh's ``sp`` dim, and (``check_inputs``) the same batch on its ranks."""
+    group = layout.group("sp")
+    apply_ulysses(model, policy, SequenceParallel(group, layout.sp, "all_to_all"))
+    if config.check_inputs:
+        name = type(model).__name__
+
+        def same_inputs(module, args, kwargs):
+            consistency.check_inputs(group, f"{name}.forward (sequence-parallel group)", args, kwargs)
+
+        model.register_forward_pre_hook(same_inputs, with_kwargs=True, prepend=True)
 
 
 def _share_copies_per_forward(model: nn.Module) -> None:

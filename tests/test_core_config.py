@@ -8,7 +8,6 @@ from toy_models import ToyLM, ToyPolicy
 
 import shardcore
 from shardcore import ShardConfig
-from shardcore.config import _CHECKED_AT_OPTIMIZE, _NOT_BUILT
 from shardcore.testing import count_c10d_calls, refusal_message, run_on_ranks
 
 
@@ -38,18 +37,11 @@ def test_sequence_parallel_flags_are_checked_in_the_constructor():
         ShardConfig(enable_sequence_overlap=True)
     with pytest.raises(ValueError, match="without enable_sequence_parallelism=True"):
         ShardConfig(sequence_parallelism_mode="split_gather")
-    assert set(_NOT_BUILT) == set(_CHECKED_AT_OPTIMIZE)  # the rest is refused at optimize, by the layout
 
 
-def test_every_deferred_field_has_a_case():
-    assert set(_CHECKED_AT_OPTIMIZE) == {
-        "sequence_parallel_size"
-    }  # see test_sequence_parallel_size_is_refused_after_the_layout_check
-
-
-def test_sequence_parallel_size_is_refused_after_the_layout_check():
+def test_sequence_parallel_size_needs_a_mode_that_takes_it():
     messages = run_on_ranks(2, _expect_error, {"tensor_parallel_size": 1, "sequence_parallel_size": 2}, {})
-    assert all("NotImplementedError: ShardConfig.sequence_parallel_size=2 is not supported" in m for m in messages)
+    assert all("ValueError: sequence_parallel_size=2 without sequence parallelism" in m for m in messages), messages
 
 
 @pytest.mark.parametrize("field", ["pipeline_parallel_size", "sequence_parallel_size", "data_parallel_size"])

@@ -33,6 +33,7 @@ __all__ = [
     "CollectiveTimeout",
     "PaperGroup",
     "SequenceParallel",
+    "all_to_all_cat",
     "copy_to_tp",
     "count_collectives",
     "enter_region",
@@ -200,6 +201,22 @@ def reduce_scatter_cat(x: torch.Tensor, group, dim: int, *, where: str | None = 
     out = torch.empty_like(parts[0])
     _wait(dist.reduce_scatter(out, parts, group=group, async_op=True), "reduce_scatter", group, where)
     return out
+
+
+def all_to_all_cat(x: torch.Tensor, group, scatter: int, gather: int, *, where: str | None = None) -> torch.Tensor:
+    """Send the ``i``-th of ``x``'s equal chunks along ``scatter`` to rank ``i`` and concatenate the
+    chunks received along ``gather`` (all-to-all); counted, bounded."""
+    world = group_size(group)
+    if world == 1:
+        return x
+    if x.shape[scatter] % world:
+        raise ValueError(f"cannot split dimension {scatter} of size {x.shape[scatter]} over {world} ranks")
+    COUNTS["all_to_all"] += 1
+    WHERE.seq += 1
+    inputs = [c.contiguous() for c in x.chunk(world, dim=scatter)]
+    outputs = [torch.empty_like(inputs[0]) for _ in range(world)]
+    _wait(dist.all_to_all(outputs, inputs, group=group, async_op=True), "all_to_all", group, where)
+    return torch.cat(outputs, dim=gather)
 
 
 def broadcast(x: torch.Tensor, group, *, where: str) -> torch.Tensor:

@@ -32,8 +32,14 @@ __all__ = ["LlamaForCausalLMPolicy", "LlamaForSequenceClassificationPolicy", "Ll
 class LlamaPolicy(Policy):
     """Shared by every Llama-architecture head: shards the base model (``model.base_model``)."""
 
-    #: Megatron sequence parallelism: norms and residuals on this rank's slice of the sequence
-    sequence_parallelism_modes = ("split_gather",)
+    #: Megatron sequence parallelism (norms and residuals on this rank's slice of the sequence) and
+    #: Ulysses (each rank's tokens everywhere but attention, which an all-to-all turns to whole heads)
+    sequence_parallelism_modes = ("split_gather", "all_to_all")
+    sequence_split_kwargs = ("position_embeddings",)  # rotary cos / sin along the sequence
+
+    def sequence_parallel_heads(self):
+        heads, kv, _ = self._dims()
+        return heads, kv
 
     @property
     def base(self):

@@ -74,28 +74,87 @@ def test_generate_prefill_split_decode_unsplit():
     assert tokens[0] == tokens[1]
 
 
+# -- all_to_all (DeepSpeed-Ulysses) over sequence_parallel_size ranks, alone and with TP ---------------
+
+ULYSSES = {"enable_sequence_parallelism": True, "sequence_parallelism_mode": "all_to_all"}
+
+
+def _check_ulysses(tp: int, sp: int, cls_name: str, cfg: dict) -> dict:
+    batch = lm_batch(cfg.get("vocab", 128), seq=12)
+    if cls_name.endswith("SequenceClassification"):
+        batch["labels"] = torch.tensor([1, 0])
+    config = ShardConfig(tensor_parallel_size=tp, sequence_parallel_size=sp, **ULYSSES)
+    with count_collectives() as counts:
+        report = assert_sharded_matches(lambda: build(cls_name, **cfg), batch, config)
+    report["all_to_all"] = counts.get("all_to_all", 0)
+    return report
+
+
+@pytest.mark.parametrize(
+    ("tp", "sp", "cls_name", "cfg"),
+    [
+        (1, 2, "LlamaForCausalLM", {"kv": 2}),
+        (1, 4, "LlamaForCausalLM", {"tie": True}),
+        (2, 2, "LlamaForCausalLM", {}),  # sp x tp on the mesh
+        (1, 2, "LlamaForSequenceClassification", {}),
+    ],
+    ids=["causal-gqa-sp2", "causal-tied-sp4", "causal-sp2-tp2", "seqcls-sp2"],
+)
+def test_all_to_all_matches_unsharded(tp, sp, cls_name, cfg):
+    for report in run_on_ranks(tp * sp, _check_ulysses, tp, sp, cls_name, cfg):
+        assert report["max_abs_diff_after_steps"] <= 1e-5, report
+        assert report["all_to_all"] > 0, report  # the heads were exchanged: the sequence was split
+
+
+def _generate_ulysses() -> list:
+    import shardcore
+
+    torch.manual_seed(0)
+    ref = build("LlamaForCausalLM").eval()
+    torch.manual_seed(0)
+    config = ShardConfig(tensor_parallel_size=1, sequence_parallel_size=2, **ULYSSES)
+    model = shardcore.optimize(build("LlamaForCausalLM"), config).eval()
+    ids = torch.randint(1, 128, (2, 8), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():  # a forward without a cache is split; generate's cached steps run unsplit
+        assert torch.allclose(model(input_ids=ids).logits, ref(input_ids=ids).logits, atol=1e-5)
+    return assert_generate_matches(ref, model, input_ids=ids, max_new_tokens=6, do_sample=False).tolist()
+
+
+def test_all_to_all_forward_and_generate():
+    tokens = run_on_ranks(2, _generate_ulysses)
+    assert tokens[0] == tokens[1]
+
+
 def _refused(config: dict, cls_name: str = "LlamaForCausalLM") -> str:
     from shardcore.testing import refusal_message
 
+    config = {"tensor_parallel_size": 2, **config}
     if cls_name.startswith("ViT"):
         from transformers import ViTConfig, ViTForImageClassification
 
         cfg = ViTConfig(hidden_size=64, num_attention_heads=4, intermediate_size=128, num_hidden_layers=2)
-        return refusal_message(lambda: ViTForImageClassification(cfg), ShardConfig(tensor_parallel_size=2, **config))
-    return refusal_message(lambda: build(cls_name), ShardConfig(tensor_parallel_size=2, **config))
+        return refusal_message(lambda: ViTForImageClassification(cfg), ShardConfig(**config))
+    kv = config.pop("kv", None)
+    return refusal_message(lambda: build(cls_name, kv=kv), ShardConfig(**config))
 
 
 @pytest.mark.parametrize(
     ("config", "cls_name", "expected"),
     [
         ({**SP, "sequence_parallelism_mode": "ring_attn"}, "LlamaForCausalLM", "'ring_attn') is not built yet"),
-        ({**SP, "sequence_parallelism_mode": "all_to_all"}, "LlamaForCausalLM", "'all_to_all') is not built yet"),
+        (
+            {**ULYSSES, "tensor_parallel_size": 1, "sequence_parallel_size": 2, "kv": 1},
+            "LlamaForCausalLM",
+            "1 key/value heads do not split over tensor_parallel_size x sequence_parallel_size = 1 x 2",
+        ),
+        ({"tensor_parallel_size": 1, "sequence_parallel_size": 2}, "LlamaForCausalLM", "without sequence parallel"),
+        ({**SP, "tensor_parallel_size": 1, "sequence_parallel_size": 2}, "LlamaForCausalLM", "is the group of"),
         ({**SP, "enable_sequence_overlap": True}, "LlamaForCausalLM", "enable_sequence_overlap=True) is not built"),
         (SP, "ViTForImageClassification", "HFViTPolicy does not support sequence_parallelism_mode='split_gather'"),
         ({**SP, "data_parallel": "ddp"}, "LlamaForCausalLM", "together with data_parallel='ddp' is not built"),
         ({**SP, "enable_jit_fused": True}, "LlamaForCausalLM", "enable_jit_fused (compiled modules) is not built"),
     ],
-    ids=["ring", "ulysses", "overlap", "family", "ddp", "jit"],
+    ids=["ring", "ulysses-heads", "sp-without-mode", "split-gather-sp", "overlap", "family", "ddp", "jit"],
 )
 def test_refused_on_every_rank_before_any_collective(config, cls_name, expected):
     for message in run_on_ranks(2, _refused, config, cls_name):
