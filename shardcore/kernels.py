@@ -149,27 +149,44 @@ def use_hf_attention(model: torch.nn.Module, backend: str) -> str:
     return name
 
 
+def ulysses_problem(model: torch.nn.Module) -> str | None:
+    """Why :func:`use_ulysses_attention` cannot switch ``model`` (``None``: it can). No collective."""
+    base_name = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    try:
+        from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+    except ImportError:
+        return (
+            "sequence_parallelism_mode='all_to_all' runs attention through transformers' attention and mask "
+            "registries, which this transformers version lacks"
+        )
+    if not getattr(model, "_supports_attention_backend", False):
+        return (
+            f"sequence_parallelism_mode='all_to_all': {type(model).__name__} does not run its attention through "
+            "transformers' attention registry in this transformers version"
+        )
+    if base_name not in ALL_ATTENTION_FUNCTIONS or base_name not in ALL_MASK_ATTENTION_FUNCTIONS:
+        return (
+            f"sequence_parallelism_mode='all_to_all': {type(model).__name__} runs attention {base_name!r}, which is "
+            "not in transformers' attention registry; build it with attn_implementation='sdpa'"
+        )
+    return None
+
+
 def use_ulysses_attention(model: torch.nn.Module) -> str:
     """Register ``shardcore_ulysses_<implementation>`` (the model's attention implementation under
     :func:`shardcore.sequence.ulysses_attention`, with that implementation's mask builder) in
     HuggingFace's registries and switch the model to it; the name."""
     from .sequence import ulysses_attention
 
-    base_name = getattr(getattr(model, "config", None), "_attn_implementation", None)
-    try:
-        from transformers import AttentionInterface
-        from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
-        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-    except ImportError:
-        raise NotImplementedError(
-            "sequence_parallelism_mode='all_to_all' runs attention through transformers' attention and mask "
-            "registries, which this transformers version lacks"
-        ) from None
-    if base_name not in ALL_ATTENTION_FUNCTIONS or base_name not in ALL_MASK_ATTENTION_FUNCTIONS:
-        raise NotImplementedError(
-            f"sequence_parallelism_mode='all_to_all': {type(model).__name__} runs attention {base_name!r}, which is "
-            "not in transformers' attention registry; build it with attn_implementation='sdpa'"
-        )
+    problem = ulysses_problem(model)
+    if problem:
+        raise NotImplementedError(problem)
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    base_name = model.config._attn_implementation
     name = f"shardcore_ulysses_{base_name}"
     AttentionInterface.register(name, ulysses_attention(ALL_ATTENTION_FUNCTIONS[base_name]))
     AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[base_name])

@@ -98,6 +98,9 @@ def check_sequence_parallel(model: nn.Module, policy, config, layout) -> str | N
                 "sequence_parallelism_mode='all_to_all' (Ulysses) runs over sequence_parallel_size ranks, but it "
                 "is 1; give sequence_parallel_size > 1"
             )
+        problem = policy.sequence_attention_problem()
+        if problem:
+            raise NotImplementedError(f"{type(model).__name__}: {problem}")
         tp = layout.tp if config.enable_tensor_parallelism else 1
         for what, heads in zip(("attention heads", "key/value heads"), policy.sequence_parallel_heads(), strict=True):
             if heads % (tp * layout.sp):
@@ -307,6 +310,7 @@ def apply_ulysses(model: nn.Module, policy, state: SequenceParallel) -> None:
         state.active = length % state.size == 0 and length >= state.size and not cached
         if not state.active:
             return None
+        state.attention_calls = 0
         x = split_to_tp(x, group, dim=state.dim)
         return (args, {**kwargs, "hidden_states": x}) if in_kwargs else ((x, *args[1:]), kwargs)
 
@@ -326,6 +330,12 @@ def apply_ulysses(model: nn.Module, policy, state: SequenceParallel) -> None:
         if not state.active:
             return None
         state.active = False
+        if state.attention_calls < len(blocks):  # never silently attention over this rank's tokens only
+            raise RuntimeError(
+                f"sequence_parallelism_mode='all_to_all': {len(blocks)} blocks ran but the Ulysses attention "
+                f"ran {state.attention_calls} times; this model's attention does not go through the registry "
+                "shardcore switched"
+            )
         if isinstance(output, tuple):
             return (gather_from_tp(output[0], group, dim=state.dim), *output[1:])
         return gather_from_tp(output, group, dim=state.dim)
@@ -381,6 +391,7 @@ def ulysses_attention(base):
         if state is None or not state.active:
             return base(module, query, key, value, attention_mask, **kwargs)
         group = state.group
+        state.attention_calls += 1
         query, key, value = (_AllToAll.apply(t, group, 1, 2) for t in (query, key, value))
         out, _ = base(module, query, key, value, attention_mask, **kwargs)
         return _AllToAll.apply(out, group, 1, 2), None  # (batch, seq, heads, dim): seq split, heads whole

@@ -382,6 +382,7 @@ class SequenceParallel:
     #: ``{storage key of gathered: (weakref to it, this rank's slice)}`` of the forward running now: autograd
     #: saves the slice instead of the gathered tensor and gathers again in the backward
     gathered: dict = attrs.field(factory=dict)
+    attention_calls: int = 0  # all_to_all: the Ulysses attention calls of the forward running now
 
 
 def _storage_key(t: torch.Tensor) -> tuple:

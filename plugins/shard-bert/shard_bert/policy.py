@@ -34,8 +34,9 @@ _NAMES = ("self.query", "self.key", "self.value", "output.dense")
 class BertPolicy(Policy):
     """Shards the encoder and word embeddings of ``model.base_model`` (``BertModel``/``RobertaModel``)."""
 
-    #: Megatron sequence parallelism: LayerNorms, residuals and their dropout on this rank's tokens
-    sequence_parallelism_modes = ("split_gather",)
+    #: Megatron sequence parallelism (LayerNorms, residuals and their dropout on this rank's tokens)
+    #: and Ulysses (transformers 5: attention through its registry)
+    sequence_parallelism_modes = ("split_gather", "all_to_all")
     sequence_parallel_dropouts = ("attention.output.dropout", "output.dropout", "crossattention.output.dropout")
 
     @property
@@ -44,6 +45,10 @@ class BertPolicy(Policy):
 
     def blocks(self):
         return self.blocks_in(self.base.encoder.layer)
+
+    def sequence_parallel_heads(self):
+        heads = self.model.config.num_attention_heads
+        return heads, heads
 
     def fusible_modules(self):
         # bias + GeLU; bias + dropout + residual + LayerNorm (after the MLP and after attention)

@@ -71,3 +71,44 @@ def test_dropout_on_split_tokens_draws_per_rank_and_replicated_dropout_stays_in_
     assert split["shape"] == (2, 6, 64) and not split["same"], split  # each rank drops its own tokens
     odd = run_on_ranks(2, _dropout_masks, 11)[0]  # not split: replicated activations, one stream
     assert odd["shape"] == (2, 11, 64) and odd["same"], odd
+
+
+def _check_ulysses(tp: int, sp: int, cls_name: str) -> dict:
+    config = ShardConfig(
+        tensor_parallel_size=tp,
+        sequence_parallel_size=sp,
+        enable_sequence_parallelism=True,
+        sequence_parallelism_mode="all_to_all",
+    )
+    with count_collectives() as counts:
+        report = assert_sharded_matches(
+            lambda: build(cls_name), _batch(cls_name), config, zero_grads=("*.self.key.bias",)
+        )
+    report["all_to_all"] = counts.get("all_to_all", 0)
+    return report
+
+
+@pytest.mark.parametrize(("tp", "sp", "cls_name"), [(1, 2, "BertForMaskedLM"), (2, 2, "BertForSequenceClassification")])
+def test_all_to_all_matches_unsharded(tp, sp, cls_name):
+    import transformers
+
+    if int(transformers.__version__.split(".")[0]) < 5:  # 4.x: no mask registry; BERT's attention not in the registry
+        for message in run_on_ranks(tp * sp, _refused_ulysses, tp, sp, cls_name):
+            assert message.startswith("NotImplementedError") and "all_to_all" in message and "registr" in message, (
+                message
+            )
+        return
+    for report in run_on_ranks(tp * sp, _check_ulysses, tp, sp, cls_name):
+        assert report["max_abs_diff_after_steps"] <= 1e-5 and report["all_to_all"] > 0, report
+
+
+def _refused_ulysses(tp: int, sp: int, cls_name: str) -> str:
+    from shardcore.testing import refusal_message
+
+    config = ShardConfig(
+        tensor_parallel_size=tp,
+        sequence_parallel_size=sp,
+        enable_sequence_parallelism=True,
+        sequence_parallelism_mode="all_to_all",
+    )
+    return refusal_message(lambda: build(cls_name), config)

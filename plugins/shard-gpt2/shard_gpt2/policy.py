@@ -27,8 +27,12 @@ __all__ = ["GPT2Policy"]
 
 class GPT2Policy(Policy):
     #: Megatron sequence parallelism: norms, residuals and residual dropout on this rank's tokens
-    sequence_parallelism_modes = ("split_gather",)
+    sequence_parallelism_modes = ("split_gather", "all_to_all")  # all_to_all: transformers 5's attention registry
     sequence_parallel_dropouts = ("attn.resid_dropout", "mlp.dropout")
+
+    def sequence_parallel_heads(self):
+        heads = self.model.config.n_head
+        return heads, heads
 
     @property
     def base(self):

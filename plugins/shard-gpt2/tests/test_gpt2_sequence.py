@@ -59,3 +59,30 @@ def test_residual_dropout_draws_per_rank_on_split_tokens():
     assert split["shape"] == (2, 6, 64) and not any(split["same"].values()), split
     odd = run_on_ranks(2, _dropout_masks, 11)[0]  # not split: replicated activations, the shared stream
     assert odd["shape"] == (2, 11, 64) and all(odd["same"].values()), odd
+
+
+def _check_ulysses() -> dict:
+    import transformers
+
+    from shardcore.testing import refusal_message
+
+    config = ShardConfig(
+        tensor_parallel_size=1,
+        sequence_parallel_size=2,
+        enable_sequence_parallelism=True,
+        sequence_parallelism_mode="all_to_all",
+    )
+    if int(transformers.__version__.split(".")[0]) < 5:  # 4.x GPT-2 does not run attention through the registry
+        return {"refused": refusal_message(lambda: build("GPT2LMHeadModel"), config)}
+    with count_collectives() as counts:
+        report = assert_sharded_matches(lambda: build("GPT2LMHeadModel"), batch_for("GPT2LMHeadModel", seq=12), config)
+    report["all_to_all"] = counts.get("all_to_all", 0)
+    return report
+
+
+def test_all_to_all_matches_unsharded():
+    for report in run_on_ranks(2, _check_ulysses):
+        if "refused" in report:
+            assert "all_to_all" in report["refused"] and "registr" in report["refused"], report
+            continue
+        assert report["max_abs_diff_after_steps"] <= 1e-5 and report["all_to_all"] > 0, report
