@@ -43,6 +43,7 @@ from .explained import assert_explain_matches
 from .generation import assert_generate_matches
 from .pipeline import assert_pipeline_matches
 from .refusals import count_c10d_calls, refusal_message
+from .sequence import dropout_patterns
 from .structure import check_blocks
 
 __all__ = [
@@ -62,6 +63,7 @@ __all__ = [
     "close_pools",
     "count_c10d_calls",
     "dp_part",
+    "dropout_patterns",
     "flash_refused_here",
     "hidden_state_loss",
     "refusal_message",
