@@ -121,15 +121,11 @@ def check_sequence_parallel(model: nn.Module, policy, config, layout) -> str | N
     return mode
 
 
-def apply_sequence_parallel(model: nn.Module, policy, state: SequenceParallel) -> None:
-    """Split at the first block's input, gather at the last block's output, and make the blocks'
-    parallel layers, replicated parameters and dropouts follow ``state``. Called by
-    :func:`shardcore.optimize` after the sharder (which gave the layers ``state``)."""
-    blocks = [block for _, block in policy.blocks()]
-    group = state.group
+def _refuse_unsupported(model: nn.Module) -> None:
+    """At each forward, before any collective: what the sequence split cannot honour yet."""
     name = type(model).__name__
 
-    def refuse_unsupported(module, args, kwargs):
+    def refuse(module, args, kwargs):
         cfg = getattr(module, "config", None)
         if kwargs.get("output_hidden_states") or getattr(cfg, "output_hidden_states", False):
             raise NotImplementedError(
@@ -146,7 +142,16 @@ def apply_sequence_parallel(model: nn.Module, policy, state: SequenceParallel) -
                 "blocks would run unsplit); disable one of them"
             )
 
-    model.register_forward_pre_hook(refuse_unsupported, with_kwargs=True)
+    model.register_forward_pre_hook(refuse, with_kwargs=True)
+
+
+def apply_sequence_parallel(model: nn.Module, policy, state: SequenceParallel) -> None:
+    """Split at the first block's input, gather at the last block's output, and make the blocks'
+    parallel layers, replicated parameters and dropouts follow ``state``. Called by
+    :func:`shardcore.optimize` after the sharder (which gave the layers ``state``)."""
+    blocks = [block for _, block in policy.blocks()]
+    group = state.group
+    _refuse_unsupported(model)
 
     def split(module, args, kwargs):
         in_kwargs = "hidden_states" in kwargs
@@ -300,6 +305,7 @@ def apply_ulysses(model: nn.Module, policy, state: SequenceParallel) -> None:
     blocks = [block for _, block in policy.blocks()]
     group = state.group
     split_kwargs = tuple(policy.sequence_split_kwargs)
+    _refuse_unsupported(model)
 
     def split_first(module, args, kwargs):
         in_kwargs = "hidden_states" in kwargs

@@ -157,3 +157,36 @@ def _refused(config: dict, cls_name: str = "LlamaForCausalLM") -> str:
 def test_refused_on_every_rank_before_any_collective(config, cls_name, expected):
     for message in run_on_ranks(2, _refused, config, cls_name):
         assert expected in message, message
+
+
+def _refused_at_forward(mode: str) -> list[str]:
+    import shardcore
+
+    torch.manual_seed(0)
+    sizes = (
+        {"tensor_parallel_size": 2}
+        if mode == "split_gather"
+        else {"tensor_parallel_size": 1, "sequence_parallel_size": 2}
+    )
+    config = ShardConfig(**sizes, enable_sequence_parallelism=True, sequence_parallelism_mode=mode)
+    model = shardcore.optimize(build("LlamaForCausalLM"), config)
+    messages = []
+    for how in ("hidden_states", "checkpointing"):
+        kwargs = {}
+        if how == "hidden_states":
+            kwargs["output_hidden_states"] = True
+        else:
+            model.gradient_checkpointing_enable()
+        try:
+            model(**lm_batch(seq=12), **kwargs)
+            messages.append("no error")
+        except NotImplementedError as err:
+            messages.append(str(err))
+    return messages
+
+
+@pytest.mark.parametrize("mode", ["split_gather", "all_to_all"])
+def test_hidden_states_and_checkpointing_refused_at_the_forward(mode):
+    for hidden, checkpointing in run_on_ranks(2, _refused_at_forward, mode):
+        assert "output_hidden_states would return each rank's slice" in hidden, hidden
+        assert "gradient checkpointing with sequence parallelism is not built yet" in checkpointing, checkpointing
