@@ -172,9 +172,16 @@ class Policy:
 
     # -- pipeline parallelism (see shardcore.pipeline); a policy without them refuses it -------
 
-    #: Whether a block returns a tuple whose first element is the hidden states (older
-    #: transformers) rather than the hidden states: what its pipeline hole returns.
-    pipeline_block_returns_tuple: bool = False
+    @property
+    def pipeline_block_returns_tuple(self) -> bool:
+        """Whether a block returns a tuple whose first element is the hidden states rather than
+        the hidden states: what its pipeline hole returns. Default: ``True`` for a HuggingFace
+        model under transformers 4.x (its layers return ``(hidden, ...)``), else ``False``."""
+        if not type(self.model).__module__.startswith("transformers."):
+            return False
+        import transformers  # the model is a transformers model: it is imported already
+
+        return int(transformers.__version__.split(".")[0]) < 5
 
     #: Why ``generate()`` cannot run through this model's pipeline stages (``None``: it can).
     pipeline_generate_unsupported: str | None = None

@@ -87,12 +87,6 @@ class BertPolicy(Policy):
     # -- pipeline parallelism (masked LM and sequence classification): the model's own forward, the
     # hidden states entering later stages as inputs_embeds past a skipped embedding module ---------------
 
-    @property
-    def pipeline_block_returns_tuple(self) -> bool:
-        import transformers  # the model is a transformers model: it is imported already
-
-        return int(transformers.__version__.split(".")[0]) < 5  # 4.x layers return (hidden, ...)
-
     def _head(self) -> str:
         for head in ("cls", "lm_head"):  # BERT's / RoBERTa's masked-LM head
             if isinstance(getattr(self.model, head, None), nn.Module) and hasattr(self.model, "get_output_embeddings"):

@@ -71,13 +71,17 @@ def test_dropout_on_split_tokens_draws_per_rank_and_replicated_dropout_stays_in_
     assert odd["shape"] == (2, 11, 64) and odd["same"], odd
 
 
-def _check_ulysses(tp: int, sp: int, cls_name: str) -> dict:
-    config = ShardConfig(
+def _ulysses(tp: int, sp: int) -> ShardConfig:
+    return ShardConfig(
         tensor_parallel_size=tp,
         sequence_parallel_size=sp,
         enable_sequence_parallelism=True,
         sequence_parallelism_mode="all_to_all",
     )
+
+
+def _check_ulysses(tp: int, sp: int, cls_name: str) -> dict:
+    config = _ulysses(tp, sp)
     with count_collectives() as counts:
         report = assert_sharded_matches(
             lambda: build(cls_name), _batch(cls_name), config, zero_grads=("*.self.key.bias",)
@@ -103,10 +107,4 @@ def test_all_to_all_matches_unsharded(tp, sp, cls_name):
 def _refused_ulysses(tp: int, sp: int, cls_name: str) -> str:
     from shardcore.testing import refusal_message
 
-    config = ShardConfig(
-        tensor_parallel_size=tp,
-        sequence_parallel_size=sp,
-        enable_sequence_parallelism=True,
-        sequence_parallelism_mode="all_to_all",
-    )
-    return refusal_message(lambda: build(cls_name), config)
+    return refusal_message(lambda: build(cls_name), _ulysses(tp, sp))

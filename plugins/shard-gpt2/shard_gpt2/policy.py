@@ -56,12 +56,6 @@ class GPT2Policy(Policy):
 
     # -- pipeline parallelism (GPT2LMHeadModel): the model's own forward, hidden states as inputs_embeds --
 
-    @property
-    def pipeline_block_returns_tuple(self) -> bool:
-        import transformers  # the model is a transformers model: it is imported already
-
-        return int(transformers.__version__.split(".")[0]) < 5  # 4.x blocks return (hidden, ...)
-
     def _prefix(self) -> str:
         if type(self.model).__name__ != "GPT2LMHeadModel":
             raise NotImplementedError(f"pipeline stages are built for GPT2LMHeadModel, not {type(self.model).__name__}")

@@ -94,12 +94,6 @@ class LlamaPolicy(Policy):
 
     # -- pipeline parallelism: stages run the model's own forward, hidden states as inputs_embeds ------
 
-    @property
-    def pipeline_block_returns_tuple(self) -> bool:
-        import transformers  # the model is a transformers model: it is imported already
-
-        return int(transformers.__version__.split(".")[0]) < 5  # 4.x decoder layers return (hidden, ...)
-
     def _base_prefix(self) -> str:
         path = next(n for n, m in self.model.named_modules() if m is self.base)
         return f"{path}." if path else ""

@@ -64,12 +64,6 @@ class WhisperPolicy(Policy):
         "cannot route yet"
     )
 
-    @property
-    def pipeline_block_returns_tuple(self) -> bool:
-        import transformers  # the model is a transformers model: it is imported already
-
-        return int(transformers.__version__.split(".")[0]) < 5  # 4.x layers return (hidden, ...)
-
     def _encoder_decoder(self):
         name, cfg = type(self.model).__name__, self.model.config
         if not hasattr(self.model, "proj_out") or len(self._stacks()) != 2:
