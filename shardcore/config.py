@@ -64,8 +64,8 @@ class ShardConfig:
         pipeline_stages_per_rank: stages each rank runs under a multi-stage schedule
             (``Interleaved1F1B``, ``LoopedBFS``, ``InterleavedZeroBubble``: default 2;
             ``ZBVZeroBubble``, ``DualPipeV``: 2); one-stage schedules refuse another value.
-        sequence_parallel_size: the Ulysses group (``sequence_parallelism_mode="all_to_all"``): the
-            mesh's ``sp`` dim; only that mode takes it (``1`` otherwise).
+        sequence_parallel_size: the Ulysses / context-parallel group (``sequence_parallelism_mode=
+            "all_to_all"`` or ``"ring_attn"``): the mesh's ``sp`` dim (``1`` otherwise).
         data_parallel: what runs on the data-parallel dim (``dp`` of the mesh, see
             :mod:`shardcore.distributed.data_parallel`): ``"fsdp"`` (FSDP2's ``fully_shard`` on each
             block of :meth:`~shardcore.Policy.blocks` and on the model: parameters, gradients and
@@ -111,7 +111,8 @@ class ShardConfig:
             the tensor-parallel group (norms, residuals and dropout on each rank's slice of the
             sequence; all-gather / reduce-scatter instead of the all-reduces). ``"all_to_all"``
             (DeepSpeed-Ulysses) over ``sequence_parallel_size`` ranks, alone or with TP.
-            ``"ring_attn"`` is not built yet and raises ``NotImplementedError``.
+            ``"ring_attn"``: context parallelism over them (zigzag-balanced queries, keys and
+            values all-gathered).
         enable_sequence_overlap: overlap sequence-parallel communication with the matmuls (not
             built yet: ``NotImplementedError``; without sequence parallelism: ``ValueError``).
     """

@@ -173,11 +173,11 @@ def ulysses_problem(model: torch.nn.Module) -> str | None:
     return None
 
 
-def use_ulysses_attention(model: torch.nn.Module) -> str:
+def use_ulysses_attention(model: torch.nn.Module, mode: str = "all_to_all") -> str:
     """Register ``shardcore_ulysses_<implementation>`` (the model's attention implementation under
     :func:`shardcore.sequence.ulysses_attention`, with that implementation's mask builder) in
     HuggingFace's registries and switch the model to it; the name."""
-    from .sequence import ulysses_attention
+    from .sequence import ring_attention, ulysses_attention
 
     problem = ulysses_problem(model)
     if problem:
@@ -187,8 +187,9 @@ def use_ulysses_attention(model: torch.nn.Module) -> str:
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     base_name = model.config._attn_implementation
-    name = f"shardcore_ulysses_{base_name}"
-    AttentionInterface.register(name, ulysses_attention(ALL_ATTENTION_FUNCTIONS[base_name]))
+    wrap = ring_attention if mode == "ring_attn" else ulysses_attention
+    name = f"shardcore_{'ring' if mode == 'ring_attn' else 'ulysses'}_{base_name}"
+    AttentionInterface.register(name, wrap(ALL_ATTENTION_FUNCTIONS[base_name]))
     AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[base_name])
     setter = getattr(model, "set_attn_implementation", None)
     if setter is not None:

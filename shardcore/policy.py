@@ -93,7 +93,7 @@ class Policy:
     sequence_parallel_dropouts: tuple[str, ...] = ()
 
     #: Keyword arguments of every block that run along the sequence with the hidden states
-    #: (rotary ``position_embeddings``): under ``all_to_all`` each rank takes its slice of them.
+    #: (rotary ``position_embeddings``): under ``all_to_all`` / ``ring_attn`` each rank takes its slice.
     sequence_split_kwargs: tuple[str, ...] = ()
 
     def sequence_parallel_heads(self) -> tuple[int, int]:
@@ -113,7 +113,7 @@ class Policy:
         registers it in HuggingFace's attention registry around the model's implementation."""
         from .kernels import use_ulysses_attention
 
-        return use_ulysses_attention(self.model)
+        return use_ulysses_attention(self.model, state.mode)
 
     def set_model(self, model: nn.Module) -> None:
         self.model = model

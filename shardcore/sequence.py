@@ -24,6 +24,12 @@ each rank drops its own tokens.
 
 A forward whose sequence length the group does not divide (a decoding step of ``generate()``, one
 token) runs without the split: plain tensor parallelism, the same numbers.
+
+``"all_to_all"`` (DeepSpeed-Ulysses) and ``"ring_attn"`` (context parallelism) run over the
+mesh's ``sp`` dim instead (:func:`apply_ulysses`): the same split of the hidden states, every
+rank holding the whole model (or its TP slice); around attention Ulysses exchanges the sequence
+split for a head split and back, while ``ring_attn`` keeps the heads and lets each rank's queries
+(two zigzag chunks, for causal balance) attend to all-gathered keys and values.
 """
 
 from __future__ import annotations
@@ -31,10 +37,12 @@ from __future__ import annotations
 import functools
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from .layers.comm import (
     SequenceParallel,
+    _GatherSeq,
     _storage_key,
     all_gather_cat,
     all_to_all_cat,
@@ -50,10 +58,12 @@ __all__ = [
     "apply_sequence_parallel",
     "apply_ulysses",
     "check_sequence_parallel",
+    "ring_attention",
     "ulysses_attention",
+    "zigzag_positions",
 ]
 
-_BUILT = ("split_gather", "all_to_all")
+_BUILT = ("split_gather", "all_to_all", "ring_attn")
 
 
 def check_sequence_parallel(model: nn.Module, policy, config, layout) -> str | None:
@@ -66,10 +76,6 @@ def check_sequence_parallel(model: nn.Module, policy, config, layout) -> str | N
             )
         return None
     mode = config.sequence_parallelism_mode or "split_gather"
-    if mode == "ring_attn":
-        raise NotImplementedError(
-            f"ShardConfig(sequence_parallelism_mode={mode!r}) is not built yet; built: {', '.join(_BUILT)}"
-        )
     if config.enable_sequence_overlap:
         raise NotImplementedError(
             "ShardConfig(enable_sequence_overlap=True) is not built yet; leave it False (split_gather runs "
@@ -92,15 +98,16 @@ def check_sequence_parallel(model: nn.Module, policy, config, layout) -> str | N
             "sequence_parallelism_mode='split_gather' splits the sequence over the tensor-parallel group, "
             "but tensor_parallel_size is 1; give tensor_parallel_size > 1"
         )
-    if mode == "all_to_all":
+    if mode in ("all_to_all", "ring_attn"):
         if layout.sp == 1:
             raise ValueError(
-                "sequence_parallelism_mode='all_to_all' (Ulysses) runs over sequence_parallel_size ranks, but it "
-                "is 1; give sequence_parallel_size > 1"
+                f"sequence_parallelism_mode={mode!r} runs over sequence_parallel_size ranks, but it is 1; give "
+                "sequence_parallel_size > 1"
             )
         problem = policy.sequence_attention_problem()
         if problem:
             raise NotImplementedError(f"{type(model).__name__}: {problem}")
+    if mode == "all_to_all":
         tp = layout.tp if config.enable_tensor_parallelism else 1
         for what, heads in zip(("attention heads", "key/value heads"), policy.sequence_parallel_heads(), strict=True):
             if heads % (tp * layout.sp):
@@ -296,7 +303,8 @@ def _per_rank_when_split(module: nn.Module, state: SequenceParallel) -> None:
 
 
 def apply_ulysses(model: nn.Module, policy, state: SequenceParallel) -> None:
-    """DeepSpeed-Ulysses over ``state.group`` (the mesh's ``sp`` dim): the hidden states split along
+    """DeepSpeed-Ulysses, or with ``state.mode == "ring_attn"`` context parallelism (zigzag split,
+    :func:`ring_attention`), over ``state.group`` (the mesh's ``sp`` dim): the hidden states split along
     the sequence at the first block's input (and the per-block inputs that run along it, such as
     rotary ``position_embeddings``), gathered at the last block's output; around attention an
     all-to-all trades the sequence split for a head split and back, through the model library's
@@ -307,17 +315,27 @@ def apply_ulysses(model: nn.Module, policy, state: SequenceParallel) -> None:
     split_kwargs = tuple(policy.sequence_split_kwargs)
     _refuse_unsupported(model)
 
+    ring = state.mode == "ring_attn"
+    parts = 2 * state.size if ring else state.size  # ring: two chunks a rank (zigzag, for causal balance)
+
+    def split(t: torch.Tensor) -> torch.Tensor:
+        return split_to_tp(_zigzag(t, state.size, state.dim) if ring else t, group, dim=state.dim)
+
+    def gather(t: torch.Tensor) -> torch.Tensor:
+        t = gather_from_tp(t, group, dim=state.dim)
+        return _unzigzag(t, state.size, state.dim) if ring else t
+
     def split_first(module, args, kwargs):
         in_kwargs = "hidden_states" in kwargs
         x = kwargs["hidden_states"] if in_kwargs else args[0]
         length = x.shape[state.dim]
         cached = kwargs.get("past_key_values") is not None and not module.training
         # a KV cache would keep only this rank's part of the sequence: inference with one runs unsplit
-        state.active = length % state.size == 0 and length >= state.size and not cached
+        state.active = length % parts == 0 and length >= parts and not cached
         if not state.active:
             return None
         state.attention_calls = 0
-        x = split_to_tp(x, group, dim=state.dim)
+        x = split(x)
         return (args, {**kwargs, "hidden_states": x}) if in_kwargs else ((x, *args[1:]), kwargs)
 
     def split_along(module, args, kwargs):
@@ -327,9 +345,9 @@ def apply_ulysses(model: nn.Module, policy, state: SequenceParallel) -> None:
         for key in split_kwargs:
             value = kwargs.get(key)
             if isinstance(value, torch.Tensor):
-                out[key] = split_to_tp(value, group, dim=state.dim)
+                out[key] = split(value)
             elif isinstance(value, tuple) and all(isinstance(v, torch.Tensor) for v in value):
-                out[key] = tuple(split_to_tp(v, group, dim=state.dim) for v in value)
+                out[key] = tuple(split(v) for v in value)
         return args, out
 
     def gather_last(module, args, output):
@@ -338,13 +356,13 @@ def apply_ulysses(model: nn.Module, policy, state: SequenceParallel) -> None:
         state.active = False
         if state.attention_calls < len(blocks):  # never silently attention over this rank's tokens only
             raise RuntimeError(
-                f"sequence_parallelism_mode='all_to_all': {len(blocks)} blocks ran but the Ulysses attention "
+                f"sequence_parallelism_mode={state.mode!r}: {len(blocks)} blocks ran but the split attention "
                 f"ran {state.attention_calls} times; this model's attention does not go through the registry "
                 "shardcore switched"
             )
         if isinstance(output, tuple):
-            return (gather_from_tp(output[0], group, dim=state.dim), *output[1:])
-        return gather_from_tp(output, group, dim=state.dim)
+            return (gather(output[0]), *output[1:])
+        return gather(output)
 
     blocks[0].register_forward_pre_hook(split_first, with_kwargs=True)
     for block in blocks:  # after split_first on the first block: the flag is set when these run
@@ -364,6 +382,54 @@ def apply_ulysses(model: nn.Module, policy, state: SequenceParallel) -> None:
                 continue
             _per_rank_when_split(dropout, state)
     policy.set_sequence_attention(state)
+
+
+def _zigzag(t: torch.Tensor, size: int, dim: int) -> torch.Tensor:
+    """The sequence's ``2 * size`` chunks reordered so that rank ``r``'s equal part is chunks ``r``
+    and ``2 * size - 1 - r``: under a causal mask every rank then has the same work."""
+    chunks = t.chunk(2 * size, dim=dim)
+    return torch.cat([c for r in range(size) for c in (chunks[r], chunks[2 * size - 1 - r])], dim=dim)
+
+
+def _unzigzag(t: torch.Tensor, size: int, dim: int) -> torch.Tensor:
+    """The inverse of :func:`_zigzag`."""
+    chunks = t.chunk(2 * size, dim=dim)
+    order = [None] * (2 * size)
+    for r in range(size):
+        order[r], order[2 * size - 1 - r] = chunks[2 * r], chunks[2 * r + 1]
+    return torch.cat(order, dim=dim)
+
+
+def zigzag_positions(length: int, size: int) -> torch.Tensor:
+    """The global position of each token in the zigzag order (rank ``r``'s part is the ``r``-th of
+    ``size`` equal slices of the result)."""
+    return _zigzag(torch.arange(length), size, 0)
+
+
+def ring_attention(base):
+    """An attention function for a registry that runs ``base`` under ``ring_attn`` context
+    parallelism: this rank's queries (two zigzag chunks of the sequence) attend to every key and
+    value, all-gathered along the sequence (backward: their gradients reduce-scattered), with the
+    model's mask taken at the queries' and keys' global positions (causal and padding)."""
+
+    @functools.wraps(base)
+    def attention(module, query, key, value, attention_mask, **kwargs):
+        state = module.__dict__.get("_shardcore_sequence")
+        if state is None or not state.active:
+            return base(module, query, key, value, attention_mask, **kwargs)
+        state.attention_calls += 1
+        group, rank = state.group, dist.get_group_rank(state.group, dist.get_rank())
+        key, value = (_GatherSeq.apply(t, group, 2) for t in (key, value))  # zigzag order, every rank's keys
+        local = query.shape[2]
+        positions = zigzag_positions(local * state.size, state.size).to(query.device)
+        mine = positions[rank * local : (rank + 1) * local]
+        if attention_mask is None:  # the model's causal mask, at global positions
+            attention_mask = positions[None, None, None, :] <= mine[None, None, :, None]
+        else:
+            attention_mask = attention_mask[:, :, mine][:, :, :, positions]
+        return base(module, query, key, value, attention_mask, **kwargs)
+
+    return attention
 
 
 class _AllToAll(torch.autograd.Function):

@@ -271,8 +271,8 @@ def optimize(
         _freeze_for_inference(model, config)
         if whole_world:
             _check_same_weights(model, dist.group.WORLD)
-            if sequence_mode == "all_to_all":
-                _ulysses(model, policy, config, layout)
+            if sequence_mode in ("all_to_all", "ring_attn"):
+                _ulysses(model, policy, config, layout, sequence_mode)
             pipeline = build_pipeline(model, policy, config, layout, *stages) if stages else None
             data_parallel = apply_data_parallel(model, policy, config, layout)
             model.shardcore = ShardInfo(
@@ -297,8 +297,8 @@ def optimize(
     model = policy.postprocess()
     if sequence is not None:
         apply_sequence_parallel(model, policy, sequence)
-    if sequence_mode == "all_to_all":
-        _ulysses(model, policy, config, layout)
+    if sequence_mode in ("all_to_all", "ring_attn"):
+        _ulysses(model, policy, config, layout, sequence_mode)
     kernels.apply_jit(model, policy, config, applied)
     if policy.share_tp_copies:
         _share_copies_per_forward(model)
@@ -312,10 +312,11 @@ def optimize(
     return model
 
 
-def _ulysses(model: nn.Module, policy: Policy, config: ShardConfig, layout: ParallelLayout) -> None:
-    """``all_to_all`` over the mesh's ``sp`` dim, and (``check_inputs``) the same batch on its ranks."""
+def _ulysses(model: nn.Module, policy: Policy, config: ShardConfig, layout: ParallelLayout, mode: str) -> None:
+    """``all_to_all`` or ``ring_attn`` over the mesh's ``sp`` dim, and (``check_inputs``) the same
+    batch on its ranks."""
     group = layout.group("sp")
-    apply_ulysses(model, policy, SequenceParallel(group, layout.sp, "all_to_all"))
+    apply_ulysses(model, policy, SequenceParallel(group, layout.sp, mode))
     if config.check_inputs:
         name = type(model).__name__
 

@@ -34,7 +34,7 @@ class LlamaPolicy(Policy):
 
     #: Megatron sequence parallelism (norms and residuals on this rank's slice of the sequence) and
     #: Ulysses (each rank's tokens everywhere but attention, which an all-to-all turns to whole heads)
-    sequence_parallelism_modes = ("split_gather", "all_to_all")
+    sequence_parallelism_modes = ("split_gather", "all_to_all", "ring_attn")
     sequence_split_kwargs = ("position_embeddings",)  # rotary cos / sin along the sequence
 
     def sequence_parallel_heads(self):

@@ -123,6 +123,40 @@ def test_all_to_all_forward_and_generate():
     assert tokens[0] == tokens[1]
 
 
+# -- ring_attn: zigzag-balanced context parallelism (keys and values all-gathered) ---------------------
+
+RING = {"enable_sequence_parallelism": True, "sequence_parallelism_mode": "ring_attn"}
+
+
+def _check_ring(tp: int, sp: int, cfg: dict, pad: bool) -> dict:
+    batch = lm_batch(cfg.get("vocab", 128), seq=16, pad=pad)  # 16 tokens: 4 chunks of 4 (sp=2), 8 of 2 (sp=4)
+    config = ShardConfig(tensor_parallel_size=tp, sequence_parallel_size=sp, **RING)
+    with count_collectives() as counts:
+        report = assert_sharded_matches(lambda: build("LlamaForCausalLM", **cfg), batch, config)
+    report["all_gather"] = counts.get("all_gather", 0)
+    return report
+
+
+@pytest.mark.parametrize(
+    ("tp", "sp", "cfg", "pad"),
+    [(1, 2, {"kv": 2}, True), (1, 4, {"tie": True}, False), (2, 2, {}, True)],
+    ids=["gqa-padded-sp2", "tied-causal-sp4", "padded-sp2-tp2"],
+)
+def test_ring_attn_matches_unsharded(tp, sp, cfg, pad):
+    for report in run_on_ranks(tp * sp, _check_ring, tp, sp, cfg, pad):
+        assert report["max_abs_diff_after_steps"] <= 1e-5 and report["all_gather"] > 0, report
+
+
+def test_ring_attn_zigzag_balances_causal_work():
+    from shardcore.sequence import zigzag_positions
+
+    for sp in (2, 4):
+        positions = zigzag_positions(32, sp).view(sp, -1)
+        work = (positions + 1).sum(dim=1)  # keys each rank's queries attend to under a causal mask
+        assert torch.equal(work, work[:1].expand(sp)), work
+        assert sorted(positions.flatten().tolist()) == list(range(32))
+
+
 def _refused(config: dict, cls_name: str = "LlamaForCausalLM") -> str:
     from shardcore.testing import refusal_message
 
@@ -139,7 +173,11 @@ def _refused(config: dict, cls_name: str = "LlamaForCausalLM") -> str:
 @pytest.mark.parametrize(
     ("config", "cls_name", "expected"),
     [
-        ({**SP, "sequence_parallelism_mode": "ring_attn"}, "LlamaForCausalLM", "'ring_attn') is not built yet"),
+        (
+            {**SP, "sequence_parallelism_mode": "ring_attn", "tensor_parallel_size": 1, "sequence_parallel_size": 2},
+            "ViTForImageClassification",
+            "HFViTPolicy does not support sequence_parallelism_mode='ring_attn'",
+        ),
         (
             {**ULYSSES, "tensor_parallel_size": 1, "sequence_parallel_size": 2, "kv": 1},
             "LlamaForCausalLM",
@@ -152,7 +190,7 @@ def _refused(config: dict, cls_name: str = "LlamaForCausalLM") -> str:
         ({**SP, "data_parallel": "ddp"}, "LlamaForCausalLM", "together with data_parallel='ddp' is not built"),
         ({**SP, "enable_jit_fused": True}, "LlamaForCausalLM", "enable_jit_fused (compiled modules) is not built"),
     ],
-    ids=["ring", "ulysses-heads", "sp-without-mode", "split-gather-sp", "overlap", "family", "ddp", "jit"],
+    ids=["ring-family", "ulysses-heads", "sp-without-mode", "split-gather-sp", "overlap", "family", "ddp", "jit"],
 )
 def test_refused_on_every_rank_before_any_collective(config, cls_name, expected):
     for message in run_on_ranks(2, _refused, config, cls_name):
