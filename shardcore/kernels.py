@@ -149,25 +149,25 @@ def use_hf_attention(model: torch.nn.Module, backend: str) -> str:
     return name
 
 
-def ulysses_problem(model: torch.nn.Module) -> str | None:
-    """Why :func:`use_ulysses_attention` cannot switch ``model`` (``None``: it can). No collective."""
+def ulysses_problem(model: torch.nn.Module, mode: str = "all_to_all") -> str | None:
+    """Why :func:`use_ulysses_attention` cannot switch ``model`` to ``mode`` (``None``: it can). No collective."""
     base_name = getattr(getattr(model, "config", None), "_attn_implementation", None)
     try:
         from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
         from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
     except ImportError:
         return (
-            "sequence_parallelism_mode='all_to_all' runs attention through transformers' attention and mask "
+            f"sequence_parallelism_mode={mode!r} runs attention through transformers' attention and mask "
             "registries, which this transformers version lacks"
         )
     if not getattr(model, "_supports_attention_backend", False):
         return (
-            f"sequence_parallelism_mode='all_to_all': {type(model).__name__} does not run its attention through "
+            f"sequence_parallelism_mode={mode!r}: {type(model).__name__} does not run its attention through "
             "transformers' attention registry in this transformers version"
         )
     if base_name not in ALL_ATTENTION_FUNCTIONS or base_name not in ALL_MASK_ATTENTION_FUNCTIONS:
         return (
-            f"sequence_parallelism_mode='all_to_all': {type(model).__name__} runs attention {base_name!r}, which is "
+            f"sequence_parallelism_mode={mode!r}: {type(model).__name__} runs attention {base_name!r}, which is "
             "not in transformers' attention registry; build it with attn_implementation='sdpa'"
         )
     return None
@@ -179,7 +179,7 @@ def use_ulysses_attention(model: torch.nn.Module, mode: str = "all_to_all") -> s
     HuggingFace's registries and switch the model to it; the name."""
     from .sequence import ring_attention, ulysses_attention
 
-    problem = ulysses_problem(model)
+    problem = ulysses_problem(model, mode)
     if problem:
         raise NotImplementedError(problem)
     from transformers import AttentionInterface

@@ -100,12 +100,12 @@ class Policy:
         """``(attention heads, key/value heads)`` for ``all_to_all``, which gives each rank whole heads."""
         raise NotImplementedError(f"{type(self).__name__} does not implement sequence_parallel_heads()")
 
-    def sequence_attention_problem(self) -> str | None:
-        """Why :meth:`set_sequence_attention` cannot work on this model (``None``: it can); asked
-        before any collective."""
+    def sequence_attention_problem(self, mode: str = "all_to_all") -> str | None:
+        """Why :meth:`set_sequence_attention` cannot run ``mode`` on this model (``None``: it can);
+        asked before any collective."""
         from .kernels import ulysses_problem
 
-        return ulysses_problem(self.model)
+        return ulysses_problem(self.model, mode)
 
     def set_sequence_attention(self, state) -> str:
         """Make the model's attention run under ``all_to_all`` (see

@@ -104,7 +104,7 @@ def check_sequence_parallel(model: nn.Module, policy, config, layout) -> str | N
                 f"sequence_parallelism_mode={mode!r} runs over sequence_parallel_size ranks, but it is 1; give "
                 "sequence_parallel_size > 1"
             )
-        problem = policy.sequence_attention_problem()
+        problem = policy.sequence_attention_problem(mode)
         if problem:
             raise NotImplementedError(f"{type(model).__name__}: {problem}")
     if mode == "all_to_all":
@@ -423,9 +423,9 @@ def ring_attention(base):
         local = query.shape[2]
         positions = zigzag_positions(local * state.size, state.size).to(query.device)
         mine = positions[rank * local : (rank + 1) * local]
-        if attention_mask is None:  # the model's causal mask, at global positions
+        if attention_mask is None and getattr(module, "is_causal", True):  # causal, at global positions
             attention_mask = positions[None, None, None, :] <= mine[None, None, :, None]
-        else:
+        elif attention_mask is not None:  # (None on a bidirectional model: every key, no mask)
             attention_mask = attention_mask[:, :, mine][:, :, :, positions]
         return base(module, query, key, value, attention_mask, **kwargs)
 

@@ -36,7 +36,7 @@ class BertPolicy(Policy):
 
     #: Megatron sequence parallelism (LayerNorms, residuals and their dropout on this rank's tokens)
     #: and Ulysses (transformers 5: attention through its registry)
-    sequence_parallelism_modes = ("split_gather", "all_to_all")
+    sequence_parallelism_modes = ("split_gather", "all_to_all", "ring_attn")
     sequence_parallel_dropouts = ("attention.output.dropout", "output.dropout", "crossattention.output.dropout")
 
     @property

@@ -71,40 +71,49 @@ def test_dropout_on_split_tokens_draws_per_rank_and_replicated_dropout_stays_in_
     assert odd["shape"] == (2, 11, 64) and odd["same"], odd
 
 
-def _ulysses(tp: int, sp: int) -> ShardConfig:
+def _over_sp(mode: str, tp: int, sp: int) -> ShardConfig:
     return ShardConfig(
         tensor_parallel_size=tp,
         sequence_parallel_size=sp,
         enable_sequence_parallelism=True,
-        sequence_parallelism_mode="all_to_all",
+        sequence_parallelism_mode=mode,
     )
 
 
-def _check_ulysses(tp: int, sp: int, cls_name: str) -> dict:
-    config = _ulysses(tp, sp)
+def _check_over_sp(mode: str, tp: int, sp: int, cls_name: str, pad: bool) -> dict:
+    batch = _batch(cls_name, seq=16)  # ring_attn: 2 x sp chunks
+    if not pad:
+        batch["attention_mask"] = torch.ones_like(batch["attention_mask"])  # no padding: no mask at all
     with count_collectives() as counts:
         report = assert_sharded_matches(
-            lambda: build(cls_name), _batch(cls_name), config, zero_grads=("*.self.key.bias",)
+            lambda: build(cls_name), batch, _over_sp(mode, tp, sp), zero_grads=("*.self.key.bias",)
         )
-    report["all_to_all"] = counts.get("all_to_all", 0)
+    report["exchanges"] = counts.get("all_to_all" if mode == "all_to_all" else "all_gather", 0)
     return report
 
 
-@pytest.mark.parametrize(("tp", "sp", "cls_name"), [(1, 4, "BertForMaskedLM"), (2, 2, "BertForSequenceClassification")])
-def test_all_to_all_matches_unsharded(tp, sp, cls_name):
+@pytest.mark.parametrize(
+    ("mode", "tp", "sp", "cls_name", "pad"),
+    [
+        ("all_to_all", 1, 4, "BertForMaskedLM", True),
+        ("all_to_all", 2, 2, "BertForSequenceClassification", True),
+        ("ring_attn", 1, 2, "BertForMaskedLM", True),
+        ("ring_attn", 1, 2, "BertForSequenceClassification", False),
+    ],
+    ids=["ulysses-mlm-sp4", "ulysses-seqcls-sp2-tp2", "ring-mlm-padded-sp2", "ring-seqcls-sp2"],
+)
+def test_over_the_sp_dim_matches_unsharded(mode, tp, sp, cls_name, pad):
     import transformers
 
     if int(transformers.__version__.split(".")[0]) < 5:  # 4.x: no mask registry; BERT's attention not in the registry
-        for message in run_on_ranks(tp * sp, _refused_ulysses, tp, sp, cls_name):
-            assert message.startswith("NotImplementedError") and "all_to_all" in message and "registr" in message, (
-                message
-            )
+        for message in run_on_ranks(tp * sp, _refused_over_sp, mode, tp, sp, cls_name):
+            assert message.startswith("NotImplementedError") and mode in message and "registr" in message, message
         return
-    for report in run_on_ranks(tp * sp, _check_ulysses, tp, sp, cls_name):
-        assert report["max_abs_diff_after_steps"] <= 1e-5 and report["all_to_all"] > 0, report
+    for report in run_on_ranks(tp * sp, _check_over_sp, mode, tp, sp, cls_name, pad):
+        assert report["max_abs_diff_after_steps"] <= 1e-5 and report["exchanges"] > 0, report
 
 
-def _refused_ulysses(tp: int, sp: int, cls_name: str) -> str:
+def _refused_over_sp(mode: str, tp: int, sp: int, cls_name: str) -> str:
     from shardcore.testing import refusal_message
 
-    return refusal_message(lambda: build(cls_name), _ulysses(tp, sp))
+    return refusal_message(lambda: build(cls_name), _over_sp(mode, tp, sp))
