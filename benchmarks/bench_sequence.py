@@ -8,7 +8,8 @@ the longest sequence) with AdamW on one batch of random tokens, for each sequenc
 * ``unsharded``: one process, one thread (the other rank waits);
 * ``TP=2``: ``ShardConfig(tensor_parallel_size=2)`` (activations outside the TP regions replicated);
 * ``TP=2 + split_gather``: ``enable_sequence_parallelism=True`` (Megatron-LM sequence parallelism);
-* ``SP=2 all_to_all (TP=1)``: DeepSpeed-Ulysses over 2 ranks, each holding the whole model.
+* ``SP=2 all_to_all (TP=1)``: DeepSpeed-Ulysses over 2 ranks, each holding the whole model;
+* ``SP=2 ring_attn (TP=1)``: context parallelism over 2 ranks (zigzag, keys and values all-gathered).
 
 Per contestant and length: step time (median; a step ends when the slowest rank does) and the
 activation memory per rank: the growth of the process's resident memory from before the forward
@@ -52,6 +53,15 @@ CONTESTANTS = [
             "sequence_parallel_size": 2,
             "enable_sequence_parallelism": True,
             "sequence_parallelism_mode": "all_to_all",
+        },
+    ),
+    (
+        "SP=2 ring_attn (TP=1)",
+        {
+            "tensor_parallel_size": 1,
+            "sequence_parallel_size": 2,
+            "enable_sequence_parallelism": True,
+            "sequence_parallelism_mode": "ring_attn",
         },
     ),
 ]
