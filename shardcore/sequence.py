@@ -202,14 +202,7 @@ def apply_sequence_parallel(model: nn.Module, policy, state: SequenceParallel) -
             ]
             if partial:
                 _sum_grads_when_split(module, partial, state)
-    suffixes = tuple(policy.sequence_parallel_dropouts)
-    for block in blocks:
-        for suffix in suffixes:
-            try:
-                dropout = block.get_submodule(suffix)
-            except AttributeError:
-                continue
-            _per_rank_when_split(dropout, state)
+    _per_rank_dropouts(blocks, policy.sequence_parallel_dropouts, state)
 
 
 class _Regather:
@@ -278,6 +271,17 @@ def _sum_grads_when_split(module: nn.Module, names: list[str], state: SequencePa
 
     module.register_forward_pre_hook(enter)
     module.register_forward_hook(leave, always_call=True)
+
+
+def _per_rank_dropouts(blocks: list[nn.Module], suffixes, state: SequenceParallel) -> None:
+    """:func:`_per_rank_when_split` on each block's dropout modules ``suffixes`` (those it has)."""
+    for block in blocks:
+        for suffix in suffixes:
+            try:
+                dropout = block.get_submodule(suffix)
+            except AttributeError:
+                continue
+            _per_rank_when_split(dropout, state)
 
 
 def _per_rank_when_split(module: nn.Module, state: SequenceParallel) -> None:
@@ -374,13 +378,7 @@ def apply_ulysses(model: nn.Module, policy, state: SequenceParallel) -> None:
             own = [n for n, p in module.named_parameters(recurse=False) if p.requires_grad]
             if own:  # every block parameter saw this rank's tokens only
                 _sum_grads_when_split(module, own, state)
-    for block in blocks:
-        for suffix in policy.sequence_parallel_dropouts:
-            try:
-                dropout = block.get_submodule(suffix)
-            except AttributeError:
-                continue
-            _per_rank_when_split(dropout, state)
+    _per_rank_dropouts(blocks, policy.sequence_parallel_dropouts, state)
     policy.set_sequence_attention(state)
 
 
