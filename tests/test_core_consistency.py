@@ -118,7 +118,9 @@ def test_a_collective_only_some_ranks_call_raises_within_the_bound(direction, ch
     seconds, message = message.split(" ", 1)
     assert 2.5 <= float(seconds) < 6, seconds  # the 3 s bound, not the group's 8 s
     if direction == "forward":
-        assert other.startswith("barrier: ") and "Timed out" in other  # rank 1: the group's own timeout
+        # rank 1 never hangs: its barrier ends at the group's own timeout, or earlier when gloo closes
+        # the pair rank 0 gave up on (which of the two comes first is a race inside gloo)
+        assert other.startswith("barrier: ") and ("Timed out" in other or "Connection closed by peer" in other)
     assert "waited more than 3 s for the other ranks of its tensor-parallel group [0, 1]" in message
     assert where in message and "#" in message
     assert "`if rank == 0:` is the usual mistake" in message
