@@ -8,6 +8,7 @@ the longest sequence) with AdamW on one batch of random tokens, for each sequenc
 * ``unsharded``: one process, one thread (the other rank waits);
 * ``TP=2``: ``ShardConfig(tensor_parallel_size=2)`` (activations outside the TP regions replicated);
 * ``TP=2 + split_gather``: ``enable_sequence_parallelism=True`` (Megatron-LM sequence parallelism);
+* ``TP=2 + split_gather + overlap``: the same with ``enable_sequence_overlap=True``;
 * ``SP=2 all_to_all (TP=1)``: DeepSpeed-Ulysses over 2 ranks, each holding the whole model;
 * ``SP=2 ring_attn (TP=1)``: context parallelism over 2 ranks (zigzag, keys and values all-gathered).
 
@@ -18,7 +19,9 @@ transformer blocks add, from the first block's input to the last block's output)
 threshold lowered to 64 kB so that large tensors are returned to the system when freed and the
 resident size follows the live tensors; also the peak over the whole step (``VmHWM``, reset
 before each step) above the resident size before it. The first loss of every contestant must
-equal the unsharded one (relative 1e-5) or the run stops. Writes ``bench-results/sequence.json``
+equal the unsharded one (relative 1e-5) or the run stops. Then, on 4 ranks, ``TP=4`` and
+``TP=4 + split_gather`` for their activation memory only (4 processes on 2 cores: no step times;
+``--no-tp4`` skips them). Writes ``bench-results/sequence.json``
 and, with ``--png``, a plot of both against the sequence length.
 """
 
@@ -47,6 +50,10 @@ CONTESTANTS = [
     ("TP=2", {"tensor_parallel_size": 2}),
     ("TP=2 + split_gather", {"tensor_parallel_size": 2, "enable_sequence_parallelism": True}),
     (
+        "TP=2 + split_gather + overlap",
+        {"tensor_parallel_size": 2, "enable_sequence_parallelism": True, "enable_sequence_overlap": True},
+    ),
+    (
         "SP=2 all_to_all (TP=1)",
         {
             "tensor_parallel_size": 1,
@@ -67,6 +74,14 @@ CONTESTANTS = [
 ]
 
 
+#: Memory only (4 ranks on this 2-core machine: their step times say nothing): Megatron-LM's count
+#: of a block's activations puts split_gather at 34/t : (10 + 24/t), 0.53x of TP alone at t = 4.
+CONTESTANTS_TP4 = [
+    ("TP=4", {"tensor_parallel_size": 4}),
+    ("TP=4 + split_gather", {"tensor_parallel_size": 4, "enable_sequence_parallelism": True}),
+]
+
+
 def build(max_positions: int):
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -76,7 +91,7 @@ def build(max_positions: int):
     return LlamaForCausalLM(cfg)
 
 
-def worker(args, checkpoint: str) -> list[dict]:
+def worker(args, checkpoint: str, contestants: list) -> list[dict]:
     import gc
 
     import shardcore
@@ -88,7 +103,7 @@ def worker(args, checkpoint: str) -> list[dict]:
         g = torch.Generator().manual_seed(seq)
         ids = torch.randint(0, CONFIG["vocab_size"], (args.batch, seq), generator=g)
         batch = {"input_ids": ids, "labels": ids}
-        for name, layout in CONTESTANTS:
+        for name, layout in contestants:
             gc.collect()
             dist.barrier()
             active = layout is not None or rank == 0
@@ -182,6 +197,33 @@ def report(results: list[dict], args, out: pathlib.Path) -> list[dict]:
                 f"{entry['activation_mb']:.0f} | {entry['activation_vs_tp2']:.2f}x | {entry['blocks_mb']:.0f} | "
                 f"{entry['blocks_vs_tp2']:.2f}x | {entry['step_peak_mb']:.0f} |"
             )
+    if any(r["name"] == "TP=4" for r in results):
+        print("\n4 ranks (memory only: 4 processes on 2 cores)\n")
+        print("| seq | contestant | activation MB/rank (max) | vs TP=4 | of it in the blocks MB | vs TP=4 |")
+        print("|---|---|---|---|---|---|")
+        for seq in args.seqs:
+            rows = [r for r in results if r["seq"] == seq]
+            ref = next(r for r in rows if r["name"] == "unsharded" and r["rank"] == 0)
+            tp = [r for r in rows if r["name"] == "TP=4"]
+            tp_act, tp_blocks = max(r["activation_mb"] for r in tp), max(r["blocks_mb"] for r in tp)
+            for name, _ in CONTESTANTS_TP4:
+                mine = [r for r in rows if r["name"] == name]
+                for r in mine:
+                    if abs(r["loss"] - ref["loss"]) > 1e-5 * abs(ref["loss"]):
+                        raise AssertionError(f"{name} at {seq}: first loss {r['loss']:.7f} != {ref['loss']:.7f}")
+                entry = {
+                    "seq": seq,
+                    "name": name,
+                    "activation_mb": max(r["activation_mb"] for r in mine),
+                    "blocks_mb": max(r["blocks_mb"] for r in mine),
+                }
+                entry["activation_vs_tp4"] = entry["activation_mb"] / tp_act
+                entry["blocks_vs_tp4"] = entry["blocks_mb"] / tp_blocks
+                table.append(entry)
+                print(
+                    f"| {seq} | {name} | {entry['activation_mb']:.0f} | {entry['activation_vs_tp4']:.2f}x | "
+                    f"{entry['blocks_mb']:.0f} | {entry['blocks_vs_tp4']:.2f}x |"
+                )
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"config": CONFIG, "batch": args.batch, "table": table, "results": results}, indent=2))
     print(f"\nwritten: {out}")
@@ -224,6 +266,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--out", default="bench-results/sequence.json")
     parser.add_argument("--png", default="docs/sequence_parallel.png")
+    parser.add_argument("--no-tp4", action="store_true", help="skip the 4-rank memory rows")
     args = parser.parse_args()
     from shardcore.testing import RankPool
 
@@ -231,9 +274,15 @@ def main() -> None:
         build(max(args.seqs)).save_pretrained(tmp)
         pool = RankPool(2, timeout_s=7200, threads=1)
         try:
-            results = pool.run(worker, args, tmp)[0]
+            results = pool.run(worker, args, tmp, CONTESTANTS)[0]
         finally:
             pool.close()
+        if not args.no_tp4:
+            pool = RankPool(4, timeout_s=7200, threads=1)
+            try:
+                results += pool.run(worker, args, tmp, CONTESTANTS_TP4)[0]
+            finally:
+                pool.close()
     table = report(results, args, pathlib.Path(args.out))
     if args.png:
         draw(table, pathlib.Path(args.png))

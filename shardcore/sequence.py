@@ -41,14 +41,15 @@ import torch.distributed as dist
 from torch import nn
 
 from .layers.comm import (
+    Pending,
     SequenceParallel,
     _GatherSeq,
     _storage_key,
-    all_gather_cat,
     all_to_all_cat,
     copy_to_tp,
     gather_from_tp,
     split_to_tp,
+    start_all_gather,
 )
 from .layers.parallel_module import ParallelModule
 from .layers.rng import fork_tp_rng, in_tp_rng
@@ -76,10 +77,10 @@ def check_sequence_parallel(model: nn.Module, policy, config, layout) -> str | N
             )
         return None
     mode = config.sequence_parallelism_mode or "split_gather"
-    if config.enable_sequence_overlap:
+    if config.enable_sequence_overlap and mode != "split_gather":
         raise NotImplementedError(
-            "ShardConfig(enable_sequence_overlap=True) is not built yet; leave it False (split_gather runs "
-            "its collectives synchronously)"
+            f"ShardConfig(enable_sequence_overlap=True) overlaps the collectives of "
+            f"sequence_parallelism_mode='split_gather'; with {mode!r} leave it False"
         )
     supported = tuple(policy.sequence_parallelism_modes)
     if mode not in supported:
@@ -169,6 +170,7 @@ def apply_sequence_parallel(model: nn.Module, policy, state: SequenceParallel) -
             return None  # plain tensor parallelism for this forward (a decoding step, an odd length)
         x = split_to_tp(x, group, dim=state.dim)
         state.gathered.clear()
+        state.latest_saved = None
         if torch.is_grad_enabled():  # autograd keeps the slices of gathered inputs, not the gathered tensors
             saving = torch.autograd.graph.saved_tensors_hooks(*_regather_hooks(state))
             saving.__enter__()
@@ -181,6 +183,7 @@ def apply_sequence_parallel(model: nn.Module, policy, state: SequenceParallel) -
         while saving_now:
             saving_now.pop().__exit__(None, None, None)
         state.gathered.clear()
+        state.latest_saved = None
         if not state.active:
             return None
         state.active = False  # what follows the blocks (final norm, head) sees the whole sequence
@@ -212,9 +215,17 @@ class _Regather:
     def __init__(self, local: torch.Tensor, state: SequenceParallel) -> None:
         self.local, self.group, self.dim, self.uses, self.full = local, state.group, state.dim, 0, None
 
+    def prefetch(self) -> None:
+        """Start gathering now, to overlap with the backward that runs before :meth:`get`
+        (``enable_sequence_overlap``: the row-parallel layer after this input's region starts it)."""
+        if self.full is None and self.uses > 0:
+            self.full = start_all_gather(self.local, self.group, self.dim, where="backward: gathering a saved input")
+
     def get(self) -> torch.Tensor:
         if self.full is None:
-            self.full = all_gather_cat(self.local, self.group, self.dim, where="backward: gathering a saved input")
+            self.prefetch()
+        if isinstance(self.full, Pending):
+            self.full = self.full.wait()
         full, self.uses = self.full, self.uses - 1
         if self.uses <= 0:
             self.full = None  # the last node that saved it has it: nothing more to keep
@@ -235,6 +246,7 @@ def _regather_hooks(state: SequenceParallel):
         if regather is None or regather.local is not entry[1]:
             regather = shared[id(entry[1])] = _Regather(entry[1], state)
         regather.uses += 1
+        state.latest_saved = regather
         # the saved tensor may be a view of the gathered one: its shape, strides and offset
         return regather, tuple(t.shape), t.stride(), t.storage_offset() - full.storage_offset()
 

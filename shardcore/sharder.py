@@ -291,7 +291,9 @@ def optimize(
     _check_same_weights(model, dist.group.WORLD if whole_world else group)
     sharder.process_group = group
     split_gather = sequence_mode == "split_gather"
-    sequence = SequenceParallel(group, group_size(group), sequence_mode) if split_gather else None
+    sequence = None
+    if split_gather:
+        sequence = SequenceParallel(group, group_size(group), sequence_mode, overlap=config.enable_sequence_overlap)
     sharder.sequence = sequence
     model = sharder.shard(plan)
     model = policy.postprocess()

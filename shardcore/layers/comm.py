@@ -27,6 +27,7 @@ from typing import Any
 import attrs
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
 __all__ = [
     "COUNTS",
@@ -43,6 +44,7 @@ __all__ = [
     "group_ranks",
     "group_size",
     "leave_region",
+    "linear_leave_region",
     "reduce_from_tp",
     "reduce_scatter_cat",
     "set_collective_timeout",
@@ -109,22 +111,23 @@ def set_collective_timeout(seconds: float | None) -> None:
     WHERE.timeout_s = seconds
 
 
-def _wait(work, kind: str, group, where: str | None) -> None:
+def _wait(work, kind: str, group, where: str | None, seq: int | None = None) -> None:
     """Wait for an async collective; past the bound, raise :class:`CollectiveTimeout` saying which."""
     if WHERE.timeout_s is None:
         work.wait()
         return
     where = where or "forward of " + WHERE.module
+    seq = WHERE.seq if seq is None else seq
     try:
         work.wait(timeout=timedelta(seconds=WHERE.timeout_s))
     except RuntimeError as err:
         if "timed out" not in str(err).lower():  # e.g. a peer that died: say where, keep the error
             if hasattr(err, "add_note"):  # Python 3.11+
-                err.add_note(f"shardcore: while waiting in {kind} #{WHERE.seq} ({where})")
+                err.add_note(f"shardcore: while waiting in {kind} #{seq} ({where})")
             raise
         ranks = group_ranks(group)
         raise CollectiveTimeout(
-            f"shardcore: {kind} #{WHERE.seq} ({where}) waited more than "
+            f"shardcore: {kind} #{seq} ({where}) waited more than "
             f"{WHERE.timeout_s:g} s for the other ranks of its tensor-parallel group {ranks} ({err}). "
             "Every rank of the tensor-parallel group must call the model the same number of times with the "
             "same shapes: a generate() or forward under `if rank == 0:` is the usual mistake (call it on "
@@ -175,32 +178,57 @@ def all_reduce(x: torch.Tensor, group, op=dist.ReduceOp.SUM, *, where: str | Non
     return x
 
 
-def all_gather_cat(x: torch.Tensor, group, dim: int, *, where: str | None = None) -> torch.Tensor:
-    """All-gather equal-shaped tensors and concatenate them along ``dim``; counted, bounded."""
+class Pending:
+    """A collective started now (counted, async) and waited for later, within the bound:
+    :meth:`wait` returns its result. What overlaps communication with computation is built on it."""
+
+    def __init__(self, work, kind: str, group, where: str | None, result) -> None:
+        self.work, self.kind, self.group, self.result = work, kind, group, result
+        self.where, self.seq = where or "forward of " + WHERE.module, WHERE.seq
+
+    def wait(self):
+        if self.work is not None:
+            _wait(self.work, self.kind, self.group, self.where, self.seq)
+            self.work = None
+        return self.result()
+
+
+def start_all_gather(x: torch.Tensor, group, dim: int, *, where: str | None = None) -> Pending:
+    """Start the all-gather of equal-shaped tensors; ``wait()`` concatenates them along ``dim``."""
     world = group_size(group)
     if world == 1:
-        return x
+        return Pending(None, "all_gather", group, where, lambda: x)
     COUNTS["all_gather"] += 1
     WHERE.seq += 1
     x = x.contiguous()
     parts = [torch.empty_like(x) for _ in range(world)]
-    _wait(dist.all_gather(parts, x, group=group, async_op=True), "all_gather", group, where)
-    return torch.cat(parts, dim=dim)
+    work = dist.all_gather(parts, x, group=group, async_op=True)
+    return Pending(work, "all_gather", group, where, lambda: torch.cat(parts, dim=dim))
 
 
-def reduce_scatter_cat(x: torch.Tensor, group, dim: int, *, where: str | None = None) -> torch.Tensor:
-    """This rank's equal chunk along ``dim`` of the sum over the group (reduce-scatter); counted, bounded."""
+def start_reduce_scatter(x: torch.Tensor, group, dim: int, *, where: str | None = None) -> Pending:
+    """Start the reduce-scatter of ``x`` along ``dim``; ``wait()`` returns this rank's chunk of the sum."""
     world = group_size(group)
     if world == 1:
-        return x
+        return Pending(None, "reduce_scatter", group, where, lambda: x)
     if x.shape[dim] % world:
         raise ValueError(f"cannot reduce-scatter dimension {dim} of size {x.shape[dim]} over {world} ranks")
     COUNTS["reduce_scatter"] += 1
     WHERE.seq += 1
     parts = [c.contiguous() for c in x.chunk(world, dim=dim)]
     out = torch.empty_like(parts[0])
-    _wait(dist.reduce_scatter(out, parts, group=group, async_op=True), "reduce_scatter", group, where)
-    return out
+    work = dist.reduce_scatter(out, parts, group=group, async_op=True)
+    return Pending(work, "reduce_scatter", group, where, lambda: out)
+
+
+def all_gather_cat(x: torch.Tensor, group, dim: int, *, where: str | None = None) -> torch.Tensor:
+    """All-gather equal-shaped tensors and concatenate them along ``dim``; counted, bounded."""
+    return start_all_gather(x, group, dim, where=where).wait()
+
+
+def reduce_scatter_cat(x: torch.Tensor, group, dim: int, *, where: str | None = None) -> torch.Tensor:
+    """This rank's equal chunk along ``dim`` of the sum over the group (reduce-scatter); counted, bounded."""
+    return start_reduce_scatter(x, group, dim, where=where).wait()
 
 
 def all_to_all_cat(x: torch.Tensor, group, scatter: int, gather: int, *, where: str | None = None) -> torch.Tensor:
@@ -383,6 +411,11 @@ class SequenceParallel:
     #: saves the slice instead of the gathered tensor and gathers again in the backward
     gathered: dict = attrs.field(factory=dict)
     attention_calls: int = 0  # all_to_all: the Ulysses attention calls of the forward running now
+    #: ``enable_sequence_overlap``: row-parallel layers overlap their collectives with their matmuls
+    #: (:func:`linear_leave_region`) and start gathering their region's saved input early in the backward
+    overlap: bool = False
+    #: the gathered input autograd saved last (what the next row-parallel layer's backward prefetches)
+    latest_saved: Any = None
 
 
 def _storage_key(t: torch.Tensor) -> tuple:
@@ -417,6 +450,64 @@ class _ReduceScatterSeq(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         return all_gather_cat(grad.contiguous(), ctx.group, ctx.dim, where=ctx.where), None, None
+
+
+#: Chunks a row-parallel layer's output features are cut into under ``enable_sequence_overlap``:
+#: the reduce-scatter of one runs while the next one's matmul does.
+OVERLAP_CHUNKS = 2
+
+
+class _LinearScatterOverlap(torch.autograd.Function):
+    """A row-parallel layer's matmul and its reduce-scatter along the sequence, overlapped: the
+    output features in :data:`OVERLAP_CHUNKS` chunks, each chunk's reduce-scatter started as soon
+    as its matmul ends. Backward: the gradient's all-gather runs while this rank's own tokens'
+    input and weight gradients are computed; the gathered input of the region (saved as a slice,
+    see :mod:`shardcore.sequence`) starts gathering first, to be there when the backward reaches it."""
+
+    @staticmethod
+    def forward(ctx, x, weight, group, dim, prefetch):
+        ctx.group, ctx.dim, ctx.prefetch, ctx.where = group, dim, prefetch, "backward of " + WHERE.module
+        ctx.save_for_backward(x, weight)
+        pending = [start_reduce_scatter(F.linear(x, w), group, dim) for w in weight.chunk(OVERLAP_CHUNKS, dim=0)]
+        return torch.cat([p.wait() for p in pending], dim=-1)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        group, dim = ctx.group, ctx.dim
+        if ctx.prefetch is not None:
+            ctx.prefetch.prefetch()
+        gathering = start_all_gather(grad, group, dim, where=ctx.where)
+        rank, world = group_rank(group), group_size(group)
+        xs = x.chunk(world, dim=dim)
+        need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+
+        def grads(g: torch.Tensor, xj: torch.Tensor):
+            gx = g @ weight if need_x else None
+            gw = g.reshape(-1, g.shape[-1]).t() @ xj.reshape(-1, xj.shape[-1]) if need_w else None
+            return gx, gw
+
+        gx_parts: list = [None] * world
+        gx_parts[rank], grad_w = grads(grad, xs[rank])  # this rank's tokens, while the others' arrive
+        others = gathering.wait().chunk(world, dim=dim)
+        for j in range(world):
+            if j != rank:
+                gx_parts[j], gw = grads(others[j], xs[j])
+                grad_w = grad_w + gw if need_w else None
+        grad_x = torch.cat(gx_parts, dim=dim) if need_x else None
+        return grad_x, grad_w, None, None, None
+
+
+@torch.compiler.disable
+def linear_leave_region(x: torch.Tensor, weight: torch.Tensor, group, sequence: SequenceParallel | None = None):
+    """``leave_region(F.linear(x, weight), ...)``; with the sequence split and ``sequence.overlap``,
+    the matmul and the reduce-scatter overlapped (:class:`_LinearScatterOverlap`)."""
+    if sequence is None or not (sequence.active and sequence.overlap) or group_size(group) == 1:
+        return leave_region(F.linear(x, weight), group, sequence)
+    if x.shape[sequence.dim % x.dim()] % group_size(group):
+        raise ValueError(f"cannot reduce-scatter a sequence of {x.shape[sequence.dim % x.dim()]} over the group")
+    prefetch, sequence.latest_saved = sequence.latest_saved, None
+    return _LinearScatterOverlap.apply(x, weight, group, sequence.dim % x.dim(), prefetch)
 
 
 @torch.compiler.disable

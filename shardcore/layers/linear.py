@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .comm import WHERE, all_reduce, enter_region, gather_from_tp, group_size, leave_region, split_to_tp
+from .comm import WHERE, all_reduce, enter_region, gather_from_tp, group_size, linear_leave_region, split_to_tp
 from .parallel_module import ParallelModule
 from .shard_spec import ShardSpec
 
@@ -238,8 +238,9 @@ class Linear1D_Row(FromLinear, ParallelModule):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.input_is_parallel:
             x = split_to_tp(x, self.process_group, dim=-1)
-        y = F.linear(x, self.weight.t() if self.transposed else self.weight)
-        y = leave_region(y, self.process_group, self.sequence)  # all-reduce, or reduce-scatter along the sequence
+        weight = self.weight.t() if self.transposed else self.weight
+        # all-reduce, or reduce-scatter along the sequence (overlapped with the matmul when asked)
+        y = linear_leave_region(x, weight, self.process_group, self.sequence)
         return y if self.bias is None else y + self.bias
 
     def collectives(self) -> dict[str, list[str]]:

@@ -27,8 +27,8 @@ def _batch(cls_name: str, seq: int = 12) -> dict:  # 12 tokens: 6 or 3 per rank
     return out
 
 
-def _check(tp: int, cls_name: str) -> dict:
-    config = ShardConfig(tensor_parallel_size=tp, **SP)
+def _check(tp: int, cls_name: str, overlap: bool = False) -> dict:
+    config = ShardConfig(tensor_parallel_size=tp, enable_sequence_overlap=overlap, **SP)
     with count_collectives() as counts:
         report = assert_sharded_matches(
             lambda: build(cls_name), _batch(cls_name), config, zero_grads=("*.self.key.bias",)
@@ -38,12 +38,12 @@ def _check(tp: int, cls_name: str) -> dict:
 
 
 @pytest.mark.parametrize(
-    ("tp", "cls_name"),
-    [(4, "BertForMaskedLM"), (2, "BertForSequenceClassification")],
-    ids=["mlm-tp4", "seqcls-tp2"],
+    ("tp", "cls_name", "overlap"),
+    [(4, "BertForMaskedLM", False), (2, "BertForSequenceClassification", False), (2, "BertForMaskedLM", True)],
+    ids=["mlm-tp4", "seqcls-tp2", "mlm-tp2-overlap"],
 )
-def test_split_gather_matches_unsharded(tp, cls_name):
-    for report in run_on_ranks(tp, _check, tp, cls_name):
+def test_split_gather_matches_unsharded(tp, cls_name, overlap):
+    for report in run_on_ranks(tp, _check, tp, cls_name, overlap):
         assert report["max_abs_diff_after_steps"] <= 1e-5, report
         assert report["reduce_scatters"] > 0, report  # the sequence was split
 

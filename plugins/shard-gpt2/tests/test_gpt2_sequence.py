@@ -15,18 +15,21 @@ from shardcore.testing import assert_sharded_matches, run_on_ranks
 SP = {"enable_sequence_parallelism": True}
 
 
-def _check(tp: int, cls_name: str) -> dict:
+def _check(tp: int, cls_name: str, overlap: bool = False) -> dict:
+    config = ShardConfig(tensor_parallel_size=tp, enable_sequence_overlap=overlap, **SP)
     with count_collectives() as counts:
-        report = assert_sharded_matches(
-            lambda: build(cls_name), batch_for(cls_name, seq=12), ShardConfig(tensor_parallel_size=tp, **SP)
-        )
+        report = assert_sharded_matches(lambda: build(cls_name), batch_for(cls_name, seq=12), config)
     report["reduce_scatters"] = counts.get("reduce_scatter", 0)
     return report
 
 
-@pytest.mark.parametrize(("tp", "cls_name"), [(2, "GPT2LMHeadModel"), (2, "GPT2ForSequenceClassification")])
-def test_split_gather_matches_unsharded(tp, cls_name):
-    for report in run_on_ranks(tp, _check, tp, cls_name):
+@pytest.mark.parametrize(
+    ("tp", "cls_name", "overlap"),
+    [(2, "GPT2LMHeadModel", False), (2, "GPT2ForSequenceClassification", False), (2, "GPT2LMHeadModel", True)],
+    ids=["lm", "seqcls", "lm-overlap"],  # overlap: Conv1D's [in, out] weights through the chunked matmul
+)
+def test_split_gather_matches_unsharded(tp, cls_name, overlap):
+    for report in run_on_ranks(tp, _check, tp, cls_name, overlap):
         assert report["max_abs_diff_after_steps"] <= 1e-5, report
         assert report["reduce_scatters"] > 0, report  # the sequence was split
 

@@ -14,38 +14,53 @@ from shardcore.testing import assert_generate_matches, assert_sharded_matches, r
 SP = {"enable_sequence_parallelism": True, "sequence_parallelism_mode": "split_gather"}
 
 
-def _check(tp: int, cls_name: str, cfg: dict) -> dict:
+def _check(tp: int, cls_name: str, cfg: dict, overlap: bool = False) -> dict:
     batch = lm_batch(cfg.get("vocab", 128), seq=12)  # 12 tokens: 6 or 3 per rank
     if cls_name.endswith("SequenceClassification"):
         batch["labels"] = torch.tensor([1, 0])
-    report = assert_sharded_matches(lambda: build(cls_name, **cfg), batch, ShardConfig(tensor_parallel_size=tp, **SP))
-    return report
+    config = ShardConfig(tensor_parallel_size=tp, enable_sequence_overlap=overlap, **SP)
+    return assert_sharded_matches(lambda: build(cls_name, **cfg), batch, config)
 
 
 @pytest.mark.parametrize(
-    ("tp", "cls_name", "cfg"),
+    ("tp", "cls_name", "cfg", "overlap"),
     [
-        (2, "LlamaForCausalLM", {}),
-        (4, "LlamaForCausalLM", {"kv": 2, "tie": True}),  # replicated K/V heads, tied embeddings
+        (2, "LlamaForCausalLM", {}, False),
+        (4, "LlamaForCausalLM", {"kv": 2, "tie": True}, False),  # replicated K/V heads, tied embeddings
+        (2, "LlamaForCausalLM", {}, True),
+        (4, "LlamaForCausalLM", {"kv": 2, "tie": True}, True),
     ],
-    ids=["causal-tp2", "causal-gqa-tied-tp4"],
+    ids=["causal-tp2", "causal-gqa-tied-tp4", "causal-tp2-overlap", "causal-gqa-tied-tp4-overlap"],
 )
-def test_split_gather_matches_unsharded(tp, cls_name, cfg):
-    for report in run_on_ranks(tp, _check, tp, cls_name, cfg):
+def test_split_gather_matches_unsharded(tp, cls_name, cfg, overlap):
+    for report in run_on_ranks(tp, _check, tp, cls_name, cfg, overlap):
         assert report["max_abs_diff_after_steps"] <= 1e-5, report
 
 
-def _counts(seq: int) -> dict:
+def _counts(seq: int, overlap: bool = False) -> dict:
     import shardcore
+    from shardcore.layers.comm import Pending
+    from shardcore.sequence import _Regather
 
     torch.manual_seed(0)
-    model = shardcore.optimize(build("LlamaForCausalLM"), ShardConfig(tensor_parallel_size=2, **SP))
+    config = ShardConfig(tensor_parallel_size=2, enable_sequence_overlap=overlap, **SP)
+    model = shardcore.optimize(build("LlamaForCausalLM"), config)
     batch = lm_batch(seq=seq)
     with count_collectives() as forward:
         out = model(**batch)
-    with count_collectives() as backward:
-        out.loss.backward()
-    return {"forward": dict(forward), "backward": dict(backward)}
+    gets, get = [], _Regather.get
+
+    def spy(self):  # was the gather of this saved input started before the backward needed it?
+        gets.append(isinstance(self.full, Pending))
+        return get(self)
+
+    _Regather.get = spy
+    try:
+        with count_collectives() as backward:
+            out.loss.backward()
+    finally:
+        _Regather.get = get
+    return {"forward": dict(forward), "backward": dict(backward), "prefetched": gets}
 
 
 def test_the_sequence_is_split_and_an_odd_length_runs_unsplit():
@@ -55,6 +70,17 @@ def test_the_sequence_is_split_and_an_odd_length_runs_unsplit():
     assert split["forward"].get("reduce_scatter") == 4, split
     assert split["backward"].get("reduce_scatter") == 4, split  # the gathered inputs' gradients
     assert odd["forward"].get("reduce_scatter") is None and odd["forward"]["all_reduce"] >= 4, odd
+    assert split["prefetched"] and not any(split["prefetched"]), split  # each gathered when reached
+
+
+def test_overlap_cuts_the_reduce_scatters_and_prefetches_the_saved_inputs():
+    plain, overlap = run_on_ranks(2, _counts, 12)[0], run_on_ranks(2, _counts, 12, True)[0]
+    # each row-parallel layer's output in 2 chunks, each reduce-scattered as soon as its matmul ends
+    assert overlap["forward"].pop("reduce_scatter") == 2 * plain["forward"].pop("reduce_scatter") == 8
+    assert overlap["forward"] == plain["forward"] and overlap["backward"] == plain["backward"]  # no other traffic
+    # the 4 gathered inputs (attention's and the MLP's, 2 blocks), each read by 2-3 projections in the
+    # backward: the first read finds the gather already started by the row-parallel layer after it
+    assert overlap["prefetched"].count(True) == 4 and len(overlap["prefetched"]) == len(plain["prefetched"]), overlap
 
 
 def _generate() -> list:
@@ -185,7 +211,11 @@ def _refused(config: dict, cls_name: str = "LlamaForCausalLM") -> str:
         ),
         ({"tensor_parallel_size": 1, "sequence_parallel_size": 2}, "LlamaForCausalLM", "without sequence parallel"),
         ({**SP, "tensor_parallel_size": 1, "sequence_parallel_size": 2}, "LlamaForCausalLM", "is the group of"),
-        ({**SP, "enable_sequence_overlap": True}, "LlamaForCausalLM", "enable_sequence_overlap=True) is not built"),
+        (
+            {**ULYSSES, "tensor_parallel_size": 1, "sequence_parallel_size": 2, "enable_sequence_overlap": True},
+            "LlamaForCausalLM",
+            "overlaps the collectives of sequence_parallelism_mode='split_gather'; with 'all_to_all' leave it False",
+        ),
         (SP, "ViTForImageClassification", "HFViTPolicy does not support sequence_parallelism_mode='split_gather'"),
         ({**SP, "data_parallel": "ddp"}, "LlamaForCausalLM", "together with data_parallel='ddp' is not built"),
         ({**SP, "enable_jit_fused": True}, "LlamaForCausalLM", "enable_jit_fused (compiled modules) is not built"),
