@@ -267,11 +267,19 @@ def main() -> None:
     parser.add_argument("--out", default="bench-results/sequence.json")
     parser.add_argument("--png", default="docs/sequence_parallel.png")
     parser.add_argument("--no-tp4", action="store_true", help="skip the 4-rank memory rows")
+    parser.add_argument(
+        "--only", nargs="+", metavar="NAME", help="run these contestants (and the unsharded and TP=2 references) only"
+    )
     args = parser.parse_args()
     from shardcore.testing import RankPool
 
     with tempfile.TemporaryDirectory() as tmp:
         build(max(args.seqs)).save_pretrained(tmp)
+        if args.only:
+            unknown = set(args.only) - {name for name, _ in CONTESTANTS}
+            if unknown:
+                parser.error(f"--only: no contestant {sorted(unknown)}; they are {[n for n, _ in CONTESTANTS]}")
+            CONTESTANTS[:] = [(n, c) for n, c in CONTESTANTS if n in {"unsharded", "TP=2", *args.only}]
         pool = RankPool(2, timeout_s=7200, threads=1)
         try:
             results = pool.run(worker, args, tmp, CONTESTANTS)[0]

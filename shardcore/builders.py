@@ -63,11 +63,15 @@ def packed_attention(
     names: tuple[str, str] = ("qkv", "proj"),
     fused: type = FusedLinear1D_Col,
     row: type = Linear1D_Row,
+    copy_input: bool = True,
 ) -> list[Sub]:
-    """A packed ``[q; k; v]`` projection split per head (each rank holds its heads of q, of k, of v)."""
+    """A packed ``[q; k; v]`` projection split per head (each rank holds its heads of q, of k, of v).
+    ``copy_input=False`` when the attention module itself enters the tensor-parallel region
+    (``enter_tp_region``)."""
     qkv, out = (_join(prefix, n) for n in names)
+    qkv_kw = {"heads": (heads, heads, heads), "head_dim": head_dim, "copy_input": copy_input}
     return [
-        Sub(suffix=qkv, target_module=fused, kwargs={"heads": (heads, heads, heads), "head_dim": head_dim}),
+        Sub(suffix=qkv, target_module=fused, kwargs=qkv_kw),
         Sub(suffix=out, target_module=row, kwargs={"num_heads": heads, "head_dim": head_dim}),
     ]
 

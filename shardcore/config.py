@@ -113,8 +113,10 @@ class ShardConfig:
             (DeepSpeed-Ulysses) over ``sequence_parallel_size`` ranks, alone or with TP.
             ``"ring_attn"``: context parallelism over them (zigzag-balanced queries, keys and
             values all-gathered).
-        enable_sequence_overlap: overlap sequence-parallel communication with the matmuls (not
-            built yet: ``NotImplementedError``; without sequence parallelism: ``ValueError``).
+        enable_sequence_overlap: overlap ``split_gather``'s communication with the matmuls
+            (row-parallel matmuls in chunks, each reduce-scattered as it ends; gathers started
+            early in the backward). Without sequence parallelism: ``ValueError``; with another
+            mode: ``NotImplementedError``.
     """
 
     tensor_parallel_size: int | None = attrs.field(default=None, validator=v.optional([v.instance_of(int), v.ge(1)]))

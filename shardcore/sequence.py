@@ -53,6 +53,7 @@ from .layers.comm import (
 )
 from .layers.parallel_module import ParallelModule
 from .layers.rng import fork_tp_rng, in_tp_rng
+from .pipeline import PipelineHole
 
 __all__ = [
     "SequenceParallel",
@@ -118,7 +119,8 @@ def check_sequence_parallel(model: nn.Module, policy, config, layout) -> str | N
                     f"sizes whose product divides {heads}"
                 )
     refused = {
-        "pipeline_parallel_size > 1": layout.pp > 1,
+        f"pipeline_parallel_size > 1 (sequence_parallelism_mode={mode!r}; 'split_gather' composes)": layout.pp > 1
+        and mode != "split_gather",
         f"data_parallel={config.data_parallel!r}": config.data_parallel is not None,
         "enable_jit_fused (compiled modules)": config.enable_jit_fused or config.enable_all_optimization,
         "inference_only": config.inference_only,
@@ -157,11 +159,19 @@ def apply_sequence_parallel(model: nn.Module, policy, state: SequenceParallel) -
     """Split at the first block's input, gather at the last block's output, and make the blocks'
     parallel layers, replicated parameters and dropouts follow ``state``. Called by
     :func:`shardcore.optimize` after the sharder (which gave the layers ``state``)."""
-    blocks = [block for _, block in policy.blocks()]
+    named = policy.blocks()
+    names, blocks = [name for name, _ in named], [block for _, block in named]
     group = state.group
     _refuse_unsupported(model)
 
-    def split(module, args, kwargs):
+    def held(index: int) -> bool:
+        """Whether block ``index`` runs here: on a pipeline stage the others are holes, and the split
+        (the gather) goes with the first (the last) block this stage holds."""
+        return 0 <= index < len(names) and not isinstance(model.get_submodule(names[index]), PipelineHole)
+
+    def split(module, args, kwargs, index):
+        if held(index - 1):
+            return None  # a later block of the split: its input is split already
         in_kwargs = "hidden_states" in kwargs
         x = kwargs["hidden_states"] if in_kwargs else args[0]
         length = x.shape[state.dim]
@@ -179,7 +189,9 @@ def apply_sequence_parallel(model: nn.Module, policy, state: SequenceParallel) -
 
     saving_now: list = []
 
-    def gather(module, args, output):
+    def gather(module, args, output, index):
+        if held(index + 1):
+            return None  # the next block runs here too, on the split
         while saving_now:
             saving_now.pop().__exit__(None, None, None)
         state.gathered.clear()
@@ -191,8 +203,9 @@ def apply_sequence_parallel(model: nn.Module, policy, state: SequenceParallel) -
             return (gather_from_tp(output[0], group, dim=state.dim), *output[1:])
         return gather_from_tp(output, group, dim=state.dim)
 
-    blocks[0].register_forward_pre_hook(split, with_kwargs=True)
-    blocks[-1].register_forward_hook(gather)
+    for index, block in enumerate(blocks):
+        block.register_forward_pre_hook(functools.partial(split, index=index), with_kwargs=True)
+        block.register_forward_hook(functools.partial(gather, index=index))
 
     for block in blocks:
         for module in block.modules():

@@ -8,6 +8,7 @@ import torch
 from llama_cases import build, lm_batch
 
 from shardcore import ShardConfig
+from shardcore.layers import count_collectives
 from shardcore.testing import assert_pipeline_matches, count_c10d_calls, refusal_message, run_on_ranks
 
 CFG = {"kv": 2, "tie": True, "layers": 4}  # GQA, tied embeddings (first and last stage), 4 blocks
@@ -23,7 +24,10 @@ def _check(pp: int, tp: int, schedule: str, extra: dict) -> dict:
     config = ShardConfig(
         tensor_parallel_size=tp, pipeline_parallel_size=pp, num_microbatches=4, pipeline_schedule=schedule, **extra
     )
-    return assert_pipeline_matches(lambda: build("LlamaForCausalLM", **CFG), _batch(), config)
+    with count_collectives() as counts:
+        report = assert_pipeline_matches(lambda: build("LlamaForCausalLM", **CFG), _batch(), config)
+    report["reduce_scatters"] = counts.get("reduce_scatter", 0)
+    return report
 
 
 @pytest.mark.parametrize(
@@ -34,8 +38,10 @@ def _check(pp: int, tp: int, schedule: str, extra: dict) -> dict:
         (2, 2, "1F1B", {}),  # PP=2 x TP=2 on 4 ranks
         (2, 1, "Interleaved1F1B", {}),  # 2 stages per rank, looped: rank 0 runs stages 0 and 2
         (2, 1, "ZBVZeroBubble", {}),  # 2 stages per rank in a V: rank 0 runs the first and the last
+        # each stage splits the sequence at its first block and gathers it after its last
+        (2, 2, "Interleaved1F1B", {"enable_sequence_parallelism": True}),
     ],
-    ids=["gpipe", "1f1b-layers13", "1f1b-tp2", "interleaved1f1b", "zbv"],
+    ids=["gpipe", "1f1b-layers13", "1f1b-tp2", "interleaved1f1b", "zbv", "interleaved1f1b-tp2-split_gather"],
 )
 def test_pipeline_trains_like_unsharded(pp, tp, schedule, extra):
     reports = run_on_ranks(pp * tp, _check, pp, tp, schedule, extra)
@@ -43,10 +49,10 @@ def test_pipeline_trains_like_unsharded(pp, tp, schedule, extra):
     assert len(losses) == 1, losses  # the same loss on every rank
     for r in reports:
         assert r["loss_rel_diff"] <= 1e-6 and r["max_abs_diff_after_steps"] <= 1e-5, r
+        assert (r["reduce_scatters"] > 0) == ("enable_sequence_parallelism" in extra), r
     if schedule in ("Interleaved1F1B", "ZBVZeroBubble"):
-        assert [r["stages"] for r in reports] == (
-            [[0, 2], [1, 3]] if schedule == "Interleaved1F1B" else [[0, 3], [1, 2]]
-        )
+        stages = [[0, 2], [1, 3]] if schedule == "Interleaved1F1B" else [[0, 3], [1, 2]]
+        assert [r["stages"] for r in reports] == [s for s in stages for _ in range(tp)]  # tp: the inner mesh dim
 
 
 def _refused(extra: dict, layers: int = 4) -> str:

@@ -192,6 +192,27 @@ def _refused(config: dict, cls_name: str = "LlamaForCausalLM") -> str:
 
         cfg = ViTConfig(hidden_size=64, num_attention_heads=4, intermediate_size=128, num_hidden_layers=2)
         return refusal_message(lambda: ViTForImageClassification(cfg), ShardConfig(**config))
+    if cls_name.startswith("Whisper"):
+        from transformers import WhisperConfig, WhisperForConditionalGeneration
+
+        cfg = WhisperConfig(
+            d_model=64,
+            encoder_layers=1,
+            decoder_layers=1,
+            encoder_attention_heads=4,
+            decoder_attention_heads=4,
+            encoder_ffn_dim=128,
+            decoder_ffn_dim=128,
+            vocab_size=128,
+            max_source_positions=16,
+            max_target_positions=16,
+            num_mel_bins=8,
+            pad_token_id=0,
+            bos_token_id=1,
+            eos_token_id=2,
+            decoder_start_token_id=1,
+        )
+        return refusal_message(lambda: WhisperForConditionalGeneration(cfg), ShardConfig(**config))
     kv = config.pop("kv", None)
     return refusal_message(lambda: build(cls_name, kv=kv), ShardConfig(**config))
 
@@ -216,7 +237,7 @@ def _refused(config: dict, cls_name: str = "LlamaForCausalLM") -> str:
             "LlamaForCausalLM",
             "overlaps the collectives of sequence_parallelism_mode='split_gather'; with 'all_to_all' leave it False",
         ),
-        (SP, "ViTForImageClassification", "HFViTPolicy does not support sequence_parallelism_mode='split_gather'"),
+        (SP, "WhisperForConditionalGeneration", "WhisperPolicy does not support sequence_parallelism_mode='split_g"),
         ({**SP, "data_parallel": "ddp"}, "LlamaForCausalLM", "together with data_parallel='ddp' is not built"),
         ({**SP, "enable_jit_fused": True}, "LlamaForCausalLM", "enable_jit_fused (compiled modules) is not built"),
     ],

@@ -45,6 +45,19 @@ def _is_v4_layer(module) -> bool:
 
 
 class HFViTPolicy(Policy):
+    #: Megatron sequence parallelism and Ulysses (transformers 5's attention registry) over the
+    #: tokens: the class (and distillation) token and the patches. ViT's 1 + n*n tokens divide by 2
+    #: for odd n and never by 4; DeiT's 2 + n*n by 2 for even n: a length the group does not divide
+    #: runs unsplit (plain tensor parallelism). No ring_attn: 2 x sp chunks would need 4 | tokens.
+    sequence_parallelism_modes = ("split_gather", "all_to_all")
+    #: the residual dropout (transformers 5: the layer's one ``dropout``, applied after attention
+    #: and after the MLP; 4.x: the attention output's and the output's)
+    sequence_parallel_dropouts = ("dropout", "attention.output.dropout", "output.dropout")
+
+    def sequence_parallel_heads(self):
+        heads = self.model.config.num_attention_heads
+        return heads, heads
+
     def blocks(self):
         """The layer stack: the first ``ModuleList`` of layers with ``attention`` and ``mlp`` (its
         place differs between transformers versions: ``vit.layers`` or ``vit.encoder.layer``)."""

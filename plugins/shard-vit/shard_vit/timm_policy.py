@@ -30,6 +30,13 @@ def _is_identity(module) -> bool:
 
 
 class TimmViTPolicy(Policy):
+    #: Megatron sequence parallelism over the tokens (class / register tokens and patches; a length
+    #: the group does not divide runs unsplit). No Ulysses: timm's attention calls
+    #: ``F.scaled_dot_product_attention`` itself, with no registry to route it through.
+    sequence_parallelism_modes = ("split_gather",)
+    #: the dropouts after the row-parallel projections: on this rank's tokens when split
+    sequence_parallel_dropouts = ("attn.proj_drop", "mlp.drop2")
+
     def blocks(self):
         blocks = getattr(self.model, "blocks", None)
         if not blocks:
@@ -94,7 +101,11 @@ class TimmViTPolicy(Policy):
         return {
             type(block): ModulePolicyDescription(
                 attribute_replacement={"attn.num_heads": attn.num_heads // tp, "attn.attn_dim": attn.attn_dim // tp},
-                sub_module_replacement=packed_attention("attn", attn.num_heads, attn.head_dim) + mlp("mlp"),
+                sub_module_replacement=packed_attention("attn", attn.num_heads, attn.head_dim, copy_input=False)
+                + mlp("mlp"),
+                # the attention reads its input's length (B, N, C = x.shape): it takes the input
+                # already gathered when the sequence is split
+                enter_tp_region=["attn"],
                 per_rank_rng=["attn", "mlp.drop1"],  # dropout on this rank's heads / hidden units
                 shared_rng=["attn.proj_drop"],  # ... but proj_drop acts on the replicated output
             )

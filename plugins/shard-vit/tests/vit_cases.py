@@ -11,7 +11,16 @@ import torch.nn.functional as F
 IMAGE = 32
 
 
-def hf_build(cls_name: str, *, heads: int = 4, hidden: int = 64, intermediate: int = 128, layers: int = 2, **extra):
+def hf_build(
+    cls_name: str,
+    *,
+    heads: int = 4,
+    hidden: int = 64,
+    intermediate: int = 128,
+    layers: int = 2,
+    image: int = IMAGE,
+    **extra,
+):
     import transformers
 
     config_cls = transformers.DeiTConfig if cls_name.startswith("DeiT") else transformers.ViTConfig
@@ -20,7 +29,7 @@ def hf_build(cls_name: str, *, heads: int = 4, hidden: int = 64, intermediate: i
         num_attention_heads=heads,
         intermediate_size=intermediate,
         num_hidden_layers=layers,
-        image_size=IMAGE,
+        image_size=image,
         patch_size=8,
         num_channels=3,
         num_labels=3,
@@ -42,13 +51,13 @@ def hf_build(cls_name: str, *, heads: int = 4, hidden: int = 64, intermediate: i
     return model
 
 
-def hf_batch(cls_name: str, seed: int = 1) -> dict:
+def hf_batch(cls_name: str, seed: int = 1, image: int = IMAGE) -> dict:
     g = torch.Generator().manual_seed(seed)
-    out = {"pixel_values": torch.randn(2, 3, IMAGE, IMAGE, generator=g)}
+    out = {"pixel_values": torch.randn(2, 3, image, image, generator=g)}
     if cls_name.endswith("ImageClassification"):
         out["labels"] = torch.tensor([2, 0])
     if cls_name.endswith("MaskedImageModeling"):
-        out["bool_masked_pos"] = torch.rand(2, (IMAGE // 8) ** 2, generator=g) < 0.5
+        out["bool_masked_pos"] = torch.rand(2, (image // 8) ** 2, generator=g) < 0.5
     return out
 
 
