@@ -96,6 +96,13 @@ class Policy:
     #: (rotary ``position_embeddings``): under ``all_to_all`` / ``ring_attn`` each rank takes its slice.
     sequence_split_kwargs: tuple[str, ...] = ()
 
+    def sequence_parallel_regions(self) -> list[list[tuple[str, nn.Module]]]:
+        """Runs of consecutive blocks that ``split_gather`` splits along the sequence, each at its
+        first block's input and gathered at its last block's output: by default one, all of
+        :meth:`blocks`. An encoder-decoder whose decoder reads the encoder's whole output
+        (cross-attention) names its encoder's blocks only."""
+        return [self.blocks()]
+
     def sequence_parallel_heads(self) -> tuple[int, int]:
         """``(attention heads, key/value heads)`` for ``all_to_all``, which gives each rank whole heads."""
         raise NotImplementedError(f"{type(self).__name__} does not implement sequence_parallel_heads()")

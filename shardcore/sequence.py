@@ -90,6 +90,11 @@ def check_sequence_parallel(model: nn.Module, policy, config, layout) -> str | N
             + (f" (it supports {', '.join(supported)})" if supported else " (no sequence parallelism)")
             + "; leave enable_sequence_parallelism=False"
         )
+    if mode == "split_gather" and not policy.sequence_parallel_regions():
+        raise NotImplementedError(
+            f"{type(model).__name__}: {type(policy).__name__} names no blocks to split the sequence over; leave "
+            "enable_sequence_parallelism=False"
+        )
     if mode == "split_gather" and layout.sp > 1:
         raise ValueError(
             f"sequence_parallel_size={layout.sp} is the group of sequence_parallelism_mode='all_to_all' (or "
@@ -156,13 +161,33 @@ def _refuse_unsupported(model: nn.Module) -> None:
 
 
 def apply_sequence_parallel(model: nn.Module, policy, state: SequenceParallel) -> None:
-    """Split at the first block's input, gather at the last block's output, and make the blocks'
-    parallel layers, replicated parameters and dropouts follow ``state``. Called by
-    :func:`shardcore.optimize` after the sharder (which gave the layers ``state``)."""
-    named = policy.blocks()
-    names, blocks = [name for name, _ in named], [block for _, block in named]
-    group = state.group
+    """Split at the first block's input, gather at the last block's output (for each of
+    :meth:`~shardcore.Policy.sequence_parallel_regions`), and make the blocks' parallel layers,
+    replicated parameters and dropouts follow ``state``. Called by :func:`shardcore.optimize`
+    after the sharder (which gave the layers ``state``)."""
     _refuse_unsupported(model)
+    saving_now: list = []  # the saved-tensor hooks of the split running now
+    for region in policy.sequence_parallel_regions():
+        names, blocks = [name for name, _ in region], [block for _, block in region]
+        _split_region(model, names, blocks, state, saving_now)
+        for block in blocks:
+            for module in block.modules():
+                if isinstance(module, ParallelModule):
+                    module.sequence = state
+                partial = [
+                    n
+                    for n, p in module.named_parameters(recurse=False)
+                    if p.requires_grad and n not in getattr(module, "shard_specs", {})
+                ]
+                if partial:
+                    _sum_grads_when_split(module, partial, state)
+        _per_rank_dropouts(blocks, policy.sequence_parallel_dropouts, state)
+
+
+def _split_region(model: nn.Module, names: list[str], blocks: list[nn.Module], state: SequenceParallel, saving_now):
+    """The hooks that split the hidden states at the input of the first of ``blocks`` this process
+    runs and gather them at the output of the last."""
+    group = state.group
 
     def held(index: int) -> bool:
         """Whether block ``index`` runs here: on a pipeline stage the others are holes, and the split
@@ -187,8 +212,6 @@ def apply_sequence_parallel(model: nn.Module, policy, state: SequenceParallel) -
             saving_now.append(saving)
         return (args, {**kwargs, "hidden_states": x}) if in_kwargs else ((x, *args[1:]), kwargs)
 
-    saving_now: list = []
-
     def gather(module, args, output, index):
         if held(index + 1):
             return None  # the next block runs here too, on the split
@@ -206,19 +229,6 @@ def apply_sequence_parallel(model: nn.Module, policy, state: SequenceParallel) -
     for index, block in enumerate(blocks):
         block.register_forward_pre_hook(functools.partial(split, index=index), with_kwargs=True)
         block.register_forward_hook(functools.partial(gather, index=index))
-
-    for block in blocks:
-        for module in block.modules():
-            if isinstance(module, ParallelModule):
-                module.sequence = state
-            partial = [
-                n
-                for n, p in module.named_parameters(recurse=False)
-                if p.requires_grad and n not in getattr(module, "shard_specs", {})
-            ]
-            if partial:
-                _sum_grads_when_split(module, partial, state)
-    _per_rank_dropouts(blocks, policy.sequence_parallel_dropouts, state)
 
 
 class _Regather:
@@ -313,7 +323,8 @@ def _per_rank_when_split(module: nn.Module, state: SequenceParallel) -> None:
     """Dropout on split activations draws from the per-rank stream (each rank drops its own
     tokens); on a forward that is not split it stays on the shared one (replicas in step)."""
     forward = module.forward
-    inner = getattr(forward, "__wrapped__", forward)  # beneath a shared-stream wrapper (run_in_shared_rng)
+    # beneath a shared-stream wrapper of ours (run_in_shared_rng); a model's own decorators stay
+    inner = forward.__wrapped__ if getattr(forward, "shardcore_stream", False) else forward
 
     @functools.wraps(forward)
     def wrapped(x, *args, **kwargs):

@@ -178,3 +178,29 @@ def test_shard_spec_errors_name_the_fix():
         ShardSpec.even(10, 4, what="out_features")
     with pytest.raises(ValueError, match=r"3 heads cannot be split over tensor_parallel_size=2"):
         ShardSpec.heads((3,), 8, 2)
+
+
+def test_a_fork_inside_a_fork_of_the_same_stream_does_not_replay_it():
+    """A per-rank block inside a per-rank block (Whisper's encoder layer on split tokens holds its
+    per-rank attention): the inner fork keeps drawing from the running stream, not from where the
+    stream stood when the outer block entered; the shared stream inside both takes its own steps."""
+    from shardcore.layers import rng
+
+    rng._STATES.clear()
+    torch.manual_seed(0)
+    with rng.fork_tp_rng(None):
+        flat = [torch.rand(3) for _ in range(3)]
+    shared = [torch.rand(2) for _ in range(2)]  # the default stream, untouched by the fork
+
+    rng._STATES.clear()
+    torch.manual_seed(0)
+    with rng.fork_tp_rng(None):
+        nested = [torch.rand(3)]
+        with rng.fork_tp_rng(None):
+            nested.append(torch.rand(3))
+            with rng._shared_stream("cpu"):  # back on the shared stream, inside both
+                inside = torch.rand(2)
+        nested.append(torch.rand(3))
+    after = torch.rand(2)
+    assert all(torch.equal(a, b) for a, b in zip(flat, nested, strict=True))
+    assert torch.equal(inside, shared[0]) and torch.equal(after, shared[1])

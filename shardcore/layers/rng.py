@@ -26,6 +26,9 @@ __all__ = ["fork_tp_rng", "in_tp_rng", "run_in_shared_rng", "run_in_tp_rng"]
 _STATES: dict[tuple[int, str], torch.Tensor] = {}
 #: the default stream's state saved by each open fork_tp_rng block, innermost last, per device
 _OUTER: dict[str, list[torch.Tensor]] = {"cpu": [], "cuda": []}
+#: what runs now, innermost last, per device: a per-rank stream's key, or None for the shared one inside it.
+#: A fork for the stream already running is a no-op: re-entering would replay that stream's numbers.
+_RUNNING: dict[str, list] = {"cpu": [], "cuda": []}
 SEED_OFFSET = 2718
 
 
@@ -44,15 +47,20 @@ def _set(device: str, state: torch.Tensor) -> None:
 def fork_tp_rng(group, device: str = "cpu") -> Iterator[None]:
     """Run the block on this rank's tensor-parallel random stream (one stream per group and device)."""
     key = (id(group), device)
+    if _RUNNING[device] and _RUNNING[device][-1] == key:  # on this stream already (a block inside a block)
+        yield
+        return
     if key not in _STATES:
         seed = torch.initial_seed() + SEED_OFFSET + group_rank(group)
         gen = torch.Generator(device=device).manual_seed(seed)
         _STATES[key] = gen.get_state()
     _OUTER[device].append(_get(device))
+    _RUNNING[device].append(key)
     _set(device, _STATES[key])
     try:
         yield
     finally:
+        _RUNNING[device].pop()
         _STATES[key] = _get(device)
         _set(device, _OUTER[device].pop())
 
@@ -70,9 +78,11 @@ def _shared_stream(device: str) -> Iterator[None]:
         return
     inner = _get(device)
     _set(device, _OUTER[device][-1])
+    _RUNNING[device].append(None)
     try:
         yield
     finally:
+        _RUNNING[device].pop()
         _OUTER[device][-1] = _get(device)
         _set(device, inner)
 
@@ -89,6 +99,7 @@ def _wrap(module: nn.Module, stream) -> None:
         with stream(device):
             return forward(*args, **kwargs)
 
+    wrapped.shardcore_stream = True  # ``wrapped.__wrapped__`` is the forward beneath the stream switch
     module.forward = wrapped
 
 

@@ -237,7 +237,11 @@ def _refused(config: dict, cls_name: str = "LlamaForCausalLM") -> str:
             "LlamaForCausalLM",
             "overlaps the collectives of sequence_parallelism_mode='split_gather'; with 'all_to_all' leave it False",
         ),
-        (SP, "WhisperForConditionalGeneration", "WhisperPolicy does not support sequence_parallelism_mode='split_g"),
+        (
+            {**ULYSSES, "tensor_parallel_size": 1, "sequence_parallel_size": 2},
+            "WhisperForConditionalGeneration",
+            "WhisperPolicy does not support sequence_parallelism_mode='all_to_all' (it supports split_gather)",
+        ),
         ({**SP, "data_parallel": "ddp"}, "LlamaForCausalLM", "together with data_parallel='ddp' is not built"),
         ({**SP, "enable_jit_fused": True}, "LlamaForCausalLM", "enable_jit_fused (compiled modules) is not built"),
     ],

@@ -56,6 +56,21 @@ class WhisperPolicy(Policy):
         """Encoder layers, then decoder layers (those present)."""
         return self.blocks_in(*(stack.layers for stack in self._stacks()))
 
+    # -- sequence parallelism: the encoder's frames ----------------------------------------------
+
+    #: Megatron sequence parallelism over the encoder's frames (1500 in every released Whisper,
+    #: which 2, 4 and 5 divide). The decoder runs as plain tensor parallelism: its tokens are few,
+    #: and its cross-attention reads the encoder's whole output.
+    sequence_parallelism_modes = ("split_gather",)
+    #: the whole encoder layer on the per-rank stream while split: its residual and activation
+    #: dropouts are functional (no module to name), its attention's is per rank already
+    sequence_parallel_dropouts = ("",)
+
+    def sequence_parallel_regions(self):
+        """The encoder's layers (where present): split at the first, gathered after the last."""
+        encoders = [stack for stack in self._stacks() if not hasattr(stack, "embed_tokens")]
+        return [self.blocks_in(encoders[0].layers)] if encoders else []
+
     # -- pipeline parallelism (conditional generation) -------------------------------------------
 
     #: generate() computes the encoder output outside the model's forward: not through stages yet
