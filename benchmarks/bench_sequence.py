@@ -1,6 +1,7 @@
 """Benchmark (not a test): sequence parallelism on 2 gloo ranks, long sequences.
 
     python benchmarks/bench_sequence.py [--seqs 1024 2048 4096] [--batch 1] [--steps 2] [--png docs/sequence_parallel.png]
+        [--only CONTESTANT ...] [--set intermediate_size=256 ...] [--no-tp4]
 
 Trains the Llama bench model of ``bench_llama_tp.py`` (4 blocks, hidden 512; positions raised to
 the longest sequence) with AdamW on one batch of random tokens, for each sequence length, as:
@@ -82,10 +83,10 @@ CONTESTANTS_TP4 = [
 ]
 
 
-def build(max_positions: int):
+def build(max_positions: int, overrides: dict | None = None):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    cfg = LlamaConfig(**{**CONFIG, "max_position_embeddings": max_positions})
+    cfg = LlamaConfig(**{**CONFIG, **(overrides or {}), "max_position_embeddings": max_positions})
     cfg._attn_implementation = "sdpa"
     torch.manual_seed(0)
     return LlamaForCausalLM(cfg)
@@ -101,7 +102,7 @@ def worker(args, checkpoint: str, contestants: list) -> list[dict]:
     results = []
     for seq in args.seqs:
         g = torch.Generator().manual_seed(seq)
-        ids = torch.randint(0, CONFIG["vocab_size"], (args.batch, seq), generator=g)
+        ids = torch.randint(0, {**CONFIG, **args.set}["vocab_size"], (args.batch, seq), generator=g)
         batch = {"input_ids": ids, "labels": ids}
         for name, layout in contestants:
             gc.collect()
@@ -110,7 +111,7 @@ def worker(args, checkpoint: str, contestants: list) -> list[dict]:
             times, first, activation, peak, blocks = [], 0.0, [], [], []
             if active:
                 with shardcore.init_empty():
-                    model = build(max(args.seqs))
+                    model = build(max(args.seqs), args.set)
                 if layout is not None:
                     model = shardcore.optimize(model, shardcore.ShardConfig(**layout))
                 shardcore.load_checkpoint(model, checkpoint)
@@ -161,7 +162,7 @@ def worker(args, checkpoint: str, contestants: list) -> list[dict]:
 
 
 def report(results: list[dict], args, out: pathlib.Path) -> list[dict]:
-    print(f"\nLlama bench model {CONFIG}, AdamW, batch {args.batch}, 2 gloo ranks x 1 thread\n")
+    print(f"\nLlama bench model { ({**CONFIG, **args.set}) }, AdamW, batch {args.batch}, 2 gloo ranks x 1 thread\n")
     print(
         "| seq | contestant | step s | vs unsharded | vs TP=2 | activation MB/rank (max) | vs TP=2 | "
         "of it in the blocks MB | vs TP=2 | step peak MB/rank (max) |"
@@ -225,7 +226,11 @@ def report(results: list[dict], args, out: pathlib.Path) -> list[dict]:
                     f"{entry['blocks_mb']:.0f} | {entry['blocks_vs_tp4']:.2f}x |"
                 )
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"config": CONFIG, "batch": args.batch, "table": table, "results": results}, indent=2))
+    out.write_text(
+        json.dumps(
+            {"config": {**CONFIG, **args.set}, "batch": args.batch, "table": table, "results": results}, indent=2
+        )
+    )
     print(f"\nwritten: {out}")
     return table
 
@@ -270,11 +275,19 @@ def main() -> None:
     parser.add_argument(
         "--only", nargs="+", metavar="NAME", help="run these contestants (and the unsharded and TP=2 references) only"
     )
+    parser.add_argument(
+        "--set",
+        nargs="+",
+        default=[],
+        metavar="KEY=INT",
+        help="change the bench model's config, e.g. intermediate_size=256 (less compute per byte sent)",
+    )
     args = parser.parse_args()
+    args.set = {key: int(value) for key, value in (item.split("=", 1) for item in args.set)}
     from shardcore.testing import RankPool
 
     with tempfile.TemporaryDirectory() as tmp:
-        build(max(args.seqs)).save_pretrained(tmp)
+        build(max(args.seqs), args.set).save_pretrained(tmp)
         if args.only:
             unknown = set(args.only) - {name for name, _ in CONTESTANTS}
             if unknown:

@@ -461,8 +461,8 @@ class _LinearScatterOverlap(torch.autograd.Function):
     """A row-parallel layer's matmul and its reduce-scatter along the sequence, overlapped: the
     output features in :data:`OVERLAP_CHUNKS` chunks, each chunk's reduce-scatter started as soon
     as its matmul ends. Backward: the gradient's all-gather runs while this rank's own tokens'
-    input and weight gradients are computed; the gathered input of the region (saved as a slice,
-    see :mod:`shardcore.sequence`) starts gathering first, to be there when the backward reaches it."""
+    input gradient is computed; the gathered input of the region (saved as a slice, see
+    :mod:`shardcore.sequence`) starts gathering first, to be there when the backward reaches it."""
 
     @staticmethod
     def forward(ctx, x, weight, group, dim, prefetch):
@@ -479,22 +479,15 @@ class _LinearScatterOverlap(torch.autograd.Function):
             ctx.prefetch.prefetch()
         gathering = start_all_gather(grad, group, dim, where=ctx.where)
         rank, world = group_rank(group), group_size(group)
-        xs = x.chunk(world, dim=dim)
         need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-
-        def grads(g: torch.Tensor, xj: torch.Tensor):
-            gx = g @ weight if need_x else None
-            gw = g.reshape(-1, g.shape[-1]).t() @ xj.reshape(-1, xj.shape[-1]) if need_w else None
-            return gx, gw
-
-        gx_parts: list = [None] * world
-        gx_parts[rank], grad_w = grads(grad, xs[rank])  # this rank's tokens, while the others' arrive
-        others = gathering.wait().chunk(world, dim=dim)
-        for j in range(world):
-            if j != rank:
-                gx_parts[j], gw = grads(others[j], xs[j])
-                grad_w = grad_w + gw if need_w else None
-        grad_x = torch.cat(gx_parts, dim=dim) if need_x else None
+        own = grad @ weight if need_x else None  # this rank's tokens' input gradient, while the others' arrive
+        full = gathering.wait()
+        grad_x = grad_w = None
+        if need_x:
+            parts = list(full.chunk(world, dim=dim))
+            grad_x = torch.cat([own if j == rank else parts[j] @ weight for j in range(world)], dim=dim)
+        if need_w:
+            grad_w = full.reshape(-1, full.shape[-1]).t() @ x.reshape(-1, x.shape[-1])
         return grad_x, grad_w, None, None, None
 
 
