@@ -161,6 +161,12 @@ def worker(args, checkpoint: str, contestants: list) -> list[dict]:
     return [r for rows in gathered for r in rows] if rank == 0 else []
 
 
+def _same_first_loss(mine: list[dict], ref: dict, name: str, seq: int) -> None:
+    for r in mine:
+        if abs(r["loss"] - ref["loss"]) > 1e-5 * abs(ref["loss"]):
+            raise AssertionError(f"{name} at {seq}: first loss {r['loss']:.7f} != unsharded {ref['loss']:.7f}")
+
+
 def report(results: list[dict], args, out: pathlib.Path) -> list[dict]:
     print(f"\nLlama bench model { ({**CONFIG, **args.set}) }, AdamW, batch {args.batch}, 2 gloo ranks x 1 thread\n")
     print(
@@ -177,9 +183,7 @@ def report(results: list[dict], args, out: pathlib.Path) -> list[dict]:
         tp_blocks = max(r["blocks_mb"] for r in tp)
         for name, _ in CONTESTANTS:
             mine = [r for r in rows if r["name"] == name and (name != "unsharded" or r["rank"] == 0)]
-            for r in mine:
-                if abs(r["loss"] - ref["loss"]) > 1e-5 * abs(ref["loss"]):
-                    raise AssertionError(f"{name} at {seq}: first loss {r['loss']:.7f} != unsharded {ref['loss']:.7f}")
+            _same_first_loss(mine, ref, name, seq)
             entry = {
                 "seq": seq,
                 "name": name,
@@ -209,9 +213,7 @@ def report(results: list[dict], args, out: pathlib.Path) -> list[dict]:
             tp_act, tp_blocks = max(r["activation_mb"] for r in tp), max(r["blocks_mb"] for r in tp)
             for name, _ in CONTESTANTS_TP4:
                 mine = [r for r in rows if r["name"] == name]
-                for r in mine:
-                    if abs(r["loss"] - ref["loss"]) > 1e-5 * abs(ref["loss"]):
-                        raise AssertionError(f"{name} at {seq}: first loss {r['loss']:.7f} != {ref['loss']:.7f}")
+                _same_first_loss(mine, ref, name, seq)
                 entry = {
                     "seq": seq,
                     "name": name,
