@@ -242,11 +242,14 @@ class _Regather:
         """Start gathering now, to overlap with the backward that runs before :meth:`get`
         (``enable_sequence_overlap``: the row-parallel layer after this input's region starts it)."""
         if self.full is None and self.uses > 0:
-            self.full = start_all_gather(self.local, self.group, self.dim, where="backward: gathering a saved input")
+            self._start()
+
+    def _start(self) -> None:
+        self.full = start_all_gather(self.local, self.group, self.dim, where="backward: gathering a saved input")
 
     def get(self) -> torch.Tensor:
-        if self.full is None:
-            self.prefetch()
+        if self.full is None:  # not prefetched (or a second backward through the same graph)
+            self._start()
         if isinstance(self.full, Pending):
             self.full = self.full.wait()
         full, self.uses = self.full, self.uses - 1

@@ -210,6 +210,12 @@ class WhisperPolicy(Policy):
         for heads, ffn in checks:
             self.require_divisible(getattr(cfg, heads), tp, heads, name)
             self.require_divisible(getattr(cfg, ffn), tp, ffn, name)
+        config = self.shard_config
+        if config.enable_sequence_parallelism and config.pipeline_parallel_size > 1:
+            raise NotImplementedError(
+                f"{name}: sequence parallelism with pipeline stages is not built for Whisper (an encoder stage "
+                "after the first takes its states in through a hook the split would run before); use one of them"
+            )
         if cfg.activation_dropout > 0:
             raise NotImplementedError(
                 f"{name}: activation_dropout={cfg.activation_dropout} acts on the split MLP activations, which "

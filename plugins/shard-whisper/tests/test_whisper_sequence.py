@@ -90,3 +90,15 @@ def _generate() -> list:
 def test_generate_unchanged():
     tokens = run_on_ranks(2, _generate)
     assert tokens[0] == tokens[1]
+
+
+def _refused_with_stages() -> str:
+    from shardcore.testing import refusal_message
+
+    config = ShardConfig(tensor_parallel_size=2, pipeline_parallel_size=2, **SP)
+    return refusal_message(lambda: build("WhisperForConditionalGeneration"), config)
+
+
+def test_split_gather_with_pipeline_stages_is_refused_before_any_collective():
+    for message in run_on_ranks(4, _refused_with_stages):
+        assert "sequence parallelism with pipeline stages is not built for Whisper" in message, message
