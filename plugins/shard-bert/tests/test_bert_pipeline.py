@@ -8,6 +8,7 @@ import torch
 from bert_cases import batch_for, build
 
 from shardcore import ShardConfig
+from shardcore.layers import count_collectives
 from shardcore.testing import assert_pipeline_matches, run_on_ranks
 
 
@@ -17,29 +18,39 @@ def _batch(cls_name: str) -> dict:
     return {k: torch.cat([a[k], b[k]]) for k in a}
 
 
-def _check(cls_name: str, pp: int, tp: int, schedule: str, layers: int) -> dict:
+def _check(cls_name: str, pp: int, tp: int, schedule: str, layers: int, sp: bool = False) -> dict:
     config = ShardConfig(
-        tensor_parallel_size=tp, pipeline_parallel_size=pp, num_microbatches=4, pipeline_schedule=schedule
+        tensor_parallel_size=tp,
+        pipeline_parallel_size=pp,
+        num_microbatches=4,
+        pipeline_schedule=schedule,
+        enable_sequence_parallelism=sp,
     )
-    return assert_pipeline_matches(
-        lambda: build(cls_name, layers=layers), _batch(cls_name), config, zero_grads=("*.self.key.bias",)
-    )
+    with count_collectives() as counts:
+        report = assert_pipeline_matches(
+            lambda: build(cls_name, layers=layers), _batch(cls_name), config, zero_grads=("*.self.key.bias",)
+        )
+    report["reduce_scatters"] = counts.get("reduce_scatter", 0)
+    return report
 
 
 @pytest.mark.parametrize(
-    ("cls_name", "pp", "tp", "schedule", "layers"),
+    ("cls_name", "pp", "tp", "schedule", "layers", "sp"),
     [
-        ("BertForMaskedLM", 2, 1, "GPipe", 2),
-        ("BertForMaskedLM", 2, 1, "1F1B", 2),
-        ("BertForMaskedLM", 2, 2, "1F1B", 2),
-        ("BertForSequenceClassification", 2, 1, "1F1B", 2),
-        ("BertForMaskedLM", 2, 1, "Interleaved1F1B", 4),
+        ("BertForMaskedLM", 2, 1, "GPipe", 2, False),
+        ("BertForMaskedLM", 2, 1, "1F1B", 2, False),
+        ("BertForMaskedLM", 2, 2, "1F1B", 2, False),
+        ("BertForSequenceClassification", 2, 1, "1F1B", 2, False),
+        ("BertForMaskedLM", 2, 1, "Interleaved1F1B", 4, False),
+        # each stage splits the tokens at its first layer and gathers them after its last
+        ("BertForSequenceClassification", 2, 2, "1F1B", 2, True),
     ],
-    ids=["mlm-gpipe", "mlm-1f1b", "mlm-1f1b-tp2", "seqcls-1f1b", "mlm-interleaved"],
+    ids=["mlm-gpipe", "mlm-1f1b", "mlm-1f1b-tp2", "seqcls-1f1b", "mlm-interleaved", "seqcls-1f1b-tp2-split_gather"],
 )
-def test_pipeline_trains_like_unsharded(cls_name, pp, tp, schedule, layers):
-    for report in run_on_ranks(pp * tp, _check, cls_name, pp, tp, schedule, layers):
+def test_pipeline_trains_like_unsharded(cls_name, pp, tp, schedule, layers, sp):
+    for report in run_on_ranks(pp * tp, _check, cls_name, pp, tp, schedule, layers, sp):
         assert report["loss_rel_diff"] <= 1e-6 and report["max_abs_diff_after_steps"] <= 1e-5, report
+        assert (report["reduce_scatters"] > 0) == sp, report
 
 
 def _infer() -> dict:
