@@ -497,8 +497,6 @@ def linear_leave_region(x: torch.Tensor, weight: torch.Tensor, group, sequence: 
     the matmul and the reduce-scatter overlapped (:class:`_LinearScatterOverlap`)."""
     if sequence is None or not (sequence.active and sequence.overlap) or group_size(group) == 1:
         return leave_region(F.linear(x, weight), group, sequence)
-    if x.shape[sequence.dim % x.dim()] % group_size(group):
-        raise ValueError(f"cannot reduce-scatter a sequence of {x.shape[sequence.dim % x.dim()]} over the group")
     prefetch, sequence.latest_saved = sequence.latest_saved, None
     return _LinearScatterOverlap.apply(x, weight, group, sequence.dim % x.dim(), prefetch)
 
