@@ -3,7 +3,8 @@
     python benchmarks/bench_llama_tp.py [--seqs 256 1024] [--steps 10] [--warmup 2]
 
 Starts 2 gloo ranks (1 thread each) on this machine. Measures forward+backward step time
-(median of ``--steps`` after ``--warmup``), parameter bytes per rank and collectives per forward
+(median of ``--steps`` after ``--warmup``; the sharded contestants take turns, one step each per
+round, so that the machine's drift over the run hits them alike), parameter bytes per rank and collectives per forward
 and per forward+backward (counted by PyTorch's CommDebugMode, for every contestant alike) of:
 
 * ``unsharded``: the whole model in one process with 2 threads (the other rank idles);
@@ -149,29 +150,40 @@ def worker(args) -> list[dict]:
                 build(), shardcore.ShardConfig(tensor_parallel_size=world, parallel_output=True)
             ),
         }
+        models, counts = {}, {}
         for name, make in contestants.items():
             model = make()
             loss = first_loss(model, batch)
             if abs(loss - reference.item()) > 1e-4 * abs(reference.item()):
                 raise AssertionError(f"seq {seq}: {name} loss {loss:.6f} != unsharded {reference.item():.6f}")
-            fwd, total = count_comms(model, batch)
-            dist.barrier()
-            step = time_steps(model, batch, args.warmup, args.steps)
-            step = torch.tensor([step])
-            dist.all_reduce(step, op=dist.ReduceOp.MAX)  # a TP step ends when its slowest rank does
+            models[name], counts[name] = model, (loss, *count_comms(model, batch))
+        # the contestants take turns, one step each per round: the machine's drift hits them alike
+        times = {name: [] for name in models}
+        for i in range(args.warmup + args.steps):
+            for name, model in models.items():
+                model.zero_grad(set_to_none=True)
+                dist.barrier()
+                start = time.perf_counter()
+                model(**batch).loss.backward()
+                step = torch.tensor([time.perf_counter() - start])
+                dist.all_reduce(step, op=dist.ReduceOp.MAX)  # a TP step ends when its slowest rank does
+                if i >= args.warmup:
+                    times[name].append(step.item())
+        for name, model in models.items():
+            loss, fwd, total = counts[name]
             if rank == 0:
                 results.append(
                     {
                         "seq": seq,
                         "name": name,
-                        "step_s": step.item(),
+                        "step_s": statistics.median(times[name]),
                         "param_bytes": param_bytes(model),
                         "collectives_fwd": fwd,
                         "collectives_fwd_bwd": total,
                         "loss": loss,
                     }
                 )
-            del model
+        del models, model
     return results
 
 

@@ -37,7 +37,8 @@ import sys
 import tempfile
 import time
 
-os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", "65536")  # before torch allocates: freed tensors leave the RSS
+if "--timing" not in sys.argv:  # before torch allocates: freed tensors leave the RSS
+    os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", "65536")
 
 import torch
 import torch.distributed as dist
@@ -167,6 +168,10 @@ def _same_first_loss(mine: list[dict], ref: dict, name: str, seq: int) -> None:
             raise AssertionError(f"{name} at {seq}: first loss {r['loss']:.7f} != unsharded {ref['loss']:.7f}")
 
 
+def _ratio(a: float, b: float) -> float:
+    return a / b if b else float("nan")  # --timing: the resident size does not follow the tensors
+
+
 def report(results: list[dict], args, out: pathlib.Path) -> list[dict]:
     print(f"\nLlama bench model { ({**CONFIG, **args.set}) }, AdamW, batch {args.batch}, 2 gloo ranks x 1 thread\n")
     print(
@@ -194,8 +199,8 @@ def report(results: list[dict], args, out: pathlib.Path) -> list[dict]:
                 "step_peak_mb": max(r["step_peak_mb"] for r in mine),
                 "blocks_mb": max(r["blocks_mb"] for r in mine),
             }
-            entry["activation_vs_tp2"] = entry["activation_mb"] / tp_act
-            entry["blocks_vs_tp2"] = entry["blocks_mb"] / tp_blocks
+            entry["activation_vs_tp2"] = _ratio(entry["activation_mb"], tp_act)
+            entry["blocks_vs_tp2"] = _ratio(entry["blocks_mb"], tp_blocks)
             table.append(entry)
             print(
                 f"| {seq} | {name} | {entry['step_s']:.3f} | {entry['vs_unsharded']:.2f}x | {entry['vs_tp2']:.2f}x | "
@@ -220,8 +225,8 @@ def report(results: list[dict], args, out: pathlib.Path) -> list[dict]:
                     "activation_mb": max(r["activation_mb"] for r in mine),
                     "blocks_mb": max(r["blocks_mb"] for r in mine),
                 }
-                entry["activation_vs_tp4"] = entry["activation_mb"] / tp_act
-                entry["blocks_vs_tp4"] = entry["blocks_mb"] / tp_blocks
+                entry["activation_vs_tp4"] = _ratio(entry["activation_mb"], tp_act)
+                entry["blocks_vs_tp4"] = _ratio(entry["blocks_mb"], tp_blocks)
                 table.append(entry)
                 print(
                     f"| {seq} | {name} | {entry['activation_mb']:.0f} | {entry['activation_vs_tp4']:.2f}x | "
@@ -274,6 +279,12 @@ def main() -> None:
     parser.add_argument("--out", default="bench-results/sequence.json")
     parser.add_argument("--png", default="docs/sequence_parallel.png")
     parser.add_argument("--no-tp4", action="store_true", help="skip the 4-rank memory rows")
+    parser.add_argument(
+        "--timing",
+        action="store_true",
+        help="step times only: glibc's default mmap threshold (freed memory is reused, not returned and "
+        "faulted in again), so the memory columns mean nothing",
+    )
     parser.add_argument(
         "--only", nargs="+", metavar="NAME", help="run these contestants (and the unsharded and TP=2 references) only"
     )

@@ -5,14 +5,26 @@ with the reductions HuggingFace's heads use, so a pipelined model's loss is the 
 * :func:`token_loss`: cross-entropy over label tokens, ``-100`` ignored (masked LM, seq2seq).
 * :func:`classification_loss`: sequence / image classification by the config's ``problem_type``
   (regression, single- or multi-label), as transformers decides it when the config leaves it unset.
+
+And :func:`defer_logits_gather`: a causal LM's loss on each rank's vocabulary slice while its
+full logits are gathered.
 """
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
-__all__ = ["classification_items", "classification_loss", "classification_problem", "token_items", "token_loss"]
+__all__ = [
+    "classification_items",
+    "classification_loss",
+    "classification_problem",
+    "defer_logits_gather",
+    "token_items",
+    "token_loss",
+]
 
 
 def token_items(labels: torch.Tensor) -> torch.Tensor:
@@ -54,3 +66,78 @@ def classification_loss(config, logits: torch.Tensor, labels: torch.Tensor, num_
     else:
         loss = F.binary_cross_entropy_with_logits(logits, labels, reduction="sum")
     return loss / num_items
+
+
+def defer_logits_gather(model, head) -> None:
+    """A HuggingFace ``*ForCausalLM`` whose vocab-parallel ``head`` (a
+    :class:`~shardcore.layers.VocabParallelLMHead1D` gathering full logits): during the model's
+    forward, the head leaves its all-gather running and the model's causal-LM loss (its
+    ``loss_function``, HF's ``ForCausalLMLoss``) is the vocab-parallel cross entropy of this rank's
+    slice, computed meanwhile; the full-vocabulary softmax and its gradient are never formed. The
+    output then holds the gathered logits, as without this. The model's own forward runs unchanged.
+    """
+    from .layers import vocab_parallel_cross_entropy
+
+    causal_lm_loss = model.loss_function
+
+    def loss_function(
+        logits, labels, vocab_size, num_items_in_batch=None, ignore_index=-100, shift_labels=None, **kwargs
+    ):
+        local = head.pending_logits
+        if local is None or logits.shape != local.shape:  # full logits (pipeline stages): the model's own
+            return causal_lm_loss(
+                logits=logits,
+                labels=labels,
+                vocab_size=vocab_size,
+                num_items_in_batch=num_items_in_batch,
+                ignore_index=ignore_index,
+                shift_labels=shift_labels,
+                **kwargs,
+            )
+        if shift_labels is None:  # tokens < n predict n, as HF's ForCausalLMLoss
+            shift_labels = F.pad(labels, (0, 1), value=ignore_index)[..., 1:]
+        return vocab_parallel_cross_entropy(
+            logits.float(),
+            shift_labels.to(logits.device),
+            vocab_start=head.vocab_start,
+            process_group=head.process_group,
+            ignore_index=ignore_index,
+            num_items_in_batch=num_items_in_batch,
+        )
+
+    original = model.forward
+
+    @functools.wraps(original)  # generate() inspects the signature
+    def forward(*args, **kwargs):
+        head.defer_gather = True
+        try:
+            output = original(*args, **kwargs)
+        except BaseException:
+            head.drop_gather()
+            raise
+        finally:
+            head.defer_gather = False
+        local = head.pending_logits
+        if local is None:  # the head did not run (a pipeline stage before the last)
+            return output
+        full = head.finish_gather()
+        # the head's output by position and shape, not identity: a full backward hook on the head
+        # (or a tool's module tracker) hands the model a new tensor object for the same logits
+        if isinstance(output, tuple):  # return_dict=False: (loss,) logits, ...
+            for i, value in enumerate(output):
+                if isinstance(value, torch.Tensor) and value.shape == local.shape:
+                    return (*output[:i], full, *output[i + 1 :])
+        else:
+            value = output.get("logits")
+            if isinstance(value, torch.Tensor) and value.shape == local.shape:
+                output["logits"] = full
+                return output
+        raise RuntimeError(
+            f"{type(model).__name__}: its forward returned no logits of its head's shape {tuple(local.shape)}, "
+            "so shardcore cannot put the gathered full-vocabulary logits in their place; shard with "
+            "ShardConfig(parallel_output=True) to get the vocabulary slices"
+        )
+
+    head.loss_on_slices = True
+    model.loss_function = loss_function
+    model.forward = forward

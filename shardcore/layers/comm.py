@@ -49,6 +49,7 @@ __all__ = [
     "reduce_scatter_cat",
     "set_collective_timeout",
     "split_to_tp",
+    "start_gather_from_tp",
 ]
 
 #: How many collectives of each kind this process has issued (forward and backward).
@@ -305,6 +306,20 @@ class _GatherFromTP(torch.autograd.Function):
         return _local_chunk(grad, ctx.group, ctx.dim), None, None
 
 
+class _Gathered(torch.autograd.Function):
+    """The result of an all-gather of ``x`` started earlier (:func:`start_gather_from_tp`), joined
+    to ``x``'s graph. Backward: keep this rank's chunk, as :class:`_GatherFromTP`."""
+
+    @staticmethod
+    def forward(ctx, x, pending, group, dim):
+        ctx.group, ctx.dim = group, dim
+        return pending.wait()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _local_chunk(grad, ctx.group, ctx.dim), None, None, None
+
+
 class _SplitToTP(torch.autograd.Function):
     """Forward: keep this rank's chunk along ``dim``. Backward: all-gather the gradient."""
 
@@ -371,6 +386,17 @@ def gather_from_tp(x: torch.Tensor, group, dim: int = -1) -> torch.Tensor:
 
 
 @torch.compiler.disable
+def start_gather_from_tp(x: torch.Tensor, group, dim: int = -1):
+    """:func:`gather_from_tp` started now and finished by calling the returned function: what is
+    computed from ``x`` meanwhile (a vocab-parallel loss on the logits) runs while it travels.
+    ``x`` must not be changed in place before then."""
+    dim = dim % x.dim()
+    if group_size(group) == 1:
+        return lambda: x
+    pending = start_all_gather(x.detach(), group, dim)
+    return lambda: _Gathered.apply(x, pending, group, dim)
+
+
 def split_to_tp(x: torch.Tensor, group, dim: int = -1) -> torch.Tensor:
     """Keep this rank's equal slice along ``dim``; backward all-gathers the gradient."""
     return x if group_size(group) == 1 else _SplitToTP.apply(x, group, dim % x.dim())

@@ -9,6 +9,9 @@ p``, and rank ``r`` holds rows ``[r V_p / p, (r + 1) V_p / p)``. Padding rows ar
   all-reduces ``dL/dx`` once. Forward either all-gathers the logits and drops the padding
   (full-vocab logits, exactly like the native head), or, with ``gather_output=False``, returns
   this rank's valid logits only, for :func:`~shardcore.layers.vocab_parallel_cross_entropy`.
+  With ``defer_gather`` set, a forward that gathers returns this rank's valid logits and leaves
+  the all-gather running until :meth:`~VocabParallelLMHead1D.finish_gather`: the model's loss is
+  computed on the slice meanwhile (:func:`shardcore.losses.defer_logits_gather`).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .comm import copy_to_tp, gather_from_tp, group_size, reduce_from_tp
+from .comm import copy_to_tp, gather_from_tp, group_size, reduce_from_tp, start_gather_from_tp
 from .parallel_module import ParallelModule
 from .shard_spec import ShardSpec
 
@@ -111,14 +114,43 @@ class VocabParallelLMHead1D(ParallelModule):
         spec = ShardSpec.padded(module.out_features, group_size(process_group), make_vocab_size_divisible_by)
         return cls(module.weight, module.bias, spec, process_group, gather_output=gather_output)
 
+    #: whether the model computes its loss on this head's vocabulary slices
+    #: (:func:`~shardcore.layers.vocab_parallel_cross_entropy`; counted by :meth:`collectives`)
+    loss_on_slices: bool = False
+    #: set by :func:`shardcore.losses.defer_logits_gather` while the model's forward runs: forward
+    #: starts the gather and returns the slice
+    defer_gather: bool = False
+    #: the valid slice of the logits whose gather is running, and what finishes it
+    pending_logits: torch.Tensor | None = None
+    _finish = None
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         logits = F.linear(copy_to_tp(x, self.process_group), self.weight, self.bias)
+        local = logits[..., : self.vocab_end - self.vocab_start]
+        if self.gather_output and self.defer_gather:
+            self._finish = start_gather_from_tp(logits, self.process_group, dim=-1)
+            self.pending_logits = local
+            return local
         if self.gather_output:
             return gather_from_tp(logits, self.process_group, dim=-1)[..., : self.out_features]
-        return logits[..., : self.vocab_end - self.vocab_start]
+        return local
+
+    def finish_gather(self) -> torch.Tensor:
+        """The full-vocabulary logits of the last forward (``defer_gather``): waits for their all-gather."""
+        if self._finish is None:
+            raise RuntimeError(f"{type(self).__name__}.finish_gather(): no gather is running (defer_gather)")
+        finish, self._finish, self.pending_logits = self._finish, None, None
+        return finish()[..., : self.out_features]
+
+    def drop_gather(self) -> None:
+        """Forget the gather of the last forward (it raised before the logits were used)."""
+        self._finish = self.pending_logits = None
 
     def collectives(self) -> dict[str, list[str]]:
-        return {"forward": ["all_gather"] if self.gather_output else [], "backward": ["all_reduce"]}
+        forward = ["all_gather"] if self.gather_output else []
+        if self.loss_on_slices:  # a step with labels: the vocab-parallel cross entropy's one all-gather
+            forward.append("all_gather")
+        return {"forward": forward, "backward": ["all_reduce"]}
 
     def extra_repr(self) -> str:
         return (

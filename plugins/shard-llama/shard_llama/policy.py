@@ -25,6 +25,8 @@ from torch import nn
 
 from shardcore import ModulePolicyDescription, Policy
 from shardcore.builders import attention, mlp, vocab_embedding, vocab_head
+from shardcore.layers import VocabParallelLMHead1D
+from shardcore.losses import defer_logits_gather
 
 __all__ = ["LlamaForCausalLMPolicy", "LlamaForSequenceClassificationPolicy", "LlamaModelPolicy", "LlamaPolicy"]
 
@@ -187,6 +189,10 @@ class LlamaForCausalLMPolicy(LlamaPolicy):
             from .modeling import generate_needs_full_logits
 
             self.model.generate = generate_needs_full_logits
+            if isinstance(self.model.lm_head, VocabParallelLMHead1D):
+                self.model.lm_head.loss_on_slices = True
+        elif isinstance(self.model.lm_head, VocabParallelLMHead1D):
+            defer_logits_gather(self.model, self.model.lm_head)  # loss on the vocab slices, logits gathered meanwhile
         return self.model
 
 

@@ -93,11 +93,13 @@ def _count(tp: int, layers: int, parallel_output: bool = False) -> dict:
 @pytest.mark.parametrize("layers", [1, 3])
 def test_collectives_per_step(layers, parallel_output):
     """Forward: one all-reduce after attention and one after the MLP per layer, one for the
-    embedding, and one all-gather: of the logits, or (parallel_output) of the loss's per-token
-    statistics. Backward: one all-reduce per entry into a tensor-parallel region."""
+    embedding, one all-gather of the loss's per-token statistics (the loss is computed on the
+    vocabulary slices) and, unless parallel_output, one of the logits. Backward: one all-reduce
+    per entry into a tensor-parallel region."""
     for counts in run_on_ranks(2, _count, 2, layers, parallel_output):  # on every rank
         # + one all-gather of 16 bytes: the input check (ShardConfig.check_inputs, on by default)
-        assert counts["forward"] == {"all_reduce": 2 * layers + 1, "all_gather": 2}
+        gathers = 2 if parallel_output else 3
+        assert counts["forward"] == {"all_reduce": 2 * layers + 1, "all_gather": gathers}
         assert counts["backward"] == {"all_reduce": 2 * layers + 1}
 
 
@@ -161,3 +163,54 @@ def _parallel_output_generate_refused() -> str:
 
 def test_parallel_output_refuses_generate():
     assert run_on_ranks(2, _parallel_output_generate_refused) == ["ok", "ok"]
+
+
+def _loss_on_slices(tp: int) -> dict:
+    import shardcore
+
+    torch.manual_seed(0)
+    reference = build("LlamaForCausalLM", vocab=200)  # 200 = padded to 256: the last rank holds padding
+    torch.manual_seed(0)
+    model = shardcore.optimize(build("LlamaForCausalLM", vocab=200), ShardConfig(tensor_parallel_size=tp))
+    batch = lm_batch(200)
+    checks = {}
+    # HF Trainer's num_items_in_batch, and shift_labels given instead of labels
+    items = torch.tensor(9)
+    shifted = torch.nn.functional.pad(batch["labels"], (0, 1), value=-100)[..., 1:]
+    for name, extra in {
+        "num_items_in_batch": {"num_items_in_batch": items},
+        "shift_labels": {"labels": None, "shift_labels": shifted},
+    }.items():
+        kwargs = {**batch, **extra}
+        want, got = reference(**kwargs), model(**kwargs)
+        torch.testing.assert_close(got.loss, want.loss, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(got.logits, want.logits, rtol=1e-5, atol=1e-5)
+        checks[name] = got.logits.shape[-1]
+    # return_dict=False: the tuple holds the gathered logits where the slice was
+    want, got = reference(**batch, return_dict=False), model(**batch, return_dict=False)
+    torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(got[1], want[1], rtol=1e-5, atol=1e-5)
+    # a forward that raises after the head ran leaves the head as it was: full logits when called alone
+    try:
+        model(**{**batch, "labels": batch["labels"][:, :5]})
+    except Exception as err:  # labels of the wrong length: the loss raises after the head ran
+        checks["raised"] = type(err).__name__
+    hidden = torch.randn(2, 3, 64)
+    checks["head alone"] = model.lm_head(hidden).shape[-1]
+    checks["pending"] = model.lm_head.pending_logits is None
+    # a full backward hook on the head hands the model other tensor objects: still the full logits
+    model.lm_head.register_full_backward_hook(lambda module, grad_in, grad_out: None)
+    want, got = reference(**batch), model(**batch)
+    torch.testing.assert_close(got.logits, want.logits, rtol=1e-5, atol=1e-5)
+    got.loss.backward()
+    return checks
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_default_loss_on_vocab_slices(tp):
+    """The default (parallel_output=False): the loss is the vocab-parallel cross entropy of the
+    slices while the logits are gathered, equal to HF's loss with num_items_in_batch or
+    shift_labels, with return_dict=False, and a forward that raises leaves no gather behind."""
+    for checks in run_on_ranks(tp, _loss_on_slices, tp):
+        assert checks.pop("raised", None), "labels of the wrong length did not raise"
+        assert checks == {"num_items_in_batch": 200, "shift_labels": 200, "head alone": 200, "pending": True}
