@@ -20,7 +20,8 @@ from __future__ import annotations
 
 from shardcore import ModulePolicyDescription, Policy
 from shardcore.builders import mlp, packed_attention, vocab_embedding, vocab_head
-from shardcore.layers import Conv1D_Col, Conv1D_Row, FusedConv1D_Col
+from shardcore.layers import Conv1D_Col, Conv1D_Row, FusedConv1D_Col, VocabParallelLMHead1D
+from shardcore.losses import defer_logits_gather
 
 __all__ = ["GPT2Policy"]
 
@@ -40,6 +41,14 @@ class GPT2Policy(Policy):
 
     def blocks(self):
         return self.blocks_in(self.base.h)
+
+    def postprocess(self):
+        head = getattr(self.model, "lm_head", None)
+        if isinstance(
+            head, VocabParallelLMHead1D
+        ):  # GPT2LMHeadModel: loss on the vocab slices, logits gathered meanwhile
+            defer_logits_gather(self.model, head)
+        return self.model
 
     def fusible_modules(self):
         return self.in_blocks("mlp")  # c_fc, tanh-GeLU, c_proj, dropout: the GeLU's dozen ops fused
