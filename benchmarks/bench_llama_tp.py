@@ -86,12 +86,16 @@ def param_bytes(model) -> int:
 
 
 def count_comms(model, batch) -> tuple[int, int]:
+    import warnings
+
     from torch.distributed.tensor.debug import CommDebugMode
 
-    with CommDebugMode() as fwd:
-        loss = model(**batch).loss
-    with CommDebugMode() as bwd:
-        loss.backward()
+    with warnings.catch_warnings():  # its module tracker warns of every module returning a ModelOutput
+        warnings.filterwarnings("ignore", message="For backward hooks to be called")
+        with CommDebugMode() as fwd:
+            loss = model(**batch).loss
+        with CommDebugMode() as bwd:
+            loss.backward()
     model.zero_grad(set_to_none=True)
     return fwd.get_total_counts(), fwd.get_total_counts() + bwd.get_total_counts()
 
