@@ -177,6 +177,15 @@ def explain(
             f"sequence_parallel_size={sp}: Ulysses (sequence_parallelism_mode='all_to_all'): heads checked over "
             "tp x sp; its all-to-alls around attention (4 per block forward, 4 backward) are not in the counts below"
         )
+    if config.enable_sequence_parallelism and config.sequence_parallelism_mode == "split_gather":
+        notes.append(
+            "sequence_parallelism_mode='split_gather': the counts below are tensor parallelism's; with the "
+            "sequence split, each region's entry all-gathers the sequence (forward) and reduce-scatters its "
+            "gradient (backward), each row-parallel exit reduce-scatters (forward) and all-gathers its gradient "
+            "(backward), the saved region inputs are all-gathered again in the backward, and one all-gather "
+            "joins the sequence after the last block"
+            + ("; with enable_sequence_overlap, 2 reduce-scatters per exit" if config.enable_sequence_overlap else "")
+        )
     if config.plan is not None and policy is None:
         from .plan import PlanPolicy
 

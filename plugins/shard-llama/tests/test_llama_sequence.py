@@ -310,3 +310,22 @@ def test_hidden_states_and_checkpointing_refused_at_the_forward(mode):
     for hidden, checkpointing in run_on_ranks(2, _refused_at_forward, mode):
         assert "output_hidden_states would return each rank's slice" in hidden, hidden
         assert "gradient checkpointing with sequence parallelism is not built yet" in checkpointing, checkpointing
+
+
+def test_explain_says_split_gather_changes_its_counts():
+    """explain counts tensor parallelism's collectives; under split_gather it says what replaces them."""
+    from shardcore.explain import explain
+
+    report = explain(_meta(), 2, config=ShardConfig(tensor_parallel_size=2, enable_sequence_overlap=True, **SP))
+    (note,) = [n for n in report["notes"] if "split_gather" in n]
+    assert "reduce-scatters its gradient" in note and "2 reduce-scatters per exit" in note
+    plain = explain(_meta(), 2, config=ShardConfig(tensor_parallel_size=2))
+    assert not any("split_gather" in n for n in plain["notes"])
+    assert report["collectives_per_step"] == plain["collectives_per_step"]
+
+
+def _meta():
+    import shardcore
+
+    with shardcore.init_empty():
+        return build("LlamaForCausalLM")
