@@ -182,8 +182,9 @@ def explain(
             "sequence_parallelism_mode='split_gather': the counts below are tensor parallelism's; with the "
             "sequence split, each region's entry all-gathers the sequence (forward) and reduce-scatters its "
             "gradient (backward), each row-parallel exit reduce-scatters (forward) and all-gathers its gradient "
-            "(backward), the saved region inputs are all-gathered again in the backward, and one all-gather "
-            "joins the sequence after the last block"
+            "(backward), the saved region inputs are all-gathered again in the backward, the gradients of "
+            "replicated parameters used on split tokens (norm weights, row-parallel biases) are all-reduced, and "
+            "one all-gather joins the sequence after the last block"
             + ("; with enable_sequence_overlap, 2 reduce-scatters per exit" if config.enable_sequence_overlap else "")
         )
     if config.plan is not None and policy is None:
