@@ -68,17 +68,22 @@ def classification_loss(config, logits: torch.Tensor, labels: torch.Tensor, num_
     return loss / num_items
 
 
-def defer_logits_gather(model, head) -> None:
+def defer_logits_gather(model, head) -> bool:
     """A HuggingFace ``*ForCausalLM`` whose vocab-parallel ``head`` (a
     :class:`~shardcore.layers.VocabParallelLMHead1D` gathering full logits): during the model's
     forward, the head leaves its all-gather running and the model's causal-LM loss (its
     ``loss_function``, HF's ``ForCausalLMLoss``) is the vocab-parallel cross entropy of this rank's
     slice, computed meanwhile; the full-vocabulary softmax and its gradient are never formed. The
     output then holds the gathered logits, as without this. The model's own forward runs unchanged.
+
+    Only over transformers' own causal-LM loss: a model whose ``loss_function`` is another (a
+    masked LM's, or one the user set) is left as it is, and ``False`` returned.
     """
     from .layers import vocab_parallel_cross_entropy
 
-    causal_lm_loss = model.loss_function
+    causal_lm_loss = getattr(model, "loss_function", None)
+    if getattr(causal_lm_loss, "__name__", None) != "ForCausalLMLoss" or not head.gather_output:
+        return False
 
     def loss_function(
         logits, labels, vocab_size, num_items_in_batch=None, ignore_index=-100, shift_labels=None, **kwargs
@@ -121,23 +126,29 @@ def defer_logits_gather(model, head) -> None:
         if local is None:  # the head did not run (a pipeline stage before the last)
             return output
         full = head.finish_gather()
-        # the head's output by position and shape, not identity: a full backward hook on the head
-        # (or a tool's module tracker) hands the model a new tensor object for the same logits
+        # the logits the model returns: by key (or position) and the slice's shape
         if isinstance(output, tuple):  # return_dict=False: (loss,) logits, ...
-            for i, value in enumerate(output):
-                if isinstance(value, torch.Tensor) and value.shape == local.shape:
-                    return (*output[:i], full, *output[i + 1 :])
+            at = next((i for i, v in enumerate(output) if isinstance(v, torch.Tensor) and v.shape == local.shape), None)
+            value = None if at is None else output[at]
         else:
-            value = output.get("logits")
-            if isinstance(value, torch.Tensor) and value.shape == local.shape:
-                output["logits"] = full
-                return output
-        raise RuntimeError(
-            f"{type(model).__name__}: its forward returned no logits of its head's shape {tuple(local.shape)}, "
-            "so shardcore cannot put the gathered full-vocabulary logits in their place; shard with "
-            "ShardConfig(parallel_output=True) to get the vocabulary slices"
-        )
+            at, value = "logits", output.get("logits")
+            if not (isinstance(value, torch.Tensor) and value.shape == local.shape):
+                value = None
+        if value is None:
+            raise RuntimeError(
+                f"{type(model).__name__}: its forward returned no logits of its head's shape {tuple(local.shape)}, "
+                "so shardcore cannot put the gathered full-vocabulary logits in their place; shard with "
+                "ShardConfig(parallel_output=True) to get the vocabulary slices"
+            )
+        same = value.data_ptr() == local.data_ptr() and value.stride() == local.stride()  # (a hook's alias)
+        if not same:  # the model changed its head's logits (a scale, a soft cap): gather what it returns
+            full = head.gather_slices(value)
+        if isinstance(output, tuple):
+            return (*output[:at], full, *output[at + 1 :])
+        output[at] = full
+        return output
 
     head.loss_on_slices = True
     model.loss_function = loss_function
     model.forward = forward
+    return True

@@ -396,7 +396,14 @@ class PlanPolicy(Policy):
         return list(self._grad_sum)
 
     def postprocess(self):
-        """Sum over the group the gradients of the parameters given ``replicated_with_grad_allreduce``."""
+        """Sum over the group the gradients of the parameters given ``replicated_with_grad_allreduce``;
+        a causal LM's loss on the vocabulary slices while its logits are gathered (:func:`~shardcore.losses.defer_logits_gather`)."""
+        get_head = getattr(self.model, "get_output_embeddings", None)
+        head = get_head() if callable(get_head) else None
+        if isinstance(head, VocabParallelLMHead1D):
+            from .losses import defer_logits_gather
+
+            defer_logits_gather(self.model, head)
         if self._grad_sum:
             from .layers.comm import all_reduce
             from .layers.parallel_module import ParallelModule

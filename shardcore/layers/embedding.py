@@ -142,6 +142,12 @@ class VocabParallelLMHead1D(ParallelModule):
         finish, self._finish, self.pending_logits = self._finish, None, None
         return finish()[..., : self.out_features]
 
+    def gather_slices(self, local: torch.Tensor) -> torch.Tensor:
+        """Full-vocabulary logits from every rank's valid slice ``local`` (``[..., vocab_end - vocab_start]``,
+        e.g. the head's output scaled by the model): padded to the equal slices, all-gathered."""
+        padded = F.pad(local, (0, self.weight.shape[0] - local.shape[-1]))
+        return gather_from_tp(padded, self.process_group, dim=-1)[..., : self.out_features]
+
     def drop_gather(self) -> None:
         """Forget the gather of the last forward (it raised before the logits were used)."""
         self._finish = self.pending_logits = None

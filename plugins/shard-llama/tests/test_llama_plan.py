@@ -60,13 +60,11 @@ def _plan_vs_plugin(tp: int, kv: int, path: str) -> dict:
 def test_yaml_plan_reproduces_the_plugin(tmp_path, tp, kv):
     """The plan: outputs, loss, every gradient and 3 AdamW steps equal to unsharded; logits
     bit-identical to the plugin path; the same layers and the same collectives, forward and
-    backward (q/k/v and gate/up share one backward all-reduce, as the plugin's regions do), but
-    for the plugin's loss on the vocabulary slices (one more all-gather, of per-token statistics)."""
+    backward (q/k/v and gate/up share one backward all-reduce, as the plugin's regions do; the
+    loss on the vocabulary slices while the logits are gathered, as the plugin's)."""
     path = _write(tmp_path, LLAMA_PLAN)
     for result in run_on_ranks(tp, _plan_vs_plugin, tp, kv, path):
-        (plan_fwd, plan_bwd), (plugin_fwd, plugin_bwd) = result["plan"]["counts"], result["plugin"]["counts"]
-        assert {**plan_fwd, "all_gather": plan_fwd["all_gather"] + 1} == plugin_fwd
-        assert plan_bwd == plugin_bwd
+        assert result["plan"]["counts"] == result["plugin"]["counts"]
         assert result["plan"]["kinds"] == result["plugin"]["kinds"]
 
 
