@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 __all__ = [
+    "causal_lm_loss_on_slices",
     "classification_items",
     "classification_loss",
     "classification_problem",
@@ -68,6 +69,32 @@ def classification_loss(config, logits: torch.Tensor, labels: torch.Tensor, num_
     return loss / num_items
 
 
+def causal_lm_loss_on_slices(
+    logits: torch.Tensor,
+    labels: torch.Tensor | None,
+    head,
+    *,
+    ignore_index: int = -100,
+    num_items_in_batch=None,
+    shift_labels: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """HuggingFace's causal-LM loss (labels shifted left by one, ``ignore_index``,
+    ``num_items_in_batch``) over this rank's vocabulary slice of a
+    :class:`~shardcore.layers.VocabParallelLMHead1D` ``head``'s logits: the vocab-parallel cross entropy."""
+    from .layers import vocab_parallel_cross_entropy
+
+    if shift_labels is None:  # tokens < n predict n
+        shift_labels = F.pad(labels, (0, 1), value=ignore_index)[..., 1:]
+    return vocab_parallel_cross_entropy(
+        logits.float(),
+        shift_labels.to(logits.device),
+        vocab_start=head.vocab_start,
+        process_group=head.process_group,
+        ignore_index=ignore_index,
+        num_items_in_batch=num_items_in_batch,
+    )
+
+
 def defer_logits_gather(model, head) -> bool:
     """A HuggingFace ``*ForCausalLM`` whose vocab-parallel ``head`` (a
     :class:`~shardcore.layers.VocabParallelLMHead1D` gathering full logits): during the model's
@@ -79,8 +106,6 @@ def defer_logits_gather(model, head) -> bool:
     Only over transformers' own causal-LM loss: a model whose ``loss_function`` is another (a
     masked LM's, or one the user set) is left as it is, and ``False`` returned.
     """
-    from .layers import vocab_parallel_cross_entropy
-
     causal_lm_loss = getattr(model, "loss_function", None)
     if getattr(causal_lm_loss, "__name__", None) != "ForCausalLMLoss" or not head.gather_output:
         return False
@@ -99,15 +124,13 @@ def defer_logits_gather(model, head) -> bool:
                 shift_labels=shift_labels,
                 **kwargs,
             )
-        if shift_labels is None:  # tokens < n predict n, as HF's ForCausalLMLoss
-            shift_labels = F.pad(labels, (0, 1), value=ignore_index)[..., 1:]
-        return vocab_parallel_cross_entropy(
-            logits.float(),
-            shift_labels.to(logits.device),
-            vocab_start=head.vocab_start,
-            process_group=head.process_group,
+        return causal_lm_loss_on_slices(
+            logits,
+            labels,
+            head,
             ignore_index=ignore_index,
             num_items_in_batch=num_items_in_batch,
+            shift_labels=shift_labels,
         )
 
     original = model.forward

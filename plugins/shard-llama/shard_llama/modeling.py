@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import torch
-from torch import nn
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 try:
@@ -16,29 +15,7 @@ except ImportError:  # transformers < 4.52 slices inline in each forward
         return hidden[:, index, :]
 
 
-from shardcore.layers import vocab_parallel_cross_entropy
-
-
-def causal_lm_loss(
-    logits: torch.Tensor,
-    labels: torch.Tensor,
-    lm_head: nn.Module,
-    *,
-    ignore_index: int = -100,
-    num_items_in_batch=None,
-    shift_labels: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """HuggingFace's causal-LM loss (labels shifted left by one) over vocab-split logits."""
-    if shift_labels is None:
-        shift_labels = nn.functional.pad(labels, (0, 1), value=ignore_index)[..., 1:]
-    return vocab_parallel_cross_entropy(
-        logits.float(),
-        shift_labels.to(logits.device),
-        vocab_start=lm_head.vocab_start,
-        process_group=lm_head.process_group,
-        ignore_index=ignore_index,
-        num_items_in_batch=num_items_in_batch,
-    )
+from shardcore.losses import causal_lm_loss_on_slices
 
 
 def causal_lm_forward(
@@ -71,7 +48,7 @@ def causal_lm_forward(
     logits = self.lm_head(slice_logits_to_keep(outputs.last_hidden_state, logits_to_keep))
     loss = None
     if labels is not None or shift_labels is not None:
-        loss = causal_lm_loss(
+        loss = causal_lm_loss_on_slices(
             logits, labels, self.lm_head, num_items_in_batch=num_items_in_batch, shift_labels=shift_labels
         )
     return CausalLMOutputWithPast(
