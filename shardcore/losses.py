@@ -104,10 +104,16 @@ def defer_logits_gather(model, head) -> bool:
     output then holds the gathered logits, as without this. The model's own forward runs unchanged.
 
     Only over transformers' own causal-LM loss: a model whose ``loss_function`` is another (a
-    masked LM's, or one the user set) is left as it is, and ``False`` returned.
+    masked LM's, or one the user set), or whose ``head`` is not a vocab-parallel head gathering
+    full logits (``None``, a pipeline hole, ``parallel_output=True``), is left as it is, and
+    ``False`` returned.
     """
+    from .layers import VocabParallelLMHead1D
+
     causal_lm_loss = getattr(model, "loss_function", None)
-    if getattr(causal_lm_loss, "__name__", None) != "ForCausalLMLoss" or not head.gather_output:
+    if not (isinstance(head, VocabParallelLMHead1D) and head.gather_output):
+        return False
+    if getattr(causal_lm_loss, "__name__", None) != "ForCausalLMLoss":
         return False
 
     def loss_function(

@@ -398,12 +398,10 @@ class PlanPolicy(Policy):
     def postprocess(self):
         """Sum over the group the gradients of the parameters given ``replicated_with_grad_allreduce``;
         a causal LM's loss on the vocabulary slices while its logits are gathered (:func:`~shardcore.losses.defer_logits_gather`)."""
-        get_head = getattr(self.model, "get_output_embeddings", None)
-        head = get_head() if callable(get_head) else None
-        if isinstance(head, VocabParallelLMHead1D):
-            from .losses import defer_logits_gather
+        from .losses import defer_logits_gather
 
-            defer_logits_gather(self.model, head)
+        get_head = getattr(self.model, "get_output_embeddings", None)
+        defer_logits_gather(self.model, get_head() if callable(get_head) else None)
         if self._grad_sum:
             from .layers.comm import all_reduce
             from .layers.parallel_module import ParallelModule

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from shardcore import ModulePolicyDescription, Policy
 from shardcore.builders import mlp, packed_attention, vocab_embedding, vocab_head
-from shardcore.layers import Conv1D_Col, Conv1D_Row, FusedConv1D_Col, VocabParallelLMHead1D
+from shardcore.layers import Conv1D_Col, Conv1D_Row, FusedConv1D_Col
 from shardcore.losses import defer_logits_gather
 
 __all__ = ["GPT2Policy"]
@@ -43,11 +43,8 @@ class GPT2Policy(Policy):
         return self.blocks_in(self.base.h)
 
     def postprocess(self):
-        head = getattr(self.model, "lm_head", None)
-        if isinstance(
-            head, VocabParallelLMHead1D
-        ):  # GPT2LMHeadModel: loss on the vocab slices, logits gathered meanwhile
-            defer_logits_gather(self.model, head)
+        # GPT2LMHeadModel: the loss on the vocabulary slices while the logits are gathered
+        defer_logits_gather(self.model, getattr(self.model, "lm_head", None))
         return self.model
 
     def fusible_modules(self):

@@ -191,8 +191,8 @@ class LlamaForCausalLMPolicy(LlamaPolicy):
             self.model.generate = generate_needs_full_logits
             if isinstance(self.model.lm_head, VocabParallelLMHead1D):
                 self.model.lm_head.loss_on_slices = True
-        elif isinstance(self.model.lm_head, VocabParallelLMHead1D):
-            defer_logits_gather(self.model, self.model.lm_head)  # loss on the vocab slices, logits gathered meanwhile
+        else:  # the loss on the vocabulary slices while the logits are gathered
+            defer_logits_gather(self.model, self.model.lm_head)
         return self.model
 
 
