@@ -7,6 +7,7 @@ from .checkpoint import CheckpointError, load_checkpoint, load_distributed, save
 from .config import ShardConfig
 from .consistency import InputMismatch
 from .distributed import ParallelLayout
+from .grad_norm import clip_grad_norm_
 from .hookspecs import hookimpl
 from .inference import ParallelModel, parallelize
 from .layers.comm import CollectiveTimeout
@@ -33,6 +34,7 @@ __all__ = [
     "ShardConfig",
     "SubModuleReplacementDescription",
     "__version__",
+    "clip_grad_norm_",
     "full_named_tensors",
     "hookimpl",
     "init_empty",

@@ -14,6 +14,7 @@ from . import consistency, distributed, kernels
 from .config import ShardConfig
 from .distributed import ParallelLayout
 from .distributed.data_parallel import apply_data_parallel, check_data_parallel
+from .grad_norm import register_model
 from .layers.comm import (
     SequenceParallel,
     enter_tp_region,
@@ -278,6 +279,7 @@ def optimize(
             model.shardcore = ShardInfo(
                 config, tp_size, layout.group("tp"), policy, layout, applied, data_parallel, pipeline
             )
+            register_model(model)
         guard_meta(model)
         return model
 
@@ -310,6 +312,7 @@ def optimize(
     pipeline = build_pipeline(model, policy, config, layout, *stages) if stages else None  # prunes the stages
     data_parallel = apply_data_parallel(model, policy, config, layout)  # last: wraps the sharded model
     model.shardcore = ShardInfo(config, tp_size, group, policy, layout, applied, data_parallel, pipeline)
+    register_model(model)
     guard_meta(model)
     return model
 

@@ -12,6 +12,8 @@
   unsharded model on the whole batch; bytes of parameters and optimizer state per rank);
 * ``pipeline.py``: :func:`assert_pipeline_matches` (``pipeline_step`` over the stages trains like
   the unsharded model on the whole batch; names kept, every parameter held somewhere);
+* ``clipping.py``: :func:`assert_clipping_matches` (the user's ``torch.nn.utils.clip_grad_norm_``
+  gives the unsharded norm and clipped gradients, for every layout);
 * ``explained.py``: :func:`assert_explain_matches` (``shardcore explain`` predicts a real step);
 * ``refusals.py``: :func:`refusal_message` (bad input fails on every rank before any collective,
   nobody hangs), :func:`count_c10d_calls`.
@@ -30,6 +32,7 @@ A typical plugin test::
 
 from ..distributed.launcher import RankError, RankPool, close_pools, run_on_ranks
 from .checkpoints import assert_lazy_load_matches, assert_resume_matches, assert_same_checkpoint, train_and_save
+from .clipping import CLIP_CALLS, assert_clipping_matches
 from .conformance import (
     SWITCHES,
     assert_sharded_matches,
@@ -47,9 +50,11 @@ from .sequence import dropout_patterns
 from .structure import check_blocks
 
 __all__ = [
+    "CLIP_CALLS",
     "SWITCHES",
     "RankError",
     "RankPool",
+    "assert_clipping_matches",
     "assert_data_parallel_matches",
     "assert_explain_matches",
     "assert_generate_matches",

@@ -1,0 +1,120 @@
+"""The user's own gradient clipping on a sharded Llama: ``torch.nn.utils.clip_grad_norm_`` (and
+``model.clip_grad_norm_``, ``shardcore.clip_grad_norm_``) gives the unsharded model's norm and
+clipped gradients for every layout, on real gloo ranks."""
+
+from __future__ import annotations
+
+import pytest
+from llama_cases import build, lm_batch
+
+from shardcore import ShardConfig
+from shardcore.testing import CLIP_CALLS, RankPool, assert_clipping_matches, run_on_ranks
+
+# grouped-query attention (KV heads replicated at TP=4), tied and padded vocabulary
+HARD = {"kv": 2, "tie": True, "vocab": 1001}
+
+
+def _clip(config: dict, how: str = "torch", norm_type: float = 2.0, cfg: dict | None = None, **batch) -> dict:
+    cfg = HARD if cfg is None else cfg
+    return assert_clipping_matches(
+        lambda: build("LlamaForCausalLM", **cfg),
+        lm_batch(cfg.get("vocab", 128), **batch),
+        ShardConfig(**config),
+        how=how,
+        norm_type=norm_type,
+    )
+
+
+def _show(label: str, reports: list[dict]) -> None:
+    norms = sorted({round(r["norm"], 6) for r in reports})
+    print(f"\n{label}: norm on every rank {norms}, unsharded {reports[0]['norm_unsharded']:.6f}")
+    assert all(r["norm_rel_diff"] <= 1e-5 for r in reports)
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_torch_clip_grad_norm_is_the_unsharded_norm(tp):
+    _show(f"TP={tp}", run_on_ranks(tp, _clip, {"tensor_parallel_size": tp}))
+
+
+@pytest.mark.parametrize("how", [h for h in CLIP_CALLS if h != "torch"])
+def test_every_way_in(how):
+    _show(how, run_on_ranks(2, _clip, {"tensor_parallel_size": 2}, how))
+
+
+@pytest.mark.parametrize("norm_type", [1.0, float("inf")])
+def test_other_norms(norm_type):
+    # TP=4: the infinity norm must skip the padding rows, the 1-norm count replicated KV heads once
+    _show(f"norm_type={norm_type}", run_on_ranks(4, _clip, {"tensor_parallel_size": 4}, "torch", norm_type))
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"pipeline_parallel_size": 2, "num_microbatches": 2},
+        {"pipeline_parallel_size": 2, "tensor_parallel_size": 2, "num_microbatches": 2},
+        {"tensor_parallel_size": 2, "enable_sequence_parallelism": True, "sequence_parallelism_mode": "split_gather"},
+        {"tensor_parallel_size": 2, "data_parallel_size": 2, "data_parallel": "fsdp"},
+        {"tensor_parallel_size": 2, "data_parallel_size": 2, "data_parallel": "ddp"},
+    ],
+    ids=["pp2", "pp2xtp2", "sp-split-gather", "fsdp2xtp2", "ddp2xtp2"],
+)
+def test_layouts(config):
+    world = config.get("pipeline_parallel_size", 1) * config.get("tensor_parallel_size", 1)
+    world *= config.get("data_parallel_size", 1)
+    batch = {"batch": 4, "pad": False} if "data_parallel" in config else {}
+    _show(str(config), run_on_ranks(world, _clip, config, "torch", 2.0, None, **batch))
+
+
+def _mixed() -> str:
+    import torch
+
+    import shardcore
+
+    torch.manual_seed(0)
+    model = shardcore.optimize(build("LlamaForCausalLM"), ShardConfig(tensor_parallel_size=2))
+    model(**lm_batch()).loss.backward()
+    other = torch.nn.Parameter(torch.ones(3))
+    other.grad = torch.ones(3)
+    try:
+        torch.nn.utils.clip_grad_norm_([*model.parameters(), other], 1.0)
+    except ValueError as err:
+        return str(err)
+    return "no error"
+
+
+def test_gradients_mixed_with_other_tensors_are_refused_on_every_rank():
+    for message in run_on_ranks(2, _mixed):
+        assert "together with 1 other tensor(s)" in message and "shardcore.clip_grad_norm_(model" in message
+
+
+def _one_rank_clips() -> str:
+    import torch
+    import torch.distributed as dist
+
+    import shardcore
+
+    torch.manual_seed(0)
+    config = ShardConfig(tensor_parallel_size=2, collective_timeout=3.0)
+    model = shardcore.optimize(build("LlamaForCausalLM"), config)
+    model(**lm_batch()).loss.backward()
+    if dist.get_rank() == 0:  # the script written for one process
+        try:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        except shardcore.CollectiveTimeout as err:
+            return str(err)
+        return "no error"
+    try:
+        dist.barrier()
+    except RuntimeError as err:  # the group's own timeout (8 s here)
+        return f"barrier: {err}"
+    return "barrier returned"
+
+
+def test_clipping_on_one_rank_only_names_the_cause():
+    pool = RankPool(2, timeout_s=8)  # a group of its own: it ends broken
+    try:
+        message, other = pool.run(_one_rank_clips)
+    finally:
+        pool.close(force=True)
+    assert "gradient norm (clip_grad_norm_): every rank of the model must call it" in message, message
+    assert "waited more than 3 s" in message and other.startswith("barrier: ")

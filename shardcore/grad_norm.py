@@ -1,0 +1,243 @@
+"""The gradient norm of a sharded model as the unsharded model has it, and clipping by it.
+
+Every rank holds slices and copies of the unsharded gradient. The global p-norm counts each entry
+of the unsharded gradient once::
+
+    total ** p = sum over the ranks r of one model replica, over the entries e held on r:
+                 |g_e| ** p / copies(e)
+
+where ``copies(e)`` is the number of ranks of that replica holding entry ``e``: 1 for a slice of a
+split parameter, ``tp`` for a parameter every tensor-parallel rank holds whole (norms, row biases),
+``tp // num_shards`` for replicated key/value heads, 0 (left out) for vocabulary padding rows, times
+``sp`` under Ulysses / ring attention (every sequence rank holds the whole model), times the stages
+holding a tied parameter under pipeline parallelism. The sum is all-reduced over the ranks of one
+replica — ``tp``, ``sp``, ``pp`` and, under FSDP, ``dp`` (whose ranks hold disjoint shards); DDP's
+replicas hold equal gradients and are not summed over. The infinity norm is a max over the same
+ranks, padding left out. One all-reduce per dimension of size > 1, of one scalar; no host sync.
+
+Three ways in, one computation (:func:`grad_norm`):
+
+* :func:`clip_grad_norm_` (``shardcore.clip_grad_norm_``) and the sharded model's own
+  ``model.clip_grad_norm_(max_norm)`` (what accelerate calls for a model that has one);
+* the user's own ``torch.nn.utils.clip_grad_norm_(model.parameters(), c)`` and
+  ``torch.nn.utils.get_total_norm``: :func:`install_torch_hook` (called by ``optimize``) wraps
+  torch's ``_get_total_norm``, which ``clip_grad_norm_`` looks up at every call, so even a
+  ``from torch.nn.utils import clip_grad_norm_`` made before ``import shardcore`` is right. The
+  wrapper changes nothing for tensors that are not gradients of a live sharded model; gradients of
+  a sharded model mixed with other tensors are refused by name (no rank-local norm is ever added
+  silently).
+
+Every rank of the replica must call it (it is a collective, bounded like every shardcore
+collective); a call on one rank only ends in :class:`~shardcore.CollectiveTimeout` naming it.
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from collections.abc import Iterable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .distributed.data_parallel import reshard
+from .layers.comm import all_reduce, group_rank, group_size
+from .sharded_state import parameter_specs
+
+__all__ = ["clip_grad_norm_", "grad_norm", "install_torch_hook", "register_model"]
+
+#: The live sharded models (optimize registers each): what torch's norm looks gradients up in.
+_MODELS: weakref.WeakSet = weakref.WeakSet()
+_WHERE = "gradient norm (clip_grad_norm_): every rank of the model must call it"
+
+
+def register_model(model: nn.Module) -> None:
+    """Make ``model``'s gradients known to torch's norm (:func:`install_torch_hook`) and give the
+    model a ``clip_grad_norm_(max_norm, norm_type=2.0)`` method. Called by ``optimize``."""
+    _MODELS.add(model)
+    install_torch_hook()
+
+    def clip(max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False) -> torch.Tensor:
+        return clip_grad_norm_(model, max_norm, norm_type, error_if_nonfinite=error_if_nonfinite)
+
+    object.__setattr__(model, "clip_grad_norm_", clip)
+
+
+def _row_weights(spec, rank: int, copies: float, like: torch.Tensor) -> torch.Tensor | None:
+    """``1 / copies`` per row of a rank's slice along ``spec.dim`` (0 for padding rows), or
+    ``None`` when every row counts ``1 / copies`` (no replicated segment, no padding)."""
+    ranges = spec.ranges(rank)
+    if not spec.is_replicated and not any(pad for _, _, pad in ranges):
+        return None
+    parts = []
+    for seg, (start, stop, pad) in zip(spec.segments, ranges, strict=True):
+        parts += [1.0 / (copies * spec.replica_blocks(seg))] * (stop - start) + [0.0] * pad
+    return torch.tensor(parts, dtype=torch.float32, device=like.device)
+
+
+def _local(grad: torch.Tensor, weights: torch.Tensor | None, dim: int):
+    """This rank's own entries of ``grad`` and the row weights that apply to them: an FSDP
+    DTensor gradient is this rank's data-parallel shard, whose rows are cut from the weights."""
+    from torch.distributed.tensor import DTensor
+
+    if not isinstance(grad, DTensor):
+        return grad, weights
+    local = grad.to_local()
+    if weights is not None:
+        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+        shape, offset = compute_local_shape_and_global_offset(grad.shape, grad.device_mesh, grad.placements)
+        weights = weights.narrow(0, offset[dim], shape[dim])
+    return local, weights
+
+
+def _entry_sum(grad: torch.Tensor, weights, scale: float, dim: int, norm_type: float) -> torch.Tensor:
+    """This rank's weighted ``sum |g| ** p`` (or max ``|g|`` for the infinity norm), in float32."""
+    g = grad.detach().float().abs()
+    if norm_type == math.inf:
+        if weights is not None:
+            shape = [1] * g.dim()
+            shape[dim] = -1
+            g = g * (weights.view(shape) > 0)
+        return g.amax() if g.numel() else g.new_zeros(())
+    g = g.pow(norm_type) if norm_type != 1.0 else g
+    if weights is None:
+        return g.sum() * scale
+    other = [d for d in range(g.dim()) if d != dim]
+    per_row = g.sum(dim=other) if other else g
+    return (per_row * weights).sum()
+
+
+def _replica_groups(info) -> list:
+    """The groups whose ranks hold disjoint parts of one model replica (size > 1 only)."""
+    layout = info.layout
+    groups = [info.process_group]
+    groups += [layout.group(d) for d in ("sp", "pp") if getattr(layout, d) > 1]
+    if info.data_parallel == "fsdp" and layout.dp > 1:
+        groups.append(layout.group("dp"))
+    return [g for g in groups if group_size(g) > 1]
+
+
+def grad_norm(
+    model: nn.Module,
+    parameters: Iterable[torch.Tensor] | None = None,
+    norm_type: float = 2.0,
+    *,
+    error_if_nonfinite: bool = False,
+) -> torch.Tensor:
+    """The norm of the unsharded model's gradient (of ``parameters``, default all of ``model``'s),
+    from the slices every rank holds: a collective over the ranks of one model replica."""
+    info = getattr(model, "shardcore", None)
+    if info is None:
+        raise TypeError(f"{type(model).__name__} is not sharded by shardcore (optimize it first)")
+    norm_type = float(norm_type)
+    if norm_type <= 0:
+        raise ValueError(f"clip_grad_norm_: norm_type={norm_type:g} is not supported; use a p > 0 or inf")
+    chosen = None if parameters is None else {id(p) for p in parameters}
+    specs = parameter_specs(reshard(model))
+    tp_rank, tp = group_rank(info.process_group), group_size(info.process_group)
+    copies = float(tp * info.layout.sp)
+    tied = {id(p): group_size(g) for p, g in getattr(info.pipeline, "tied", [])}
+    sums, device = [], None
+    for name, p in model.named_parameters():
+        if p.grad is None or (chosen is not None and id(p) not in chosen):
+            continue
+        spec = specs[name][0] if name in specs else None
+        n = (copies / tp if spec is not None else copies) * tied.get(id(p), 1)  # copies besides the spec's
+        weights = _row_weights(spec, tp_rank, n, p.grad) if spec is not None else None
+        dim = spec.dim if spec is not None else 0
+        local, weights = _local(p.grad, weights, dim)
+        sums.append(_entry_sum(local, weights, 1.0 / n, dim, norm_type))
+        device = local.device
+    if device is None:  # no gradient here: still take part in the collectives
+        device = next((p.device for p in model.parameters() if p.device.type != "meta"), torch.device("cpu"))
+    inf = norm_type == math.inf
+    total = torch.stack(sums).amax() if inf and sums else torch.stack(sums).sum() if sums else None
+    total = torch.zeros((), device=device) if total is None else total.to(device)
+    for group in _replica_groups(info):
+        all_reduce(total, group, dist.ReduceOp.MAX if inf else dist.ReduceOp.SUM, where=_WHERE)
+    total = total if inf else total.pow(1.0 / norm_type)
+    if error_if_nonfinite and torch.logical_or(total.isnan(), total.isinf()):
+        raise RuntimeError(
+            f"The total norm of order {norm_type} for gradients of the sharded {type(model).__name__} is "
+            "non-finite, so it cannot be clipped; set error_if_nonfinite=False to scale by it anyway"
+        )
+    return total
+
+
+def clip_grad_norm_(
+    model_or_parameters,
+    max_norm: float,
+    norm_type: float = 2.0,
+    *,
+    error_if_nonfinite: bool = False,
+) -> torch.Tensor:
+    """Scale the gradients so that the unsharded model's gradient norm is at most ``max_norm``;
+    return that norm (before clipping). ``model_or_parameters``: a sharded model, or parameters of
+    one (``model.parameters()``, as with torch's ``clip_grad_norm_``). Every rank must call it."""
+    if isinstance(model_or_parameters, nn.Module):
+        model, params = model_or_parameters, [p for p in model_or_parameters.parameters() if p.grad is not None]
+        total = grad_norm(model, None, norm_type, error_if_nonfinite=error_if_nonfinite)
+    else:
+        params = [p for p in model_or_parameters if p.grad is not None]
+        install_torch_hook()
+        total = _hooked_total_norm([p.grad for p in params], norm_type, error_if_nonfinite)
+    torch.nn.utils.clip_grads_with_norm_(params, max_norm, _like_grads(total, [p.grad for p in params]))
+    return total
+
+
+def _like_grads(total: torch.Tensor, grads: list) -> torch.Tensor:
+    """``total`` as torch's clipping multiplies it into ``grads``: a replicated DTensor on their
+    mesh when they are FSDP DTensors, else as it is."""
+    from torch.distributed.tensor import DTensor, Replicate
+
+    first = next((g for g in grads if isinstance(g, DTensor)), None)
+    if first is None:
+        return total
+    return DTensor.from_local(total, first.device_mesh, [Replicate()] * first.device_mesh.ndim, run_check=False)
+
+
+# -- torch.nn.utils.clip_grad_norm_ / get_total_norm --------------------------------------------------
+
+_ORIGINAL = None
+
+
+def _owner(tensors: list) -> tuple[nn.Module | None, list]:
+    """The live sharded model whose gradients ``tensors`` are, and its parameters holding them."""
+    ids = {id(t) for t in tensors}
+    for model in list(_MODELS):
+        params = [p for p in model.parameters() if p.grad is not None and id(p.grad) in ids]
+        if not params:
+            continue
+        if len(params) != len(ids):
+            raise ValueError(
+                f"torch.nn.utils.clip_grad_norm_ / get_total_norm got gradients of the sharded {type(model).__name__} "
+                f"together with {len(ids) - len(params)} other tensor(s): their norm has no single meaning across "
+                "ranks. Clip the sharded model's parameters alone (model.parameters()), or call "
+                "shardcore.clip_grad_norm_(model, max_norm) and clip the others separately."
+            )
+        return model, params
+    return None, []
+
+
+def _hooked_total_norm(tensors, norm_type=2.0, error_if_nonfinite=False, foreach=None):
+    tensors = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
+    model, params = _owner(tensors)
+    if model is None:
+        return _ORIGINAL(tensors, norm_type, error_if_nonfinite, foreach)
+    total = grad_norm(model, params, norm_type, error_if_nonfinite=error_if_nonfinite)
+    return _like_grads(total, tensors)
+
+
+def install_torch_hook() -> None:
+    """Route torch's gradient norm through :func:`grad_norm` for sharded models' gradients (once)."""
+    global _ORIGINAL
+    from torch.nn.utils import clip_grad
+
+    if _ORIGINAL is not None:
+        return
+    _ORIGINAL = clip_grad._get_total_norm
+    hooked = torch.no_grad()(_hooked_total_norm)
+    clip_grad._get_total_norm = hooked
+    torch.nn.utils.get_total_norm = hooked
