@@ -188,3 +188,18 @@ def test_parallelize_a_zero_config_model():
         logits = handle(**inputs).logits
     real = b["attention_mask"].bool()
     torch.testing.assert_close(logits[real], expected[real], rtol=1e-5, atol=1e-5)
+
+
+def _clip(tp: int) -> dict:
+    from shardcore.testing import assert_clipping_matches
+
+    return assert_clipping_matches(
+        lambda: build("Qwen3", kv=2, tie=True), batch(), ShardConfig(tensor_parallel_size=tp)
+    )
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_zero_config_clip_grad_norm(tp):
+    # torch.nn.utils.clip_grad_norm_ on a zero-config model: the unsharded norm and clipped gradients
+    for report in run_on_ranks(tp, _clip, tp):
+        assert report["norm_rel_diff"] <= 1e-5

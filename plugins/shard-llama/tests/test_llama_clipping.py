@@ -53,16 +53,30 @@ def test_other_norms(norm_type):
         {"pipeline_parallel_size": 2, "num_microbatches": 2},
         {"pipeline_parallel_size": 2, "tensor_parallel_size": 2, "num_microbatches": 2},
         {"tensor_parallel_size": 2, "enable_sequence_parallelism": True, "sequence_parallelism_mode": "split_gather"},
+        {"sequence_parallel_size": 2, "enable_sequence_parallelism": True, "sequence_parallelism_mode": "all_to_all"},
         {"tensor_parallel_size": 2, "data_parallel_size": 2, "data_parallel": "fsdp"},
         {"tensor_parallel_size": 2, "data_parallel_size": 2, "data_parallel": "ddp"},
     ],
-    ids=["pp2", "pp2xtp2", "sp-split-gather", "fsdp2xtp2", "ddp2xtp2"],
+    ids=["pp2", "pp2xtp2", "sp-split-gather", "sp-ulysses", "fsdp2xtp2", "ddp2xtp2"],
 )
 def test_layouts(config):
     world = config.get("pipeline_parallel_size", 1) * config.get("tensor_parallel_size", 1)
-    world *= config.get("data_parallel_size", 1)
+    world *= config.get("data_parallel_size", 1) * config.get("sequence_parallel_size", 1)
     batch = {"batch": 4, "pad": False} if "data_parallel" in config else {}
     _show(str(config), run_on_ranks(world, _clip, config, "torch", 2.0, None, **batch))
+
+
+def _plan(path: str, tp: int) -> dict:
+    return _clip({"tensor_parallel_size": tp, "plan": path}, cfg={"kv": 2, "vocab": 1001})
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_yaml_plan(tp, tmp_path):
+    from test_llama_plan import LLAMA_PLAN
+
+    path = tmp_path / "plan.yaml"
+    path.write_text(LLAMA_PLAN)
+    _show(f"plan TP={tp}", run_on_ranks(tp, _plan, str(path), tp))
 
 
 def _mixed() -> str:
