@@ -15,6 +15,7 @@ from .config import ShardConfig
 from .distributed import ParallelLayout
 from .distributed.data_parallel import apply_data_parallel, check_data_parallel
 from .grad_norm import register_model
+from .integrations.hf import install_save_pretrained
 from .layers.comm import (
     SequenceParallel,
     enter_tp_region,
@@ -280,6 +281,7 @@ def optimize(
                 config, tp_size, layout.group("tp"), policy, layout, applied, data_parallel, pipeline
             )
             register_model(model)
+            install_save_pretrained(model)
         guard_meta(model)
         return model
 
@@ -313,6 +315,7 @@ def optimize(
     data_parallel = apply_data_parallel(model, policy, config, layout)  # last: wraps the sharded model
     model.shardcore = ShardInfo(config, tp_size, group, policy, layout, applied, data_parallel, pipeline)
     register_model(model)
+    install_save_pretrained(model)
     guard_meta(model)
     return model
 

@@ -14,6 +14,8 @@
   the unsharded model on the whole batch; names kept, every parameter held somewhere);
 * ``clipping.py``: :func:`assert_clipping_matches` (the user's ``torch.nn.utils.clip_grad_norm_``
   gives the unsharded norm and clipped gradients, for every layout);
+* ``saving.py``: :func:`assert_save_pretrained_matches` (HF's ``save_pretrained`` on every rank
+  writes the checkpoint ``from_pretrained`` loads unsharded);
 * ``explained.py``: :func:`assert_explain_matches` (``shardcore explain`` predicts a real step);
 * ``refusals.py``: :func:`refusal_message` (bad input fails on every rank before any collective,
   nobody hangs), :func:`count_c10d_calls`.
@@ -46,6 +48,7 @@ from .explained import assert_explain_matches
 from .generation import assert_generate_matches
 from .pipeline import assert_pipeline_matches
 from .refusals import count_c10d_calls, refusal_message
+from .saving import assert_save_pretrained_matches
 from .sequence import dropout_patterns
 from .structure import check_blocks
 
@@ -62,6 +65,7 @@ __all__ = [
     "assert_pipeline_matches",
     "assert_resume_matches",
     "assert_same_checkpoint",
+    "assert_save_pretrained_matches",
     "assert_sharded_matches",
     "assert_switch_matches",
     "check_blocks",
