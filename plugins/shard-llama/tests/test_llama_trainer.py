@@ -1,0 +1,208 @@
+"""HuggingFace's Trainer on a sharded Llama: ``shardcore.hf.Trainer`` trains like a one-process
+``transformers.Trainer`` on the same data (losses per step, weights after N steps, with gradient
+accumulation, clipping and a learning-rate schedule), its checkpoints load unsharded and resume
+exactly; the plain Trainer stays loud."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from llama_cases import build
+
+from shardcore import ShardConfig
+from shardcore.testing import run_on_ranks
+
+CFG = {"kv": 2, "vocab": 128}
+STEPS = 4
+
+
+class _Tokens(torch.utils.data.Dataset):
+    """16 sequences of 12 token ids (no padding), labels = ids."""
+
+    def __init__(self) -> None:
+        g = torch.Generator().manual_seed(7)
+        self.ids = torch.randint(1, 128, (16, 12), generator=g)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> dict:
+        return {"input_ids": self.ids[i], "labels": self.ids[i]}
+
+
+def _args(out: str, batch: int, **extra):
+    import transformers
+
+    return transformers.TrainingArguments(
+        output_dir=out,
+        per_device_train_batch_size=batch,
+        gradient_accumulation_steps=2,
+        max_steps=STEPS,
+        learning_rate=5e-3,
+        lr_scheduler_type="linear",
+        warmup_steps=1,
+        max_grad_norm=0.5,  # the gradient norm is ~1-3 here: every step clips
+        logging_steps=1,
+        report_to=[],
+        use_cpu=True,
+        seed=0,
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+        **{"save_strategy": "no", **extra},
+    )
+
+
+def _losses(trainer) -> list[float]:
+    return [h["loss"] for h in trainer.state.log_history if "loss" in h]
+
+
+def _reference(out: str, batch: int) -> dict:
+    """One process, the unsharded model, the plain transformers.Trainer."""
+    import transformers
+
+    torch.manual_seed(0)
+    model = build("LlamaForCausalLM", **CFG)
+    trainer = transformers.Trainer(model=model, args=_args(out, batch), train_dataset=_Tokens())
+    trainer.train()
+    return {"losses": _losses(trainer), "state": {k: v.detach().clone() for k, v in model.state_dict().items()}}
+
+
+def _full_state(model) -> dict:
+    import shardcore
+
+    return {name: t.clone() for name, t in shardcore.full_named_tensors(model)}
+
+
+def _sharded(config: dict, out: str, batch: int, ref: dict | None, resume: bool = False, **extra) -> dict:
+    import shardcore
+    from shardcore.hf import Trainer
+
+    torch.manual_seed(0)
+    model = shardcore.optimize(build("LlamaForCausalLM", **CFG), ShardConfig(**config))
+    trainer = Trainer(model=model, args=_args(out, batch, **extra), train_dataset=_Tokens())
+    trainer.train(resume_from_checkpoint=f"{out}/checkpoint-2" if resume else None)
+    report = {"losses": _losses(trainer)}
+    if ref is not None:
+        full = _full_state(model)
+        report["max_abs_diff_weights"] = max((full[n] - ref["state"][n]).abs().max().item() for n in full)
+    return report
+
+
+def _compare(ref: dict, reports: list[dict], label: str) -> None:
+    print(
+        f"\n{label}: losses {[round(x, 5) for x in reports[0]['losses']]} (one process {[round(x, 5) for x in ref['losses']]})"
+    )
+    for r in reports:
+        assert len(r["losses"]) == len(ref["losses"]) == STEPS
+        for got, want in zip(r["losses"], ref["losses"], strict=True):
+            assert abs(got - want) <= 1e-5 * max(abs(want), 1.0), (r["losses"], ref["losses"])
+        assert r["max_abs_diff_weights"] <= 2e-5, r["max_abs_diff_weights"]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The one-process run per global batch size (per-device batch x data-parallel degree)."""
+    out = {}
+    for global_batch in (2, 4):
+        out[global_batch] = run_on_ranks(1, _reference, str(tmp_path_factory.mktemp("ref")), global_batch)[0]
+    return out
+
+
+@pytest.mark.parametrize(
+    ("config", "per_device"),
+    [
+        ({"tensor_parallel_size": 2}, 2),
+        ({"tensor_parallel_size": 4}, 2),  # the KV heads replicated
+        ({"tensor_parallel_size": 2, "data_parallel_size": 2, "data_parallel": "ddp"}, 1),
+        ({"tensor_parallel_size": 2, "data_parallel_size": 2, "data_parallel": "fsdp"}, 1),
+    ],
+    ids=["tp2", "tp4", "ddp2xtp2", "fsdp2xtp2"],
+)
+def test_trains_like_one_process_trainer(config, per_device, reference, tmp_path):
+    dp = config.get("data_parallel_size", 1)
+    world = dp * config["tensor_parallel_size"]
+    ref = reference[per_device * dp]
+    _compare(ref, run_on_ranks(world, _sharded, config, str(tmp_path), per_device, ref), str(config))
+
+
+DDP2XTP2 = {"tensor_parallel_size": 2, "data_parallel_size": 2, "data_parallel": "ddp"}
+
+
+def _save_steps(out: str, ref: dict) -> dict:
+    return _sharded(DDP2XTP2, out, 1, ref, save_strategy="steps", save_steps=2)
+
+
+def _resume(out: str, ref: dict) -> dict:
+    return _sharded(DDP2XTP2, out, 1, ref, resume=True, save_strategy="steps", save_steps=2)
+
+
+def test_checkpoints_load_unsharded_and_resume_exactly(reference, tmp_path):
+    import os
+
+    import transformers
+
+    ref, out = reference[2], str(tmp_path)
+    _compare(ref, run_on_ranks(4, _save_steps, out, ref), "saving every 2 steps")
+    assert sorted(os.listdir(tmp_path / "checkpoint-2")) == sorted(
+        [
+            "config.json",
+            "generation_config.json",
+            "model.safetensors",
+            "scheduler.pt",
+            "trainer_state.json",
+            "training_args.bin",
+            *(f"optimizer.rank{r}-of-4.pt" for r in range(4)),
+            *(f"rng_state_{r}.pth" for r in range(4)),
+        ]
+    )
+    loaded = transformers.LlamaForCausalLM.from_pretrained(tmp_path / f"checkpoint-{STEPS}")  # unsharded
+    assert max((loaded.state_dict()[n] - t).abs().max().item() for n, t in ref["state"].items()) <= 2e-5
+    # a new run resumes at step 2: steps 3 and 4 give the uninterrupted run's losses and weights
+    _compare(ref, run_on_ranks(4, _resume, out, ref), "resumed from checkpoint-2")
+
+
+def _plain_trainer(out: str) -> str:
+    import transformers
+
+    import shardcore
+
+    torch.manual_seed(0)
+    model = shardcore.optimize(build("LlamaForCausalLM", **CFG), ShardConfig(tensor_parallel_size=2))
+    trainer = transformers.Trainer(model=model, args=_args(out, 2), train_dataset=_Tokens())
+    try:
+        trainer.train()
+    except shardcore.InputMismatch as err:
+        return str(err)
+    return "trained"
+
+
+def test_plain_trainer_stays_loud(tmp_path):
+    # transformers.Trainer shards the batches over every process: the TP ranks get different data
+    for message in run_on_ranks(2, _plain_trainer, str(tmp_path)):
+        assert "differs" in message, message
+
+
+def _refused(config: dict) -> str:
+    import shardcore
+    from shardcore.hf import Trainer
+
+    torch.manual_seed(0)
+    model = shardcore.optimize(build("LlamaForCausalLM", **CFG, layers=2), ShardConfig(**config))
+    try:
+        Trainer(model=model, args=_args("/tmp/unused", 1), train_dataset=_Tokens())
+    except (NotImplementedError, ValueError) as err:
+        return str(err)
+    return "accepted"
+
+
+@pytest.mark.parametrize(
+    ("config", "expected"),
+    [
+        ({"pipeline_parallel_size": 2}, "pipeline stages (pipeline_parallel_size > 1) is not supported"),
+        ({"tensor_parallel_size": 2, "data_parallel_size": 2}, "set ShardConfig(data_parallel='ddp') or 'fsdp'"),
+    ],
+    ids=["pipeline", "dp-without-data-parallel"],
+)
+def test_refused_by_name(config, expected):
+    for message in run_on_ranks(4 if "data_parallel_size" in config else 2, _refused, config):
+        assert expected in message, message

@@ -1,0 +1,161 @@
+"""``shardcore.hf.Trainer``: HuggingFace's ``Trainer`` for a sharded model (one changed import).
+
+What the plain ``transformers.Trainer`` does that cannot be right for a sharded model, and what
+this subclass does instead (everything else is the Trainer's own: loss logging, gradient
+accumulation, the learning-rate schedule, callbacks, evaluation loss):
+
+* **data**: accelerate shards batches over every process; here over the mesh's ``dp`` dim only,
+  so the tensor- and sequence-parallel ranks of one replica receive the same batches (the
+  dataloader is prepared with ``num_processes = dp`` and this rank's ``dp`` coordinate);
+* **the model**: accelerate would wrap it in ``DistributedDataParallel`` over the whole world
+  (summing different slices); here it is left as ``optimize`` made it — data parallelism is
+  ``ShardConfig(data_parallel="ddp" | "fsdp")`` on the ``dp`` dim, which is required when ``dp > 1``;
+* **clipping** goes through ``torch.nn.utils.clip_grad_norm_``, which is right for a sharded
+  model (:mod:`shardcore.grad_norm`);
+* **checkpoints**: the weights via ``model.save_pretrained`` on every rank (a complete, unsharded
+  HF checkpoint), each rank's optimizer state in a file of its own
+  (``optimizer.rank{r}-of-{world}.pt``), and ``resume_from_checkpoint`` loads the weights with
+  :func:`shardcore.load_checkpoint` (each rank its slices) and each rank's optimizer state.
+
+Pipeline stages are refused by name: the Trainer's step is one forward and backward of the whole
+model, which a pipelined model does not have (use :func:`shardcore.pipeline_step`).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+import transformers
+from transformers.trainer import SCHEDULER_NAME
+
+__all__ = ["Trainer"]
+
+
+def _check_model(model) -> None:
+    """Refuse what this Trainer cannot train, by name, before any collective."""
+    info = getattr(model, "shardcore", None)
+    if info is None:
+        raise TypeError(
+            f"shardcore.hf.Trainer trains a model sharded by shardcore.optimize; {type(model).__name__} is not: "
+            "call model = shardcore.optimize(model, ShardConfig(...)) first, or use transformers.Trainer"
+        )
+    if info.pipeline is not None:
+        raise NotImplementedError(
+            "shardcore.hf.Trainer: a model with pipeline stages (pipeline_parallel_size > 1) is not supported: the "
+            "Trainer runs one forward and backward of the whole model per step; train it with "
+            "shardcore.pipeline_step(model, batch) in your own loop"
+        )
+    if info.layout.dp > 1 and info.data_parallel is None:
+        raise ValueError(
+            f"shardcore.hf.Trainer: the layout has data_parallel_size={info.layout.dp} but no data parallelism "
+            "runs on it, so the replicas would train apart; set ShardConfig(data_parallel='ddp') or 'fsdp'"
+        )
+
+
+class Trainer(transformers.Trainer):
+    """``transformers.Trainer`` for a model sharded by :func:`shardcore.optimize` (see the module doc)."""
+
+    def __init__(self, model=None, *args, **kwargs) -> None:
+        _check_model(model)
+        super().__init__(model, *args, **kwargs)
+        info = model.shardcore
+        self._dp_size = info.layout.dp
+        self._dp_rank = info.layout.coordinates(dist.get_rank())["dp"] if dist.is_initialized() else 0
+        accelerator = self.accelerator
+        # instance attributes: accelerate's prepare() calls these for the model and the dataloaders
+        accelerator.prepare_model = self._prepare_model
+        accelerator.prepare_data_loader = self._prepare_data_loader
+
+    # -- accelerate -------------------------------------------------------------------------------
+    def _prepare_model(self, model, device_placement=None, evaluation_mode=False):
+        """The sharded model as ``optimize`` made it: no DDP over the whole world."""
+        return model
+
+    def _prepare_data_loader(self, data_loader, device_placement=None, slice_fn_for_dispatch=None):
+        """Accelerate's dataloader preparation with the data-parallel degree as its world."""
+        from accelerate.data_loader import prepare_data_loader
+
+        acc = self.accelerator
+        if getattr(data_loader, "_is_accelerate_prepared", False):
+            if data_loader not in acc._dataloaders:
+                acc._dataloaders.append(data_loader)
+            return data_loader
+        prepared = prepare_data_loader(
+            data_loader,
+            acc.device,
+            num_processes=self._dp_size,
+            process_index=self._dp_rank,
+            split_batches=acc.split_batches,
+            put_on_device=acc.device_placement if device_placement is None else device_placement,
+            rng_types=acc.rng_types.copy(),
+            dispatch_batches=acc.dispatch_batches,
+            even_batches=acc.even_batches,
+            slice_fn_for_dispatch=slice_fn_for_dispatch,
+            use_seedable_sampler=acc.use_seedable_sampler,
+            data_seed=acc.dataloader_config.data_seed,
+            non_blocking=acc.non_blocking,
+            use_stateful_dataloader=acc.use_stateful_dataloader,
+        )
+        acc._dataloaders.append(prepared)
+        return prepared
+
+    # -- checkpoints ------------------------------------------------------------------------------
+    def _save(self, output_dir: str | None = None, state_dict=None) -> None:
+        """Every rank joins ``save_pretrained`` (the full tensors are gathered); the main process
+        also writes the processing class and the training arguments, as the Trainer does."""
+        if state_dict is not None:
+            raise ValueError(
+                "shardcore.hf.Trainer saves the model itself (save_pretrained on every rank); no state_dict"
+            )
+        output_dir = output_dir if output_dir is not None else self.args.output_dir
+        self.model.save_pretrained(output_dir, is_main_process=self.args.should_save)
+        if not self.args.should_save:
+            return
+        if self.processing_class is not None:
+            self.processing_class.save_pretrained(output_dir)
+        torch.save(self.args, os.path.join(output_dir, transformers.trainer.TRAINING_ARGS_NAME))
+
+    def _optimizer_file(self, directory: str) -> str:
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        return os.path.join(directory, f"optimizer.rank{rank}-of-{world}.pt")
+
+    def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
+        """Each rank's optimizer state (of its slices) in its own file; the schedule once."""
+        torch.save(
+            {"layout": self.model.shardcore.layout.degrees, "optimizer": self.optimizer.state_dict()},
+            self._optimizer_file(output_dir),
+        )
+        if self.args.should_save:
+            torch.save(self.lr_scheduler.state_dict(), os.path.join(output_dir, SCHEDULER_NAME))
+
+    def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
+        if checkpoint is None:
+            return
+        path = self._optimizer_file(checkpoint)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(
+                f"shardcore.hf.Trainer: {path} is missing: resume_from_checkpoint needs the checkpoint saved by "
+                "shardcore.hf.Trainer at the same layout (the same world size and degrees)"
+            )
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        layout = self.model.shardcore.layout.degrees
+        if state["layout"] != layout:
+            raise ValueError(
+                f"shardcore.hf.Trainer: the checkpoint's optimizer state was saved at layout {state['layout']}, this "
+                f"run is {layout}; resume at the same layout (the weights alone load at any layout: "
+                "shardcore.load_checkpoint)"
+            )
+        self.optimizer.load_state_dict(state["optimizer"])
+        schedule = torch.load(os.path.join(checkpoint, SCHEDULER_NAME), map_location="cpu", weights_only=True)
+        self.lr_scheduler.load_state_dict(schedule)
+
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
+        from ...checkpoint import load_checkpoint
+
+        load_checkpoint(self.model if model is None else model, resume_from_checkpoint)
+
+    def _load_best_model(self) -> None:
+        self._load_from_checkpoint(self.state.best_model_checkpoint)
