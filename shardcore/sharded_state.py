@@ -8,7 +8,6 @@ import torch
 from torch import nn
 
 from .distributed.data_parallel import dp_full, reshard
-from .layers.parallel_module import ParallelModule
 
 __all__ = ["full_named_tensors", "parameter_specs"]
 
@@ -20,10 +19,9 @@ def parameter_specs(model: nn.Module) -> dict[str, tuple]:
     module owns the parallel layer.
     """
     by_id = {}
-    for module in model.modules():
-        if isinstance(module, ParallelModule):
-            for p_name, spec in module.shard_specs.items():
-                by_id[id(getattr(module, p_name))] = (spec, module.process_group)
+    for module in model.modules():  # parallel layers, and the LoRA adapters sharded beside them
+        for p_name, spec in getattr(module, "shard_specs", {}).items():
+            by_id[id(getattr(module, p_name))] = (spec, module.process_group)
     return {name: by_id[id(p)] for name, p in model.named_parameters() if id(p) in by_id}
 
 

@@ -16,6 +16,7 @@ from .distributed import ParallelLayout
 from .distributed.data_parallel import apply_data_parallel, check_data_parallel
 from .grad_norm import register_model
 from .integrations.hf import install_save_pretrained
+from .integrations.hf.peft import check_lora, is_lora_layer, peft_base_model, shard_lora_layer, shard_new_adapters
 from .layers.comm import (
     SequenceParallel,
     enter_tp_region,
@@ -125,7 +126,7 @@ class ModelSharder:
         """Replace modules following ``plan`` (default: :meth:`plan`, computed now)."""
         plan = self.plan() if plan is None else plan
         shared = self._shared_parameters()
-        for _, module, desc in plan:
+        for name, module, desc in plan:
             for attr, value in desc.attribute_replacement.items():
                 _set(module, attr, value)
             for fn in desc.param_replacement:
@@ -134,6 +135,12 @@ class ModelSharder:
                 if not _has(module, sub.suffix):
                     continue
                 native = _get(module, sub.suffix)
+                if is_lora_layer(native):  # PEFT's LoRA around it: its base sharded, then its adapters
+                    native.base_layer = sub.target_module.from_native_module(
+                        native.base_layer, self.process_group, **sub.kwargs
+                    )
+                    shard_lora_layer(native, f"{name}.{sub.suffix}" if name else sub.suffix)
+                    continue
                 _set(module, sub.suffix, sub.target_module.from_native_module(native, self.process_group, **sub.kwargs))
             for method, fn in desc.method_replacement.items():
                 setattr(module, method, types.MethodType(fn, module))
@@ -241,6 +248,11 @@ def optimize(
     """
     if getattr(model, "shardcore", None) is not None:
         raise RuntimeError(f"{type(model).__name__} is already sharded by shardcore; optimize it once")
+    inner = peft_base_model(model)
+    if inner is not None:  # a PEFT model: shard the model it wraps (its LoRA layers with it), keep the wrapper
+        model.shardcore = optimize(inner, config, policy=policy).shardcore
+        register_model(model)
+        return model
     config = ShardConfig() if config is None else config
     if not isinstance(config, ShardConfig):
         raise TypeError(f"config must be a shardcore.ShardConfig, got {type(config).__name__}")
@@ -316,6 +328,8 @@ def optimize(
     model.shardcore = ShardInfo(config, tp_size, group, policy, layout, applied, data_parallel, pipeline)
     register_model(model)
     install_save_pretrained(model)
+    check_lora(model)
+    model.register_forward_pre_hook(lambda module, args: shard_new_adapters(module))  # LoRA added after optimize
     guard_meta(model)
     return model
 

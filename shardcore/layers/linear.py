@@ -11,7 +11,9 @@ With ``W`` of shape ``[out, in]`` and ``p`` ranks:
   one all-reduce forward, nothing backward.
 
 A column layer followed by a row layer (attention, MLP) thus costs exactly one all-reduce in
-forward and one in backward. Heads that are replicated (fewer KV heads than ranks) get their
+forward and one in backward. Both are ``nn.Linear`` subclasses (``in_features`` / ``out_features``
+the full sizes) so that tools wrapping linear layers, PEFT's LoRA among them, accept them; their
+parameters are this rank's slices (see :mod:`shardcore.integrations.hf.peft`). Heads that are replicated (fewer KV heads than ranks) get their
 weight gradient summed over the ranks sharing them, so every copy stays identical.
 """
 
@@ -26,7 +28,20 @@ from .comm import WHERE, all_reduce, enter_region, gather_from_tp, group_size, l
 from .parallel_module import ParallelModule
 from .shard_spec import ShardSpec
 
-__all__ = ["FusedLinear1D_Col", "Linear1D_Col", "Linear1D_Row"]
+__all__ = ["FusedLinear1D_Col", "Linear1D_Col", "Linear1D_Row", "sum_replica_rows"]
+
+
+def sum_replica_rows(grad: torch.Tensor, spec: ShardSpec, groups, where: str) -> torch.Tensor:
+    """``grad`` with the rows of each replicated segment summed over its replica group (a copy)."""
+    grad = grad.clone()
+    offset = 0
+    for seg, group in zip(spec.segments, groups, strict=True):
+        if group is not None:
+            part = grad.narrow(spec.dim, offset, seg.shard_len).contiguous()
+            all_reduce(part, group, where=where)
+            grad.narrow(spec.dim, offset, seg.shard_len).copy_(part)
+        offset += seg.shard_len
+    return grad
 
 
 class _SyncReplicaGrads(torch.autograd.Function):
@@ -39,15 +54,7 @@ class _SyncReplicaGrads(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        grad = grad.clone()
-        offset = 0
-        for seg, group in zip(ctx.spec.segments, ctx.groups, strict=True):
-            if group is not None:
-                part = grad.narrow(ctx.spec.dim, offset, seg.shard_len).contiguous()
-                all_reduce(part, group, where=ctx.where)
-                grad.narrow(ctx.spec.dim, offset, seg.shard_len).copy_(part)
-            offset += seg.shard_len
-        return grad, None, None
+        return sum_replica_rows(grad, ctx.spec, ctx.groups, ctx.where), None, None
 
 
 class FromLinear:
@@ -63,7 +70,7 @@ class FromLinear:
         return module.weight, module.bias, module.in_features, module.out_features
 
 
-class Linear1D_Col(FromLinear, ParallelModule):
+class Linear1D_Col(FromLinear, ParallelModule, nn.Linear):
     """Column-parallel linear: output features split over the group (see the module docstring).
 
     ``gather_output=True`` all-gathers the output so callers see the full ``out_features``.
@@ -189,7 +196,7 @@ class FusedLinear1D_Col(Linear1D_Col):
         return cls(weight, bias, spec, process_group, copy_input=copy_input)
 
 
-class Linear1D_Row(FromLinear, ParallelModule):
+class Linear1D_Row(FromLinear, ParallelModule, nn.Linear):
     """Row-parallel linear: input features split over the group (see the module docstring).
 
     ``input_is_parallel=False`` takes a full input and keeps this rank's slice of it first.

@@ -20,7 +20,7 @@ class ParallelModule(nn.Module):
     """
 
     def __init__(self, process_group=None) -> None:
-        super().__init__()
+        nn.Module.__init__(self)  # not the next class in the MRO: parallel linears are also nn.Linear
         self.process_group = process_group
         self.tp_size = group_size(process_group)
         self.tp_rank = group_rank(process_group)
@@ -49,15 +49,17 @@ class ParallelModule(nn.Module):
             )
 
     def _shard_param(
-        self, name: str, full: torch.Tensor | None, spec: ShardSpec | None, *, requires_grad: bool = True
+        self, name: str, full: torch.Tensor | None, spec: ShardSpec | None, *, requires_grad: bool | None = None
     ) -> None:
-        """Register parameter ``name`` as this rank's slice of ``full`` under ``spec`` (``None``: replicated)."""
+        """Register parameter ``name`` as this rank's slice of ``full`` under ``spec`` (``None``: replicated);
+        it requires grad as ``full`` does unless ``requires_grad`` says (a frozen weight stays frozen)."""
         if full is None:
             self.register_parameter(name, None)
             return
         data = full.detach() if spec is None else spec.shard(full.detach(), self.tp_rank)
         if spec is None and data.device.type != "meta":
             data = data.clone()
-        self.register_parameter(name, nn.Parameter(data, requires_grad=requires_grad))
+        grad = full.requires_grad if requires_grad is None else requires_grad
+        self.register_parameter(name, nn.Parameter(data, requires_grad=grad))
         if spec is not None:
             self.shard_specs[name] = spec

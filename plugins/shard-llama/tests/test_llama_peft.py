@@ -1,0 +1,88 @@
+"""PEFT LoRA on a sharded Llama, in both orders (LoRA then optimize, optimize then LoRA): loss and
+every LoRA gradient equal the unsharded PeftModel's, only LoRA trains, the merged model saves
+unsharded, the adapter saved from the sharded model loads onto the unsharded base."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from llama_cases import build, lm_batch
+
+from shardcore import ShardConfig
+from shardcore.testing import run_on_ranks
+
+CFG = {"kv": 2, "vocab": 1001}  # at TP=4 the KV heads (v_proj) are replicated
+TARGETS = ["q_proj", "v_proj", "o_proj", "up_proj", "down_proj"]  # column and row layers
+
+
+def _lora(model):
+    import peft
+
+    torch.manual_seed(1)  # the adapters' random init: the same draws on every rank and in the reference
+    # init_lora_weights=False: B random too, so that every LoRA gradient is non-zero and testable
+    config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=TARGETS, lora_dropout=0.0, init_lora_weights=False)
+    return peft.get_peft_model(model, config)
+
+
+def _sharded(order: str, tp: int):
+    import shardcore
+
+    torch.manual_seed(0)
+    config = ShardConfig(tensor_parallel_size=tp)
+    if order == "lora-then-optimize":
+        return shardcore.optimize(_lora(build("LlamaForCausalLM", **CFG)), config)
+    return _lora(shardcore.optimize(build("LlamaForCausalLM", **CFG), config))
+
+
+def _check(order: str, tp: int, out: str) -> dict:
+    import transformers
+
+    import shardcore
+
+    torch.manual_seed(0)
+    ref = _lora(build("LlamaForCausalLM", **CFG))
+    model = _sharded(order, tp)
+    batch = lm_batch(1001)
+    loss_ref, loss = ref(**batch).loss, model(**batch).loss
+    loss_ref.backward()
+    loss.backward()
+    trainable = sorted(n for n, p in model.named_parameters() if p.requires_grad)
+    assert trainable == sorted(n for n, p in ref.named_parameters() if p.requires_grad), trainable
+    assert trainable and all(".lora_" in n for n in trainable), trainable
+    report = {"loss": loss.item(), "loss_unsharded": loss_ref.item(), "lora_params": len(trainable)}
+    assert abs(loss.item() - loss_ref.item()) <= 1e-6 * abs(loss_ref.item()), report
+    want = {n: p.grad for n, p in ref.named_parameters() if p.requires_grad}
+    worst = 0.0
+    for name, grad in shardcore.full_named_tensors(model, grads=True):
+        if name in want:
+            rel = ((grad - want[name]).norm() / want[name].norm()).item()
+            assert want[name].norm() > 0 and rel <= 1e-5, (name, rel)
+            worst = max(worst, rel)
+    report["max_rel_err_lora_grads"] = worst
+    # the adapter saved from the sharded model is the unsharded model's adapter
+    import torch.distributed as dist
+
+    model.save_pretrained(f"{out}/adapter", is_main_process=dist.get_rank() == 0)
+    dist.barrier()
+    import peft
+
+    torch.manual_seed(0)
+    loaded = peft.PeftModel.from_pretrained(build("LlamaForCausalLM", **CFG), f"{out}/adapter")
+    with torch.no_grad():
+        report["adapter_logits_diff"] = (loaded(**batch).logits - ref(**batch).logits).abs().max().item()
+    # merged, then saved with HF's call on every rank: the unsharded merged model
+    merged = model.merge_and_unload()
+    merged.save_pretrained(f"{out}/merged")
+    again = transformers.LlamaForCausalLM.from_pretrained(f"{out}/merged")
+    want_merged = ref.merge_and_unload().state_dict()
+    report["merged_weights_diff"] = max((t - want_merged[n]).abs().max().item() for n, t in again.state_dict().items())
+    return report
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+@pytest.mark.parametrize("order", ["lora-then-optimize", "optimize-then-lora"])
+def test_lora_matches_unsharded_peft_model(order, tp, tmp_path):
+    reports = run_on_ranks(tp, _check, order, tp, str(tmp_path))
+    print(f"\n{order} TP={tp}: {reports[0]}")
+    for r in reports:
+        assert r["adapter_logits_diff"] <= 1e-5 and r["merged_weights_diff"] <= 1e-6, r
