@@ -214,3 +214,27 @@ def test_default_loss_on_vocab_slices(tp):
     for checks in run_on_ranks(tp, _loss_on_slices, tp):
         assert checks.pop("raised", None), "labels of the wrong length did not raise"
         assert checks == {"num_items_in_batch": 200, "shift_labels": 200, "head alone": 200, "pending": True}
+
+
+def _diverged_replica() -> dict:
+    # TP=4 with 2 KV heads: ranks 0 and 1 hold the same v_proj rows. Rank 1's copy gets another
+    # gradient; gathering takes rank 0's copy, so only the kit's per-rank check can see it.
+    from shard_llama.policy import LlamaForCausalLMPolicy
+
+    class Diverging(LlamaForCausalLMPolicy):
+        def postprocess(self):
+            model = super().postprocess()
+            if torch.distributed.get_rank() == 1:
+                model.model.layers[0].self_attn.v_proj.weight.register_hook(lambda g: g * 1.01)
+            return model
+
+    return assert_sharded_matches(
+        lambda: build("LlamaForCausalLM", kv=2), lm_batch(), ShardConfig(tensor_parallel_size=4), policy=Diverging
+    )
+
+
+def test_kit_sees_a_replica_that_diverged():
+    from shardcore.testing import RankError
+
+    with pytest.raises(RankError, match=r"v_proj\.weight \(this rank's slice\): relative error"):
+        run_on_ranks(4, _diverged_replica)

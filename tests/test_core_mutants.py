@@ -1,0 +1,35 @@
+"""The mutation harness cannot rot: every mutant's snippets occur exactly once in their file, and
+every mutant declares one existing test and a message fragment (< 1 s; the harness itself runs
+in ``nox -s mutants``, its fast part in CI)."""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("shardcore_mutants", ROOT / "tests" / "mutants.py")
+mutants = sys.modules.setdefault("shardcore_mutants", importlib.util.module_from_spec(_spec))
+_spec.loader.exec_module(mutants)
+
+
+@pytest.mark.parametrize("name", sorted(mutants.MUTANTS))
+def test_mutant_applies_and_declares_its_check(name):
+    mutant = mutants.MUTANTS[name]
+    text = (ROOT / mutant.file).read_text()
+    assert mutants.apply(mutant, text) != text  # raises SystemExit when a snippet is not there exactly once
+    path, _, test = mutant.test.partition("::")
+    assert (ROOT / path).is_file() and test, mutant.test
+    assert f"def {test.split('[')[0]}(" in (ROOT / path).read_text(), f"{mutant.test}: no such test function"
+    assert mutant.expect
+
+
+def test_ci_runs_a_subset_that_covers_each_parallelism():
+    fast = [m for m in mutants.MUTANTS.values() if m.fast]
+    files = {m.file for m in fast}
+    assert 6 <= len(fast) <= 10, [m.name for m in fast]
+    for part in ("comm.py", "grad_norm.py", "sequence.py", "pipeline.py", "conformance.py", "peft.py"):
+        assert any(f.endswith(part) for f in files), part
