@@ -81,6 +81,12 @@ def assert_data_parallel_matches(
     info = model.shardcore
     if info.data_parallel != config.data_parallel:
         raise AssertionError(f"model.shardcore.data_parallel is {info.data_parallel!r}, asked {config.data_parallel!r}")
+    if info.data_parallel == "fsdp":  # each block its own all-gather unit, as fully_shard per block makes it
+        from torch.distributed.fsdp import FSDPModule
+
+        loose = [name for name, block in info.policy.blocks() if not isinstance(block, FSDPModule)]
+        if loose:
+            raise AssertionError(f"blocks {loose} are not wrapped by fully_shard: the whole model is gathered at once")
     layout = info.layout
     dp_rank = layout.coordinates(dist.get_rank())["dp"]
     dp_group = layout.group("dp")

@@ -67,6 +67,12 @@ def check_sharded_structure(
         raise AssertionError(f"this rank holds {local} parameter bytes, no fewer than the unsharded {full}")
     if max_fraction is not None and local > max_fraction * full:
         raise AssertionError(f"this rank holds {local / full:.3f} of the unsharded parameter bytes, > {max_fraction}")
+    names, ref_names = {n for n, _ in model.named_parameters()}, {n for n, _ in ref.named_parameters()}
+    if names != ref_names:
+        raise AssertionError(
+            f"parameters differ from the unsharded model's: missing {sorted(ref_names - names)}, extra "
+            f"{sorted(names - ref_names)} (a tied weight left untied holds two parameters)"
+        )
     expected = local_expected(model, {n: p.detach() for n, p in ref.named_parameters()})
     for name, param in model.named_parameters():
         if param.shape != expected[name].shape or not torch.equal(param.detach(), expected[name]):
