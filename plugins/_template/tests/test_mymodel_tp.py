@@ -16,7 +16,7 @@ def _check(tp: int, cls_name: str) -> dict:  # module level: runs on every rank
     )
 
 
-@pytest.mark.parametrize("tp", [1, 2, 4])
+@pytest.mark.parametrize("tp", [2, 4])  # TP=1 returns the model itself: tested once, in the core
 @pytest.mark.parametrize("cls_name", ["MyModel", "MyModelForCausalLM"])
 def test_matches_unsharded(tp, cls_name):
     run_on_ranks(tp, _check, tp, cls_name)

@@ -51,7 +51,7 @@ def test_optimization_flags_at_tp2(flag):
     import transformers
 
     if flag == "flash" and flash_refused_here(transformers.BertForMaskedLM, _refused):
-        return
+        pytest.skip("flash-attn refused by name here (checked above); the parity check needs CUDA and flash-attn 2")
     (kernels, _) = run_on_ranks(2, _flag, 2, flag)
     expected = {
         "flash": ("attention", "shardcore_sdpa"),

@@ -108,7 +108,7 @@ def test_over_the_sp_dim_matches_unsharded(mode, tp, sp, cls_name, pad):
     if int(transformers.__version__.split(".")[0]) < 5:  # 4.x: no mask registry; BERT's attention not in the registry
         for message in run_on_ranks(tp * sp, _refused_over_sp, mode, tp, sp, cls_name):
             assert message.startswith("NotImplementedError") and mode in message and "registr" in message, message
-        return
+        pytest.skip("transformers 4.x: refused by name (checked above); the parity check needs transformers 5")
     for report in run_on_ranks(tp * sp, _check_over_sp, mode, tp, sp, cls_name, pad):
         assert report["max_abs_diff_after_steps"] <= 1e-5 and report["exchanges"] > 0, report
 

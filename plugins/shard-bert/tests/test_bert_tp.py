@@ -54,7 +54,7 @@ def _check(tp: int, cls_name: str, **cfg) -> dict:
     )
 
 
-@pytest.mark.parametrize("tp", [1, 2, 4])
+@pytest.mark.parametrize("tp", [2, 4])  # TP=1 returns the model itself: tested once, in the core
 @pytest.mark.parametrize("cls_name", CLASSES)
 def test_bert_classes(tp, cls_name):
     run_on_ranks(tp, _check, tp, cls_name)

@@ -139,7 +139,7 @@ def _check_ulysses(tp: int, sp: int, cls_name: str, cfg: dict) -> dict:
 )
 def test_all_to_all_matches_unsharded(tp, sp, cls_name, cfg):
     if _refused_before_v5(tp * sp, {**ULYSSES, "tensor_parallel_size": tp, "sequence_parallel_size": sp}, cls_name):
-        return
+        pytest.skip("transformers 4.x: refused by name (checked above); the parity check needs transformers 5")
     for report in run_on_ranks(tp * sp, _check_ulysses, tp, sp, cls_name, cfg):
         assert report["max_abs_diff_after_steps"] <= 1e-5, report
         assert report["all_to_all"] > 0, report  # the heads were exchanged: the sequence was split
@@ -161,7 +161,7 @@ def _generate_ulysses() -> list:
 
 def test_all_to_all_forward_and_generate():
     if _refused_before_v5(2, {**ULYSSES, "tensor_parallel_size": 1, "sequence_parallel_size": 2}):
-        return
+        pytest.skip("transformers 4.x: refused by name (checked above); the parity check needs transformers 5")
     tokens = run_on_ranks(2, _generate_ulysses)
     assert tokens[0] == tokens[1]
 
@@ -187,7 +187,7 @@ def _check_ring(tp: int, sp: int, cfg: dict, pad: bool) -> dict:
 )
 def test_ring_attn_matches_unsharded(tp, sp, cfg, pad):
     if _refused_before_v5(tp * sp, {**RING, "tensor_parallel_size": tp, "sequence_parallel_size": sp}):
-        return
+        pytest.skip("transformers 4.x: refused by name (checked above); the parity check needs transformers 5")
     for report in run_on_ranks(tp * sp, _check_ring, tp, sp, cfg, pad):
         assert report["max_abs_diff_after_steps"] <= 1e-5 and report["all_gather"] > 0, report
 
@@ -206,32 +206,6 @@ def _refused(config: dict, cls_name: str = "LlamaForCausalLM") -> str:
     from shardcore.testing import refusal_message
 
     config = {"tensor_parallel_size": 2, **config}
-    if cls_name.startswith("ViT"):
-        from transformers import ViTConfig, ViTForImageClassification
-
-        cfg = ViTConfig(hidden_size=64, num_attention_heads=4, intermediate_size=128, num_hidden_layers=2)
-        return refusal_message(lambda: ViTForImageClassification(cfg), ShardConfig(**config))
-    if cls_name.startswith("Whisper"):
-        from transformers import WhisperConfig, WhisperForConditionalGeneration
-
-        cfg = WhisperConfig(
-            d_model=64,
-            encoder_layers=1,
-            decoder_layers=1,
-            encoder_attention_heads=4,
-            decoder_attention_heads=4,
-            encoder_ffn_dim=128,
-            decoder_ffn_dim=128,
-            vocab_size=128,
-            max_source_positions=16,
-            max_target_positions=16,
-            num_mel_bins=8,
-            pad_token_id=0,
-            bos_token_id=1,
-            eos_token_id=2,
-            decoder_start_token_id=1,
-        )
-        return refusal_message(lambda: WhisperForConditionalGeneration(cfg), ShardConfig(**config))
     kv = config.pop("kv", None)
     return refusal_message(lambda: build(cls_name, kv=kv), ShardConfig(**config))
 
@@ -239,11 +213,6 @@ def _refused(config: dict, cls_name: str = "LlamaForCausalLM") -> str:
 @pytest.mark.parametrize(
     ("config", "cls_name", "expected"),
     [
-        (
-            {**SP, "sequence_parallelism_mode": "ring_attn", "tensor_parallel_size": 1, "sequence_parallel_size": 2},
-            "ViTForImageClassification",
-            "HFViTPolicy does not support sequence_parallelism_mode='ring_attn'",
-        ),
         (
             {**ULYSSES, "tensor_parallel_size": 1, "sequence_parallel_size": 2, "kv": 1},
             "LlamaForCausalLM",
@@ -256,20 +225,22 @@ def _refused(config: dict, cls_name: str = "LlamaForCausalLM") -> str:
             "LlamaForCausalLM",
             "overlaps the collectives of sequence_parallelism_mode='split_gather'; with 'all_to_all' leave it False",
         ),
-        (
-            {**ULYSSES, "tensor_parallel_size": 1, "sequence_parallel_size": 2},
-            "WhisperForConditionalGeneration",
-            "WhisperPolicy does not support sequence_parallelism_mode='all_to_all' (it supports split_gather)",
-        ),
         ({**SP, "data_parallel": "ddp"}, "LlamaForCausalLM", "together with data_parallel='ddp' is not built"),
         ({**SP, "enable_jit_fused": True}, "LlamaForCausalLM", "enable_jit_fused (compiled modules) is not built"),
     ],
-    ids=["ring-family", "ulysses-heads", "sp-without-mode", "split-gather-sp", "overlap", "family", "ddp", "jit"],
+    ids=[
+        "ulysses-heads",
+        "sp-without-mode",
+        "split-gather-sp",
+        "overlap",
+        "ddp",
+        "jit",
+    ],  # other families: their plugins
 )
 def test_refused_on_every_rank_before_any_collective(config, cls_name, expected):
     if cls_name.startswith("Llama") and config.get("sequence_parallelism_mode") in ("all_to_all", "ring_attn"):
         if "enable_sequence_overlap" not in config and _refused_before_v5(2, {"tensor_parallel_size": 2, **config}):
-            return  # 4.x: the mode itself is refused first
+            pytest.skip("transformers 4.x: refused by name (checked above); the parity check needs transformers 5")
     for message in run_on_ranks(2, _refused, config, cls_name):
         assert expected in message, message
 
@@ -306,7 +277,7 @@ def test_hidden_states_and_checkpointing_refused_at_the_forward(mode):
     if mode != "split_gather" and _refused_before_v5(
         2, {**over_sp, "tensor_parallel_size": 1, "sequence_parallel_size": 2}
     ):
-        return
+        pytest.skip("transformers 4.x: refused by name (checked above); the parity check needs transformers 5")
     for hidden, checkpointing in run_on_ranks(2, _refused_at_forward, mode):
         assert "output_hidden_states would return each rank's slice" in hidden, hidden
         assert "gradient checkpointing with sequence parallelism is not built yet" in checkpointing, checkpointing

@@ -57,7 +57,7 @@ def test_optimization_flags_at_tp2(library, flag):
     import transformers
 
     if (library, flag) == ("hf", "flash") and flash_refused_here(transformers.ViTForImageClassification, _refused):
-        return
+        pytest.skip("flash-attn refused by name here (checked above); the parity check needs CUDA and flash-attn 2")
     v5_layout = any(name.endswith(".mlp") for name, _ in hf_build(HF_MAIN).named_modules())
     (kernels, _) = run_on_ranks(2, _flag, 2, library, flag)
     key = {"flash": "attention", "norm": "normalization", "jit": "jit_fused"}[flag]

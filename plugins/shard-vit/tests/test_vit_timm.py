@@ -19,7 +19,6 @@ def _check(tp: int, name: str, **kwargs) -> dict:
 @pytest.mark.parametrize(
     ("name", "tp"),
     [
-        ("vit_tiny_patch16_224", 1),
         ("vit_tiny_patch16_224", 3),  # 3 heads on 3 ranks
         ("vit_small_patch16_224", 2),  # 6 heads
         ("vit_small_patch16_224", 3),

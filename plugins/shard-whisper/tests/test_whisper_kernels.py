@@ -45,7 +45,7 @@ def test_optimization_flags_at_tp2(flag):
     import transformers
 
     if flag == "flash" and flash_refused_here(transformers.WhisperForConditionalGeneration, _refused):
-        return
+        pytest.skip("flash-attn refused by name here (checked above); the parity check needs CUDA and flash-attn 2")
     (kernels, _) = run_on_ranks(2, _flag, 2, flag)
     key = {"flash": "attention", "norm": "normalization", "jit": "jit_fused"}[flag]
     assert (

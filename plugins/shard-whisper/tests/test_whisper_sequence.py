@@ -102,3 +102,23 @@ def _refused_with_stages() -> str:
 def test_split_gather_with_pipeline_stages_is_refused_before_any_collective():
     for message in run_on_ranks(4, _refused_with_stages):
         assert "sequence parallelism with pipeline stages is not built for Whisper" in message, message
+
+
+def _refused_all_to_all() -> str:
+    from shardcore.testing import refusal_message
+
+    config = ShardConfig(
+        tensor_parallel_size=1,
+        sequence_parallel_size=2,
+        enable_sequence_parallelism=True,
+        sequence_parallelism_mode="all_to_all",
+    )
+    return refusal_message(lambda: build("WhisperForConditionalGeneration"), config)
+
+
+def test_all_to_all_refused_by_name_before_any_collective():
+    for message in run_on_ranks(2, _refused_all_to_all):
+        assert (
+            "WhisperPolicy does not support sequence_parallelism_mode='all_to_all' (it supports split_gather)"
+            in message
+        )
