@@ -10,7 +10,7 @@ from .distributed import ParallelLayout
 from .grad_norm import clip_grad_norm_
 from .hookspecs import hookimpl
 from .inference import ParallelModel, parallelize
-from .layers.comm import CollectiveTimeout
+from .layers.comm import CollectivePeerLost, CollectiveTimeout
 from .layers.parallel_module import ParallelModule
 from .meta import init_empty
 from .pipeline import pipeline_step
@@ -23,6 +23,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CheckpointError",
+    "CollectivePeerLost",
     "CollectiveTimeout",
     "InputMismatch",
     "ModulePolicyDescription",

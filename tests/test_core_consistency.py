@@ -151,3 +151,45 @@ def test_timeout_from_config_then_environment_then_default(monkeypatch):
             shardcore.optimize(ToyLM(vocab=128), ShardConfig(), policy=ToyPolicy)  # before any group exists
     with pytest.raises(ValueError):
         ShardConfig(collective_timeout=0)
+
+
+def _rank_zero_only_equal_bounds() -> str:
+    model = _sharded(False, timeout=3)
+    if dist.get_rank() == 0:  # the user's `if rank == 0: model(...)`
+        try:
+            model(**toy_batch(128))
+        except CollectiveTimeout as err:  # or its sibling CollectivePeerLost: rank 1 gave up first
+            return f"{type(err).__name__}: {err}"
+        return "returned"
+    try:
+        dist.barrier()  # the group's own timeout is the bound too: whichever gives up first
+    except RuntimeError as err:
+        return f"barrier: {err}"
+    return "barrier returned"
+
+
+@pytest.mark.parametrize("attempt", [1, 2])
+def test_rank_zero_mistake_is_named_whichever_rank_gives_up_first(attempt):
+    # equal bounds (the group's timeout = the collective bound = 3 s), as under torchrun before the
+    # group waited twice the bound: rank 0 must get the named cause either way, never a bare
+    # transport error
+    pool = RankPool(2, timeout_s=3)
+    try:
+        message, other = pool.run(_rank_zero_only_equal_bounds)
+    finally:
+        pool.close(force=True)
+    assert message.startswith(("CollectiveTimeout: ", "CollectivePeerLost: ")), message
+    assert "`if rank == 0:` is the usual mistake" in message and "(forward of embed" in message, message
+    assert other.startswith("barrier: ")
+
+
+def test_the_group_optimize_creates_waits_longer_than_the_bound(monkeypatch):
+    import shardcore.distributed as sd
+
+    seen = {}
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setattr(sd.dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(sd.dist, "init_process_group", lambda backend, timeout: seen.update(timeout=timeout))
+    sd.init_from_env(20.0)
+    assert seen["timeout"].total_seconds() == 40.0  # 2 x the 20 s bound: the bounded collective names it first

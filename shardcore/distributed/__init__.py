@@ -33,18 +33,24 @@ __all__ = [
 ]
 
 
+#: the process group ``init_from_env`` creates waits this many collective bounds
+GROUP_WAIT_FACTOR = 2
+
+
 def init_from_env(timeout_s: float | None = None) -> None:
     """Initialize ``torch.distributed`` from torchrun's variables if they are set and it is not yet.
 
-    gloo on CPU, nccl when CUDA is available; ``timeout_s`` (default: the collective bound,
-    ``$SHARDCORE_COLLECTIVE_TIMEOUT`` or 300 s) is the group's timeout. Without torchrun's
-    variables nothing happens and the process is a world of one.
+    gloo on CPU, nccl when CUDA is available. The group waits twice the collective bound
+    (``timeout_s``, default ``$SHARDCORE_COLLECTIVE_TIMEOUT`` or 300 s), so that in an unmatched
+    call the bounded shardcore collective gives up first and names the cause, rather than a
+    peer's plain barrier. Without torchrun's variables nothing happens and the process is a world
+    of one.
     """
     if dist.is_initialized() or "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         return
     from ..layers.comm import resolve_timeout
 
-    timeout = timedelta(seconds=resolve_timeout(timeout_s))
+    timeout = timedelta(seconds=GROUP_WAIT_FACTOR * resolve_timeout(timeout_s))
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         dist.init_process_group("nccl", timeout=timeout)

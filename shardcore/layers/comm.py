@@ -79,6 +79,11 @@ class CollectiveTimeout(RuntimeError):
     """A shardcore collective waited longer than the bound for the other ranks of its group."""
 
 
+class CollectivePeerLost(CollectiveTimeout):
+    """A shardcore collective lost a peer while waiting (it exited, or its side of the transport
+    closed): the same mistakes as a time-out, seen from the rank that stayed."""
+
+
 class _Where:
     """Where this process's collectives come from: the parallel module last entered in forward
     (set by hooks :func:`shardcore.optimize` installs), a running sequence number, the bound."""
@@ -112,8 +117,23 @@ def set_collective_timeout(seconds: float | None) -> None:
     WHERE.timeout_s = seconds
 
 
+def _likely_cause(kind: str, seq: int, where: str, group, what: str, err: Exception) -> str:
+    return (
+        f"shardcore: {kind} #{seq} ({where}) {what} of its tensor-parallel group {group_ranks(group)} ({err}). "
+        "Every rank of the tensor-parallel group must call the model the same number of times with the "
+        "same shapes: a generate() or forward under `if rank == 0:` is the usual mistake (call it on "
+        "every rank, print on one), or another rank failed or is stuck. The bound is "
+        f"ShardConfig(collective_timeout=...) or {TIMEOUT_ENV}=<seconds>."
+    )
+
+
+#: what gloo / NCCL say when the other side of a collective went away
+_PEER_GONE = ("connection closed by peer", "connection reset", "broken pipe", "remote worker", "socket closed")
+
+
 def _wait(work, kind: str, group, where: str | None, seq: int | None = None) -> None:
-    """Wait for an async collective; past the bound, raise :class:`CollectiveTimeout` saying which."""
+    """Wait for an async collective; past the bound, raise :class:`CollectiveTimeout` saying which,
+    and when a peer went away while waiting, :class:`CollectivePeerLost` with the same cause."""
     if WHERE.timeout_s is None:
         work.wait()
         return
@@ -122,19 +142,16 @@ def _wait(work, kind: str, group, where: str | None, seq: int | None = None) -> 
     try:
         work.wait(timeout=timedelta(seconds=WHERE.timeout_s))
     except RuntimeError as err:
-        if "timed out" not in str(err).lower():  # e.g. a peer that died: say where, keep the error
-            if hasattr(err, "add_note"):  # Python 3.11+
-                err.add_note(f"shardcore: while waiting in {kind} #{seq} ({where})")
-            raise
-        ranks = group_ranks(group)
-        raise CollectiveTimeout(
-            f"shardcore: {kind} #{seq} ({where}) waited more than "
-            f"{WHERE.timeout_s:g} s for the other ranks of its tensor-parallel group {ranks} ({err}). "
-            "Every rank of the tensor-parallel group must call the model the same number of times with the "
-            "same shapes: a generate() or forward under `if rank == 0:` is the usual mistake (call it on "
-            "every rank, print on one), or another rank failed or is stuck. The bound is "
-            f"ShardConfig(collective_timeout=...) or {TIMEOUT_ENV}=<seconds>."
-        ) from err
+        text = str(err).lower()
+        if "timed out" in text:
+            what = f"waited more than {WHERE.timeout_s:g} s for the other ranks"
+            raise CollectiveTimeout(_likely_cause(kind, seq, where, group, what, err)) from err
+        if any(sign in text for sign in _PEER_GONE):
+            what = "lost a peer (it left or gave up first) while waiting for the other ranks"
+            raise CollectivePeerLost(_likely_cause(kind, seq, where, group, what, err)) from err
+        if hasattr(err, "add_note"):  # another failure: say where, keep the error
+            err.add_note(f"shardcore: while waiting in {kind} #{seq} ({where})")
+        raise
 
 
 def group_ranks(group: dist.ProcessGroup | None) -> list[int]:
