@@ -15,7 +15,7 @@ from shardcore import ShardConfig
 from shardcore.consistency import InputMismatch, input_digests
 from shardcore.layers import count_collectives
 from shardcore.layers.comm import CollectiveTimeout
-from shardcore.testing import RankPool, run_on_ranks
+from shardcore.testing import RankPool, rank_zero_only, run_on_ranks
 
 
 def _sharded(check_inputs: bool = True, timeout: float | None = None) -> ToyLM:
@@ -153,31 +153,16 @@ def test_timeout_from_config_then_environment_then_default(monkeypatch):
         ShardConfig(collective_timeout=0)
 
 
-def _rank_zero_only_equal_bounds() -> str:
+def _toy_forward():
     model = _sharded(False, timeout=3)
-    if dist.get_rank() == 0:  # the user's `if rank == 0: model(...)`
-        try:
-            model(**toy_batch(128))
-        except CollectiveTimeout as err:  # or its sibling CollectivePeerLost: rank 1 gave up first
-            return f"{type(err).__name__}: {err}"
-        return "returned"
-    try:
-        dist.barrier()  # the group's own timeout is the bound too: whichever gives up first
-    except RuntimeError as err:
-        return f"barrier: {err}"
-    return "barrier returned"
+    return lambda: model(**toy_batch(128))
 
 
 @pytest.mark.parametrize("attempt", [1, 2])
 def test_rank_zero_mistake_is_named_whichever_rank_gives_up_first(attempt):
     # equal bounds (the group's timeout = the collective bound = 3 s), as under torchrun before the
-    # group waited twice the bound: rank 0 must get the named cause either way, never a bare
-    # transport error
-    pool = RankPool(2, timeout_s=3)
-    try:
-        message, other = pool.run(_rank_zero_only_equal_bounds)
-    finally:
-        pool.close(force=True)
+    # group waited twice the bound: rank 0 gets the named cause either way, never a bare transport error
+    _, message, other = rank_zero_only(_toy_forward, group_timeout_s=3)
     assert message.startswith(("CollectiveTimeout: ", "CollectivePeerLost: ")), message
     assert "`if rank == 0:` is the usual mistake" in message and "(forward of embed" in message, message
     assert other.startswith("barrier: ")

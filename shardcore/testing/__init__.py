@@ -18,7 +18,8 @@
   writes the checkpoint ``from_pretrained`` loads unsharded);
 * ``explained.py``: :func:`assert_explain_matches` (``shardcore explain`` predicts a real step);
 * ``refusals.py``: :func:`refusal_message` (bad input fails on every rank before any collective,
-  nobody hangs), :func:`count_c10d_calls`.
+  nobody hangs), :func:`count_c10d_calls`, :func:`rank_zero_only` (the ``if rank == 0:`` mistake
+  ends in a named error on rank 0).
 
 A typical plugin test::
 
@@ -47,7 +48,7 @@ from .data_parallel import assert_data_parallel_matches, dp_part, state_bytes
 from .explained import assert_explain_matches
 from .generation import assert_generate_matches
 from .pipeline import assert_pipeline_matches
-from .refusals import count_c10d_calls, refusal_message
+from .refusals import count_c10d_calls, rank_zero_only, refusal_message
 from .saving import assert_save_pretrained_matches
 from .sequence import dropout_patterns
 from .structure import check_blocks
@@ -75,6 +76,7 @@ __all__ = [
     "dropout_patterns",
     "flash_refused_here",
     "hidden_state_loss",
+    "rank_zero_only",
     "refusal_message",
     "run_on_ranks",
     "state_bytes",

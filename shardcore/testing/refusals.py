@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 import torch
 from torch import nn
 
-__all__ = ["count_c10d_calls", "refusal_message"]
+__all__ = ["count_c10d_calls", "rank_zero_only", "refusal_message"]
 
 #: ``torch.distributed`` calls that need the other ranks (collectives, point-to-point, group creation).
 C10D_CALLS = (
@@ -100,3 +100,44 @@ def refusal_message(
     if message != "no error" and calls and not collectives_allowed:
         raise AssertionError(f"refused only after {dict(calls)} calls to other ranks: {message}")
     return message
+
+
+def _on_rank_zero_only(prepare: Callable, args: tuple) -> str:
+    """Every rank runs ``prepare(*args)``; only rank 0 makes the call it returns, rank 1 waits in a
+    barrier nobody matches (the user's ``if rank == 0:``)."""
+    import time
+
+    import torch.distributed as dist
+
+    from ..layers.comm import CollectiveTimeout
+
+    call = prepare(*args)
+    if dist.get_rank() == 0:
+        start = time.monotonic()
+        try:
+            call()
+        except CollectiveTimeout as err:  # or its sibling CollectivePeerLost
+            return f"{time.monotonic() - start:.1f} {type(err).__name__}: {err}"
+        return "0 returned without an error"
+    try:
+        dist.barrier()
+    except RuntimeError as err:  # the group's own timeout
+        return f"barrier: {err}"
+    return "barrier returned"
+
+
+def rank_zero_only(prepare: Callable, *args, group_timeout_s: float = 8) -> tuple[float, str, str]:
+    """Run the mistake ``if rank == 0: call()`` on 2 fresh gloo ranks: ``prepare(*args)`` (a
+    module-level function, run on every rank) builds what is needed and returns the call. Returns
+    ``(seconds rank 0 waited, rank 0's error as "Type: message", what rank 1 saw)``; the pool is
+    closed after (its group ends broken). Give the model a ``collective_timeout`` shorter than
+    ``group_timeout_s`` to see the bound act first."""
+    from ..distributed import RankPool
+
+    pool = RankPool(2, timeout_s=group_timeout_s)
+    try:
+        mine, other = pool.run(_on_rank_zero_only, prepare, args)
+    finally:
+        pool.close(force=True)
+    seconds, _, message = mine.partition(" ")
+    return float(seconds), message, other

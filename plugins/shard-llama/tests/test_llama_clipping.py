@@ -8,7 +8,7 @@ import pytest
 from llama_cases import build, lm_batch
 
 from shardcore import ShardConfig
-from shardcore.testing import CLIP_CALLS, RankPool, assert_clipping_matches, run_on_ranks
+from shardcore.testing import CLIP_CALLS, assert_clipping_matches, rank_zero_only, run_on_ranks
 
 # grouped-query attention (KV heads replicated at TP=4), tied and padded vocabulary
 HARD = {"kv": 2, "tie": True, "vocab": 1001}
@@ -101,34 +101,19 @@ def test_gradients_mixed_with_other_tensors_are_refused_on_every_rank():
         assert "together with 1 other tensor(s)" in message and "shardcore.clip_grad_norm_(model" in message
 
 
-def _one_rank_clips() -> str:
+def _clip_on(config: dict):
     import torch
-    import torch.distributed as dist
 
     import shardcore
 
     torch.manual_seed(0)
-    config = ShardConfig(tensor_parallel_size=2, collective_timeout=3.0)
-    model = shardcore.optimize(build("LlamaForCausalLM"), config)
+    model = shardcore.optimize(build("LlamaForCausalLM"), ShardConfig(**config))
     model(**lm_batch()).loss.backward()
-    if dist.get_rank() == 0:  # the script written for one process
-        try:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        except shardcore.CollectiveTimeout as err:
-            return str(err)
-        return "no error"
-    try:
-        dist.barrier()
-    except RuntimeError as err:  # the group's own timeout (8 s here)
-        return f"barrier: {err}"
-    return "barrier returned"
+    return lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
 
 
 def test_clipping_on_one_rank_only_names_the_cause():
-    pool = RankPool(2, timeout_s=8)  # a group of its own: it ends broken
-    try:
-        message, other = pool.run(_one_rank_clips)
-    finally:
-        pool.close(force=True)
+    seconds, message, other = rank_zero_only(_clip_on, {"tensor_parallel_size": 2, "collective_timeout": 3})
+    assert message.startswith("CollectiveTimeout: ") and seconds < 6, message
     assert "gradient norm (clip_grad_norm_): every rank of the model must call it" in message, message
     assert "waited more than 3 s" in message and other.startswith("barrier: ")

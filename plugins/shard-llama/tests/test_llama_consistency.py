@@ -3,8 +3,6 @@ a generate() only rank 0 calls raises within the bound instead of hanging."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import torch
 import torch.distributed as dist
@@ -13,8 +11,7 @@ from llama_cases import build, lm_batch
 import shardcore
 from shardcore import ShardConfig
 from shardcore.layers import count_collectives
-from shardcore.layers.comm import CollectiveTimeout
-from shardcore.testing import RankPool, run_on_ranks
+from shardcore.testing import rank_zero_only, run_on_ranks
 
 SAMPLE = {"do_sample": True, "top_k": 50, "max_new_tokens": 12, "pad_token_id": 0, "use_cache": True}
 
@@ -60,29 +57,15 @@ def test_sampling_with_equal_seeds_matches_unsharded():
     assert results[0]["tokens"] == results[1]["tokens"] == results[0]["unsharded"]
 
 
-def _generate_on_rank_zero_only() -> str:
+def _generate_call():
     model = _model(ShardConfig(tensor_parallel_size=2, collective_timeout=3))
     batch = lm_batch(1001, seed=3)
-    if dist.get_rank() == 0:  # the script written for one process
-        start = time.monotonic()
-        with pytest.raises(CollectiveTimeout) as err:
-            model.generate(batch["input_ids"], attention_mask=batch["attention_mask"], **SAMPLE)
-        return f"{time.monotonic() - start:.1f} {err.value}"
-    try:
-        dist.barrier()
-    except RuntimeError as err:  # the group's own timeout (8 s here)
-        return f"barrier: {err}"
-    return "barrier returned"
+    return lambda: model.generate(batch["input_ids"], attention_mask=batch["attention_mask"], **SAMPLE)
 
 
 def test_generate_on_rank_zero_only_raises_within_the_bound():
-    pool = RankPool(2, timeout_s=8)  # a group of its own: it ends broken
-    try:
-        message, other = pool.run(_generate_on_rank_zero_only)
-    finally:
-        pool.close(force=True)
-    seconds, message = message.split(" ", 1)
-    assert float(seconds) < 6, seconds
+    seconds, message, other = rank_zero_only(_generate_call)  # the group's own timeout: 8 s
+    assert seconds < 6 and message.startswith("CollectiveTimeout: "), (seconds, message)
     assert "broadcast #" in message and "generate() entry" in message
     assert "waited more than 3 s" in message and "`if rank == 0:` is the usual mistake" in message
     assert other.startswith("barrier: ")

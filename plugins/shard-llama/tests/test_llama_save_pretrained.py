@@ -9,7 +9,7 @@ import pytest
 from llama_cases import build, lm_batch
 
 from shardcore import ShardConfig
-from shardcore.testing import RankPool, assert_save_pretrained_matches, run_on_ranks
+from shardcore.testing import assert_save_pretrained_matches, rank_zero_only, run_on_ranks
 
 HARD = {"kv": 2, "tie": True, "vocab": 1001}  # replicated KV heads at TP=4, tied and padded vocabulary
 
@@ -49,35 +49,20 @@ def test_save_pretrained_loads_unsharded(config, flag, tmp_path):
     assert sorted(os.listdir(tmp_path / "ckpt")) == ["config.json", "generation_config.json", "model.safetensors"]
 
 
-def _save_on_rank_zero_only(path: str) -> str:
+def _save_to(path: str):
     import torch
-    import torch.distributed as dist
 
     import shardcore
 
     torch.manual_seed(0)
     model = shardcore.optimize(build("LlamaForCausalLM"), ShardConfig(tensor_parallel_size=2, collective_timeout=3))
-    if dist.get_rank() == 0:  # the script written for one process
-        try:
-            model.save_pretrained(path)
-        except shardcore.CollectiveTimeout as err:
-            return f"{os.path.exists(path)} {err}"
-        return "no error"
-    try:
-        dist.barrier()
-    except RuntimeError as err:  # the group's own timeout (8 s here)
-        return f"barrier: {err}"
-    return "barrier returned"
+    return lambda: model.save_pretrained(path)
 
 
 def test_save_pretrained_on_one_rank_is_named_and_writes_nothing(tmp_path):
-    pool = RankPool(2, timeout_s=8)  # a group of its own: it ends broken
-    try:
-        message, other = pool.run(_save_on_rank_zero_only, str(tmp_path / "ckpt"))
-    finally:
-        pool.close(force=True)
-    exists, message = message.split(" ", 1)
-    assert exists == "False", "a partial directory was left"
+    seconds, message, other = rank_zero_only(_save_to, str(tmp_path / "ckpt"))
+    assert not (tmp_path / "ckpt").exists(), "a partial directory was left"
+    assert message.startswith("CollectiveTimeout: ") and seconds < 6, message
     assert "save_pretrained of a sharded model: every rank must call it" in message, message
     assert other.startswith("barrier: ")
 
