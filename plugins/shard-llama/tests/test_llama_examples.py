@@ -43,3 +43,31 @@ def test_lora_finetune(tmp_path):
 def test_save_and_reload(tp, tmp_path):
     diffs = run_on_ranks(tp, _example("save_and_reload"), ["--tp", str(tp), "--out", str(tmp_path)])
     assert max(diffs) <= 1e-5
+
+
+def test_pipeline_training_equals_the_unsharded_loop():
+    losses = run_on_ranks(4, _example("pipeline_training"), [])
+    unsharded = _example("pipeline_training")(["--unsharded"])  # this process, the plain model
+    for got in losses:
+        assert all(abs(a - b) <= 1e-5 * abs(b) for a, b in zip(got, unsharded, strict=True)), (got, unsharded)
+
+
+def test_long_sequence_training_equals_the_unsharded_loop():
+    losses = run_on_ranks(2, _example("long_sequence_sp"), [])
+    unsharded = _example("long_sequence_sp")(["--unsharded"])
+    for got in losses:
+        assert all(abs(a - b) <= 1e-5 * abs(b) for a, b in zip(got, unsharded, strict=True)), (got, unsharded)
+
+
+def test_inference_with_parallelize_equals_unsharded_generate():
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tokens = _example("inference_parallelize")(["--world-size", "2"])
+    torch.manual_seed(0)  # the example's model
+    config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2)  # fmt: skip
+    model = LlamaForCausalLM(config).eval()
+    ids = torch.randint(1, 256, (2, 8), generator=torch.Generator().manual_seed(1))
+    want = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False)
+    assert tokens == want.tolist()
