@@ -30,6 +30,7 @@ from .meta import guard_meta
 from .pipeline import build_pipeline, check_pipeline
 from .policy import ModulePolicyDescription, Policy
 from .sequence import apply_sequence_parallel, apply_ulysses, check_sequence_parallel
+from .sharded_state import parameter_specs
 
 __all__ = ["ModelSharder", "ShardInfo", "optimize", "resolve_policy"]
 
@@ -325,6 +326,8 @@ def optimize(
     _freeze_for_inference(model, config)
     pipeline = build_pipeline(model, policy, config, layout, *stages) if stages else None  # prunes the stages
     data_parallel = apply_data_parallel(model, policy, config, layout)  # last: wraps the sharded model
+    if data_parallel is None:  # a DDP over the whole world (accelerate's prepare) leaves the slices alone
+        model._ddp_params_and_buffers_to_ignore = sorted(parameter_specs(model))
     model.shardcore = ShardInfo(config, tp_size, group, policy, layout, applied, data_parallel, pipeline)
     register_model(model)
     install_save_pretrained(model)

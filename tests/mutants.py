@@ -260,6 +260,14 @@ MUTANTS: dict[str, Mutant] = {
             f"{LLAMA}/test_llama_trainer.py::test_trains_like_one_process_trainer[tp2]",
             "InputMismatch",
         ),
+        _m(
+            "accelerate-ddp-overwrites-slices",
+            "a sharded model without its DDP ignore list: accelerate's prepare broadcasts rank 0's slices",
+            "shardcore/sharder.py",
+            ("        model._ddp_params_and_buffers_to_ignore = sorted(parameter_specs(model))", "        pass"),
+            f"{LLAMA}/test_llama_trainer.py::test_accelerate_prepare_is_right_or_loud",
+            "max_abs_diff_weights",
+        ),
         # -- sequence, pipeline, data parallelism -------------------------------------------------
         _m(
             "sp-replicated-grads-not-summed",

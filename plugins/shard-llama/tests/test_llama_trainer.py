@@ -206,3 +206,43 @@ def _refused(config: dict) -> str:
 def test_refused_by_name(config, expected):
     for message in run_on_ranks(4 if "data_parallel_size" in config else 2, _refused, config):
         assert expected in message, message
+
+
+def _accelerate_loop(prepare_data: bool) -> dict:
+    """A custom accelerate loop: ``accelerator.prepare(model, optimizer[, dataloader])``."""
+    import accelerate
+
+    import shardcore
+
+    torch.manual_seed(0)
+    ref = build("LlamaForCausalLM", **CFG)
+    torch.manual_seed(0)
+    model = shardcore.optimize(build("LlamaForCausalLM", **CFG), ShardConfig(tensor_parallel_size=2))
+    accelerator = accelerate.Accelerator(cpu=True)
+    opt, opt_ref = torch.optim.SGD(model.parameters(), lr=0.1), torch.optim.SGD(ref.parameters(), lr=0.1)
+    loader = torch.utils.data.DataLoader(_Tokens(), batch_size=4)
+    if prepare_data:
+        model, opt, loader = accelerator.prepare(model, opt, loader)
+    else:  # the same batches on every rank: DDP over the world must leave the slices alone
+        model, opt = accelerator.prepare(model, opt)
+    try:
+        for batch in list(loader)[:2]:
+            for m, o in ((model, opt), (ref, opt_ref)):
+                loss = m(**batch).loss
+                accelerator.backward(loss) if m is model else loss.backward()
+                accelerator.clip_grad_norm_(m.parameters(), 0.5) if m is model else torch.nn.utils.clip_grad_norm_(
+                    m.parameters(), 0.5
+                )
+                o.step()
+                o.zero_grad()
+    except shardcore.InputMismatch as err:
+        return {"error": str(err)}
+    full = _full_state(accelerator.unwrap_model(model))
+    return {"max_abs_diff_weights": max((full[n] - ref.state_dict()[n]).abs().max().item() for n in full)}
+
+
+def test_accelerate_prepare_is_right_or_loud():
+    for report in run_on_ranks(2, _accelerate_loop, False):
+        assert report.get("max_abs_diff_weights", 1.0) <= 1e-5, report
+    for report in run_on_ranks(2, _accelerate_loop, True):  # the TP ranks got different batches
+        assert "differs" in report.get("error", ""), report
