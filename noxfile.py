@@ -102,7 +102,9 @@ def _run(session: nox.Session, bin_dir: pathlib.Path, tool: str, *args: str, **e
 def tests(session: nox.Session) -> None:
     """The whole test suite on real multi-process gloo groups (CPU)."""
     bin_dir = _install(session)
-    _run(session, bin_dir, "pytest", *(session.posargs or ["tests", *(str(p / "tests") for p in PLUGINS)]))
+    # the slowest tests in every log, so the suite's time budget (8 min) is watched
+    paths = session.posargs or ["--durations=25", "tests", *(str(p / "tests") for p in PLUGINS)]
+    _run(session, bin_dir, "pytest", *paths)
 
 
 @nox.session
