@@ -126,12 +126,14 @@ def _on_rank_zero_only(prepare: Callable, args: tuple) -> str:
     return "barrier returned"
 
 
-def rank_zero_only(prepare: Callable, *args, group_timeout_s: float = 8) -> tuple[float, str, str]:
+def rank_zero_only(prepare: Callable, *args, group_timeout_s: float = 5) -> tuple[float, str, str]:
     """Run the mistake ``if rank == 0: call()`` on 2 fresh gloo ranks: ``prepare(*args)`` (a
     module-level function, run on every rank) builds what is needed and returns the call. Returns
     ``(seconds rank 0 waited, rank 0's error as "Type: message", what rank 1 saw)``; the pool is
     closed after (its group ends broken). Give the model a ``collective_timeout`` shorter than
-    ``group_timeout_s`` to see the bound act first."""
+    ``group_timeout_s``: rank 0 then raises :class:`~shardcore.CollectiveTimeout`, or
+    :class:`~shardcore.CollectivePeerLost` when rank 1's barrier gave up first on a loaded machine
+    (the same named cause either way)."""
     from ..distributed import RankPool
 
     pool = RankPool(2, timeout_s=group_timeout_s)
