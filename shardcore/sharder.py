@@ -281,6 +281,7 @@ def optimize(
     # with data or pipeline parallelism every rank of the world starts from the same weights
     whole_world = layout.pp > 1 or layout.sp > 1 or (config.data_parallel is not None and layout.dp > 1)
     if tp_size == 1 or not config.enable_tensor_parallelism:
+        check_lora(model, config)
         applied = kernels.apply(model, policy, config)
         kernels.apply_jit(model, policy, config, applied)
         _freeze_for_inference(model, config)
@@ -301,6 +302,7 @@ def optimize(
     model = policy.preprocess()
     sharder = ModelSharder(model, policy, None)
     plan = sharder.plan()  # module_policy and its structural checks: still no collective
+    check_lora(model, config, plan)  # PEFT adapters where they are not built yet: still none
     applied = kernels.apply(model, policy, config)  # attention backend, fused norms: still none
     group = config.tensor_parallel_process_group
     if group is None:
@@ -331,8 +333,8 @@ def optimize(
     model.shardcore = ShardInfo(config, tp_size, group, policy, layout, applied, data_parallel, pipeline)
     register_model(model)
     install_save_pretrained(model)
-    check_lora(model)
-    model.register_forward_pre_hook(lambda module, args: shard_new_adapters(module))  # LoRA added after optimize
+    # LoRA added after optimize: cut before anything runs (before the input check's all-gather too)
+    model.register_forward_pre_hook(lambda module, args: shard_new_adapters(module), prepend=True)
     guard_meta(model)
     return model
 

@@ -86,3 +86,23 @@ def test_lora_matches_unsharded_peft_model(order, tp, tmp_path):
     print(f"\n{order} TP={tp}: {reports[0]}")
     for r in reports:
         assert r["adapter_logits_diff"] <= 1e-5 and r["merged_weights_diff"] <= 1e-6, r
+
+
+def _refused(config: dict) -> str:
+    from shardcore.testing import refusal_message
+
+    return refusal_message(lambda: _lora(build("LlamaForCausalLM", **CFG)), ShardConfig(**config))
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"tensor_parallel_size": 2, "data_parallel_size": 2, "data_parallel": "ddp"},
+        {"tensor_parallel_size": 2, "enable_sequence_parallelism": True, "sequence_parallelism_mode": "split_gather"},
+    ],
+    ids=["ddp", "split-gather"],
+)
+def test_lora_where_not_built_is_refused_before_any_collective(config):
+    world = config["tensor_parallel_size"] * config.get("data_parallel_size", 1)
+    for message in run_on_ranks(world, _refused, config):
+        assert "LoRA adapters on a sharded LlamaForCausalLM" in message and "not supported yet" in message, message

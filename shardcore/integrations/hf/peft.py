@@ -52,16 +52,35 @@ def peft_base_model(model: nn.Module) -> nn.Module | None:
     return get_base() if callable(get_base) and hasattr(model, "peft_config") else None
 
 
-def check_lora(model: nn.Module) -> None:
-    """Refuse LoRA adapters beside a layout they are not built for yet (by name, before any collective)."""
-    info = getattr(model, "shardcore", None)
-    if info is None or not any(is_lora_layer(m) for m in model.modules()):
+def check_lora(model: nn.Module, config, plan=()) -> None:
+    """Refuse LoRA adapters where they are not built yet, by name, before any collective: beside
+    data parallelism, pipeline stages or sequence parallelism, and (``plan``: the sharder's
+    ``(name, module, description)`` list) on a layer a policy turns into anything but a column- or
+    row-parallel ``nn.Linear``, or with DoRA."""
+    layers = [m for m in model.modules() if is_lora_layer(m)]
+    if not layers:
         return
-    if info.data_parallel is not None or info.pipeline is not None:
+    if config.data_parallel is not None or config.pipeline_parallel_size > 1 or config.enable_sequence_parallelism:
         raise NotImplementedError(
-            f"LoRA adapters on a sharded {type(model).__name__} with data_parallel={info.data_parallel!r} / "
-            f"pipeline_parallel_size={info.layout.pp}: not supported yet; use tensor parallelism alone"
+            f"LoRA adapters on a sharded {type(model).__name__} with data_parallel={config.data_parallel!r}, "
+            f"pipeline_parallel_size={config.pipeline_parallel_size}, enable_sequence_parallelism="
+            f"{config.enable_sequence_parallelism}: not supported yet; use tensor parallelism alone"
         )
+    for name, module, desc in plan:
+        for sub in desc.sub_module_replacement:
+            layer = getattr(module, sub.suffix, None) if "." not in sub.suffix else module.get_submodule(sub.suffix)
+            if layer is not None and is_lora_layer(layer):
+                where = f"{name}.{sub.suffix}" if name else sub.suffix
+                target = sub.target_module
+                if not issubclass(target, (Linear1D_Col, Linear1D_Row)) or getattr(target, "transposed", False):
+                    raise NotImplementedError(
+                        f"LoRA on {where}: the policy makes it a {target.__name__}; shardcore shards LoRA on "
+                        "column- and row-parallel nn.Linear layers only; leave it out of target_modules"
+                    )
+                if any(getattr(layer, "use_dora", {}).values()):
+                    raise NotImplementedError(
+                        f"LoRA on {where}: DoRA (use_dora=True) is not supported on a sharded layer"
+                    )
 
 
 def _refuse(layer: nn.Module, base: nn.Module, where: str) -> None:
@@ -163,6 +182,6 @@ def shard_new_adapters(model: nn.Module) -> None:
         and not all(getattr(a, _DONE, False) for a in m.lora_A.values())
     ]
     if new:
-        check_lora(model)
+        check_lora(model, model.shardcore.config)
     for name, module in new:
         shard_lora_layer(module, name)
