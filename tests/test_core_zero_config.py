@@ -203,3 +203,15 @@ def test_zero_config_clip_grad_norm(tp):
     # torch.nn.utils.clip_grad_norm_ on a zero-config model: the unsharded norm and clipped gradients
     for report in run_on_ranks(tp, _clip, tp):
         assert report["norm_rel_diff"] <= 1e-5
+
+
+def _save(tp: int, path: str) -> dict:
+    from shardcore.testing import assert_save_pretrained_matches
+
+    return assert_save_pretrained_matches(
+        lambda: build("Qwen3", kv=2, tie=True), batch(), ShardConfig(tensor_parallel_size=tp), path
+    )
+
+
+def test_zero_config_save_pretrained_loads_unsharded(tmp_path):
+    assert all(r["tensors"] > 0 for r in run_on_ranks(2, _save, 2, str(tmp_path / "ckpt")))

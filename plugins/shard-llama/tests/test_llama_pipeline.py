@@ -40,8 +40,17 @@ def _check(pp: int, tp: int, schedule: str, extra: dict) -> dict:
         (2, 1, "ZBVZeroBubble", {}),  # 2 stages per rank in a V: rank 0 runs the first and the last
         # each stage splits the sequence at its first block and gathers it after its last
         (2, 2, "Interleaved1F1B", {"enable_sequence_parallelism": True}),
+        (4, 1, "1F1B", {}),  # two middle stages: they receive activations and send them on
     ],
-    ids=["gpipe", "1f1b-layers13", "1f1b-tp2", "interleaved1f1b", "zbv", "interleaved1f1b-tp2-split_gather"],
+    ids=[
+        "gpipe",
+        "1f1b-layers13",
+        "1f1b-tp2",
+        "interleaved1f1b",
+        "zbv",
+        "interleaved1f1b-tp2-split_gather",
+        "1f1b-pp4",
+    ],
 )
 def test_pipeline_trains_like_unsharded(pp, tp, schedule, extra):
     reports = run_on_ranks(pp * tp, _check, pp, tp, schedule, extra)

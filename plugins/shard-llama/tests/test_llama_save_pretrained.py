@@ -120,3 +120,15 @@ def test_state_dict_of_slices_fails_loudly_in_the_unsharded_model(config):
     # torch.save(model.state_dict()) holds this rank's slices: load_state_dict refuses them by shape
     world = config.get("pipeline_parallel_size", 1) * config["tensor_parallel_size"]
     assert run_on_ranks(world, _state_dict_into_unsharded, config) == ["refused"] * world
+
+
+def _save_with_plan(plan: str, path: str) -> dict:
+    return _save({"tensor_parallel_size": 2, "plan": plan}, path)
+
+
+def test_save_pretrained_under_a_yaml_plan(tmp_path):
+    from test_llama_plan import LLAMA_PLAN
+
+    (tmp_path / "plan.yaml").write_text(LLAMA_PLAN)
+    reports = run_on_ranks(2, _save_with_plan, str(tmp_path / "plan.yaml"), str(tmp_path / "ckpt"))
+    assert all(r["tensors"] > 0 and r["max_abs_diff_tensors"] <= 1e-6 for r in reports)
