@@ -178,12 +178,17 @@ def clip_grad_norm_(
     one (``model.parameters()``, as with torch's ``clip_grad_norm_``). Every rank must call it."""
     if isinstance(model_or_parameters, nn.Module):
         model, params = model_or_parameters, [p for p in model_or_parameters.parameters() if p.grad is not None]
-        total = grad_norm(model, None, norm_type, error_if_nonfinite=error_if_nonfinite)
     else:
         params = [p for p in model_or_parameters if p.grad is not None]
-        install_torch_hook()
-        total = _hooked_total_norm([p.grad for p in params], norm_type, error_if_nonfinite)
-    torch.nn.utils.clip_grads_with_norm_(params, max_norm, _like_grads(total, [p.grad for p in params]))
+        model, _ = _owner([p.grad for p in params])
+        if model is None:
+            raise TypeError(
+                "shardcore.clip_grad_norm_: these parameters belong to no model sharded by shardcore.optimize; "
+                "use torch.nn.utils.clip_grad_norm_ for them"
+            )
+    grads = [p.grad for p in params]
+    total = _like_grads(grad_norm(model, params, norm_type, error_if_nonfinite=error_if_nonfinite), grads)
+    torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
     return total
 
 

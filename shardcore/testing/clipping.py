@@ -17,7 +17,7 @@ from .data_parallel import dp_part
 __all__ = ["CLIP_CALLS", "assert_clipping_matches"]
 
 #: How a user clips: the ways in that :func:`assert_clipping_matches` checks.
-CLIP_CALLS = ("torch", "torch_bound_early", "model_method", "shardcore")
+CLIP_CALLS = ("torch", "torch_bound_early", "model_method", "shardcore", "shardcore_parameters")
 
 
 def _clip(model: nn.Module, how: str, max_norm: float, norm_type: float) -> torch.Tensor:
@@ -31,6 +31,8 @@ def _clip(model: nn.Module, how: str, max_norm: float, norm_type: float) -> torc
         return model.clip_grad_norm_(max_norm, norm_type=norm_type)
     if how == "shardcore":
         return shardcore.clip_grad_norm_(model, max_norm, norm_type=norm_type)
+    if how == "shardcore_parameters":
+        return shardcore.clip_grad_norm_(model.parameters(), max_norm, norm_type=norm_type)
     raise ValueError(f"unknown clip call {how!r}; one of {CLIP_CALLS}")
 
 

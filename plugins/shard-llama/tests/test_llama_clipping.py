@@ -36,13 +36,21 @@ def test_torch_clip_grad_norm_is_the_unsharded_norm(tp):
     _show(f"TP={tp}", run_on_ranks(tp, _clip, {"tensor_parallel_size": tp}))
 
 
-def _every_way() -> list[dict]:
-    return [_clip({"tensor_parallel_size": 2}, how) for how in CLIP_CALLS if how != "torch"]
+def _every_way(config: dict, **batch) -> list[dict]:
+    return [_clip(config, how, 2.0, None, **batch) for how in CLIP_CALLS if how != "torch"]
 
 
-def test_every_way_in():
-    # torch's function bound before shardcore, the model's own method, shardcore's function
-    for reports in run_on_ranks(2, _every_way):
+@pytest.mark.parametrize(
+    "config",
+    [{"tensor_parallel_size": 2}, {"tensor_parallel_size": 2, "data_parallel_size": 2, "data_parallel": "fsdp"}],
+    ids=["tp2", "fsdp2xtp2"],  # FSDP: gradients are DTensors, the norm comes back as one
+)
+def test_every_way_in(config):
+    # torch's function bound before shardcore, the model's own method, shardcore's function (on the
+    # model and on its parameters)
+    world = config["tensor_parallel_size"] * config.get("data_parallel_size", 1)
+    batch = {"batch": 4, "pad": False} if "data_parallel" in config else {}
+    for reports in run_on_ranks(world, _every_way, config, **batch):
         for how, report in zip([h for h in CLIP_CALLS if h != "torch"], reports, strict=True):
             assert report["norm_rel_diff"] <= 1e-5, (how, report)
 
