@@ -119,6 +119,7 @@ def _column(a: nn.Linear, b: nn.Linear, base: Linear1D_Col, dropout: nn.Module, 
         a.register_forward_pre_hook(lambda m, args: (copy_to_tp(args[0], group), *args[1:]))
     if isinstance(dropout, nn.Dropout) and dropout.p > 0:
         run_in_shared_rng(dropout)  # the same mask on every rank: the input is replicated
+    _whole_in_state_dicts(b, base.tp_rank)
 
 
 def _row(a: nn.Linear, b: nn.Linear, base: Linear1D_Row, dropout: nn.Module, where: str) -> None:
@@ -131,6 +132,7 @@ def _row(a: nn.Linear, b: nn.Linear, base: Linear1D_Row, dropout: nn.Module, whe
     a.register_forward_hook(lambda m, args, out: reduce_from_tp(out, group))
     if isinstance(dropout, nn.Dropout) and dropout.p > 0:
         run_in_tp_rng(dropout, group)  # each rank masks its own slice of the input
+    _whole_in_state_dicts(a, base.tp_rank)
 
 
 def _whole_in_state_dicts(module: nn.Module, rank: int) -> None:
@@ -166,7 +168,6 @@ def shard_lora_layer(layer: nn.Module, where: str = "a LoRA layer") -> None:
             _column(a, b, base, dropout, where)
         else:
             _row(a, b, base, dropout, where)
-        _whole_in_state_dicts(b if isinstance(base, Linear1D_Col) else a, base.tp_rank)
         setattr(a, _DONE, True)
 
 
