@@ -49,19 +49,46 @@ from .structure import check_blocks, check_sharded_structure, local_expected
 __all__ = ["assert_sharded_matches", "hidden_state_loss"]
 
 
-def _tensors(output: Any) -> dict[str, torch.Tensor]:
-    """The floating-point tensors of a model output (a tensor, tuple, dict or ModelOutput)."""
+def _cache_parts(cache: Any) -> list[tuple[str, Any]] | None:
+    """A HuggingFace KV cache's tensors by layer (``{layer}.keys`` / ``.values``), its two halves for
+    an encoder-decoder cache; ``None`` for an object that is no cache."""
+    if hasattr(cache, "self_attention_cache") and hasattr(cache, "cross_attention_cache"):
+        return [("self", cache.self_attention_cache), ("cross", cache.cross_attention_cache)]
+    layers = getattr(cache, "layers", None)
+    if isinstance(layers, list | tuple) and all(hasattr(x, "keys") and hasattr(x, "values") for x in layers):
+        return [(f"{i}.{part}", getattr(x, part)) for i, x in enumerate(layers) for part in ("keys", "values")]
+    if hasattr(cache, "key_cache") and hasattr(cache, "value_cache"):  # transformers 4.x
+        return [(f"{i}.keys", k) for i, k in enumerate(cache.key_cache)] + [
+            (f"{i}.values", v) for i, v in enumerate(cache.value_cache)
+        ]
+    return None
+
+
+def _tensors(output: Any, skip: tuple[str, ...] = (), prefix: str = "") -> dict[str, torch.Tensor]:
+    """The floating-point tensors of a model output, at any depth (tensors, tuples, lists, dicts,
+    ModelOutputs, KV caches), keyed by their path (``"past_key_values.0.keys"``); top-level fields
+    named in ``skip`` are left out. Anything else is refused by name: a field the kit cannot
+    compare is never dropped silently."""
     if isinstance(output, torch.Tensor):
-        return {"output": output}
-    items = output.items() if isinstance(output, Mapping) else enumerate(output)
+        return {prefix or "output": output} if output.is_floating_point() else {}
+    if output is None or isinstance(output, bool | int | float | str):
+        return {}
+    if isinstance(output, Mapping):
+        items = list(output.items())
+    elif isinstance(output, tuple | list):
+        items = list(enumerate(output))
+    else:
+        items = _cache_parts(output)
+        if items is None:
+            raise AssertionError(
+                f"output {prefix!r} is a {type(output).__name__}, which the kit cannot compare; "
+                f"leave it out with skip_outputs=({prefix.split('.')[0]!r},)"
+            )
     found = {}
     for key, value in items:
-        if isinstance(value, torch.Tensor) and value.is_floating_point():
-            found[str(key)] = value
-        elif isinstance(value, tuple | list) and value and all(isinstance(v, torch.Tensor) for v in value):
-            for i, v in enumerate(value):
-                if v.is_floating_point():
-                    found[f"{key}.{i}"] = v
+        if not prefix and str(key) in skip:
+            continue
+        found.update(_tensors(value, prefix=f"{prefix}.{key}" if prefix else str(key)))
     return found
 
 
@@ -167,6 +194,56 @@ def _check_gathered_params(model: nn.Module, expected: Mapping, steps: int, atol
     return worst
 
 
+def _local(t: torch.Tensor | None) -> torch.Tensor | None:
+    """What this rank holds of ``t``: a DTensor's local shard (FSDP), else ``t``."""
+    from torch.distributed.tensor import DTensor
+
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def _held_part(param: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:
+    """This rank's part of ``expected`` (its tensor-parallel slice) as ``param`` holds it: under
+    FSDP (a DTensor parameter) the data-parallel shard of it, cut as ``fully_shard`` cuts it."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    if isinstance(param, DTensor):  # src_data_rank=None: each rank cuts its own copy, no collective
+        return distribute_tensor(expected, param.device_mesh, param.placements, src_data_rank=None).to_local()
+    return expected
+
+
+def _check_local_grads(model: nn.Module, ref_grads: Mapping[str, torch.Tensor | None], **check) -> float:
+    """Every gradient as this rank holds it (its slice, replica copies and zero padding rows
+    included; its FSDP shard of that) against the same part of the unsharded gradient."""
+    local_ref = local_expected(model, {n: g for n, g in ref_grads.items() if g is not None})
+    pairs = (
+        (n, _local(p.grad), _held_part(p, local_ref[n]) if n in local_ref else None)
+        for n, p in model.named_parameters()
+    )
+    return _check_grads(pairs, where="this rank's slice", **check)
+
+
+def _check_local_params(
+    model: nn.Module, ref_params: Mapping[str, torch.Tensor], steps: int, atol_step: float, zero_grads=()
+) -> float:
+    """Every parameter as this rank holds it against the same part of the unsharded one after ``steps``."""
+    expected = local_expected(model, {n: p.detach() for n, p in ref_params.items()})
+    worst = 0.0
+    for name, param in model.named_parameters():
+        tol = _step_tolerance(name, atol_step, zero_grads)
+        mine, want = _local(param.detach()), _held_part(param, expected[name])
+        if mine.shape != want.shape:
+            raise AssertionError(
+                f"parameter {name}: this rank holds shape {tuple(mine.shape)}, its part is {tuple(want.shape)}"
+            )
+        diff = (mine - want).abs().max().item() if mine.numel() else 0.0
+        if not diff <= tol:
+            raise AssertionError(
+                f"parameter {name} after {steps} AdamW steps, this rank's slice: max abs diff {diff:.3g} > {tol:g}"
+            )
+        worst = max(worst, diff)
+    return worst
+
+
 def assert_sharded_matches(
     build: Callable[[], nn.Module],
     inputs: Mapping[str, Any],
@@ -184,7 +261,7 @@ def assert_sharded_matches(
     grad_floor: float = 1e-5,
     zero_grads: tuple[str, ...] = (),
     atol_step: float = 1e-5,
-    skip_outputs: tuple[str, ...] = ("loss",),
+    skip_outputs: tuple[str, ...] = ("loss", "past_key_values"),
     sharded_output_fn: Callable[[nn.Module, Any], Any] | None = None,
     max_param_fraction: float | None = None,
     reference_config=None,
@@ -196,8 +273,11 @@ def assert_sharded_matches(
     modules in every block of :meth:`~shardcore.Policy.blocks`, fewer parameter bytes per rank
     than unsharded (at most ``max_param_fraction`` of them, if given), and on every rank each local
     tensor must be exactly its :class:`~shardcore.layers.ShardSpec` slice of the unsharded one. Both
-    models run ``model(**inputs)``: every floating-point output must match, the loss
-    (``output.loss`` or ``loss_fn(output)``) too. Then every gradient, both gathered and as
+    models run ``model(**inputs)``: every floating-point output must match, at any depth, but the
+    top-level fields in ``skip_outputs`` (by default the loss, compared relatively, and
+    ``past_key_values``: each rank's KV cache holds its own heads; :func:`assert_generate_matches`
+    checks the cache through the tokens it produces); the loss (``output.loss`` or
+    ``loss_fn(output)``) too. Then every gradient, both gathered and as
     this rank's slice (replica copies and zero padding rows included), must match by relative
     norm, and every parameter after ``steps`` AdamW steps, gathered and local. The policy's
     :meth:`~shardcore.Policy.blocks` are checked with :func:`check_blocks`. Returns the largest
@@ -235,14 +315,12 @@ def assert_sharded_matches(
             report.update(check_sharded_structure(model, ref, blocks, max_param_fraction))
 
     out_ref, out = ref(**inputs), model(**inputs)
-    ref_t = _tensors(out_ref)
-    got_t = _tensors(out if sharded_output_fn is None else sharded_output_fn(model, out))
+    ref_t = _tensors(out_ref, skip_outputs)
+    got_t = _tensors(out if sharded_output_fn is None else sharded_output_fn(model, out), skip_outputs)
     if set(ref_t) != set(got_t):
         raise AssertionError(f"output fields differ: unsharded {sorted(ref_t)} vs sharded {sorted(got_t)}")
     worst = 0.0
     for key, expected in ref_t.items():
-        if key in skip_outputs:
-            continue
         actual = got_t[key]
         if actual.shape != expected.shape:
             raise AssertionError(f"output {key!r}: shape {tuple(actual.shape)} != unsharded {tuple(expected.shape)}")
@@ -273,9 +351,7 @@ def assert_sharded_matches(
         )
     check = {"scale": scale, "rtol": grad_rtol, "floor": grad_floor, "zero_grads": zero_grads}
     worst = _check_grads(((n, g, ref_grads[n]) for n, g in gathered.items()), where="gathered", **check)
-    local_ref = local_expected(model, {n: g for n, g in ref_grads.items() if g is not None})
-    local = ((n, p.grad, local_ref.get(n)) for n, p in model.named_parameters())
-    worst = max(worst, _check_grads(local, where="this rank's slice", **check))
+    worst = max(worst, _check_local_grads(model, ref_grads, **check))
     report["max_rel_err_grads"] = worst
 
     if steps:
@@ -289,15 +365,7 @@ def assert_sharded_matches(
             opt_ref.step()
             opt.step()
         worst = _check_gathered_params(model, ref_params, steps, atol_step, zero_grads)
-        expected = local_expected(model, {n: p.detach() for n, p in ref_params.items()})
-        for name, param in model.named_parameters():
-            tol = _step_tolerance(name, atol_step, zero_grads)
-            diff = (param.detach() - expected[name]).abs().max().item() if param.numel() else 0.0
-            if not diff <= tol:
-                raise AssertionError(
-                    f"parameter {name} after {steps} AdamW steps, this rank's slice: max abs diff {diff:.3g} > {tol:g}"
-                )
-            worst = max(worst, diff)
+        worst = max(worst, _check_local_params(model, ref_params, steps, atol_step, zero_grads))
         report["max_abs_diff_after_steps"] = worst
     return report
 

@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .conformance import _check_gathered_params, _check_grads, _loss
+from .conformance import _check_gathered_params, _check_grads, _check_local_grads, _check_local_params, _loss
 
 __all__ = ["assert_data_parallel_matches", "dp_part", "state_bytes"]
 
@@ -68,7 +68,8 @@ def assert_data_parallel_matches(
     the mean of the ranks' losses equals the unsharded loss (relative ``rtol_loss``; the batch
     must give every part the same number of loss terms), every gradient gathered over dp and tp
     equals the unsharded one (relative norm, as :func:`~shardcore.testing.assert_sharded_matches`),
-    and so does every parameter after ``steps`` AdamW steps (``atol_step``). The parameter names
+    and so does each rank's own part of it (its tensor-parallel slice, under FSDP its shard of
+    that), and so does every parameter after ``steps`` AdamW steps (``atol_step``), gathered and local. The parameter names
     must be the unsharded model's. Reports ``state_fraction``: this rank's bytes of parameters and
     AdamW state over the unsharded model's (at most ``max_state_fraction`` if given).
     """
@@ -125,14 +126,18 @@ def assert_data_parallel_matches(
             gathered = dict(shardcore.full_named_tensors(model, grads=True))
             check = {"scale": scale, "rtol": grad_rtol, "floor": grad_floor, "zero_grads": zero_grads}
             pairs = ((n, g, ref_grads[n]) for n, g in gathered.items())
-            report["max_rel_err_grads"] = _check_grads(pairs, where="gathered over dp and tp", **check)
+            worst = _check_grads(pairs, where="gathered over dp and tp", **check)
+            report["max_rel_err_grads"] = max(worst, _check_local_grads(model, ref_grads, **check))
             if steps == 0:
                 break
         opt_ref.step()
         opt.step()
 
     if steps:
-        report["max_abs_diff_after_steps"] = _check_gathered_params(model, ref_params, steps, atol_step, zero_grads)
+        worst = _check_gathered_params(model, ref_params, steps, atol_step, zero_grads)
+        report["max_abs_diff_after_steps"] = max(
+            worst, _check_local_params(model, ref_params, steps, atol_step, zero_grads)
+        )
     if steps and info.data_parallel == "ddp":  # each replica holds its own copy: they must stay equal
         for name, param in model.named_parameters():
             local = param.detach()

@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .conformance import _check_gathered_params, _check_grads
+from .conformance import _check_gathered_params, _check_grads, _check_local_grads, _check_local_params
 
 __all__ = ["assert_pipeline_matches"]
 
@@ -39,9 +39,9 @@ def assert_pipeline_matches(
     ``config`` (``pipeline_parallel_size > 1``). Both take the whole ``batch``: the loss
     :func:`shardcore.pipeline_step` returns, on every rank, must equal the unsharded model's
     (relative ``rtol_loss``; ragged label counts over the microbatches included); every gradient
-    this rank holds, gathered over its tensor-parallel group, must match (relative norm
-    ``grad_rtol`` and ``allclose(rtol=grad_rtol, atol=grad_atol)``); so must every held parameter
-    after ``steps`` AdamW steps (``atol_step``). Every held parameter name must be a name of the
+    this rank holds, gathered over its tensor-parallel group and as this rank's own slice, must
+    match (relative norm ``grad_rtol``; gathered also ``allclose(rtol=grad_rtol, atol=grad_atol)``);
+    so must every held parameter after ``steps`` AdamW steps (``atol_step``), gathered and local. Every held parameter name must be a name of the
     unsharded model, and every parameter of the unsharded model must be held by some rank.
     ``reference_loss(model, batch)`` is the unsharded model's loss (default ``model(**batch).loss``;
     a model that takes no labels, timm's, says how its loss is computed).
@@ -92,7 +92,9 @@ def assert_pipeline_matches(
             gathered = dict(shardcore.full_named_tensors(model, grads=True))
             check = {"scale": scale, "rtol": grad_rtol, "floor": grad_floor, "zero_grads": zero_grads}
             pairs = [(n, g, ref_grads[n]) for n, g in gathered.items()]
-            report["max_rel_err_grads"] = _check_grads(pairs, where="held, gathered over tp", **check)
+            worst = _check_grads(pairs, where="held, gathered over tp", **check)
+            held_ref = {n: ref_named[n].grad for n in held}
+            report["max_rel_err_grads"] = max(worst, _check_local_grads(model, held_ref, **check))
             for name, grad, expected in pairs:
                 if grad is not None and not torch.allclose(grad, expected, rtol=grad_rtol, atol=grad_atol):
                     diff = (grad - expected).abs().max().item()
@@ -102,5 +104,6 @@ def assert_pipeline_matches(
         opt_ref.step()
         opt.step()
     if steps:  # no declared-zero allowance here: every parameter within atol_step
-        report["max_abs_diff_after_steps"] = _check_gathered_params(model, ref_named, steps, atol_step)
+        worst = _check_gathered_params(model, ref_named, steps, atol_step)
+        report["max_abs_diff_after_steps"] = max(worst, _check_local_params(model, ref_named, steps, atol_step))
     return report

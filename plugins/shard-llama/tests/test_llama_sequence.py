@@ -133,7 +133,8 @@ def _check_ulysses(tp: int, sp: int, cls_name: str, cfg: dict) -> dict:
     [
         (1, 4, "LlamaForCausalLM", {"tie": True}),
         (2, 2, "LlamaForCausalLM", {}),  # sp x tp on the mesh
-        (1, 2, "LlamaForSequenceClassification", {"kv": 2}),
+        # 8 heads, 4 KV: sp=2 splits each exchanged tensor's heads twice over (mutant ulysses-backward-swapped)
+        (1, 2, "LlamaForSequenceClassification", {"heads": 8, "kv": 4}),
     ],
     ids=["causal-tied-sp4", "causal-sp2-tp2", "seqcls-gqa-sp2"],
 )
