@@ -286,6 +286,18 @@ MUTANTS: dict[str, Mutant] = {
             "InputMismatch",
         ),
         _m(
+            "trainer-eval-gathered-over-world",
+            "shardcore.hf.Trainer's evaluation gathering predictions over every process (once per TP rank)",
+            "shardcore/integrations/hf/trainer.py",
+            (
+                "        accelerator.gather_for_metrics = self._gather_for_metrics\n"
+                "        self.gather_function = self._gather_for_metrics  # the Trainer bound the original already\n",
+                "",
+            ),
+            f"{LLAMA}/test_llama_trainer.py::test_evaluate_and_predict_like_one_process[tp2]",
+            "torch.Size([12, 12, 128])",
+        ),
+        _m(
             "accelerate-ddp-overwrites-slices",
             "a sharded model without its DDP ignore list: accelerate's prepare broadcasts rank 0's slices",
             "shardcore/sharder.py",

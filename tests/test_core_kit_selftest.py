@@ -49,3 +49,18 @@ def test_kit_fails_on_a_gradient_one_percent_off():
 def test_kit_fails_on_one_ranks_slice():
     with pytest.raises(RankError, match=r"blocks\.0\.fc1\.weight: this rank's tensor is not its slice"):
         run_on_ranks(2, _check, _SliceOff)
+
+
+def test_kit_compares_outputs_at_any_depth_and_refuses_what_it_cannot():
+    from transformers.cache_utils import DynamicCache
+
+    from shardcore.testing.conformance import _tensors
+
+    cache = DynamicCache()
+    cache.update(torch.ones(1, 2, 3, 4), torch.zeros(1, 2, 3, 4), layer_idx=0)
+    out = {"logits": torch.ones(2), "nested": ((torch.ones(1), torch.ones(2)), [torch.ones(3)]), "cache": cache}
+    found = _tensors(out)
+    assert sorted(found) == ["cache.0.keys", "cache.0.values", "logits", "nested.0.0", "nested.0.1", "nested.1.0"]
+    assert sorted(_tensors(out, skip=("cache", "nested"))) == ["logits"]
+    with pytest.raises(AssertionError, match=r"output 'extra' is a object, which the kit cannot compare; leave it out"):
+        _tensors({"logits": torch.ones(2), "extra": object()})

@@ -48,6 +48,8 @@ def _args(out: str, batch: int, **extra):
         seed=0,
         dataloader_num_workers=0,
         disable_tqdm=True,
+        include_num_input_tokens_seen="all",  # gathered: each replica's tokens counted once
+        per_device_eval_batch_size=2,
         **{"save_strategy": "no", **extra},
     )
 
@@ -64,7 +66,11 @@ def _reference(out: str, batch: int) -> dict:
     model = build("LlamaForCausalLM", **CFG)
     trainer = transformers.Trainer(model=model, args=_args(out, batch), train_dataset=_Tokens())
     trainer.train()
-    return {"losses": _losses(trainer), "state": {k: v.detach().clone() for k, v in model.state_dict().items()}}
+    return {
+        "losses": _losses(trainer),
+        "tokens": trainer.state.num_input_tokens_seen,
+        "state": {k: v.detach().clone() for k, v in model.state_dict().items()},
+    }
 
 
 def _full_state(model) -> dict:
@@ -81,7 +87,7 @@ def _sharded(config: dict, out: str, batch: int, ref: dict | None, resume: bool 
     model = shardcore.optimize(build("LlamaForCausalLM", **CFG), ShardConfig(**config))
     trainer = Trainer(model=model, args=_args(out, batch, **extra), train_dataset=_Tokens())
     trainer.train(resume_from_checkpoint=f"{out}/checkpoint-2" if resume else None)
-    report = {"losses": _losses(trainer)}
+    report = {"losses": _losses(trainer), "tokens": trainer.state.num_input_tokens_seen}
     if ref is not None:
         full = _full_state(model)
         report["max_abs_diff_weights"] = max((full[n] - ref["state"][n]).abs().max().item() for n in full)
@@ -97,6 +103,7 @@ def _compare(ref: dict, reports: list[dict], label: str) -> None:
         for got, want in zip(r["losses"], ref["losses"], strict=True):
             assert abs(got - want) <= 1e-5 * max(abs(want), 1.0), (r["losses"], ref["losses"])
         assert r["max_abs_diff_weights"] <= 2e-5, r["max_abs_diff_weights"]
+        assert r["tokens"] == ref["tokens"], (r["tokens"], ref["tokens"])
 
 
 @pytest.fixture(scope="module")
@@ -123,6 +130,42 @@ def test_trains_like_one_process_trainer(config, per_device, reference, tmp_path
     world = dp * config["tensor_parallel_size"]
     ref = reference[per_device * dp]
     _compare(ref, run_on_ranks(world, _sharded, config, str(tmp_path), per_device, ref), str(config))
+
+
+def _evaluate(config: dict | None, out: str) -> dict:
+    """evaluate() and predict() on 6 sequences, 2 per device: with dp=2 the last batch is a
+    remainder (accelerate pads it with repeated samples and drops them again after gathering)."""
+    import transformers
+
+    import shardcore
+    from shardcore.hf import Trainer
+
+    torch.manual_seed(0)
+    model = build("LlamaForCausalLM", **CFG)
+    data = torch.utils.data.Subset(_Tokens(), range(6))
+    if config is None:
+        trainer = transformers.Trainer(model=model, args=_args(out, 2), eval_dataset=data)
+    else:
+        trainer = Trainer(model=shardcore.optimize(model, ShardConfig(**config)), args=_args(out, 2), eval_dataset=data)
+    metrics = trainer.evaluate()
+    pred = trainer.predict(data)
+    return {"eval_loss": metrics["eval_loss"], "logits": torch.as_tensor(pred.predictions), "labels": pred.label_ids}
+
+
+@pytest.mark.parametrize(
+    "config",
+    [{"tensor_parallel_size": 2}, {"tensor_parallel_size": 2, "data_parallel_size": 2, "data_parallel": "ddp"}],
+    ids=["tp2", "ddp2xtp2"],
+)
+def test_evaluate_and_predict_like_one_process(config, tmp_path):
+    # gathered over every process, each prediction would come back once per tensor-parallel rank
+    (ref,) = run_on_ranks(1, _evaluate, None, str(tmp_path / "ref"))
+    world = config["tensor_parallel_size"] * config.get("data_parallel_size", 1)
+    for r in run_on_ranks(world, _evaluate, config, str(tmp_path / "sharded")):
+        assert abs(r["eval_loss"] - ref["eval_loss"]) <= 1e-6 * ref["eval_loss"], (r["eval_loss"], ref["eval_loss"])
+        assert r["logits"].shape == ref["logits"].shape == (6, 12, 128), r["logits"].shape
+        assert (r["logits"] - ref["logits"]).abs().max() <= 1e-5
+        assert (r["labels"] == ref["labels"]).all()
 
 
 DDP2XTP2 = {"tensor_parallel_size": 2, "data_parallel_size": 2, "data_parallel": "ddp"}

@@ -7,6 +7,10 @@ accumulation, the learning-rate schedule, callbacks, evaluation loss):
 * **data**: accelerate shards batches over every process; here over the mesh's ``dp`` dim only,
   so the tensor- and sequence-parallel ranks of one replica receive the same batches (the
   dataloader is prepared with ``num_processes = dp`` and this rank's ``dp`` coordinate);
+* **evaluation and prediction** gather losses and predictions over the ``dp`` dim only (over
+  every process each would come back once per tensor-parallel rank); ``get_tp_size()`` is the
+  number of ranks sharing a batch (the Trainer divides its world-wide label-token counts and the
+  loss scale by it), and the count of input tokens seen counts each replica once;
 * **the model**: accelerate would wrap it in ``DistributedDataParallel`` over the whole world
   (summing different slices); here it is left as ``optimize`` made it — data parallelism is
   ``ShardConfig(data_parallel="ddp" | "fsdp")`` on the ``dp`` dim, which is required when ``dp > 1``;
@@ -33,7 +37,11 @@ from transformers.trainer import SCHEDULER_NAME
 __all__ = ["Trainer"]
 
 
-def _check_model(model) -> None:
+def _world() -> int:
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def _check_model(model, args=None) -> None:
     """Refuse what this Trainer cannot train, by name, before any collective."""
     info = getattr(model, "shardcore", None)
     if info is None:
@@ -46,6 +54,12 @@ def _check_model(model) -> None:
             "shardcore.hf.Trainer: a model with pipeline stages (pipeline_parallel_size > 1) is not supported: the "
             "Trainer runs one forward and backward of the whole model per step; train it with "
             "shardcore.pipeline_step(model, batch) in your own loop"
+        )
+    if args is not None and args.eval_use_gather_object:
+        raise NotImplementedError(
+            "shardcore.hf.Trainer: eval_use_gather_object=True gathers Python objects over every process, which "
+            "would repeat each prediction on every tensor-parallel rank; leave it False (tensors are gathered over "
+            "the data-parallel ranks only)"
         )
     if info.layout.dp > 1 and info.data_parallel is None:
         raise ValueError(
@@ -60,13 +74,29 @@ class Trainer(transformers.Trainer):
     def __init__(self, model=None, *args, **kwargs) -> None:
         _check_model(model)
         super().__init__(model, *args, **kwargs)
+        _check_model(model, self.args)
         info = model.shardcore
         self._dp_size = info.layout.dp
         self._dp_rank = info.layout.coordinates(dist.get_rank())["dp"] if dist.is_initialized() else 0
         accelerator = self.accelerator
-        # instance attributes: accelerate's prepare() calls these for the model and the dataloaders
+        # instance attributes: accelerate's prepare() calls these for the model and the dataloaders,
+        # gather_for_metrics (evaluation, prediction) and the Trainer's token counts call gather
         accelerator.prepare_model = self._prepare_model
         accelerator.prepare_data_loader = self._prepare_data_loader
+        accelerator.gather_for_metrics = self._gather_for_metrics
+        self.gather_function = self._gather_for_metrics  # the Trainer bound the original already
+
+    def get_tp_size(self) -> int:
+        """The ranks that share each batch (tensor x sequence parallel), as the Trainer means it:
+        it gathers the label-token counts over every process and divides them by this, and
+        scales the loss by the processes over this (``average_tokens_across_devices``)."""
+        return _world() // self._dp_size
+
+    def _track_num_input_tokens(self, inputs) -> None:
+        """The Trainer's count gathers over every process: each replica's tokens once, not tp x sp times."""
+        before = self.state.num_input_tokens_seen
+        super()._track_num_input_tokens(inputs)
+        self.state.num_input_tokens_seen = before + (self.state.num_input_tokens_seen - before) // self.get_tp_size()
 
     # -- accelerate -------------------------------------------------------------------------------
     def _prepare_model(self, model, device_placement=None, evaluation_mode=False):
@@ -100,6 +130,30 @@ class Trainer(transformers.Trainer):
         )
         acc._dataloaders.append(prepared)
         return prepared
+
+    def _gather_for_metrics(self, data, use_gather_object: bool = False):
+        """accelerate's ``gather_for_metrics`` over the ``dp`` dim only (gathered over every
+        process, each prediction and loss would come back once per tensor-parallel rank), the
+        samples accelerate repeated to even out the last batch dropped again."""
+        from accelerate.utils import recursively_apply
+
+        if use_gather_object:
+            raise NotImplementedError("shardcore.hf.Trainer gathers tensors only (eval_use_gather_object=False)")
+        group, size = self.model.shardcore.layout.group("dp"), self._dp_size
+
+        def one(t: torch.Tensor) -> torch.Tensor:
+            t = t.clone()[None] if t.ndim == 0 else t.contiguous()
+            if size == 1:
+                return t
+            parts = [torch.empty_like(t) for _ in range(size)]
+            dist.all_gather(parts, t, group=group)
+            return torch.cat(parts, dim=0)
+
+        data = recursively_apply(one, data, error_on_other_type=True)
+        state = self.accelerator.gradient_state
+        if state.end_of_dataloader and state.remainder > 0:
+            data = recursively_apply(lambda t: t[: state.remainder], data)
+        return data
 
     # -- checkpoints ------------------------------------------------------------------------------
     def _save(self, output_dir: str | None = None, state_dict=None) -> None:
