@@ -45,11 +45,16 @@ from .distributed.data_parallel import reshard
 from .layers.comm import all_reduce, group_rank, group_size
 from .sharded_state import parameter_specs
 
-__all__ = ["clip_grad_norm_", "grad_norm", "install_torch_hook", "register_model"]
+__all__ = ["clip_grad_norm_", "grad_norm", "install_torch_hook", "register_model", "sharded_models"]
 
 #: The live sharded models (optimize registers each): what torch's norm looks gradients up in.
 _MODELS: weakref.WeakSet = weakref.WeakSet()
 _WHERE = "gradient norm (clip_grad_norm_): every rank of the model must call it"
+
+
+def sharded_models() -> list[nn.Module]:
+    """The sharded models alive in this process (each registered by ``optimize``)."""
+    return list(_MODELS)
 
 
 def register_model(model: nn.Module) -> None:

@@ -16,7 +16,14 @@ from .distributed import ParallelLayout
 from .distributed.data_parallel import apply_data_parallel, check_data_parallel
 from .grad_norm import register_model
 from .integrations.hf import install_save_pretrained
-from .integrations.hf.peft import check_lora, is_lora_layer, peft_base_model, shard_lora_layer, shard_new_adapters
+from .integrations.hf.peft import (
+    check_lora,
+    is_lora_layer,
+    peft_base_model,
+    shard_lora_layer,
+    shard_new_adapters,
+    watch_adapters,
+)
 from .layers.comm import (
     SequenceParallel,
     enter_tp_region,
@@ -333,7 +340,9 @@ def optimize(
     model.shardcore = ShardInfo(config, tp_size, group, policy, layout, applied, data_parallel, pipeline)
     register_model(model)
     install_save_pretrained(model)
-    # LoRA added after optimize: cut before anything runs (before the input check's all-gather too)
+    # LoRA added after optimize: cut when peft sets its layer in (so merge_and_unload is right before
+    # any forward), and adapters added to a wrapped layer before the next forward (and its input check)
+    watch_adapters()
     model.register_forward_pre_hook(lambda module, args: shard_new_adapters(module), prepend=True)
     guard_meta(model)
     return model

@@ -275,6 +275,14 @@ MUTANTS: dict[str, Mutant] = {
             fast=True,
         ),
         _m(
+            "lora-cut-only-at-forward",
+            "adapters peft adds after optimize cut only at the next forward (no registration hook)",
+            "shardcore/sharder.py",
+            ("    watch_adapters()\n", ""),
+            f"{LLAMA}/test_llama_peft.py::test_merge_and_unload_before_any_forward",
+            "_merge_before_forward failed on 2 of 2 ranks",
+        ),
+        _m(
             "trainer-batches-over-world",
             "shardcore.hf.Trainer sharding batches over every process instead of the dp dim",
             "shardcore/integrations/hf/trainer.py",

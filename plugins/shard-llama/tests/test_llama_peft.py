@@ -88,6 +88,21 @@ def test_lora_matches_unsharded_peft_model(order, tp, tmp_path):
         assert r["adapter_logits_diff"] <= 1e-5 and r["merged_weights_diff"] <= 1e-6, r
 
 
+def _merge_before_forward(tp: int) -> float:
+    torch.manual_seed(0)
+    want = _lora(build("LlamaForCausalLM", **CFG)).merge_and_unload()
+    merged = _sharded("optimize-then-lora", tp).merge_and_unload()  # no forward ran: peft's layers cut when set in
+    import shardcore
+
+    full = dict(shardcore.full_named_tensors(merged))
+    return max((full[n] - t).abs().max().item() for n, t in want.state_dict().items() if n in full)
+
+
+def test_merge_and_unload_before_any_forward():
+    for diff in run_on_ranks(2, _merge_before_forward, 2):
+        assert diff <= 1e-6, diff
+
+
 def _refused(config: dict) -> str:
     from shardcore.testing import refusal_message
 

@@ -20,8 +20,10 @@ the merged weight. The sliced adapter tensors record their spec (``shard_specs``
 Both orders reach :func:`shard_lora_layer`: LoRA first, then ``optimize`` (the sharder finds
 peft's layer where a policy names a linear layer and shards its base), or ``optimize`` first, then
 ``get_peft_model`` (the parallel layers are ``nn.Linear`` to peft, which wraps them with full-sized
-adapters; :func:`shard_new_adapters`, run before every forward while peft is imported, slices
-them in place — same ``Parameter`` objects — before they compute anything).
+adapters; :func:`watch_adapters` slices them in place — same ``Parameter`` objects — the moment
+peft puts its layer into the sharded model, so ``merge_and_unload`` is right before any forward;
+:func:`shard_new_adapters`, run before every forward while peft is imported, catches adapters
+added to a layer peft had wrapped already, ``add_adapter``).
 """
 
 from __future__ import annotations
@@ -36,7 +38,14 @@ from ...layers.linear import Linear1D_Col, Linear1D_Row, sum_replica_rows
 from ...layers.parallel_module import ParallelModule
 from ...layers.rng import run_in_shared_rng, run_in_tp_rng
 
-__all__ = ["check_lora", "is_lora_layer", "peft_base_model", "shard_lora_layer", "shard_new_adapters"]
+__all__ = [
+    "check_lora",
+    "is_lora_layer",
+    "peft_base_model",
+    "shard_lora_layer",
+    "shard_new_adapters",
+    "watch_adapters",
+]
 
 _DONE = "_shardcore_lora"
 
@@ -52,13 +61,12 @@ def peft_base_model(model: nn.Module) -> nn.Module | None:
     return get_base() if callable(get_base) and hasattr(model, "peft_config") else None
 
 
-def check_lora(model: nn.Module, config, plan=()) -> None:
+def check_lora(model: nn.Module, config, plan=(), *, adding: bool = False) -> None:
     """Refuse LoRA adapters where they are not built yet, by name, before any collective: beside
     data parallelism, pipeline stages or sequence parallelism, and (``plan``: the sharder's
     ``(name, module, description)`` list) on a layer a policy turns into anything but a column- or
-    row-parallel ``nn.Linear``, or with DoRA."""
-    layers = [m for m in model.modules() if is_lora_layer(m)]
-    if not layers:
+    row-parallel ``nn.Linear``, or with DoRA. ``adding``: a LoRA layer is being set into the model."""
+    if not adding and not any(is_lora_layer(m) for m in model.modules()):
         return
     if config.data_parallel is not None or config.pipeline_parallel_size > 1 or config.enable_sequence_parallelism:
         raise NotImplementedError(
@@ -186,3 +194,31 @@ def shard_new_adapters(model: nn.Module) -> None:
         check_lora(model, model.shardcore.config)
     for name, module in new:
         shard_lora_layer(module, name)
+
+
+_WATCH = None
+
+
+def watch_adapters() -> None:
+    """Install, once per process, torch's global module-registration hook that shards a peft LoRA
+    layer the moment peft sets it into a sharded model (``get_peft_model`` after ``optimize``).
+    The hook returns at once for any other module (one ``sys.modules`` lookup while peft is not
+    imported, two attribute checks when it is)."""
+    global _WATCH
+    if _WATCH is None:
+        _WATCH = torch.nn.modules.module.register_module_module_registration_hook(_on_registration)
+
+
+def _on_registration(parent: nn.Module, name: str, sub) -> None:
+    if "peft" not in sys.modules or not isinstance(sub, nn.Module) or not is_lora_layer(sub):
+        return None
+    if not isinstance(sub.base_layer, ParallelModule):
+        return None
+    from ...grad_norm import sharded_models
+
+    for model in sharded_models():
+        if any(m is parent for m in model.modules()):
+            check_lora(model, model.shardcore.config, adding=True)  # by name, before any collective
+            shard_lora_layer(sub, name)
+            break
+    return None
