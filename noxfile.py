@@ -98,6 +98,23 @@ def _run(session: nox.Session, bin_dir: pathlib.Path, tool: str, *args: str, **e
     session.run(str(bin_dir / tool), *args, external=True, env={"PYTHONHASHSEED": "0", **env})
 
 
+def _bench(session: nox.Session, bin_dir: pathlib.Path, name: str, script: str) -> None:
+    """A benchmark run ``$BENCH_REPEATS`` times (3) by ``benchmarks/repeat.py``: every run and the
+    median with min-max of each figure in ``benchmarks/results/NAME.json`` (committed)."""
+    _run(
+        session,
+        bin_dir,
+        "python",
+        "benchmarks/repeat.py",
+        "--name",
+        name,
+        "--",
+        str(bin_dir / "python"),
+        script,
+        *session.posargs,
+    )
+
+
 @nox.session
 def tests(session: nox.Session) -> None:
     """The whole test suite on real multi-process gloo groups (CPU)."""
@@ -172,7 +189,7 @@ def demo(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """Benchmark (not a test): step time, parameter bytes, collectives; writes bench-results/*.json."""
     bin_dir = _install(session)
-    _run(session, bin_dir, "python", "benchmarks/bench_llama_tp.py", *session.posargs)
+    _bench(session, bin_dir, "llama_tp", "benchmarks/bench_llama_tp.py")
 
 
 @nox.session(default=False)
@@ -180,21 +197,21 @@ def memory(session: nox.Session) -> None:
     """Benchmark (not a test): RSS and time to load a ~0.9 GB Llama at TP=2, vs HuggingFace's loaders."""
     bin_dir = _install(session)
     session.run(str(bin_dir / "python"), "-m", "pip", "install", "--quiet", "accelerate", external=True)  # HF tp_plan
-    _run(session, bin_dir, "python", "benchmarks/bench_load_memory.py", *session.posargs)
+    _bench(session, bin_dir, "load_memory", "benchmarks/bench_load_memory.py")
 
 
 @nox.session(name="bench-kernels", default=False)
 def bench_kernels(session: nox.Session) -> None:
     """Benchmark (not a test): each optimization switch on/off at TP=2; writes bench-results/kernels.json."""
     bin_dir = _install(session)
-    _run(session, bin_dir, "python", "benchmarks/bench_kernels.py", *session.posargs)
+    _bench(session, bin_dir, "kernels", "benchmarks/bench_kernels.py")
 
 
 @nox.session(name="bench-dp", default=False)
 def bench_dp(session: nox.Session) -> None:
     """Benchmark (not a test): FSDPxTP 2x2 vs DDPxTP 2x2 vs TP=4 vs FSDP=4 on 4 ranks; writes bench-results/data_parallel.json."""
     bin_dir = _install(session)
-    _run(session, bin_dir, "python", "benchmarks/bench_data_parallel.py", *session.posargs)
+    _bench(session, bin_dir, "data_parallel", "benchmarks/bench_data_parallel.py")
 
 
 @nox.session(name="bench-pipeline", default=False)
@@ -202,7 +219,7 @@ def bench_pipeline(session: nox.Session) -> None:
     """Benchmark (not a test): every pipeline schedule vs TP=2 vs unsharded, bubble fractions, a PNG timeline."""
     bin_dir = _install(session)
     session.run(str(bin_dir / "python"), "-m", "pip", "install", "--quiet", "matplotlib", external=True)  # the PNG
-    _run(session, bin_dir, "python", "benchmarks/bench_pipeline.py", *session.posargs)
+    _bench(session, bin_dir, "pipeline", "benchmarks/bench_pipeline.py")
 
 
 @nox.session(name="bench-sequence", default=False)
@@ -210,14 +227,14 @@ def bench_sequence(session: nox.Session) -> None:
     """Benchmark (not a test): sequence parallelism vs TP=2 vs unsharded at long sequences, a PNG plot."""
     bin_dir = _install(session)
     session.run(str(bin_dir / "python"), "-m", "pip", "install", "--quiet", "matplotlib", external=True)  # the PNG
-    _run(session, bin_dir, "python", "benchmarks/bench_sequence.py", *session.posargs)
+    _bench(session, bin_dir, "sequence", "benchmarks/bench_sequence.py")
 
 
 @nox.session(name="bench-parallelize", default=False)
 def bench_parallelize(session: nox.Session) -> None:
     """Benchmark (not a test): shardcore.parallelize of a ~1 GB Llama vs loading it unsharded (RSS, time)."""
     bin_dir = _install(session)
-    _run(session, bin_dir, "python", "benchmarks/bench_parallelize.py", *session.posargs)
+    _bench(session, bin_dir, "parallelize", "benchmarks/bench_parallelize.py")
 
 
 @nox.session(default=False)
@@ -232,4 +249,4 @@ def mutants(session: nox.Session) -> None:
 def convergence(session: nox.Session) -> None:
     """Benchmark (not a test): MiniLM fine-tuned unsharded, TP=2 and TP=4; accuracy, F1, loss."""
     bin_dir = _install(session)
-    _run(session, bin_dir, "python", "benchmarks/bench_bert_convergence.py", *session.posargs)
+    _bench(session, bin_dir, "bert_convergence", "benchmarks/bench_bert_convergence.py")

@@ -466,6 +466,20 @@ def apply(mutant: Mutant, text: str) -> str:
     return text
 
 
+def readme_table(record: dict) -> str:
+    """The README's score line and table, from a full run's record (``docs/mutants.json``)."""
+    lines = [
+        f"**{record['caught']}/{record['total']} caught by their declared check**.",
+        "",
+        "| mutant | the bug | declared check (test, message) | outcome |",
+        "|---|---|---|---|",
+    ]
+    for r in record["mutants"]:
+        m = MUTANTS[r["mutant"]]
+        lines.append(f"| `{m.name}` | {m.bug} | `{pathlib.Path(m.test).name}`, {m.expect!r} | {r['outcome']} |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fast", action="store_true", help="only the mutants CI runs")
@@ -509,7 +523,10 @@ def main(argv: list[str]) -> int:
     full = not args.fast and not args.names
     out = ROOT / ("docs/mutants.json" if full else "bench-results/mutants-fast.json")
     out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps({"caught": caught, "total": len(results), "mutants": results}, indent=2) + "\n")
+    record = {"caught": caught, "total": len(results), "mutants": results}
+    out.write_text(json.dumps(record, indent=2) + "\n")
+    if full:  # the README quotes the committed record (tests/test_core_mutants.py checks it)
+        print("\nthe README's table:\n\n" + readme_table(record))
     return 0 if caught == len(results) else 1
 
 

@@ -33,3 +33,12 @@ def test_ci_runs_a_subset_that_covers_each_parallelism():
     assert 6 <= len(fast) <= 10, [m.name for m in fast]
     for part in ("comm.py", "grad_norm.py", "sequence.py", "pipeline.py", "conformance.py", "peft.py"):
         assert any(f.endswith(part) for f in files), part
+
+
+def test_committed_score_is_the_whole_harness_and_the_readme_quotes_it():
+    import json
+
+    record = json.loads((ROOT / "docs" / "mutants.json").read_text())
+    assert [r["mutant"] for r in record["mutants"]] == list(mutants.MUTANTS), "re-run nox -s mutants and commit"
+    assert record["caught"] == sum(r["outcome"] == "caught" for r in record["mutants"]) == record["total"]
+    assert mutants.readme_table(record) in (ROOT / "README.md").read_text(), "paste the table nox -s mutants prints"
