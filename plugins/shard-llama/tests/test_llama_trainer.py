@@ -225,29 +225,30 @@ def test_plain_trainer_stays_loud(tmp_path):
         assert "differs" in message, message
 
 
-def _refused(config: dict) -> str:
+def _refused(config: dict, extra: dict) -> str:
     import shardcore
     from shardcore.hf import Trainer
 
     torch.manual_seed(0)
     model = shardcore.optimize(build("LlamaForCausalLM", **CFG, layers=2), ShardConfig(**config))
     try:
-        Trainer(model=model, args=_args("/tmp/unused", 1), train_dataset=_Tokens())
+        Trainer(model=model, args=_args("/tmp/unused", 1, **extra), train_dataset=_Tokens())
     except (NotImplementedError, ValueError) as err:
         return str(err)
     return "accepted"
 
 
 @pytest.mark.parametrize(
-    ("config", "expected"),
+    ("config", "extra", "expected"),
     [
-        ({"pipeline_parallel_size": 2}, "pipeline stages (pipeline_parallel_size > 1) is not supported"),
-        ({"tensor_parallel_size": 2, "data_parallel_size": 2}, "set ShardConfig(data_parallel='ddp') or 'fsdp'"),
+        ({"pipeline_parallel_size": 2}, {}, "pipeline stages (pipeline_parallel_size > 1) is not supported"),
+        ({"tensor_parallel_size": 2, "data_parallel_size": 2}, {}, "set ShardConfig(data_parallel='ddp') or 'fsdp'"),
+        ({"tensor_parallel_size": 2}, {"eval_use_gather_object": True}, "eval_use_gather_object=True gathers"),
     ],
-    ids=["pipeline", "dp-without-data-parallel"],
+    ids=["pipeline", "dp-without-data-parallel", "eval-gather-object"],
 )
-def test_refused_by_name(config, expected):
-    for message in run_on_ranks(4 if "data_parallel_size" in config else 2, _refused, config):
+def test_refused_by_name(config, extra, expected):
+    for message in run_on_ranks(4 if "data_parallel_size" in config else 2, _refused, config, extra):
         assert expected in message, message
 
 

@@ -41,7 +41,7 @@ def _world() -> int:
     return dist.get_world_size() if dist.is_initialized() else 1
 
 
-def _check_model(model, args=None) -> None:
+def _check_model(model) -> None:
     """Refuse what this Trainer cannot train, by name, before any collective."""
     info = getattr(model, "shardcore", None)
     if info is None:
@@ -55,16 +55,20 @@ def _check_model(model, args=None) -> None:
             "Trainer runs one forward and backward of the whole model per step; train it with "
             "shardcore.pipeline_step(model, batch) in your own loop"
         )
-    if args is not None and args.eval_use_gather_object:
-        raise NotImplementedError(
-            "shardcore.hf.Trainer: eval_use_gather_object=True gathers Python objects over every process, which "
-            "would repeat each prediction on every tensor-parallel rank; leave it False (tensors are gathered over "
-            "the data-parallel ranks only)"
-        )
     if info.layout.dp > 1 and info.data_parallel is None:
         raise ValueError(
             f"shardcore.hf.Trainer: the layout has data_parallel_size={info.layout.dp} but no data parallelism "
             "runs on it, so the replicas would train apart; set ShardConfig(data_parallel='ddp') or 'fsdp'"
+        )
+
+
+def _check_args(args) -> None:
+    """Refuse training arguments this Trainer cannot honour, by name."""
+    if args.eval_use_gather_object:
+        raise NotImplementedError(
+            "shardcore.hf.Trainer: eval_use_gather_object=True gathers Python objects over every process, which "
+            "would repeat each prediction on every tensor-parallel rank; leave it False (tensors are gathered "
+            "over the data-parallel ranks only)"
         )
 
 
@@ -74,7 +78,7 @@ class Trainer(transformers.Trainer):
     def __init__(self, model=None, *args, **kwargs) -> None:
         _check_model(model)
         super().__init__(model, *args, **kwargs)
-        _check_model(model, self.args)
+        _check_args(self.args)
         info = model.shardcore
         self._dp_size = info.layout.dp
         self._dp_rank = info.layout.coordinates(dist.get_rank())["dp"] if dist.is_initialized() else 0
