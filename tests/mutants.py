@@ -400,7 +400,7 @@ MUTANTS: dict[str, Mutant] = {
         _m(
             "kit-gradient-tolerance-loosened",
             "the kit's gradient check loosened a million times",
-            "shardcore/testing/conformance.py",
+            "shardcore/testing/compare.py",
             ("        if not rel <= rtol:\n", "        if not rel <= rtol * 1e6:\n"),
             "tests/test_core_kit_selftest.py::test_kit_fails_on_a_gradient_one_percent_off",
             "DID NOT RAISE",
@@ -409,7 +409,7 @@ MUTANTS: dict[str, Mutant] = {
         _m(
             "kit-slice-check-removed",
             "the kits' per-rank gradient check removed (only gathered gradients compared)",
-            "shardcore/testing/conformance.py",
+            "shardcore/testing/compare.py",
             (
                 '    return _check_grads(pairs, where="this rank\'s slice", **check)',
                 "    return 0.0",

@@ -54,7 +54,7 @@ def test_kit_fails_on_one_ranks_slice():
 def test_kit_compares_outputs_at_any_depth_and_refuses_what_it_cannot():
     from transformers.cache_utils import DynamicCache
 
-    from shardcore.testing.conformance import _tensors
+    from shardcore.testing.compare import _tensors
 
     cache = DynamicCache()
     cache.update(torch.ones(1, 2, 3, 4), torch.zeros(1, 2, 3, 4), layer_idx=0)

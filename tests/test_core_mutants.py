@@ -31,7 +31,7 @@ def test_ci_runs_a_subset_that_covers_each_parallelism():
     fast = [m for m in mutants.MUTANTS.values() if m.fast]
     files = {m.file for m in fast}
     assert 6 <= len(fast) <= 10, [m.name for m in fast]
-    for part in ("comm.py", "grad_norm.py", "sequence.py", "pipeline.py", "conformance.py", "peft.py"):
+    for part in ("comm.py", "grad_norm.py", "sequence.py", "pipeline.py", "compare.py", "peft.py"):
         assert any(f.endswith(part) for f in files), part
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .conformance import _loss, _tensors
+from .compare import _loss, _tensors
 
 __all__ = ["assert_lazy_load_matches", "assert_resume_matches", "assert_same_checkpoint", "train_and_save"]
 

@@ -11,7 +11,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.utils.clip_grad import clip_grad_norm_ as _bound_before_optimize  # as `from ... import` users do
 
-from .conformance import _check_gathered_params, _check_grads, _loss
+from .compare import _check_gathered_params, _check_grads, _loss
 from .data_parallel import dp_part
 
 __all__ = ["CLIP_CALLS", "assert_clipping_matches"]

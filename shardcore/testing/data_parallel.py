@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .conformance import _check_gathered_params, _check_grads, _check_local_grads, _check_local_params, _loss
+from .compare import _check_gathered_params, _check_grads, _check_local_grads, _check_local_params, _loss
 
 __all__ = ["assert_data_parallel_matches", "dp_part", "state_bytes"]
 

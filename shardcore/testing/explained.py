@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from ..config import ShardConfig
-from .conformance import _loss
+from .compare import _loss
 
 __all__ = ["assert_explain_matches"]
 

@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .conformance import _check_gathered_params, _check_grads, _check_local_grads, _check_local_params
+from .compare import _check_gathered_params, _check_grads, _check_local_grads, _check_local_params
 
 __all__ = ["assert_pipeline_matches"]
 

@@ -11,7 +11,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .clipping import _sharded_backward
-from .conformance import _loss, _tensors
+from .compare import _loss, _tensors
 
 __all__ = ["assert_save_pretrained_matches"]
 

@@ -143,15 +143,12 @@ class Trainer(transformers.Trainer):
 
         if use_gather_object:
             raise NotImplementedError("shardcore.hf.Trainer gathers tensors only (eval_use_gather_object=False)")
-        group, size = self.model.shardcore.layout.group("dp"), self._dp_size
+        from ...layers.comm import all_gather_cat
 
-        def one(t: torch.Tensor) -> torch.Tensor:
-            t = t.clone()[None] if t.ndim == 0 else t.contiguous()
-            if size == 1:
-                return t
-            parts = [torch.empty_like(t) for _ in range(size)]
-            dist.all_gather(parts, t, group=group)
-            return torch.cat(parts, dim=0)
+        group = self.model.shardcore.layout.group("dp")
+
+        def one(t: torch.Tensor) -> torch.Tensor:  # bounded and counted, like every shardcore collective
+            return all_gather_cat(t[None] if t.ndim == 0 else t, group, 0, where="evaluation (gather_for_metrics)")
 
         data = recursively_apply(one, data, error_on_other_type=True)
         state = self.accelerator.gradient_state

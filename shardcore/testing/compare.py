@@ -1,0 +1,188 @@
+"""How the kits compare a sharded model with the unsharded one: model outputs at any depth,
+losses, gradients by relative norm (gathered and as each rank holds them), parameters after
+optimizer steps. Shared by :mod:`.conformance`, :mod:`.pipeline`, :mod:`.data_parallel` and the
+other checks of :mod:`shardcore.testing`."""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from .structure import local_expected
+
+
+def _cache_parts(cache: Any) -> list[tuple[str, Any]] | None:
+    """A HuggingFace KV cache's tensors by layer (``{layer}.keys`` / ``.values``), its two halves for
+    an encoder-decoder cache; ``None`` for an object that is no cache."""
+    if hasattr(cache, "self_attention_cache") and hasattr(cache, "cross_attention_cache"):
+        return [("self", cache.self_attention_cache), ("cross", cache.cross_attention_cache)]
+    layers = getattr(cache, "layers", None)
+    if isinstance(layers, list | tuple) and all(hasattr(x, "keys") and hasattr(x, "values") for x in layers):
+        return [(f"{i}.{part}", getattr(x, part)) for i, x in enumerate(layers) for part in ("keys", "values")]
+    if hasattr(cache, "key_cache") and hasattr(cache, "value_cache"):  # transformers 4.x
+        return [(f"{i}.keys", k) for i, k in enumerate(cache.key_cache)] + [
+            (f"{i}.values", v) for i, v in enumerate(cache.value_cache)
+        ]
+    return None
+
+
+def _tensors(output: Any, skip: tuple[str, ...] = (), prefix: str = "") -> dict[str, torch.Tensor]:
+    """The floating-point tensors of a model output, at any depth (tensors, tuples, lists, dicts,
+    ModelOutputs, KV caches), keyed by their path (``"past_key_values.0.keys"``); top-level fields
+    named in ``skip`` are left out. Anything else is refused by name: a field the kit cannot
+    compare is never dropped silently."""
+    if isinstance(output, torch.Tensor):
+        return {prefix or "output": output} if output.is_floating_point() else {}
+    if output is None or isinstance(output, bool | int | float | str):
+        return {}
+    if isinstance(output, Mapping):
+        items = list(output.items())
+    elif isinstance(output, tuple | list):
+        items = list(enumerate(output))
+    else:
+        items = _cache_parts(output)
+        if items is None:
+            raise AssertionError(
+                f"output {prefix!r} is a {type(output).__name__}, which the kit cannot compare; "
+                f"leave it out with skip_outputs=({prefix.split('.')[0]!r},)"
+            )
+    found = {}
+    for key, value in items:
+        if not prefix and str(key) in skip:
+            continue
+        found.update(_tensors(value, prefix=f"{prefix}.{key}" if prefix else str(key)))
+    return found
+
+
+def _loss(output: Any, loss_fn: Callable | None) -> torch.Tensor:
+    if loss_fn is not None:
+        return loss_fn(output)
+    loss = output.get("loss") if isinstance(output, Mapping) else getattr(output, "loss", None)
+    if loss is None:
+        raise ValueError("the model output has no 'loss'; pass loss_fn=")
+    return loss
+
+
+def _declared_zero(name: str, zero_grads: tuple[str, ...]) -> bool:
+    """Whether parameter ``name`` matches a ``zero_grads`` pattern (gradient zero in exact arithmetic)."""
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in zero_grads)
+
+
+def _rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """``||actual - expected|| / ||expected||`` (``inf`` for a non-zero ``actual`` against exact zeros)."""
+    norm = expected.double().norm().item()
+    err = (actual.double() - expected.double()).norm().item()
+    if norm == 0.0:
+        return 0.0 if err == 0.0 else float("inf")
+    return err / norm
+
+
+def _check_grads(pairs, *, where: str, scale: float, rtol: float, floor: float, zero_grads: tuple[str, ...]) -> float:
+    """Compare ``(name, grad, expected)`` by relative norm; a gradient too small to test fails,
+    unless it is declared zero in exact arithmetic (``zero_grads``): then both must be that small."""
+    worst = 0.0
+    for name, grad, expected in pairs:
+        if (grad is None) != (expected is None):
+            got, want = ("None" if grad is None else "set"), ("None" if expected is None else "set")
+            raise AssertionError(f"gradient of {name} ({where}): sharded {got}, unsharded {want}")
+        if grad is None:
+            continue
+        if grad.shape != expected.shape:
+            raise AssertionError(
+                f"gradient of {name} ({where}): shape {tuple(grad.shape)} != unsharded {tuple(expected.shape)}"
+            )
+        norm = expected.double().norm().item()
+        if _declared_zero(name, zero_grads):
+            if not (norm <= floor * scale and grad.double().norm().item() <= floor * scale):
+                raise AssertionError(
+                    f"gradient of {name} ({where}) was declared zero in exact arithmetic, but its norm is "
+                    f"{grad.double().norm().item():.3g} (unsharded {norm:.3g}), above {floor:g} x the largest ({scale:.3g})"
+                )
+            continue
+        if 0.0 < norm < floor * scale:
+            raise AssertionError(
+                f"gradient of {name} is too small to test: norm {norm:.3g} < {floor:g} x the largest gradient norm "
+                f"({scale:.3g}), at the fp32 noise floor, where a missing or sign-flipped gradient would pass; give "
+                "the test model inputs and weights that reach it (or, if it is zero in exact arithmetic, list it "
+                "in zero_grads=)"
+            )
+        rel = _rel_err(grad, expected)
+        if not rel <= rtol:
+            raise AssertionError(f"gradient of {name} ({where}): relative error {rel:.3g} > {rtol} (norm {norm:.3g})")
+        worst = max(worst, rel)
+    return worst
+
+
+def _step_tolerance(name: str, atol_step: float, zero_grads: tuple[str, ...]) -> float:
+    # a gradient that is fp32 noise turns into AdamW steps of up to lr * noise / eps each,
+    # different noise in the two runs: 10x the tolerance for parameters declared zero
+    return atol_step * (10 if _declared_zero(name, zero_grads) else 1)
+
+
+def _check_gathered_params(model: nn.Module, expected: Mapping, steps: int, atol_step: float, zero_grads=()) -> float:
+    """Every parameter of ``model``, gathered (:func:`shardcore.full_named_tensors`), against
+    ``expected[name]`` after ``steps`` optimizer steps; returns the largest difference."""
+    import shardcore
+
+    worst = 0.0
+    for name, full in shardcore.full_named_tensors(model):
+        tol = _step_tolerance(name, atol_step, zero_grads)
+        diff = (full - expected[name].detach()).abs().max().item()
+        if not diff <= tol:
+            raise AssertionError(f"parameter {name} after {steps} AdamW steps: max abs diff {diff:.3g} > {tol:g}")
+        worst = max(worst, diff)
+    return worst
+
+
+def _local(t: torch.Tensor | None) -> torch.Tensor | None:
+    """What this rank holds of ``t``: a DTensor's local shard (FSDP), else ``t``."""
+    from torch.distributed.tensor import DTensor
+
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def _held_part(param: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:
+    """This rank's part of ``expected`` (its tensor-parallel slice) as ``param`` holds it: under
+    FSDP (a DTensor parameter) the data-parallel shard of it, cut as ``fully_shard`` cuts it."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    if isinstance(param, DTensor):  # src_data_rank=None: each rank cuts its own copy, no collective
+        return distribute_tensor(expected, param.device_mesh, param.placements, src_data_rank=None).to_local()
+    return expected
+
+
+def _check_local_grads(model: nn.Module, ref_grads: Mapping[str, torch.Tensor | None], **check) -> float:
+    """Every gradient as this rank holds it (its slice, replica copies and zero padding rows
+    included; its FSDP shard of that) against the same part of the unsharded gradient."""
+    local_ref = local_expected(model, {n: g for n, g in ref_grads.items() if g is not None})
+    pairs = (
+        (n, _local(p.grad), _held_part(p, local_ref[n]) if n in local_ref else None)
+        for n, p in model.named_parameters()
+    )
+    return _check_grads(pairs, where="this rank's slice", **check)
+
+
+def _check_local_params(
+    model: nn.Module, ref_params: Mapping[str, torch.Tensor], steps: int, atol_step: float, zero_grads=()
+) -> float:
+    """Every parameter as this rank holds it against the same part of the unsharded one after ``steps``."""
+    expected = local_expected(model, {n: p.detach() for n, p in ref_params.items()})
+    worst = 0.0
+    for name, param in model.named_parameters():
+        tol = _step_tolerance(name, atol_step, zero_grads)
+        mine, want = _local(param.detach()), _held_part(param, expected[name])
+        if mine.shape != want.shape:
+            raise AssertionError(
+                f"parameter {name}: this rank holds shape {tuple(mine.shape)}, its part is {tuple(want.shape)}"
+            )
+        diff = (mine - want).abs().max().item() if mine.numel() else 0.0
+        if not diff <= tol:
+            raise AssertionError(
+                f"parameter {name} after {steps} AdamW steps, this rank's slice: max abs diff {diff:.3g} > {tol:g}"
+            )
+        worst = max(worst, diff)
+    return worst
