@@ -7,17 +7,17 @@ from .checkpoint import CheckpointError, load_checkpoint, load_distributed, save
 from .config import ShardConfig
 from .consistency import InputMismatch
 from .distributed import ParallelLayout
+from .distributed.collectives import CollectivePeerLost, CollectiveTimeout
 from .grad_norm import clip_grad_norm_
 from .hookspecs import hookimpl
 from .inference import ParallelModel, parallelize
-from .layers.comm import CollectivePeerLost, CollectiveTimeout
-from .layers.parallel_module import ParallelModule
 from .meta import init_empty
 from .pipeline import pipeline_step
 from .plugins import NoPolicyError
 from .policy import ModulePolicyDescription, Policy, SubModuleReplacementDescription
 from .sharded_state import full_named_tensors
 from .sharder import optimize, resolve_policy
+from .tensor_parallel.parallel_module import ParallelModule
 
 __version__ = "0.1.0"
 

@@ -12,14 +12,20 @@ the module class the policy describes):
 ``shared_input=True`` builds the column layers with ``copy_input=False``: the policy must then
 name the module that receives their common input in ``enter_tp_region`` (one backward
 all-reduce for all of them instead of one each). The layer classes are parameters, so the same
-builders serve ``[in, out]`` (``Conv1D``) weights with :mod:`shardcore.layers.conv1d`.
+builders serve ``[in, out]`` (``Conv1D``) weights with :mod:`shardcore.tensor_parallel.conv1d`.
 """
 
 from __future__ import annotations
 
 from .config import ShardConfig
-from .layers import FusedLinear1D_Col, Linear1D_Col, Linear1D_Row, VocabParallelEmbedding1D, VocabParallelLMHead1D
 from .policy import SubModuleReplacementDescription as Sub
+from .tensor_parallel import (
+    FusedLinear1D_Col,
+    Linear1D_Col,
+    Linear1D_Row,
+    VocabParallelEmbedding1D,
+    VocabParallelLMHead1D,
+)
 
 __all__ = ["attention", "mlp", "packed_attention", "vocab_embedding", "vocab_head"]
 

@@ -67,7 +67,7 @@ class ShardConfig:
         sequence_parallel_size: the Ulysses / context-parallel group (``sequence_parallelism_mode=
             "all_to_all"`` or ``"ring_attn"``): the mesh's ``sp`` dim (``1`` otherwise).
         data_parallel: what runs on the data-parallel dim (``dp`` of the mesh, see
-            :mod:`shardcore.distributed.data_parallel`): ``"fsdp"`` (FSDP2's ``fully_shard`` on each
+            :mod:`shardcore.data_parallel`): ``"fsdp"`` (FSDP2's ``fully_shard`` on each
             block of :meth:`~shardcore.Policy.blocks` and on the model: parameters, gradients and
             optimizer state split over the data-parallel ranks too) or ``"ddp"`` (whole
             tensor-parallel slices on each replica, gradients all-reduced). ``None`` (default):

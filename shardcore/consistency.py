@@ -14,7 +14,7 @@
   (one broadcast of the generator state per ``generate`` call), so ``do_sample=True`` draws the
   same tokens on every rank whatever each rank was seeded with.
 * **where a collective waits**: hooks record which parallel module a collective comes from, so a
-  collective that outlives the bound (:func:`shardcore.layers.comm.set_collective_timeout`) names
+  collective that outlives the bound (:func:`shardcore.distributed.collectives.set_collective_timeout`) names
   its layer, forward or backward, and sequence number.
 """
 
@@ -27,8 +27,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .layers.comm import WHERE, all_gather_cat, broadcast, group_ranks
-from .layers.parallel_module import ParallelModule
+from .distributed.collectives import WHERE, all_gather_cat, broadcast, group_ranks
+from .tensor_parallel.parallel_module import ParallelModule
 
 __all__ = ["InputMismatch", "check_inputs", "input_digests", "install", "sync_random_state"]
 

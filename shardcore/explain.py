@@ -2,7 +2,7 @@
 
 :func:`explain` builds the model on the meta device (no weights allocated), runs its policy's
 checks and replacements exactly as :func:`shardcore.optimize` would, but over a
-:class:`~shardcore.layers.comm.PaperGroup` (this process plays rank 0 of the group; no process
+:class:`~shardcore.distributed.collectives.PaperGroup` (this process plays rank 0 of the group; no process
 group, no torchrun, no collective), and reports per module pattern the parallel replacement,
 the bytes rank 0 holds, the collectives per layer in forward and backward, the attention
 backend, and the pipeline stages' bytes for ``pp > 1``. A layout the policy refuses raises the
@@ -24,9 +24,9 @@ from torch import nn
 
 from .config import ShardConfig
 from .distributed import ParallelLayout
-from .layers.comm import PaperGroup
-from .layers.linear import Linear1D_Col
-from .layers.parallel_module import ParallelModule
+from .distributed.collectives import PaperGroup
+from .tensor_parallel.linear import Linear1D_Col
+from .tensor_parallel.parallel_module import ParallelModule
 
 __all__ = ["ExplainError", "explain", "format_report", "load_for_explain"]
 
@@ -52,16 +52,16 @@ def load_for_explain(spec: str | Path, dtype: torch.dtype | None = None) -> nn.M
         directory = path if path.is_dir() else path.parent
         import transformers
 
-        from .inference import _config_dtype, _read_config
+        from .inference import config_dtype, read_config
 
-        config, arch = _read_config(directory, who="explain")
+        config, arch = read_config(directory, who="explain")
         cls = getattr(transformers, arch, None)
         if cls is None:
             raise ValueError(
                 f"explain: config.json names the architecture {arch!r}, which transformers "
                 f"{transformers.__version__} does not have"
             )
-        dtype = dtype or _config_dtype(config)
+        dtype = dtype or config_dtype(config)
         with init_empty():
             model = cls._from_config(config)
     else:

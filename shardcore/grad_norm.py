@@ -41,8 +41,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .distributed.data_parallel import reshard
-from .layers.comm import all_reduce, group_rank, group_size
+from .data_parallel import reshard
+from .distributed.collectives import all_reduce, group_rank, group_size
 from .sharded_state import parameter_specs
 
 __all__ = ["clip_grad_norm_", "grad_norm", "install_torch_hook", "register_model", "sharded_models"]

@@ -41,7 +41,7 @@ import torch
 from torch import nn
 
 from .config import ShardConfig
-from .distributed.launcher import RankError, RankPool, _loads
+from .distributed.launcher import RankError, RankPool, loads_payload
 from .distributed.layout import ParallelLayout
 
 __all__ = ["ParallelModel", "parallelize"]
@@ -105,7 +105,7 @@ def parallelize(
         structure = _structure(model_or_path, dtype)  # before any process starts: an unpicklable model fails here
     else:
         path = Path(model_or_path)
-        hf_config, arch = _read_config(path)
+        hf_config, arch = read_config(path)
         from .checkpoint.safetensors_io import weight_map
 
         weight_map(path)  # no safetensors here: the CheckpointError names the directory
@@ -211,7 +211,7 @@ class ParallelModel:
         return f"ParallelModel({name}, world_size={self.world_size}, {state})"
 
 
-def _read_config(path: Path, who: str = "parallelize"):
+def read_config(path: Path, who: str = "parallelize"):
     if not (path / "config.json").is_file():
         raise FileNotFoundError(
             f"{who}: {str(path)!r} is not a model directory (no config.json); pass a directory "
@@ -248,9 +248,9 @@ def _meta_tensor(shape, dtype, is_param: bool, requires_grad: bool) -> torch.Ten
 
 
 def _structure(model: nn.Module, dtype: torch.dtype | None) -> bytes:
-    from .checkpoint.hf import _model_tensors
+    from .checkpoint.hf import model_tensors
 
-    held = {id(t): is_param for _, t, is_param in _model_tensors(model)}  # what the checkpoint holds
+    held = {id(t): is_param for _, t, is_param in model_tensors(model)}  # what the checkpoint holds
     import io
 
     buf = io.BytesIO()
@@ -276,7 +276,7 @@ def _build(key: str, source: Mapping, config: ShardConfig, policy, dtype, device
     from .sharder import optimize
 
     if "structure" in source:
-        model = _loads(source["structure"])  # classes of the caller's script found there
+        model = loads_payload(source["structure"])  # classes of the caller's script found there
     else:
         import transformers
         from transformers import AutoConfig
@@ -288,7 +288,7 @@ def _build(key: str, source: Mapping, config: ShardConfig, policy, dtype, device
                 f"config.json names the architecture {source['architecture']!r}, which transformers "
                 f"{transformers.__version__} does not have; build the model and pass it instead"
             )
-        dtype = dtype or _config_dtype(hf_config)
+        dtype = dtype or config_dtype(hf_config)
         with init_empty():  # parameters on meta, buffers computed by the modules as usual
             model = cls._from_config(hf_config)
         if dtype is not None:  # floating parameters only (meta: nothing moves); buffers keep their dtype
@@ -308,7 +308,7 @@ def _build(key: str, source: Mapping, config: ShardConfig, policy, dtype, device
     dist.barrier()  # every worker holds its slices before the caller deletes a temporary checkpoint
 
 
-def _config_dtype(hf_config) -> torch.dtype | None:
+def config_dtype(hf_config) -> torch.dtype | None:
     value = getattr(hf_config, "dtype", None)
     if value is None and "dtype" not in vars(hf_config):  # transformers 4.x names it torch_dtype
         value = getattr(hf_config, "torch_dtype", None)

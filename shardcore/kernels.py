@@ -217,7 +217,7 @@ def replace_norms(model: torch.nn.Module, classes: tuple[type, ...]) -> int:
     """Put every ``nn.LayerNorm`` / ``nn.RMSNorm`` (exactly those classes) and every instance of
     ``classes`` (the policy's, see :meth:`shardcore.Policy.norm_classes`) on its fused layer,
     keeping the parameters; how many were replaced."""
-    from .layers.norm import FusedLayerNorm, FusedRMSNorm
+    from .tensor_parallel.norm import FusedLayerNorm, FusedRMSNorm
 
     targets = []
     for name, module in model.named_modules():

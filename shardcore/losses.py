@@ -80,8 +80,8 @@ def causal_lm_loss_on_slices(
 ) -> torch.Tensor:
     """HuggingFace's causal-LM loss (labels shifted left by one, ``ignore_index``,
     ``num_items_in_batch``) over this rank's vocabulary slice of a
-    :class:`~shardcore.layers.VocabParallelLMHead1D` ``head``'s logits: the vocab-parallel cross entropy."""
-    from .layers import vocab_parallel_cross_entropy
+    :class:`~shardcore.tensor_parallel.VocabParallelLMHead1D` ``head``'s logits: the vocab-parallel cross entropy."""
+    from .tensor_parallel import vocab_parallel_cross_entropy
 
     if shift_labels is None:  # tokens < n predict n
         shift_labels = F.pad(labels, (0, 1), value=ignore_index)[..., 1:]
@@ -97,7 +97,7 @@ def causal_lm_loss_on_slices(
 
 def defer_logits_gather(model, head) -> bool:
     """A HuggingFace ``*ForCausalLM`` whose vocab-parallel ``head`` (a
-    :class:`~shardcore.layers.VocabParallelLMHead1D` gathering full logits): during the model's
+    :class:`~shardcore.tensor_parallel.VocabParallelLMHead1D` gathering full logits): during the model's
     forward, the head leaves its all-gather running and the model's causal-LM loss (its
     ``loss_function``, HF's ``ForCausalLMLoss``) is the vocab-parallel cross entropy of this rank's
     slice, computed meanwhile; the full-vocabulary softmax and its gradient are never formed. The
@@ -108,7 +108,7 @@ def defer_logits_gather(model, head) -> bool:
     full logits (``None``, a pipeline hole, ``parallel_output=True``), is left as it is, and
     ``False`` returned.
     """
-    from .layers import VocabParallelLMHead1D
+    from .tensor_parallel import VocabParallelLMHead1D
 
     causal_lm_loss = getattr(model, "loss_function", None)
     if not (isinstance(head, VocabParallelLMHead1D) and head.gather_output):

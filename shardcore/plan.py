@@ -41,9 +41,9 @@ from typing import Any
 
 from torch import nn
 
-from .layers import Linear1D_Col, Linear1D_Row, VocabParallelEmbedding1D, VocabParallelLMHead1D
 from .policy import ModulePolicyDescription, Policy
 from .policy import SubModuleReplacementDescription as Sub
+from .tensor_parallel import Linear1D_Col, Linear1D_Row, VocabParallelEmbedding1D, VocabParallelLMHead1D
 
 __all__ = ["PlanError", "PlanPolicy", "hf_tp_plan", "load_plan", "zero_config_policy"]
 
@@ -403,8 +403,8 @@ class PlanPolicy(Policy):
         get_head = getattr(self.model, "get_output_embeddings", None)
         defer_logits_gather(self.model, get_head() if callable(get_head) else None)
         if self._grad_sum:
-            from .layers.comm import all_reduce
-            from .layers.parallel_module import ParallelModule
+            from .distributed.collectives import all_reduce
+            from .tensor_parallel.parallel_module import ParallelModule
 
             group = next(m.process_group for m in self.model.modules() if isinstance(m, ParallelModule))
             params = dict(self.model.named_parameters(remove_duplicate=False))

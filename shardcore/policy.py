@@ -80,7 +80,7 @@ class Policy:
     supports_parallel_output: bool = False
 
     #: ``True``: during each forward of the sharded model, column-parallel layers that read the
-    #: same tensor share one backward all-reduce (:func:`shardcore.layers.comm.shared_copies`),
+    #: same tensor share one backward all-reduce (:func:`shardcore.tensor_parallel.mappings.shared_copies`),
     #: without ``enter_tp_region`` entries. Plans use it; plugins name their regions instead.
     share_tp_copies: bool = False
 
@@ -121,6 +121,10 @@ class Policy:
         from .kernels import use_ulysses_attention
 
         return use_ulysses_attention(self.model, state.mode)
+
+    def not_overridden(self, *hooks: str) -> list[str]:
+        """Those of ``hooks`` this policy's class leaves as :class:`Policy` defines them."""
+        return [h for h in hooks if getattr(type(self), h) is getattr(Policy, h)]
 
     def set_model(self, model: nn.Module) -> None:
         self.model = model
@@ -252,8 +256,8 @@ class Policy:
     def norm_classes(self) -> tuple[type, ...]:
         """The model library's normalization classes ``enable_fused_normalization`` puts on fused
         kernels: subclasses of ``nn.LayerNorm`` that compute a plain layer norm (onto
-        :class:`~shardcore.layers.FusedLayerNorm`) and RMSNorms computing ``weight * x / rms(x)`` in
-        fp32 (onto :class:`~shardcore.layers.FusedRMSNorm`). ``nn.LayerNorm`` and ``nn.RMSNorm``
+        :class:`~shardcore.tensor_parallel.FusedLayerNorm`) and RMSNorms computing ``weight * x / rms(x)`` in
+        fp32 (onto :class:`~shardcore.tensor_parallel.FusedRMSNorm`). ``nn.LayerNorm`` and ``nn.RMSNorm``
         themselves are always covered. Structural: take them from the model instance. Default: none."""
         return ()
 

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from .distributed.data_parallel import dp_full, reshard
+from .data_parallel import dp_full, reshard
 
 __all__ = ["full_named_tensors", "parameter_specs"]
 

@@ -12,8 +12,9 @@ from torch import nn
 
 from . import consistency, distributed, kernels
 from .config import ShardConfig
+from .data_parallel import apply_data_parallel, check_data_parallel
 from .distributed import ParallelLayout
-from .distributed.data_parallel import apply_data_parallel, check_data_parallel
+from .distributed.collectives import group_size, resolve_timeout, set_collective_timeout
 from .grad_norm import register_model
 from .integrations.hf import install_save_pretrained
 from .integrations.hf.peft import (
@@ -24,20 +25,14 @@ from .integrations.hf.peft import (
     shard_new_adapters,
     watch_adapters,
 )
-from .layers.comm import (
-    SequenceParallel,
-    enter_tp_region,
-    group_size,
-    resolve_timeout,
-    set_collective_timeout,
-    shared_copies,
-)
-from .layers.rng import run_in_shared_rng, run_in_tp_rng
 from .meta import guard_meta
 from .pipeline import build_pipeline, check_pipeline
 from .policy import ModulePolicyDescription, Policy
 from .sequence import apply_sequence_parallel, apply_ulysses, check_sequence_parallel
 from .sharded_state import parameter_specs
+from .tensor_parallel.mappings import shared_copies
+from .tensor_parallel.regions import SequenceParallel, enter_tp_region
+from .tensor_parallel.rng import run_in_shared_rng, run_in_tp_rng
 
 __all__ = ["ModelSharder", "ShardInfo", "optimize", "resolve_policy"]
 
@@ -57,7 +52,7 @@ class ShardInfo:
     layout: ParallelLayout
     #: What each optimization switch runs (``{"attention": "shardcore_sdpa", ...}``), see :mod:`shardcore.kernels`.
     kernels: dict = attrs.field(factory=dict)
-    #: What runs on the data-parallel dim: ``"fsdp"``, ``"ddp"`` or ``None`` (see :mod:`shardcore.distributed.data_parallel`).
+    #: What runs on the data-parallel dim: ``"fsdp"``, ``"ddp"`` or ``None`` (see :mod:`shardcore.data_parallel`).
     data_parallel: str | None = None
     #: This rank's pipeline stages and schedule (:class:`shardcore.pipeline.PipelineInfo`), or ``None``.
     pipeline: object = None
@@ -363,7 +358,7 @@ def _ulysses(model: nn.Module, policy: Policy, config: ShardConfig, layout: Para
 
 
 def _share_copies_per_forward(model: nn.Module) -> None:
-    """Open a :func:`~shardcore.layers.comm.shared_copies` scope for each forward of ``model``."""
+    """Open a :func:`~shardcore.tensor_parallel.mappings.shared_copies` scope for each forward of ``model``."""
     scopes: list = []
 
     def enter(module, args):

@@ -73,7 +73,7 @@ MUTANTS: dict[str, Mutant] = {
         _m(
             "no-replica-grad-sync",
             "replicated KV heads' gradients not summed over their replicas (_SyncReplicaGrads skipped)",
-            "shardcore/layers/linear.py",
+            "shardcore/tensor_parallel/linear.py",
             ("        if self._replica_groups is not None and torch.is_grad_enabled():", "        if False:"),
             f"{LLAMA}/test_llama_tp.py::test_causal_lm_variants[gqa-4]",
             GRAD,
@@ -81,7 +81,7 @@ MUTANTS: dict[str, Mutant] = {
         _m(
             "copy-to-tp-backward-dropped",
             "Megatron's f without its backward all-reduce: input gradients stay partial",
-            "shardcore/layers/comm.py",
+            "shardcore/tensor_parallel/mappings.py",
             (
                 "        return all_reduce(grad.contiguous().clone(), ctx.group, where=ctx.where), None",
                 "        return grad, None",
@@ -93,7 +93,7 @@ MUTANTS: dict[str, Mutant] = {
         _m(
             "copy-to-tp-backward-scaled",
             "copy_to_tp's backward all-reduce scaled by the group size",
-            "shardcore/layers/comm.py",
+            "shardcore/tensor_parallel/mappings.py",
             (
                 "        return all_reduce(grad.contiguous().clone(), ctx.group, where=ctx.where), None",
                 "        return all_reduce(grad.contiguous().clone(), ctx.group, where=ctx.where) * group_size(ctx.group), None",
@@ -104,7 +104,7 @@ MUTANTS: dict[str, Mutant] = {
         _m(
             "row-parallel-split-on-output-dim",
             "a row-parallel layer holding a slice of its output features (rows) instead of its input features",
-            "shardcore/layers/linear.py",
+            "shardcore/tensor_parallel/linear.py",
             (
                 '        self._shard_param("weight", weight, spec)\n        self._shard_param("bias", bias, None)\n',
                 '        self._shard_param("weight", weight, spec)\n        self._shard_param("bias", bias, None)\n'
@@ -116,7 +116,7 @@ MUTANTS: dict[str, Mutant] = {
         _m(
             "qkv-order-permuted",
             "q/k/v parts permuted in FusedLinear1D_Col (rank holds [v; k; q] rows)",
-            "shardcore/layers/linear.py",
+            "shardcore/tensor_parallel/linear.py",
             (
                 "        return cls(weight, bias, spec, process_group, copy_input=copy_input)",
                 "        weight = torch.cat(weight.detach().chunk(3, dim=1 if cls.transposed else 0)[::-1], 1 if cls.transposed else 0)\n"
@@ -136,7 +136,7 @@ MUTANTS: dict[str, Mutant] = {
         _m(
             "vocab-padding-leaks",
             "vocab padding columns leak into vocab-parallel logits (LM head keeps its padded slice)",
-            "shardcore/layers/embedding.py",
+            "shardcore/tensor_parallel/embedding.py",
             ("        local = logits[..., : self.vocab_end - self.vocab_start]\n", "        local = logits\n"),
             f"{LLAMA}/test_llama_tp.py::test_parallel_output_vocab_parallel_loss[vocab1001-2]",
             "vs unsharded",
@@ -169,7 +169,7 @@ MUTANTS: dict[str, Mutant] = {
         _m(
             "attention-dropout-shared-stream",
             "attention dropout on the shared random stream (every rank drops the same positions of its heads)",
-            "shardcore/layers/rng.py",
+            "shardcore/tensor_parallel/rng.py",
             ("    _wrap(module, lambda device: fork_tp_rng(group, device))", "    _wrap(module, _shared_stream)"),
             "plugins/shard-bert/tests/test_bert_dropout.py::test_attention_dropout_uses_the_per_rank_stream",
             "AssertionError",
@@ -177,7 +177,7 @@ MUTANTS: dict[str, Mutant] = {
         _m(
             "tp-rng-without-rank",
             "fork_tp_rng seeded without the tensor-parallel rank (every rank draws the same masks)",
-            "shardcore/layers/rng.py",
+            "shardcore/tensor_parallel/rng.py",
             (
                 "        seed = torch.initial_seed() + SEED_OFFSET + group_rank(group)",
                 "        seed = torch.initial_seed() + SEED_OFFSET",
@@ -317,7 +317,7 @@ MUTANTS: dict[str, Mutant] = {
         _m(
             "sp-replicated-grads-not-summed",
             "split_gather: replicated parameters' gradients (norms) not summed over the sequence split",
-            "shardcore/sequence.py",
+            "shardcore/sequence/split_gather.py",
             (
                 "                if partial:\n                    _sum_grads_when_split",
                 "                if False:\n                    _sum_grads_when_split",
@@ -330,7 +330,7 @@ MUTANTS: dict[str, Mutant] = {
             "ulysses-backward-swapped",
             "Ulysses: the backward exchange with scatter and gather swapped (reshaped to fit, "
             "as one silences autograd's shape check)",
-            "shardcore/sequence.py",
+            "shardcore/sequence/ulysses.py",
             (
                 (
                     "        ctx.group, ctx.scatter, ctx.gather = group, scatter, gather\n",
@@ -347,7 +347,7 @@ MUTANTS: dict[str, Mutant] = {
         _m(
             "ring-mask-offset",
             "ring_attn: every rank masks its queries as if it held the first chunks (mask offset lost)",
-            "shardcore/sequence.py",
+            "shardcore/sequence/ring.py",
             ("        mine = positions[rank * local : (rank + 1) * local]", "        mine = positions[:local]"),
             f"{LLAMA}/test_llama_sequence.py::test_ring_attn_matches_unsharded[gqa-padded-sp2]",
             "output 'logits': max abs diff",
@@ -355,7 +355,7 @@ MUTANTS: dict[str, Mutant] = {
         _m(
             "pipeline-microbatch-loss-dropped",
             "pipeline: the first microbatch's loss left out of the whole batch's loss",
-            "shardcore/pipeline.py",
+            "shardcore/pipeline/runtime.py",
             ("for x in losses]).sum() if losses", "for x in losses[1:]]).sum() if losses"),
             f"{LLAMA}/test_llama_pipeline.py::test_pipeline_trains_like_unsharded[gpipe]",
             "pipeline_step loss",
@@ -363,7 +363,7 @@ MUTANTS: dict[str, Mutant] = {
         _m(
             "pipeline-scale-grads",
             "pipeline: torch's schedule left to divide the gradients by the number of microbatches again",
-            "shardcore/pipeline.py",
+            "shardcore/pipeline/runtime.py",
             ('        kwargs["scale_grads"] = False', '        kwargs["scale_grads"] = True'),
             f"{LLAMA}/test_llama_pipeline.py::test_pipeline_trains_like_unsharded[1f1b-layers13]",
             GRAD,
@@ -382,7 +382,7 @@ MUTANTS: dict[str, Mutant] = {
         _m(
             "pipeline-tied-sum-dropped",
             "pipeline: the tied embedding's gradient not summed over the first and last stage",
-            "shardcore/pipeline.py",
+            "shardcore/pipeline/runtime.py",
             ("    for param, group in info.tied:  #", "    for param, group in info.tied[:0]:  #"),
             f"{LLAMA}/test_llama_pipeline.py::test_pipeline_trains_like_unsharded[gpipe]",
             GRAD,
@@ -391,7 +391,7 @@ MUTANTS: dict[str, Mutant] = {
         _m(
             "fsdp-block-skipped",
             "FSDP: fully_shard skipped on the first block (its weights stay whole on every dp rank)",
-            "shardcore/distributed/data_parallel.py",
+            "shardcore/data_parallel/__init__.py",
             ("        for _, block in policy.blocks():\n", "        for _, block in policy.blocks()[1:]:\n"),
             f"{LLAMA}/test_llama_data_parallel.py::test_trains_like_unsharded_full_batch[fsdp2xtp2]",
             "are not wrapped by fully_shard",

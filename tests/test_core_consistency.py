@@ -13,8 +13,8 @@ from toy_models import ToyLM, ToyPolicy, toy_batch
 import shardcore
 from shardcore import ShardConfig
 from shardcore.consistency import InputMismatch, input_digests
-from shardcore.layers import count_collectives
-from shardcore.layers.comm import CollectiveTimeout
+from shardcore.distributed.collectives import CollectiveTimeout
+from shardcore.tensor_parallel import count_collectives
 from shardcore.testing import RankPool, rank_zero_only, run_on_ranks
 
 
@@ -139,7 +139,7 @@ def test_unknown_token_id_raises_instead_of_embedding_zeros():
 
 
 def test_timeout_from_config_then_environment_then_default(monkeypatch):
-    from shardcore.layers.comm import DEFAULT_TIMEOUT_S, TIMEOUT_ENV, resolve_timeout
+    from shardcore.distributed.collectives import DEFAULT_TIMEOUT_S, TIMEOUT_ENV, resolve_timeout
 
     monkeypatch.delenv(TIMEOUT_ENV, raising=False)
     assert resolve_timeout(None) == DEFAULT_TIMEOUT_S == 300.0

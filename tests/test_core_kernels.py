@@ -11,7 +11,7 @@ from toy_models import ToyLM, ToyPolicy, toy_batch
 
 import shardcore
 from shardcore import ShardConfig, kernels
-from shardcore.layers import FusedLayerNorm, FusedRMSNorm
+from shardcore.tensor_parallel import FusedLayerNorm, FusedRMSNorm
 from shardcore.testing import run_on_ranks
 
 

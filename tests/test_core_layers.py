@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from shardcore.layers import (
+from shardcore.tensor_parallel import (
     FusedLinear1D_Col,
     Linear1D_Col,
     Linear1D_Row,
@@ -184,7 +184,7 @@ def test_a_fork_inside_a_fork_of_the_same_stream_does_not_replay_it():
     """A per-rank block inside a per-rank block (Whisper's encoder layer on split tokens holds its
     per-rank attention): the inner fork keeps drawing from the running stream, not from where the
     stream stood when the outer block entered; the shared stream inside both takes its own steps."""
-    from shardcore.layers import rng
+    from shardcore.tensor_parallel import rng
 
     rng._STATES.clear()
     torch.manual_seed(0)

@@ -25,7 +25,7 @@ def test_tp1_returns_the_model_itself_whole():
     import torch
 
     import shardcore
-    from shardcore.layers import ParallelModule
+    from shardcore.tensor_parallel import ParallelModule
 
     model = ToyLM(vocab=128)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from shardcore import ModulePolicyDescription, Policy, SubModuleReplacementDescription
-from shardcore.layers import (
+from shardcore.tensor_parallel import (
     FusedLinear1D_Col,
     Linear1D_Col,
     Linear1D_Row,

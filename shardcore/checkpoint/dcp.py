@@ -20,8 +20,8 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch import nn
 
-from ..distributed.data_parallel import dp_assign, dp_full, reshard
-from ..layers.comm import group_rank
+from ..data_parallel import dp_assign, dp_full, reshard
+from ..distributed.collectives import group_rank
 from ..pipeline import tensor_aliases
 from ..sharded_state import parameter_specs
 

@@ -25,8 +25,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..distributed.data_parallel import dp_assign, dp_full, native_class, reshard
-from ..layers.comm import group_rank
+from ..data_parallel import dp_assign, dp_full, native_class, reshard
+from ..distributed.collectives import group_rank
 from ..meta import unguard_meta
 from ..pipeline import tensor_aliases
 from ..sharded_state import parameter_specs
@@ -60,7 +60,7 @@ def _resolve_key(name: str, available: dict, prefix: str | None, renamed: dict[s
     return None
 
 
-def _model_tensors(model: nn.Module) -> Iterator[tuple[str, torch.Tensor, bool]]:
+def model_tensors(model: nn.Module) -> Iterator[tuple[str, torch.Tensor, bool]]:
     """``(name, tensor, is_parameter)``: parameters (tied ones once) and persistent buffers."""
     for name, param in model.named_parameters():
         yield name, param, True
@@ -111,7 +111,7 @@ def load_checkpoint(
         )
     specs = parameter_specs(reshard(model))
     prefix = getattr(model, "base_model_prefix", None)
-    tensors = list(_model_tensors(model))
+    tensors = list(model_tensors(model))
     renamed = checkpoint_policy(model).checkpoint_names([name for name, _, _ in tensors])
     aliases = tensor_aliases(model)
     plan, problems = [], []
@@ -143,7 +143,7 @@ def load_checkpoint(
             raise CheckpointError(f"checkpoint {path} does not fit {type(model).__name__}: " + "; ".join(problems))
 
         if _materialize_dp_shards(model, device):  # FSDP over a meta build: allocate the shards, then fill them
-            now = {name: tensor for name, tensor, _ in _model_tensors(model)}
+            now = {name: tensor for name, tensor, _ in model_tensors(model)}
             plan = [(name, now[name], *rest) for name, _, *rest in plan]
         total = sum(t.numel() * t.element_size() for _, t, *_ in plan)
         bar = _progress(len(plan), total, progress)
@@ -175,9 +175,9 @@ def _materialize_dp_shards(model: nn.Module, device) -> bool:
     them memory on ``device`` in place (``to_empty``, which FSDP2 supports), to be filled by the
     loader. Buffers are put back as they were (``to_empty`` would leave them uninitialized): computed
     ones keep their values, those still on meta are left for :func:`materialize_buffers`."""
-    from ..distributed.data_parallel import _is_dtensor
+    from ..data_parallel import is_dtensor
 
-    if not any(_is_dtensor(p) and p.is_meta for p in model.parameters()):
+    if not any(is_dtensor(p) and p.is_meta for p in model.parameters()):
         return False
     buffers = [(m, n, b) for m in model.modules() for n, b in m._buffers.items() if b is not None]
     model.to_empty(device=device)
@@ -272,7 +272,7 @@ def save_checkpoint(model: nn.Module, path: str | os.PathLike, *, max_shard_size
     path = Path(path)
     writer = not dist.is_initialized() or dist.get_rank() == 0
     specs = parameter_specs(reshard(model))
-    tensors = {name: t for name, t, _ in _model_tensors(model)}
+    tensors = {name: t for name, t, _ in model_tensors(model)}
     entries = [(name, _full_shape(t, specs.get(name, (None,))[0]), t.dtype) for name, t in tensors.items()]
     if any(t.is_meta for t in tensors.values()):
         raise RuntimeError("save_checkpoint: the model still has meta tensors; load its weights first")

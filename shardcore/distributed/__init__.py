@@ -48,7 +48,7 @@ def init_from_env(timeout_s: float | None = None) -> None:
     """
     if dist.is_initialized() or "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         return
-    from ..layers.comm import resolve_timeout
+    from .collectives import resolve_timeout
 
     timeout = timedelta(seconds=GROUP_WAIT_FACTOR * resolve_timeout(timeout_s))
     if torch.cuda.is_available():

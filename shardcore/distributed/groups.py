@@ -15,7 +15,7 @@ def replica_group(group, blocks: int):
     ``group``'s ranks are cut into consecutive blocks of ``blocks`` ranks; every rank of the
     world must call this with the same arguments (it creates groups). Cached per group.
     """
-    from ..layers.comm import PaperGroup
+    from .collectives import PaperGroup
 
     if isinstance(group, PaperGroup):  # explain: the same rank arithmetic, no group created
         return PaperGroup(group.rank % blocks, blocks)

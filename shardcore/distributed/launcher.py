@@ -110,7 +110,7 @@ class _Unpickler(pickle.Unpickler):
         return super().find_class(module, name)
 
 
-def _loads(data: bytes):
+def loads_payload(data: bytes):
     import io
 
     return _Unpickler(io.BytesIO(data)).load()
@@ -162,7 +162,7 @@ def _worker_main() -> None:
         except (EOFError, OSError):
             break
         try:
-            task = _loads(message)
+            task = loads_payload(message)
         except BaseException:
             conn.send_bytes(pickle.dumps(("err", traceback.format_exc())))
             continue

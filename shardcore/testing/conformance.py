@@ -106,7 +106,7 @@ def assert_sharded_matches(
     :func:`shardcore.optimize`. If sharding happened (TP > 1), the model must hold parallel
     modules in every block of :meth:`~shardcore.Policy.blocks`, fewer parameter bytes per rank
     than unsharded (at most ``max_param_fraction`` of them, if given), and on every rank each local
-    tensor must be exactly its :class:`~shardcore.layers.ShardSpec` slice of the unsharded one. Both
+    tensor must be exactly its :class:`~shardcore.tensor_parallel.ShardSpec` slice of the unsharded one. Both
     models run ``model(**inputs)``: every floating-point output must match, at any depth, but the
     top-level fields in ``skip_outputs`` (by default the loss, compared relatively, and
     ``past_key_values``: each rank's KV cache holds its own heads; :func:`assert_generate_matches`

@@ -33,7 +33,7 @@ def dp_part(inputs: Mapping[str, Any], dp_rank: int, dp_size: int) -> dict[str, 
 
 def state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> int:
     """Bytes of parameters and tensor optimizer state this rank holds (its shards, under FSDP)."""
-    from ..distributed.data_parallel import local_nbytes, reshard
+    from ..data_parallel import local_nbytes, reshard
 
     total = sum(local_nbytes(p) for p in reshard(model).parameters())
     if optimizer is not None:

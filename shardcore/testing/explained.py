@@ -26,8 +26,8 @@ def assert_explain_matches(
     the meta device must predict the collectives one real forward + backward issues (counted,
     by kind, input check included) and rank 0's parameter bytes. Returns the report."""
     import shardcore
+    from shardcore.distributed.collectives import count_collectives, group_rank
     from shardcore.explain import explain
-    from shardcore.layers.comm import count_collectives, group_rank
 
     tp = config.tensor_parallel_size
     with shardcore.init_empty():

@@ -109,7 +109,7 @@ def _on_rank_zero_only(prepare: Callable, args: tuple) -> str:
 
     import torch.distributed as dist
 
-    from ..layers.comm import CollectiveTimeout
+    from ..distributed.collectives import CollectiveTimeout
 
     call = prepare(*args)
     if dist.get_rank() == 0:

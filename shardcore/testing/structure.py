@@ -33,7 +33,7 @@ def check_blocks(policy, model: nn.Module) -> list[str]:
 def local_expected(model: nn.Module, full: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """What this rank must hold for each parameter: its ``ShardSpec`` slice of the unsharded
     tensor (replica copies included, padding rows zero), or the whole tensor if replicated."""
-    from ..layers.comm import group_rank
+    from ..distributed.collectives import group_rank
     from ..sharded_state import parameter_specs
 
     specs = parameter_specs(model)
@@ -53,7 +53,7 @@ def check_sharded_structure(
     """For a model that was sharded: every block of ``Policy.blocks()`` holds parallel modules,
     this rank holds fewer parameter bytes than the unsharded model (at most ``max_fraction`` of
     them, if given), and each local tensor is exactly its slice of the unsharded one."""
-    from ..layers.parallel_module import ParallelModule
+    from ..tensor_parallel.parallel_module import ParallelModule
 
     parallel = [type(m).__name__ for m in model.modules() if isinstance(m, ParallelModule)]
     if not parallel:

@@ -32,7 +32,7 @@ def test_dropout_keeps_replicas_in_step():
 
 def _attention_masks_differ_per_rank() -> list:
     """The per-rank stream differs between ranks; the default stream is left as it was."""
-    from shardcore.layers import fork_tp_rng
+    from shardcore.tensor_parallel import fork_tp_rng
 
     torch.manual_seed(0)
     with fork_tp_rng(torch.distributed.group.WORLD):
@@ -50,7 +50,7 @@ def test_per_rank_stream():
 
 def _attention_draws_from_per_rank_stream(tp: int) -> bool:
     """A training forward moves this rank's tensor-parallel stream on: attention dropout draws from it."""
-    from shardcore.layers import fork_tp_rng
+    from shardcore.tensor_parallel import fork_tp_rng
 
     torch.manual_seed(0)
     model = shardcore.optimize(build("BertForMaskedLM", dropout=0.3), ShardConfig(tensor_parallel_size=tp)).train()

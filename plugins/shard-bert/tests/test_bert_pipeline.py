@@ -8,7 +8,7 @@ import torch
 from bert_cases import batch_for, build
 
 from shardcore import ShardConfig
-from shardcore.layers import count_collectives
+from shardcore.tensor_parallel import count_collectives
 from shardcore.testing import assert_pipeline_matches, run_on_ranks
 
 

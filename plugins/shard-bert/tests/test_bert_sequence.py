@@ -8,7 +8,7 @@ import torch
 from bert_cases import VOCAB, build
 
 from shardcore import ShardConfig
-from shardcore.layers import count_collectives
+from shardcore.tensor_parallel import count_collectives
 from shardcore.testing import assert_sharded_matches, run_on_ranks
 
 SP = {"enable_sequence_parallelism": True}  # the mode defaults to split_gather

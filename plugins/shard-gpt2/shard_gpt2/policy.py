@@ -4,7 +4,7 @@ GPT-2's linear layers are ``Conv1D``: weight stored ``[in, out]``. Per block (Me
 one all-reduce after attention and one after the MLP):
 
 * ``attn.c_attn`` packs ``[q; k; v]`` along its outputs: split *per head*
-  (:class:`~shardcore.layers.FusedConv1D_Col`), so rank ``r`` holds its heads' columns of q, of k
+  (:class:`~shardcore.tensor_parallel.FusedConv1D_Col`), so rank ``r`` holds its heads' columns of q, of k
   and of v; ``attn.c_proj`` row parallel;
 * ``mlp.c_fc`` column, ``mlp.c_proj`` row parallel;
 * ``wte`` vocab parallel, the LM head a vocab-parallel head tied to it (full logits gathered, so
@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from shardcore import ModulePolicyDescription, Policy
 from shardcore.builders import mlp, packed_attention, vocab_embedding, vocab_head
-from shardcore.layers import Conv1D_Col, Conv1D_Row, FusedConv1D_Col
 from shardcore.losses import defer_logits_gather
+from shardcore.tensor_parallel import Conv1D_Col, Conv1D_Row, FusedConv1D_Col
 
 __all__ = ["GPT2Policy"]
 

@@ -9,7 +9,7 @@ import torch
 from gpt2_cases import batch_for, build
 
 from shardcore import ShardConfig
-from shardcore.layers import count_collectives
+from shardcore.tensor_parallel import count_collectives
 from shardcore.testing import assert_sharded_matches, run_on_ranks
 
 SP = {"enable_sequence_parallelism": True}

@@ -8,7 +8,7 @@ from gpt2_cases import VOCAB, batch_for, build
 
 import shardcore
 from shardcore import ShardConfig
-from shardcore.layers import FusedConv1D_Col, count_collectives
+from shardcore.tensor_parallel import FusedConv1D_Col, count_collectives
 from shardcore.testing import (
     assert_generate_matches,
     assert_sharded_matches,

@@ -25,8 +25,8 @@ from torch import nn
 
 from shardcore import ModulePolicyDescription, Policy
 from shardcore.builders import attention, mlp, vocab_embedding, vocab_head
-from shardcore.layers import VocabParallelLMHead1D
 from shardcore.losses import defer_logits_gather
+from shardcore.tensor_parallel import VocabParallelLMHead1D
 
 __all__ = ["LlamaForCausalLMPolicy", "LlamaForSequenceClassificationPolicy", "LlamaModelPolicy", "LlamaPolicy"]
 

@@ -10,7 +10,7 @@ from llama_cases import build, lm_batch
 
 import shardcore
 from shardcore import ShardConfig
-from shardcore.layers import count_collectives
+from shardcore.tensor_parallel import count_collectives
 from shardcore.testing import rank_zero_only, run_on_ranks
 
 SAMPLE = {"do_sample": True, "top_k": 50, "max_new_tokens": 12, "pad_token_id": 0, "use_cache": True}

@@ -8,7 +8,7 @@ import torch
 from llama_cases import build, lm_batch
 
 from shardcore import ShardConfig
-from shardcore.layers import count_collectives
+from shardcore.tensor_parallel import count_collectives
 from shardcore.testing import assert_pipeline_matches, count_c10d_calls, refusal_message, run_on_ranks
 
 CFG = {"kv": 2, "tie": True, "layers": 4}  # GQA, tied embeddings (first and last stage), 4 blocks

@@ -7,7 +7,7 @@ import torch
 from llama_cases import build, lm_batch
 
 from shardcore import ShardConfig
-from shardcore.layers.comm import count_collectives
+from shardcore.distributed.collectives import count_collectives
 from shardcore.testing import assert_sharded_matches, refusal_message, run_on_ranks
 
 LLAMA_PLAN = """\

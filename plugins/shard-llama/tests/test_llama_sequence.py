@@ -8,7 +8,7 @@ import torch
 from llama_cases import build, lm_batch
 
 from shardcore import ShardConfig
-from shardcore.layers import count_collectives
+from shardcore.tensor_parallel import count_collectives
 from shardcore.testing import assert_generate_matches, assert_sharded_matches, run_on_ranks
 
 SP = {"enable_sequence_parallelism": True, "sequence_parallelism_mode": "split_gather"}
@@ -52,8 +52,8 @@ def test_split_gather_matches_unsharded(tp, cls_name, cfg, overlap):
 
 def _counts(seq: int, overlap: bool = False) -> dict:
     import shardcore
-    from shardcore.layers.comm import Pending
-    from shardcore.sequence import _Regather
+    from shardcore.distributed.collectives import Pending
+    from shardcore.sequence.split_gather import _Regather
 
     torch.manual_seed(0)
     config = ShardConfig(tensor_parallel_size=2, enable_sequence_overlap=overlap, **SP)

@@ -7,7 +7,7 @@ import torch
 from llama_cases import build, gather_vocab_logits, lm_batch
 
 from shardcore import ShardConfig
-from shardcore.layers import count_collectives
+from shardcore.tensor_parallel import count_collectives
 from shardcore.testing import assert_generate_matches, assert_sharded_matches, hidden_state_loss, run_on_ranks
 
 

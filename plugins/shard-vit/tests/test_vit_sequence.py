@@ -9,7 +9,7 @@ import torch
 from vit_cases import hf_batch, hf_build, timm_batch, timm_build, timm_loss
 
 from shardcore import ShardConfig
-from shardcore.layers import count_collectives
+from shardcore.tensor_parallel import count_collectives
 from shardcore.testing import assert_sharded_matches, run_on_ranks
 
 SPLIT = {"enable_sequence_parallelism": True}  # split_gather

@@ -10,7 +10,7 @@ import torch.distributed as dist
 from whisper_cases import MAX_SOURCE, batch_for, build, build_for_generation, input_features
 
 from shardcore import ShardConfig
-from shardcore.layers import count_collectives
+from shardcore.tensor_parallel import count_collectives
 from shardcore.testing import assert_generate_matches, assert_sharded_matches, run_on_ranks
 
 SP = {"enable_sequence_parallelism": True}

@@ -33,10 +33,11 @@ import sys
 import torch
 from torch import nn
 
-from ...layers.comm import all_reduce, copy_to_tp, reduce_from_tp, split_to_tp
-from ...layers.linear import Linear1D_Col, Linear1D_Row, sum_replica_rows
-from ...layers.parallel_module import ParallelModule
-from ...layers.rng import run_in_shared_rng, run_in_tp_rng
+from ...distributed.collectives import all_reduce
+from ...tensor_parallel.linear import Linear1D_Col, Linear1D_Row, sum_replica_rows
+from ...tensor_parallel.mappings import copy_to_tp, reduce_from_tp, split_to_tp
+from ...tensor_parallel.parallel_module import ParallelModule
+from ...tensor_parallel.rng import run_in_shared_rng, run_in_tp_rng
 
 __all__ = [
     "check_lora",

@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ...layers.comm import all_reduce
+from ...distributed.collectives import all_reduce
 
 __all__ = ["install_save_pretrained"]
 

@@ -143,7 +143,7 @@ class Trainer(transformers.Trainer):
 
         if use_gather_object:
             raise NotImplementedError("shardcore.hf.Trainer gathers tensors only (eval_use_gather_object=False)")
-        from ...layers.comm import all_gather_cat
+        from ...distributed.collectives import all_gather_cat
 
         group = self.model.shardcore.layout.group("dp")
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from .comm import all_gather_cat
+from ..distributed.collectives import all_gather_cat
 
 __all__ = ["vocab_parallel_cross_entropy"]
 

@@ -8,7 +8,7 @@ p``, and rank ``r`` holds rows ``[r V_p / p, (r + 1) V_p / p)``. Padding rows ar
 * :class:`VocabParallelLMHead1D`: a column-parallel linear over the vocabulary. Backward
   all-reduces ``dL/dx`` once. Forward either all-gathers the logits and drops the padding
   (full-vocab logits, exactly like the native head), or, with ``gather_output=False``, returns
-  this rank's valid logits only, for :func:`~shardcore.layers.vocab_parallel_cross_entropy`.
+  this rank's valid logits only, for :func:`~shardcore.tensor_parallel.vocab_parallel_cross_entropy`.
   With ``defer_gather`` set, a forward that gathers returns this rank's valid logits and leaves
   the all-gather running until :meth:`~VocabParallelLMHead1D.finish_gather`: the model's loss is
   computed on the slice meanwhile (:func:`shardcore.losses.defer_logits_gather`).
@@ -20,7 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .comm import copy_to_tp, gather_from_tp, group_size, reduce_from_tp, start_gather_from_tp
+from ..distributed.collectives import group_size
+from .mappings import copy_to_tp, gather_from_tp, reduce_from_tp, start_gather_from_tp
 from .parallel_module import ParallelModule
 from .shard_spec import ShardSpec
 
@@ -115,7 +116,7 @@ class VocabParallelLMHead1D(ParallelModule):
         return cls(module.weight, module.bias, spec, process_group, gather_output=gather_output)
 
     #: whether the model computes its loss on this head's vocabulary slices
-    #: (:func:`~shardcore.layers.vocab_parallel_cross_entropy`; counted by :meth:`collectives`)
+    #: (:func:`~shardcore.tensor_parallel.vocab_parallel_cross_entropy`; counted by :meth:`collectives`)
     loss_on_slices: bool = False
     #: set by :func:`shardcore.losses.defer_logits_gather` while the model's forward runs: forward
     #: starts the gather and returns the slice

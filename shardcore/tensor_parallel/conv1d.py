@@ -1,7 +1,7 @@
 """Column- and row-parallel layers for ``Conv1D``-style linears, whose weight is stored ``[in, out]``.
 
 Some libraries (GPT-2's ``Conv1D`` in transformers) keep a linear layer's weight transposed:
-``y = x W + b`` with ``W`` of shape ``[in, out]``. These layers are :mod:`~shardcore.layers.linear`'s
+``y = x W + b`` with ``W`` of shape ``[in, out]``. These layers are :mod:`~shardcore.tensor_parallel.linear`'s
 with that storage, so the split, the math and the communication are the same:
 
 * :class:`Conv1D_Col` splits ``W`` along dim 1 (output features) and the bias along dim 0;

@@ -19,7 +19,7 @@ from __future__ import annotations
 import attrs
 import torch
 
-from .comm import all_gather_cat
+from ..distributed.collectives import all_gather_cat
 
 __all__ = ["Segment", "ShardSpec"]
 

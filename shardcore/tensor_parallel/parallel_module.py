@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .comm import group_rank, group_size
+from ..distributed.collectives import group_rank, group_size
 from .shard_spec import ShardSpec
 
 __all__ = ["ParallelModule"]
@@ -25,7 +25,7 @@ class ParallelModule(nn.Module):
         self.tp_size = group_size(process_group)
         self.tp_rank = group_rank(process_group)
         self.shard_specs: dict[str, ShardSpec] = {}
-        #: The model's sequence split (:class:`~shardcore.layers.comm.SequenceParallel`) when this
+        #: The model's sequence split (:class:`~shardcore.tensor_parallel.regions.SequenceParallel`) when this
         #: layer runs inside a block under sequence parallelism: its TP-region input is then
         #: all-gathered along the sequence and its partial sums reduce-scattered.
         self.sequence = None

@@ -1,12 +1,14 @@
 """Parallel layers: each holds a rank's slice of a native module and knows its communication."""
 
-from .comm import copy_to_tp, count_collectives, enter_tp_region, gather_from_tp, reduce_from_tp, split_to_tp
+from ..distributed.collectives import count_collectives
 from .conv1d import Conv1D_Col, Conv1D_Row, FusedConv1D_Col
 from .embedding import VocabParallelEmbedding1D, VocabParallelLMHead1D
 from .linear import FusedLinear1D_Col, Linear1D_Col, Linear1D_Row
 from .loss import vocab_parallel_cross_entropy
+from .mappings import copy_to_tp, gather_from_tp, reduce_from_tp, split_to_tp
 from .norm import FusedLayerNorm, FusedRMSNorm
 from .parallel_module import ParallelModule
+from .regions import enter_tp_region
 from .rng import fork_tp_rng, run_in_shared_rng, run_in_tp_rng
 from .shard_spec import Segment, ShardSpec
 

@@ -24,8 +24,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .comm import WHERE, all_reduce, enter_region, gather_from_tp, group_size, linear_leave_region, split_to_tp
+from ..distributed.collectives import WHERE, all_reduce, group_size
+from .mappings import gather_from_tp, split_to_tp
 from .parallel_module import ParallelModule
+from .regions import enter_region, linear_leave_region
 from .shard_spec import ShardSpec
 
 __all__ = ["FusedLinear1D_Col", "Linear1D_Col", "Linear1D_Row", "sum_replica_rows"]
@@ -60,7 +62,7 @@ class _SyncReplicaGrads(torch.autograd.Function):
 class FromLinear:
     """Mixin: the native module is an ``nn.Linear`` (weight ``[out, in]``)."""
 
-    #: ``True`` for weights stored ``[in, out]`` (see :mod:`shardcore.layers.conv1d`).
+    #: ``True`` for weights stored ``[in, out]`` (see :mod:`shardcore.tensor_parallel.conv1d`).
     transposed = False
 
     @classmethod
@@ -75,7 +77,7 @@ class Linear1D_Col(FromLinear, ParallelModule, nn.Linear):
 
     ``gather_output=True`` all-gathers the output so callers see the full ``out_features``.
     ``copy_input=False`` when the input already entered the TP region (see
-    :func:`~shardcore.layers.enter_tp_region`), so layers sharing an input share one all-reduce.
+    :func:`~shardcore.tensor_parallel.enter_tp_region`), so layers sharing an input share one all-reduce.
 
     ``spec`` describes the output features (split along dim 0 of ``[out, in]`` weights and of the
     bias); subclasses with ``transposed = True`` store ``[in, out]`` weights (split along dim 1).

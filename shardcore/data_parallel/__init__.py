@@ -39,7 +39,7 @@ __all__ = [
 log = logging.getLogger("shardcore")
 
 
-def _is_dtensor(tensor) -> bool:
+def is_dtensor(tensor) -> bool:
     from torch.distributed.tensor import DTensor
 
     return isinstance(tensor, DTensor)
@@ -48,7 +48,7 @@ def _is_dtensor(tensor) -> bool:
 def dp_full(tensor: torch.Tensor | None) -> torch.Tensor | None:
     """The whole tensor-parallel slice of ``tensor``: itself, or, for an FSDP-sharded DTensor, its
     data-parallel shards gathered (a collective over ``dp``: every rank of it must call)."""
-    if tensor is None or not _is_dtensor(tensor):
+    if tensor is None or not is_dtensor(tensor):
         return tensor
     return tensor.full_tensor()
 
@@ -57,7 +57,7 @@ def dp_assign(tensor: torch.Tensor, full: torch.Tensor) -> None:
     """Copy ``full`` (a whole tensor-parallel slice) into ``tensor``: in place, or for an
     FSDP-sharded DTensor into this rank's data-parallel shard of it (no communication)."""
     with torch.no_grad():
-        if not _is_dtensor(tensor):
+        if not is_dtensor(tensor):
             tensor.copy_(full)
             return
         from torch.distributed.tensor import distribute_tensor
@@ -82,7 +82,7 @@ def reshard(model: nn.Module) -> nn.Module:
 
 def local_nbytes(tensor: torch.Tensor) -> int:
     """Bytes this rank holds of ``tensor`` (its data-parallel shard, for a DTensor)."""
-    local = tensor.to_local() if _is_dtensor(tensor) else tensor
+    local = tensor.to_local() if is_dtensor(tensor) else tensor
     return local.numel() * local.element_size()
 
 

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from .comm import group_rank
+from ..distributed.collectives import group_rank
 
 __all__ = ["fork_tp_rng", "in_tp_rng", "run_in_shared_rng", "run_in_tp_rng"]
 

@@ -1,0 +1,242 @@
+"""Bounded, counted collectives: every collective shardcore issues goes through here.
+
+Each waits at most the collective bound (:func:`set_collective_timeout`) and then raises
+:class:`CollectiveTimeout` (or :class:`CollectivePeerLost`) naming the collective, the module it
+came from and the likely cause; each is counted in :data:`COUNTS` (see :func:`count_collectives`),
+which is how tests prove the communication budget of a layer. Each is the identity on a group
+of one rank, so code using them runs unchanged in a single process without ``torch.distributed``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections import Counter
+from collections.abc import Iterator
+from datetime import timedelta
+
+import attrs
+import torch
+import torch.distributed as dist
+
+#: How many collectives of each kind this process has issued (forward and backward).
+COUNTS: Counter[str] = Counter()
+
+
+@contextlib.contextmanager
+def count_collectives() -> Iterator[Counter[str]]:
+    """Count the collectives issued inside the ``with`` block: ``{"all_reduce": n, ...}``."""
+    before = COUNTS.copy()
+    delta: Counter[str] = Counter()
+    try:
+        yield delta
+    finally:
+        delta.update(COUNTS)
+        delta.subtract(before)
+        for key in [k for k, n in delta.items() if n == 0]:
+            del delta[key]
+
+
+#: Default bound, in seconds, on how long one of shardcore's collectives waits for the other ranks.
+DEFAULT_TIMEOUT_S = 300.0
+TIMEOUT_ENV = "SHARDCORE_COLLECTIVE_TIMEOUT"
+
+
+class CollectiveTimeout(RuntimeError):
+    """A shardcore collective waited longer than the bound for the other ranks of its group."""
+
+
+class CollectivePeerLost(CollectiveTimeout):
+    """A shardcore collective lost a peer while waiting (it exited, or its side of the transport
+    closed): the same mistakes as a time-out, seen from the rank that stayed."""
+
+
+class _Where:
+    """Where this process's collectives come from: the parallel module last entered in forward
+    (set by hooks :func:`shardcore.optimize` installs), a running sequence number, the bound."""
+
+    module: str = "a shardcore collective outside any parallel module"
+    seq: int = 0
+    timeout_s: float | None = None
+
+
+WHERE = _Where()
+
+
+def resolve_timeout(seconds: float | None = None) -> float:
+    """``seconds``, else ``$SHARDCORE_COLLECTIVE_TIMEOUT``, else :data:`DEFAULT_TIMEOUT_S`."""
+    if seconds is not None:
+        return float(seconds)
+    value = os.environ.get(TIMEOUT_ENV)
+    if not value:
+        return DEFAULT_TIMEOUT_S
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise ValueError(f"{TIMEOUT_ENV}={value!r} is not a number of seconds") from None
+    if seconds <= 0:
+        raise ValueError(f"{TIMEOUT_ENV}={value!r} must be a positive number of seconds")
+    return seconds
+
+
+def set_collective_timeout(seconds: float | None) -> None:
+    """Bound every collective issued here (per process; ``None``: wait as long as the group does)."""
+    WHERE.timeout_s = seconds
+
+
+def _likely_cause(kind: str, seq: int, where: str, group, what: str, err: Exception) -> str:
+    return (
+        f"shardcore: {kind} #{seq} ({where}) {what} of its tensor-parallel group {group_ranks(group)} ({err}). "
+        "Every rank of the tensor-parallel group must call the model the same number of times with the "
+        "same shapes: a generate() or forward under `if rank == 0:` is the usual mistake (call it on "
+        "every rank, print on one), or another rank failed or is stuck. The bound is "
+        f"ShardConfig(collective_timeout=...) or {TIMEOUT_ENV}=<seconds>."
+    )
+
+
+#: what gloo / NCCL say when the other side of a collective went away
+_PEER_GONE = ("connection closed by peer", "connection reset", "broken pipe", "remote worker", "socket closed")
+
+
+def _wait(work, kind: str, group, where: str | None, seq: int | None = None) -> None:
+    """Wait for an async collective; past the bound, raise :class:`CollectiveTimeout` saying which,
+    and when a peer went away while waiting, :class:`CollectivePeerLost` with the same cause."""
+    if WHERE.timeout_s is None:
+        work.wait()
+        return
+    where = where or "forward of " + WHERE.module
+    seq = WHERE.seq if seq is None else seq
+    try:
+        work.wait(timeout=timedelta(seconds=WHERE.timeout_s))
+    except RuntimeError as err:
+        text = str(err).lower()
+        if "timed out" in text:
+            what = f"waited more than {WHERE.timeout_s:g} s for the other ranks"
+            raise CollectiveTimeout(_likely_cause(kind, seq, where, group, what, err)) from err
+        if any(sign in text for sign in _PEER_GONE):
+            what = "lost a peer (it left or gave up first) while waiting for the other ranks"
+            raise CollectivePeerLost(_likely_cause(kind, seq, where, group, what, err)) from err
+        if hasattr(err, "add_note"):  # another failure: say where, keep the error
+            err.add_note(f"shardcore: while waiting in {kind} #{seq} ({where})")
+        raise
+
+
+def group_ranks(group: dist.ProcessGroup | None) -> list[int]:
+    """The global ranks of ``group`` (``None``: the default group)."""
+    return dist.get_process_group_ranks(group) if group is not None else list(range(dist.get_world_size()))
+
+
+@attrs.frozen
+class PaperGroup:
+    """A tensor-parallel group that exists only on paper: this process plays ``rank`` of ``size``.
+
+    Sharding a (meta-device) model with it computes the slices rank ``rank`` would hold, with no
+    process group and no other process (``shardcore explain``); a collective on it is an error.
+    """
+
+    rank: int
+    size: int
+
+
+def group_size(group: dist.ProcessGroup | None) -> int:
+    if isinstance(group, PaperGroup):
+        return group.size
+    if group is None and not dist.is_initialized():
+        return 1
+    return dist.get_world_size(group)
+
+
+def group_rank(group: dist.ProcessGroup | None) -> int:
+    if isinstance(group, PaperGroup):
+        return group.rank
+    if group is None and not dist.is_initialized():
+        return 0
+    return dist.get_rank(group)
+
+
+def all_reduce(x: torch.Tensor, group, op=dist.ReduceOp.SUM, *, where: str | None = None) -> torch.Tensor:
+    """In-place all-reduce of a (contiguous) tensor; counted, bounded (see :func:`set_collective_timeout`)."""
+    if group_size(group) > 1:
+        COUNTS["all_reduce"] += 1
+        WHERE.seq += 1
+        _wait(dist.all_reduce(x, op=op, group=group, async_op=True), "all_reduce", group, where)
+    return x
+
+
+class Pending:
+    """A collective started now (counted, async) and waited for later, within the bound:
+    :meth:`wait` returns its result. What overlaps communication with computation is built on it."""
+
+    def __init__(self, work, kind: str, group, where: str | None, result) -> None:
+        self.work, self.kind, self.group, self.result = work, kind, group, result
+        self.where, self.seq = where or "forward of " + WHERE.module, WHERE.seq
+
+    def wait(self):
+        if self.work is not None:
+            _wait(self.work, self.kind, self.group, self.where, self.seq)
+            self.work = None
+        return self.result()
+
+
+def start_all_gather(x: torch.Tensor, group, dim: int, *, where: str | None = None) -> Pending:
+    """Start the all-gather of equal-shaped tensors; ``wait()`` concatenates them along ``dim``."""
+    world = group_size(group)
+    if world == 1:
+        return Pending(None, "all_gather", group, where, lambda: x)
+    COUNTS["all_gather"] += 1
+    WHERE.seq += 1
+    x = x.contiguous()
+    parts = [torch.empty_like(x) for _ in range(world)]
+    work = dist.all_gather(parts, x, group=group, async_op=True)
+    return Pending(work, "all_gather", group, where, lambda: torch.cat(parts, dim=dim))
+
+
+def start_reduce_scatter(x: torch.Tensor, group, dim: int, *, where: str | None = None) -> Pending:
+    """Start the reduce-scatter of ``x`` along ``dim``; ``wait()`` returns this rank's chunk of the sum."""
+    world = group_size(group)
+    if world == 1:
+        return Pending(None, "reduce_scatter", group, where, lambda: x)
+    if x.shape[dim] % world:
+        raise ValueError(f"cannot reduce-scatter dimension {dim} of size {x.shape[dim]} over {world} ranks")
+    COUNTS["reduce_scatter"] += 1
+    WHERE.seq += 1
+    parts = [c.contiguous() for c in x.chunk(world, dim=dim)]
+    out = torch.empty_like(parts[0])
+    work = dist.reduce_scatter(out, parts, group=group, async_op=True)
+    return Pending(work, "reduce_scatter", group, where, lambda: out)
+
+
+def all_gather_cat(x: torch.Tensor, group, dim: int, *, where: str | None = None) -> torch.Tensor:
+    """All-gather equal-shaped tensors and concatenate them along ``dim``; counted, bounded."""
+    return start_all_gather(x, group, dim, where=where).wait()
+
+
+def reduce_scatter_cat(x: torch.Tensor, group, dim: int, *, where: str | None = None) -> torch.Tensor:
+    """This rank's equal chunk along ``dim`` of the sum over the group (reduce-scatter); counted, bounded."""
+    return start_reduce_scatter(x, group, dim, where=where).wait()
+
+
+def all_to_all_cat(x: torch.Tensor, group, scatter: int, gather: int, *, where: str | None = None) -> torch.Tensor:
+    """Send the ``i``-th of ``x``'s equal chunks along ``scatter`` to rank ``i`` and concatenate the
+    chunks received along ``gather`` (all-to-all); counted, bounded."""
+    world = group_size(group)
+    if world == 1:
+        return x
+    if x.shape[scatter] % world:
+        raise ValueError(f"cannot split dimension {scatter} of size {x.shape[scatter]} over {world} ranks")
+    COUNTS["all_to_all"] += 1
+    WHERE.seq += 1
+    inputs = [c.contiguous() for c in x.chunk(world, dim=scatter)]
+    outputs = [torch.empty_like(inputs[0]) for _ in range(world)]
+    _wait(dist.all_to_all(outputs, inputs, group=group, async_op=True), "all_to_all", group, where)
+    return torch.cat(outputs, dim=gather)
+
+
+def broadcast(x: torch.Tensor, group, *, where: str) -> torch.Tensor:
+    """In place, from the group's first rank; counted, bounded."""
+    if group_size(group) > 1:
+        COUNTS["broadcast"] += 1
+        WHERE.seq += 1
+        src = dist.get_global_rank(group, 0) if group is not None else 0
+        _wait(dist.broadcast(x, src=src, group=group, async_op=True), "broadcast", group, where)
+    return x

@@ -1,0 +1,155 @@
+"""Running a pipelined model: one training step over microbatches, forward-only calls, tied tensors."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .check import PipelineInfo, _stage_indices
+from .schedule import _is_single, _schedule_class
+
+
+def _send(tensors: tuple, peer: int, group) -> None:
+    dst = dist.get_global_rank(group, peer)
+    dist.send_object_list([[(tuple(t.shape), t.dtype) for t in tensors]], dst=dst, group=group)
+    for t in tensors:
+        dist.send(t.contiguous(), dst=dst, group=group)
+
+
+def _recv(peer: int, group) -> tuple:
+    src = dist.get_global_rank(group, peer)
+    meta: list = [None]
+    dist.recv_object_list(meta, src=src, group=group)
+    out = []
+    for shape, dtype in meta[0]:
+        t = torch.empty(shape, dtype=dtype)
+        dist.recv(t, src=src, group=group)
+        out.append(t)
+    return tuple(out)
+
+
+def _forward_only(model: nn.Module, policy, info: PipelineInfo, args: tuple, kwargs: dict):
+    """The whole batch through the stages in order; the last stage's output broadcast to every rank."""
+    names = list(inspect.signature(model.forward).parameters)
+    batch = {**dict(zip(names, args, strict=False)), **{k: v for k, v in kwargs.items() if v is not None}}
+    logits_to_keep = batch.pop("logits_to_keep", 0)
+    inputs, labels = policy.pipeline_inputs(batch, training=False)
+    me = dist.get_group_rank(info.group, dist.get_rank())
+    pp = dist.get_world_size(info.group)
+    per_rank = len(info.stage_indices)
+    owner = [_stage_owner(s, pp, per_rank, info.schedule_name) for s in range(info.num_stages)]
+    stages = dict(zip(info.stage_indices, (st.submod for st in info.stages), strict=True))
+    x = inputs
+    with torch.no_grad():
+        for s in range(info.num_stages):
+            if owner[s] != me:
+                continue
+            if s > 0 and owner[s - 1] != me:
+                x = _recv(owner[s - 1], info.group)
+            out = stages[s](*x)
+            x = out if isinstance(out, tuple) else (out,)
+            if s < info.num_stages - 1 and owner[s + 1] != me:
+                _send(x, owner[s + 1], info.group)
+        x = tuple(t.contiguous() for t in x)  # a collective sends memory as it lies (logits may be a narrowed view)
+        meta = [[(tuple(t.shape), t.dtype) for t in x]] if owner[-1] == me else [None]
+        src = dist.get_global_rank(info.group, owner[-1])
+        dist.broadcast_object_list(meta, src=src, group=info.group)
+        if owner[-1] != me:
+            x = tuple(torch.empty(shape, dtype=dtype) for shape, dtype in meta[0])
+        for t in x:
+            dist.broadcast(t, src=src, group=info.group)
+        logits = x[0]
+        if isinstance(logits_to_keep, int) and logits_to_keep > 0:
+            logits = logits[:, -logits_to_keep:]
+        loss = None
+        if labels is not None:
+            loss = policy.pipeline_loss(x[0] if len(x) == 1 else x, labels, policy.pipeline_num_items(labels))
+    return policy.pipeline_output(logits, loss, *x[1:])  # the last stage's further outputs, if any
+
+
+def _stage_owner(stage: int, pp: int, per_rank: int, name: str) -> int:
+    """The pp rank running ``stage``."""
+    for r in range(pp):
+        if stage in _stage_indices(r, pp, per_rank, name):
+            return r
+    raise AssertionError(f"stage {stage} has no rank")
+
+
+def _make_schedule(info: PipelineInfo, loss_fn):
+    cls = _schedule_class(info.schedule_name)
+    stage = info.stages[0] if _is_single(info.schedule_name) else info.stages
+    kwargs: dict[str, Any] = {"loss_fn": loss_fn}
+    if "scale_grads" in inspect.signature(cls.__init__).parameters:
+        kwargs["scale_grads"] = False  # each microbatch's loss is already weighed by the whole batch's terms
+    return cls(stage, info.num_microbatches, **kwargs)
+
+
+def pipeline_step(model: nn.Module, batch: Mapping[str, Any]) -> torch.Tensor:
+    """One training step's forward and backward over the whole ``batch`` (as the unsharded model
+    would take it, labels included); the gradients are left accumulated in the parameters this
+    rank holds, and the loss of the whole batch is returned on every rank.
+
+    Under pipeline parallelism the batch is cut into ``num_microbatches`` microbatches run by the
+    configured schedule; each microbatch's loss is weighed by the whole batch's number of loss
+    terms, so the result equals the unsharded model's loss also when microbatches hold different
+    numbers of label tokens. Without pipeline parallelism: ``model(**batch).loss.backward()``.
+    """
+    info = getattr(getattr(model, "shardcore", None), "pipeline", None)
+    if info is None:
+        out = model(**batch)
+        loss = out["loss"] if isinstance(out, Mapping) else out.loss
+        loss.backward()
+        return loss.detach()
+    policy = model.shardcore.policy
+    if model.shardcore.config.inference_only:
+        raise RuntimeError(
+            f"{type(model).__name__} was sharded with ShardConfig(inference_only=True): its parameters are frozen; "
+            "run model(**batch) for inference, or shard it without inference_only to train it"
+        )
+    args, labels = policy.pipeline_inputs(dict(batch))  # local checks first: the same on every rank
+    if labels is None:
+        raise ValueError("pipeline_step: the batch has no labels; a training step needs them")
+    size = args[0].shape[0]
+    if size % info.num_microbatches:
+        raise ValueError(
+            f"pipeline_step: batch size {size} is not divisible by num_microbatches={info.num_microbatches}; "
+            "give a batch whose size is a multiple of it (or change num_microbatches)"
+        )
+    if model.shardcore.config.check_inputs:  # every rank of a pipeline (and of its TP groups) gets the same batch
+        from ..consistency import check_inputs
+
+        layout = model.shardcore.layout
+        for dim in ("pp", "tp"):
+            if layout.degrees[dim] > 1:
+                check_inputs(layout.group(dim), "pipeline_step", (), dict(batch))
+    info.num_items = policy.pipeline_num_items(labels)
+    shapes = tuple(tuple(a.shape) for a in args)
+    device = next(model.parameters()).device
+    if (info.shapes is not None and info.shapes != shapes) or info.stages[0].device != device:
+        # torch's stages keep the shapes of their first step and the device they were built on (meta,
+        # for a model built under init_empty and loaded since): new shapes or device, new stages
+        info.rebuild()
+    info.shapes = shapes
+    losses: list[torch.Tensor] = []
+    if info.is_first:
+        info.schedule.step(*args, target=labels, losses=losses, return_outputs=False)
+    else:
+        info.schedule.step(target=labels, losses=losses, return_outputs=False)
+    for param, group in info.tied:  # the input and output embeddings: one parameter, two stages
+        if param.grad is not None:
+            dist.all_reduce(param.grad, group=group)
+    total = torch.stack([x.detach().float() for x in losses]).sum() if losses else torch.zeros(())
+    src = dist.get_global_rank(info.group, info.last_stage_rank)
+    dist.broadcast(total, src=src, group=info.group)
+    return total
+
+
+def tensor_aliases(model: nn.Module) -> dict[str, list[str]]:
+    """The other names of each tied parameter of a pipelined model (``{}`` without a pipeline)."""
+    info = getattr(getattr(model, "shardcore", None), "pipeline", None)
+    return dict(info.aliases) if info is not None else {}

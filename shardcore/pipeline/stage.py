@@ -1,0 +1,256 @@
+"""A stage built from the model itself: the blocks and ends other stages hold become holes."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .check import PipelineInfo, _stage_indices
+from .hole import PipelineHole
+from .runtime import _forward_only, _make_schedule, _stage_owner
+
+
+class _Stage(nn.Module):
+    """One stage as ``torch.distributed.pipelining`` runs it: the (pruned) model and how it runs.
+
+    Its parameters (what the schedule computes weight gradients for) are its own: the modules
+    ``own`` (its blocks, and the embedding / final norm and head on the first / last stage); the
+    model is referenced, not registered. A rank running several stages holds the blocks of all
+    of them; while one stage runs, the blocks of its other stages are swapped for holes
+    (``others``), so each stage runs its own."""
+
+    def __init__(
+        self, model: nn.Module, policy, first: bool, last: bool, own: list, own_params: list, others: list
+    ) -> None:
+        super().__init__()
+        self.own = nn.ModuleList(own)
+        self.own_params = nn.ParameterList(own_params)
+        object.__setattr__(self, "model", model)  # not a submodule: other stages' parameters are not ours
+        self._policy, self._first, self._last = policy, first, last
+        self._others = others  # (path, module, hole) of what this rank holds for its other stages
+
+    def forward(self, *inputs):
+        for name, _, hole in self._others:
+            _set(self.model, name, hole)
+        self.model._shardcore_in_stage = True
+        try:
+            out = self._policy.pipeline_stage_forward(tuple(inputs), first=self._first, last=self._last)
+            # an input handed on unchanged (the encoder's states through decoder stages) is a new tensor:
+            # its gradient from the next stage then flows back through this stage's autograd graph
+            fresh = lambda t: t.clone() if any(t is i for i in inputs) else _own(t)  # noqa: E731
+            return tuple(map(fresh, out)) if isinstance(out, tuple) else fresh(out)
+        finally:
+            self.model._shardcore_in_stage = False
+            for name, block, _ in self._others:
+                _set(self.model, name, block)
+
+
+def _own(t: torch.Tensor) -> torch.Tensor:
+    """A stage output as the schedule needs it: contiguous (it is sent as it lies in memory; an
+    expanded position index is not) and not a view (the zero-bubble schedules detach outputs in
+    place; GPT-2's hidden states are a view of its final norm's output)."""
+    return t.clone(memory_format=torch.contiguous_format) if t._base is not None or not t.is_contiguous() else t
+
+
+def _set(root: nn.Module, dotted: str, value: nn.Module) -> None:
+    parent, _, name = dotted.rpartition(".")
+    setattr(root.get_submodule(parent) if parent else root, name, value)
+
+
+def build_pipeline(model: nn.Module, policy, config, layout, name: str, layers: list[int], per_rank: int):
+    """Prune ``model`` to this rank's stages and build the stages and the schedule (collective:
+    groups for tied weights). Called by :func:`shardcore.optimize` after tensor-parallel sharding."""
+    pp, group = layout.pp, layout.group("pp")
+    pp_rank = layout.coordinates(dist.get_rank())["pp"]
+    indices = _stage_indices(pp_rank, pp, per_rank, name)
+    num_stages = pp * per_rank
+    starts = [sum(layers[:s]) for s in range(num_stages)]
+    stage_blocks = {s: set(range(starts[s], starts[s] + layers[s])) for s in indices}
+    held = set().union(*stage_blocks.values())
+    blocks = policy.blocks()
+    stage_of_block = {b: t for t in range(num_stages) for b in range(starts[t], starts[t] + layers[t])}
+
+    # the ends: modules (or parameters) outside the blocks that one stage runs
+    ends = policy.pipeline_ends()
+    end_stage: dict[str, int] = {}
+    param_ends: set[str] = set()
+    for path, where in ends.items():
+        index = {"first": 0, "last": -1}.get(where, where) if isinstance(where, str) else where
+        if not isinstance(index, int) or not -len(blocks) <= index < len(blocks):
+            raise ValueError(
+                f"{type(policy).__name__}.pipeline_ends(): {path!r}: {where!r} is not 'first', 'last' or a block index"
+            )
+        end_stage[path] = stage_of_block[index % len(blocks)]
+        try:
+            model.get_submodule(path)
+        except AttributeError:
+            try:
+                model.get_parameter(path)
+            except AttributeError:
+                raise ValueError(
+                    f"{type(policy).__name__}.pipeline_ends(): {path!r} is neither a module nor a parameter of "
+                    f"{type(model).__name__}"
+                ) from None
+            param_ends.add(path)
+
+    # parameters the unsharded model holds under several names (tied embeddings), and the stages
+    # holding each name: their gradients are summed over the ranks of those stages
+    names_of: dict[int, list[str]] = {}
+    for n, p in model.named_parameters(remove_duplicate=False):
+        names_of.setdefault(id(p), []).append(n)
+
+    def stage_of(param_name: str) -> int | None:
+        for path, stage in end_stage.items():
+            if param_name == path or param_name.startswith(path + "."):
+                return stage
+        for b, (block_name, _) in enumerate(blocks):
+            if param_name.startswith(block_name + "."):
+                return stage_of_block[b]
+        return None  # outside blocks and ends: every stage has it
+
+    owners_of = {}
+    for pid, names in names_of.items():
+        stages = {stage_of(n) for n in names}
+        if len(names) > 1 and None not in stages:
+            owners = tuple(sorted({_stage_owner(t, pp, per_rank, name) for t in stages}))
+            if len(owners) > 1:
+                owners_of[pid] = owners
+    aliases = {n: [m for m in names if m != n] for names in names_of.values() if len(names) > 1 for n in names}
+
+    # prune: the blocks and the ends of other ranks' stages
+    as_tuple = bool(getattr(policy, "pipeline_block_returns_tuple", False))
+    holes = {
+        b: PipelineHole(block, as_tuple=as_tuple, where=block_name) for b, (block_name, block) in enumerate(blocks)
+    }
+    for b, (block_name, _) in enumerate(blocks):
+        if b not in held:
+            _set(model, block_name, holes[b])
+    zero_ends = policy.pipeline_zero_ends()
+    end_holes = {
+        path: PipelineHole(model.get_submodule(path), where=path, zero=path in zero_ends)
+        for path in ends
+        if path not in param_ends
+    }
+    for path in ends:
+        if end_stage[path] in indices:
+            continue
+        if path in param_ends:  # gone from this rank; what reads its shape or dtype still can
+            parent, _, leaf = path.rpartition(".")
+            owner = model.get_submodule(parent) if parent else model
+            stand_in = torch.empty_like(owner._parameters.pop(leaf), device="meta")
+            object.__setattr__(owner, leaf, stand_in)
+        else:
+            _set(model, path, end_holes[path])
+
+    # the ranks holding a tied parameter's stages sum its gradients, one group per (dp, sp, tp) coordinate
+    tied: list = []
+    if owners_of:
+        coords = [layout.coordinates(r) for r in range(dist.get_world_size())]
+        keys = sorted({(c["dp"], c["sp"], c["tp"]) for c in coords})
+        groups = {}
+        for owners in sorted(set(owners_of.values())):
+            for key in keys:
+                ranks = sorted(
+                    r for r, c in enumerate(coords) if (c["dp"], c["sp"], c["tp"]) == key and c["pp"] in owners
+                )
+                g = dist.new_group(ranks)  # collective over the world: every rank creates every group
+                if dist.get_rank() in ranks:
+                    groups[owners] = g
+        live = {id(p): p for p in model.parameters()}
+        tied = [(live[pid], groups[owners]) for pid, owners in owners_of.items() if pid in live]
+    last_owner = _stage_owner(num_stages - 1, pp, per_rank, name)
+
+    info = PipelineInfo(
+        schedule_name=name,
+        num_stages=num_stages,
+        stage_indices=indices,
+        layers=layers,
+        group=group,
+        num_microbatches=config.num_microbatches or pp * per_rank,
+        tied=tied,
+        last_stage_rank=last_owner,
+        aliases=aliases,
+    )
+
+    def make_stages() -> None:
+        from torch.distributed.pipelining import PipelineStage
+
+        device = next((p.device for p in model.parameters()), torch.device("cpu"))
+        info.stages = []
+        for s in indices:
+            others = [(blocks[b][0], blocks[b][1], holes[b]) for t in indices if t != s for b in stage_blocks[t]]
+            own = [blocks[b][1] for b in sorted(stage_blocks[s])]
+            own_params = []
+            for path, stage in end_stage.items():
+                if path in param_ends:
+                    if stage == s:
+                        own_params.append(model.get_parameter(path))
+                elif stage == s:
+                    own.append(model.get_submodule(path))
+                elif stage in indices:  # this rank runs that end in another of its stages: a hole while this one runs
+                    others.append((path, model.get_submodule(path), end_holes[path]))
+            stage = _Stage(model, policy, s == 0, s == num_stages - 1, own, own_params, others)
+            info.stages.append(PipelineStage(stage, s, num_stages, device, group=group))
+
+        def loss_fn(output, target):
+            return policy.pipeline_loss(output, target, info.num_items)
+
+        info.schedule = _make_schedule(info, loss_fn)
+
+    info.rebuild = make_stages
+    try:
+        make_stages()  # local: the schedule checks its own constraints (microbatches, stages) here
+    except (ValueError, RuntimeError, AssertionError) as err:
+        raise ValueError(
+            f"ShardConfig(pipeline_schedule={name!r}, pipeline_parallel_size={pp}, num_microbatches="
+            f"{info.num_microbatches}): torch.distributed.pipelining refuses it: {err}"
+        ) from err
+
+    _route_forward(model, policy, info)
+    return info
+
+
+def _route_forward(model: nn.Module, policy, info: PipelineInfo) -> None:
+    """``model(...)`` outside a stage runs the whole pipeline forward (inference: no autograd across
+    stages) and returns the model's outputs on every rank; ``generate()`` runs through it, without a
+    KV cache (each step recomputes the sequence), its random state shared by the pipeline's ranks."""
+    import functools
+
+    original = model.forward
+
+    @functools.wraps(original)  # generate() inspects the signature (position_ids, logits_to_keep)
+    def forward(*args, **kwargs):
+        if getattr(model, "_shardcore_in_stage", False):
+            return original(*args, **kwargs)
+        if model.training and torch.is_grad_enabled():
+            raise RuntimeError(
+                f"{type(model).__name__} is split into {info.num_stages} pipeline stages: train it with "
+                "shardcore.pipeline_step(model, batch); a forward through the pipeline is for inference "
+                "(model.eval(), or under torch.no_grad())"
+            )
+        return _forward_only(model, policy, info, args, kwargs)
+
+    model.forward = forward
+    generate = getattr(model, "generate", None)
+    if callable(generate):
+
+        @functools.wraps(generate)
+        def generate_through_pipeline(*args, **kwargs):
+            from ..consistency import sync_random_state
+
+            if policy.pipeline_generate_unsupported:
+                raise NotImplementedError(
+                    f"{type(model).__name__} in pipeline stages: {policy.pipeline_generate_unsupported}; "
+                    "generate with a model sharded without pipeline_parallel_size"
+                )
+            if kwargs.get("use_cache"):
+                raise ValueError(
+                    "generate(use_cache=True) through pipeline stages: the KV cache is not split over stages "
+                    "yet; leave use_cache unset (each step recomputes the sequence)"
+                )
+            kwargs["use_cache"] = False
+            sync_random_state(info.group, next(model.parameters()).device)  # sampling alike on every stage
+            return generate(*args, **kwargs)
+
+        model.generate = generate_through_pipeline

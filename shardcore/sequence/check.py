@@ -1,0 +1,99 @@
+"""What sequence parallelism a configuration asks for, checked before any collective."""
+
+from __future__ import annotations
+
+from torch import nn
+
+_BUILT = ("split_gather", "all_to_all", "ring_attn")
+
+
+def check_sequence_parallel(model: nn.Module, policy, config, layout) -> str | None:
+    """The mode ``config`` asks for, checked before any collective (the same on every rank)."""
+    if not config.enable_sequence_parallelism:  # (overlap or a mode without it: refused by ShardConfig)
+        if layout.sp > 1:
+            raise ValueError(
+                f"sequence_parallel_size={layout.sp} without sequence parallelism: give "
+                "enable_sequence_parallelism=True, sequence_parallelism_mode='all_to_all', or leave it 1"
+            )
+        return None
+    mode = config.sequence_parallelism_mode or "split_gather"
+    if config.enable_sequence_overlap and mode != "split_gather":
+        raise NotImplementedError(
+            f"ShardConfig(enable_sequence_overlap=True) overlaps the collectives of "
+            f"sequence_parallelism_mode='split_gather'; with {mode!r} leave it False"
+        )
+    supported = tuple(policy.sequence_parallelism_modes)
+    if mode not in supported:
+        raise NotImplementedError(
+            f"{type(model).__name__}: {type(policy).__name__} does not support sequence_parallelism_mode={mode!r}"
+            + (f" (it supports {', '.join(supported)})" if supported else " (no sequence parallelism)")
+            + "; leave enable_sequence_parallelism=False"
+        )
+    if mode == "split_gather" and not policy.sequence_parallel_regions():
+        raise NotImplementedError(
+            f"{type(model).__name__}: {type(policy).__name__} names no blocks to split the sequence over; leave "
+            "enable_sequence_parallelism=False"
+        )
+    if mode == "split_gather" and layout.sp > 1:
+        raise ValueError(
+            f"sequence_parallel_size={layout.sp} is the group of sequence_parallelism_mode='all_to_all' (or "
+            "'ring_attn'); 'split_gather' splits over the tensor-parallel group: leave sequence_parallel_size=1"
+        )
+    if mode == "split_gather" and (layout.tp == 1 or not config.enable_tensor_parallelism):
+        raise ValueError(
+            "sequence_parallelism_mode='split_gather' splits the sequence over the tensor-parallel group, "
+            "but tensor_parallel_size is 1; give tensor_parallel_size > 1"
+        )
+    if mode in ("all_to_all", "ring_attn"):
+        if layout.sp == 1:
+            raise ValueError(
+                f"sequence_parallelism_mode={mode!r} runs over sequence_parallel_size ranks, but it is 1; give "
+                "sequence_parallel_size > 1"
+            )
+        problem = policy.sequence_attention_problem(mode)
+        if problem:
+            raise NotImplementedError(f"{type(model).__name__}: {problem}")
+    if mode == "all_to_all":
+        tp = layout.tp if config.enable_tensor_parallelism else 1
+        for what, heads in zip(("attention heads", "key/value heads"), policy.sequence_parallel_heads(), strict=True):
+            if heads % (tp * layout.sp):
+                raise ValueError(
+                    f"{type(model).__name__}: {heads} {what} do not split over tensor_parallel_size x "
+                    f"sequence_parallel_size = {tp} x {layout.sp} (Ulysses gives each rank whole heads); choose "
+                    f"sizes whose product divides {heads}"
+                )
+    refused = {
+        f"pipeline_parallel_size > 1 (sequence_parallelism_mode={mode!r}; 'split_gather' composes)": layout.pp > 1
+        and mode != "split_gather",
+        f"data_parallel={config.data_parallel!r}": config.data_parallel is not None,
+        "enable_jit_fused (compiled modules)": config.enable_jit_fused or config.enable_all_optimization,
+        "inference_only": config.inference_only,
+    }
+    for what, present in refused.items():
+        if present:
+            raise NotImplementedError(f"sequence parallelism together with {what} is not built yet; use one of them")
+    return mode
+
+
+def _refuse_unsupported(model: nn.Module) -> None:
+    """At each forward, before any collective: what the sequence split cannot honour yet."""
+    name = type(model).__name__
+
+    def refuse(module, args, kwargs):
+        cfg = getattr(module, "config", None)
+        if kwargs.get("output_hidden_states") or getattr(cfg, "output_hidden_states", False):
+            raise NotImplementedError(
+                f"{name} with sequence parallelism: output_hidden_states would return each rank's slice of "
+                "the inner layers' states; leave it off"
+            )
+        new_name = "is_activation_checkpointing"  # transformers 5 (is_gradient_checkpointing: 4.x, deprecated)
+        checkpointing = getattr(
+            module, new_name if hasattr(type(module), new_name) else "is_gradient_checkpointing", False
+        )
+        if module.training and checkpointing:
+            raise NotImplementedError(
+                f"{name}: gradient checkpointing with sequence parallelism is not built yet (the recomputed "
+                "blocks would run unsplit); disable one of them"
+            )
+
+    model.register_forward_pre_hook(refuse, with_kwargs=True)

@@ -1,0 +1,133 @@
+"""DeepSpeed-Ulysses (``sequence_parallelism_mode="all_to_all"``) over the mesh's ``sp`` dim: the
+sequence split exchanged for a head split around attention, and back. :func:`apply_ulysses` also
+sets up ``"ring_attn"`` (:mod:`shardcore.sequence.ring`).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import nn
+
+from ..distributed.collectives import all_to_all_cat
+from ..tensor_parallel.mappings import gather_from_tp, split_to_tp
+from ..tensor_parallel.regions import SequenceParallel
+from .check import _refuse_unsupported
+from .ring import _unzigzag, _zigzag
+from .split_gather import _per_rank_dropouts, _sum_grads_when_split
+
+
+def apply_ulysses(model: nn.Module, policy, state: SequenceParallel) -> None:
+    """DeepSpeed-Ulysses, or with ``state.mode == "ring_attn"`` context parallelism (zigzag split,
+    :func:`ring_attention`), over ``state.group`` (the mesh's ``sp`` dim): the hidden states split along
+    the sequence at the first block's input (and the per-block inputs that run along it, such as
+    rotary ``position_embeddings``), gathered at the last block's output; around attention an
+    all-to-all trades the sequence split for a head split and back, through the model library's
+    attention registry (:meth:`shardcore.Policy.set_sequence_attention`). Every block parameter's
+    gradient, from this rank's tokens only, is summed over the group."""
+    blocks = [block for _, block in policy.blocks()]
+    group = state.group
+    split_kwargs = tuple(policy.sequence_split_kwargs)
+    _refuse_unsupported(model)
+
+    ring = state.mode == "ring_attn"
+    parts = 2 * state.size if ring else state.size  # ring: two chunks a rank (zigzag, for causal balance)
+
+    def split(t: torch.Tensor) -> torch.Tensor:
+        return split_to_tp(_zigzag(t, state.size, state.dim) if ring else t, group, dim=state.dim)
+
+    def gather(t: torch.Tensor) -> torch.Tensor:
+        t = gather_from_tp(t, group, dim=state.dim)
+        return _unzigzag(t, state.size, state.dim) if ring else t
+
+    def split_first(module, args, kwargs):
+        in_kwargs = "hidden_states" in kwargs
+        x = kwargs["hidden_states"] if in_kwargs else args[0]
+        length = x.shape[state.dim]
+        cached = kwargs.get("past_key_values") is not None and not module.training
+        # a KV cache would keep only this rank's part of the sequence: inference with one runs unsplit
+        state.active = length % parts == 0 and length >= parts and not cached
+        if not state.active:
+            return None
+        state.attention_calls = 0
+        x = split(x)
+        return (args, {**kwargs, "hidden_states": x}) if in_kwargs else ((x, *args[1:]), kwargs)
+
+    def split_along(module, args, kwargs):
+        if not state.active:
+            return None
+        out = dict(kwargs)
+        for key in split_kwargs:
+            value = kwargs.get(key)
+            if isinstance(value, torch.Tensor):
+                out[key] = split(value)
+            elif isinstance(value, tuple) and all(isinstance(v, torch.Tensor) for v in value):
+                out[key] = tuple(split(v) for v in value)
+        return args, out
+
+    def gather_last(module, args, output):
+        if not state.active:
+            return None
+        state.active = False
+        if state.attention_calls < len(blocks):  # never silently attention over this rank's tokens only
+            raise RuntimeError(
+                f"sequence_parallelism_mode={state.mode!r}: {len(blocks)} blocks ran but the split attention "
+                f"ran {state.attention_calls} times; this model's attention does not go through the registry "
+                "shardcore switched"
+            )
+        if isinstance(output, tuple):
+            return (gather(output[0]), *output[1:])
+        return gather(output)
+
+    blocks[0].register_forward_pre_hook(split_first, with_kwargs=True)
+    for block in blocks:  # after split_first on the first block: the flag is set when these run
+        block.register_forward_pre_hook(split_along, with_kwargs=True)
+    blocks[-1].register_forward_hook(gather_last)
+    for block in blocks:
+        for module in block.modules():
+            module.__dict__["_shardcore_sequence"] = state  # the attention function finds it here
+            own = [n for n, p in module.named_parameters(recurse=False) if p.requires_grad]
+            if own:  # every block parameter saw this rank's tokens only
+                _sum_grads_when_split(module, own, state)
+    _per_rank_dropouts(blocks, policy.sequence_parallel_dropouts, state)
+    policy.set_sequence_attention(state)
+
+
+class _AllToAll(torch.autograd.Function):
+    """Split ``x`` along ``scatter`` into the group's ranks and concatenate what they send along
+    ``gather``; the backward is the inverse exchange."""
+
+    @staticmethod
+    def forward(ctx, x, group, scatter: int, gather: int):
+        ctx.group, ctx.scatter, ctx.gather = group, scatter, gather
+        return all_to_all_cat(x, group, scatter, gather)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return (
+            all_to_all_cat(grad, ctx.group, ctx.gather, ctx.scatter, where="backward of Ulysses attention"),
+            None,
+            None,
+            None,
+        )
+
+
+def ulysses_attention(base):
+    """An attention function for a registry (HuggingFace's ``AttentionInterface``) that runs
+    ``base`` under Ulysses: ``(batch, heads, seq/sp, dim)`` query, key and value exchanged to
+    ``(batch, heads/sp, seq, dim)``, attention over the whole sequence, the output ``(batch,
+    seq, heads/sp, dim)`` exchanged back to ``(batch, seq/sp, heads, dim)``."""
+
+    @functools.wraps(base)
+    def attention(module, query, key, value, attention_mask, **kwargs):
+        state = module.__dict__.get("_shardcore_sequence")
+        if state is None or not state.active:
+            return base(module, query, key, value, attention_mask, **kwargs)
+        group = state.group
+        state.attention_calls += 1
+        query, key, value = (_AllToAll.apply(t, group, 1, 2) for t in (query, key, value))
+        out, _ = base(module, query, key, value, attention_mask, **kwargs)
+        return _AllToAll.apply(out, group, 1, 2), None  # (batch, seq, heads, dim): seq split, heads whole
+
+    return attention
