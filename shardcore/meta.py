@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator
 
 from torch import nn
+from torch.nn.modules.module import register_module_parameter_registration_hook
 
 __all__ = ["guard_meta", "init_empty", "unguard_meta"]
 
@@ -19,21 +21,22 @@ def init_empty() -> Iterator[None]:
     ``__init__`` as usual (rotary frequencies, position ids, causal masks), whatever the model
     library's version; persistent ones are then overwritten by :func:`shardcore.load_checkpoint`.
     Prefer it to ``with torch.device("meta")``, under which buffers must be recomputed after
-    loading (see :meth:`shardcore.Policy.materialize_buffers`). Not thread-safe: it patches
-    ``nn.Module.register_parameter`` while the block runs.
+    loading (see :meth:`shardcore.Policy.materialize_buffers`). Built on torch's own parameter
+    registration hook, removed when the block ends, and limited to the thread running the block:
+    ``nn.Module`` itself is never patched.
     """
-    original = nn.Module.register_parameter
+    thread = threading.get_ident()
 
-    def register_parameter(self: nn.Module, name: str, param) -> None:
-        original(self, name, param)
-        if param is not None and not param.is_meta:
-            self._parameters[name] = nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+    def to_meta(module: nn.Module, name: str, param):
+        if param is None or param.is_meta or threading.get_ident() != thread:
+            return None
+        return nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
 
-    nn.Module.register_parameter = register_parameter
+    handle = register_module_parameter_registration_hook(to_meta)
     try:
         yield
     finally:
-        nn.Module.register_parameter = original
+        handle.remove()
 
 
 def guard_meta(model: nn.Module) -> None:

@@ -15,6 +15,7 @@ from .config import ShardConfig
 from .data_parallel import apply_data_parallel, check_data_parallel
 from .distributed import ParallelLayout
 from .distributed.collectives import group_size, resolve_timeout, set_collective_timeout
+from .distributed.groups import prepare_replica_groups
 from .grad_norm import register_model
 from .integrations.hf import install_save_pretrained
 from .integrations.hf.peft import (
@@ -311,6 +312,8 @@ def optimize(
         group = layout.group("tp")
     _check_same_weights(model, dist.group.WORLD if whole_world else group)
     sharder.process_group = group
+    # the replica sub-groups layers with replicated heads use: made now, on every rank, not in a constructor
+    prepare_replica_groups(group, None if config.tensor_parallel_process_group is not None else layout.tp_groups())
     split_gather = sequence_mode == "split_gather"
     sequence = None
     if split_gather:

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from torch import nn
 from toy_models import ToyLM, ToyPolicy, toy_batch
 
 import shardcore
@@ -130,3 +131,28 @@ def test_loaded_weights_are_private_and_saving_over_the_source_is_safe(zero_copy
     again = load_file(str(tmp_path / "ckpt" / "model.safetensors"))
     assert all(torch.equal(again[k], v + 1.0) for k, v in state.items())
     assert not list((tmp_path / "ckpt").glob("*.tmp"))
+
+
+def test_init_empty_touches_nothing_outside_its_block_and_thread():
+    """Parameters move to meta inside the block, on its thread only; after it nothing is left
+    (no hook, no patched nn.Module)."""
+    import threading
+
+    from torch.nn.modules import module as torch_module
+
+    from shardcore import init_empty
+
+    hooks_before = dict(torch_module._global_parameter_registration_hooks)
+    register_before = nn.Module.register_parameter
+    other = {}
+    with init_empty():
+        inside = nn.Linear(4, 4)
+        worker = threading.Thread(target=lambda: other.setdefault("linear", nn.Linear(4, 4)))
+        worker.start()
+        worker.join()
+    after = nn.Linear(4, 4)
+    assert inside.weight.is_meta and inside.bias.is_meta
+    assert not other["linear"].weight.is_meta  # another thread building at the same time is untouched
+    assert not after.weight.is_meta
+    assert dict(torch_module._global_parameter_registration_hooks) == hooks_before
+    assert nn.Module.register_parameter is register_before

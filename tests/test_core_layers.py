@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from shardcore.distributed import prepare_replica_groups
 from shardcore.tensor_parallel import (
     FusedLinear1D_Col,
     Linear1D_Col,
@@ -68,8 +69,16 @@ def _layers(tp: int) -> str:
         x,
         expected_comm={"all_gather": 1, "all_reduce": 1},
     )
-    # heads replicated: 2 KV heads of size 4 on 4 ranks
+    # heads replicated: 2 KV heads of size 4 on 4 ranks; the layer's replica sub-groups are made
+    # beforehand (collective over the world), its constructor only looks them up
     kv = nn.Linear(16, 8)
+    if tp == 4:
+        import torch.distributed as dist
+
+        fresh = dist.new_group(list(range(4)))  # never prepared
+        with pytest.raises(RuntimeError, match=r"not prepared: call shardcore.distributed.prepare_replica_groups"):
+            Linear1D_Col.from_native_module(kv, fresh, num_heads=2, head_dim=4)
+    prepare_replica_groups(g)
     _check_layer(
         kv,
         Linear1D_Col.from_native_module(kv, g, num_heads=2, head_dim=4),
@@ -204,3 +213,23 @@ def test_a_fork_inside_a_fork_of_the_same_stream_does_not_replay_it():
     after = torch.rand(2)
     assert all(torch.equal(a, b) for a, b in zip(flat, nested, strict=True))
     assert torch.equal(inside, shared[0]) and torch.equal(after, shared[1])
+
+
+def _reduce_leaves_its_input(tp: int) -> str:
+    import torch.distributed as dist
+
+    from shardcore.tensor_parallel import reduce_from_tp
+
+    x = torch.full((2, 3), float(dist.get_rank() + 1), requires_grad=False)
+    held = x.clone()
+    total = torch.full((2, 3), float(sum(range(1, tp + 1))))
+    y = reduce_from_tp(x, _group())  # x is still someone's: summed into a new tensor
+    assert torch.equal(x, held) and torch.equal(y, total) and y.data_ptr() != x.data_ptr()
+    fresh = held.clone()
+    z = reduce_from_tp(fresh, _group(), fresh=True)  # the caller's own partial sum: in place
+    assert torch.equal(z, total) and z.data_ptr() == fresh.data_ptr()
+    return "ok"
+
+
+def test_reduce_from_tp_sums_in_place_only_a_fresh_partial_sum():
+    assert run_on_ranks(2, _reduce_leaves_its_input, 2) == ["ok"] * 2

@@ -17,7 +17,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from .groups import replica_group
+from .groups import prepare_replica_groups, replica_group
 from .launcher import RankError, RankPool, close_pools, run_on_ranks
 from .layout import DIMS, ParallelLayout
 
@@ -28,6 +28,7 @@ __all__ = [
     "RankPool",
     "close_pools",
     "init_from_env",
+    "prepare_replica_groups",
     "replica_group",
     "run_on_ranks",
 ]

@@ -121,6 +121,17 @@ def _wait(work, kind: str, group, where: str | None, seq: int | None = None) -> 
         raise
 
 
+def group_key(group) -> tuple:
+    """What identifies ``group`` in a cache: its global ranks (``None``: the default group's), or
+    for a :class:`PaperGroup` its rank and size. Never ``id(group)``: ids are reused once a group
+    is garbage-collected, and a cache keyed by them hands a new group an old group's state."""
+    if isinstance(group, PaperGroup):
+        return ("paper", group.rank, group.size)
+    if group is None and not dist.is_initialized():
+        return (0,)  # a process on its own
+    return tuple(group_ranks(group))
+
+
 def group_ranks(group: dist.ProcessGroup | None) -> list[int]:
     """The global ranks of ``group`` (``None``: the default group)."""
     return dist.get_process_group_ranks(group) if group is not None else list(range(dist.get_world_size()))

@@ -1,36 +1,73 @@
-"""Sub-groups of a tensor-parallel group: the ranks holding the same replicated shard."""
+"""Sub-groups of a tensor-parallel group: the ranks holding the same replicated shard.
+
+A layer whose heads are fewer than the tensor-parallel ranks (grouped-query attention's key/value
+heads at TP=4 with 2 heads) holds each head on a block of consecutive ranks; the gradients of those
+copies are summed over the block's sub-group. Creating groups is collective over the whole world,
+so it happens once, before any layer is built (:func:`prepare_replica_groups`, which
+:func:`shardcore.optimize` calls); a layer's constructor only looks its sub-groups up.
+"""
 
 from __future__ import annotations
 
 import torch.distributed as dist
 
-__all__ = ["replica_group"]
+from .collectives import PaperGroup, group_key, group_ranks, group_size
 
-_REPLICA_GROUPS: dict[tuple[int, int], object] = {}
+__all__ = ["prepare_replica_groups", "replica_group"]
+
+#: ``{(group key, blocks): (group, the sub-group holding this rank)}``; the group is held so a
+#: later group with the same ranks (after the first was destroyed) is not handed stale sub-groups
+_REPLICA_GROUPS: dict[tuple, tuple] = {}
+
+
+def _block_sizes(size: int) -> list[int]:
+    return [b for b in range(2, size + 1) if size % b == 0]
+
+
+def prepare_replica_groups(group, tp_groups: list[list[int]] | None = None) -> None:
+    """Create this rank's replica sub-groups of ``group`` for every block size that divides it.
+
+    Collective over the whole world: every rank calls it, with its own tensor-parallel group, in
+    the same order. ``tp_groups``, every tensor-parallel group's global ranks, comes from the
+    layout's mesh when known; else one ``all_gather_object`` finds them. Nothing happens for a
+    group of one rank, a :class:`PaperGroup`, or a group prepared before.
+    """
+    if isinstance(group, PaperGroup) or group_size(group) == 1:
+        return
+    key = group_key(group)
+    sizes = _block_sizes(len(key))
+    if all(_REPLICA_GROUPS.get((key, b), (None,))[0] is group for b in sizes):
+        return
+    if tp_groups is None and sizes == [len(key)]:  # only the group itself: nothing to find or create
+        tp_groups = [list(key)]
+    if tp_groups is None:
+        tp_groups = [None] * dist.get_world_size()
+        dist.all_gather_object(tp_groups, list(key))
+    me = dist.get_rank()
+    for blocks in sizes:  # every rank creates every sub-group of every tp group, in one order, keeps its own
+        mine = None
+        for tp_ranks in sorted({tuple(r) for r in tp_groups}):
+            for b in range(0, len(tp_ranks), blocks):
+                ranks = list(tp_ranks[b : b + blocks])
+                sub = group if blocks == len(tp_ranks) and tuple(ranks) == key else None
+                if sub is None and blocks < len(tp_ranks):
+                    sub = dist.new_group(ranks)
+                if me in ranks and sub is not None:
+                    mine = sub
+        _REPLICA_GROUPS[(key, blocks)] = (group, mine)
 
 
 def replica_group(group, blocks: int):
-    """The sub-group of ``group`` holding the same replicated shard as this rank.
-
-    ``group``'s ranks are cut into consecutive blocks of ``blocks`` ranks; every rank of the
-    world must call this with the same arguments (it creates groups). Cached per group.
-    """
-    from .collectives import PaperGroup
-
+    """The sub-group of ``group`` holding the same replicated shard as this rank (no collective:
+    :func:`prepare_replica_groups` made it). ``group``'s ranks are cut into consecutive blocks of
+    ``blocks`` ranks."""
     if isinstance(group, PaperGroup):  # explain: the same rank arithmetic, no group created
         return PaperGroup(group.rank % blocks, blocks)
-    key = (id(group), blocks)
-    if key not in _REPLICA_GROUPS:
-        ranks = dist.get_process_group_ranks(group)
-        # new_group is collective over the whole world: every rank creates every sub-group of
-        # every tp group, in the same order, and keeps its own.
-        all_tp = [None] * dist.get_world_size()
-        dist.all_gather_object(all_tp, ranks)
-        mine = None
-        for tp_ranks in sorted({tuple(r) for r in all_tp}):
-            for b in range(0, len(tp_ranks), blocks):
-                sub = dist.new_group(list(tp_ranks[b : b + blocks]))
-                if dist.get_rank() in tp_ranks[b : b + blocks]:
-                    mine = sub
-        _REPLICA_GROUPS[key] = mine
-    return _REPLICA_GROUPS[key]
+    entry = _REPLICA_GROUPS.get((group_key(group), blocks))
+    if entry is None or entry[0] is not group:
+        raise RuntimeError(
+            f"the replica sub-groups of tensor-parallel group {group_ranks(group)} are not prepared: call "
+            "shardcore.distributed.prepare_replica_groups(group) on every rank before building a layer with "
+            "replicated heads (shardcore.optimize does); creating groups is collective over the whole world"
+        )
+    return entry[1]

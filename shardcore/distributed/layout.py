@@ -30,7 +30,8 @@ if TYPE_CHECKING:
 __all__ = ["DIMS", "ParallelLayout"]
 
 DIMS = ("dp", "pp", "sp", "tp")
-_MESHES: dict[tuple[int, ...], DeviceMesh] = {}
+#: ``{degrees: (the default group it was built in, the mesh)}``: a re-initialized world builds anew
+_MESHES: dict[tuple[int, ...], tuple] = {}
 _positive = [v.instance_of(int), v.ge(1)]
 
 
@@ -111,12 +112,16 @@ class ParallelLayout:
     def mesh(self) -> DeviceMesh:
         """The cached ``("dp", "pp", "sp", "tp")`` device mesh (collective on first use)."""
         key = tuple(self.degrees.values())
-        if key not in _MESHES:
+        if _MESHES.get(key, (None,))[0] is not dist.group.WORLD:
             from torch.distributed.device_mesh import init_device_mesh
 
             device = "cuda" if dist.is_initialized() and dist.get_backend() == "nccl" else "cpu"
-            _MESHES[key] = init_device_mesh(device, key, mesh_dim_names=DIMS)
-        return _MESHES[key]
+            _MESHES[key] = (dist.group.WORLD, init_device_mesh(device, key, mesh_dim_names=DIMS))
+        return _MESHES[key][1]
+
+    def tp_groups(self) -> list[list[int]]:
+        """Every tensor-parallel group's global ranks (TP is the mesh's innermost dim)."""
+        return [list(range(start, start + self.tp)) for start in range(0, self.world_size, self.tp)]
 
     def group(self, dim: str):
         """The process group of this rank along ``dim`` (one of ``dp``, ``pp``, ``sp``, ``tp``)."""

@@ -68,7 +68,7 @@ class VocabParallelEmbedding1D(ParallelModule):
         local = (ids - self.vocab_start).masked_fill(outside, 0)
         out = F.embedding(local, self.weight, self._local_padding_idx)
         out = out.masked_fill(outside.unsqueeze(-1), 0.0)
-        return reduce_from_tp(out, self.process_group)
+        return reduce_from_tp(out, self.process_group, fresh=True)  # computed here, held by nobody else
 
     def collectives(self) -> dict[str, list[str]]:
         return {"forward": ["all_reduce"] if self.tp_size > 1 else [], "backward": []}

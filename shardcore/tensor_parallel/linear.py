@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..distributed.collectives import WHERE, all_reduce, group_size
+from ..distributed.groups import replica_group
 from .mappings import gather_from_tp, split_to_tp
 from .parallel_module import ParallelModule
 from .regions import enter_region, linear_leave_region
@@ -103,9 +104,7 @@ class Linear1D_Col(FromLinear, ParallelModule, nn.Linear):
         self._shard_param("weight", weight, self.weight_spec)
         self._shard_param("bias", bias, spec)
         self._replica_groups = None
-        if spec.is_replicated:
-            from ..distributed import replica_group
-
+        if spec.is_replicated:  # a look-up: the sub-groups were made before any layer (no collective here)
             self._replica_groups = [
                 replica_group(process_group, spec.replica_blocks(s)) if s.num_shards < spec.tp_size else None
                 for s in spec.segments

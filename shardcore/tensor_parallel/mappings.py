@@ -40,18 +40,20 @@ class _CopyToTP(torch.autograd.Function):
 
 
 class _ReduceFromTP(torch.autograd.Function):
-    """Megatron's ``g``. Forward: all-reduce (sum) over the group. Backward: identity."""
+    """Megatron's ``g``. Forward: all-reduce (sum) over the group. Backward: identity. In place
+    only when the caller vouches that ``x`` is a partial sum it just computed and nobody else
+    holds (``fresh``); otherwise into a copy, leaving ``x`` as it was."""
 
     @staticmethod
-    def forward(ctx, x, group):
-        if x.is_contiguous():  # reduce in place: x is a fresh partial sum nobody else reads
+    def forward(ctx, x, group, fresh):
+        if fresh and x.is_contiguous():
             ctx.mark_dirty(x)
             return all_reduce(x, group)
-        return all_reduce(x.contiguous(), group)
+        return all_reduce(x.clone(memory_format=torch.contiguous_format), group)
 
     @staticmethod
     def backward(ctx, grad):
-        return grad, None
+        return grad, None, None
 
 
 class _GatherFromTP(torch.autograd.Function):
@@ -135,9 +137,12 @@ def copy_to_tp(x: torch.Tensor, group) -> torch.Tensor:
 
 
 @torch.compiler.disable
-def reduce_from_tp(x: torch.Tensor, group) -> torch.Tensor:
-    """Megatron's ``g``: leave a tensor-parallel region by summing partial results: all-reduce forward only."""
-    return x if group_size(group) == 1 else _ReduceFromTP.apply(x, group)
+def reduce_from_tp(x: torch.Tensor, group, *, fresh: bool = False) -> torch.Tensor:
+    """Megatron's ``g``: leave a tensor-parallel region by summing partial results: all-reduce forward only.
+
+    ``fresh=True``: ``x`` was just computed by the caller and nothing else holds it, so it is summed
+    in place (no copy); by default the sum goes to a new tensor and ``x`` is left as it was."""
+    return x if group_size(group) == 1 else _ReduceFromTP.apply(x, group, fresh)
 
 
 @torch.compiler.disable

@@ -152,7 +152,7 @@ def linear_leave_region(x: torch.Tensor, weight: torch.Tensor, group, sequence: 
     """``leave_region(F.linear(x, weight), ...)``; with the sequence split and ``sequence.overlap``,
     the matmul and the reduce-scatter overlapped (:class:`_LinearScatterOverlap`)."""
     if sequence is None or not (sequence.active and sequence.overlap) or group_size(group) == 1:
-        return leave_region(F.linear(x, weight), group, sequence)
+        return leave_region(F.linear(x, weight), group, sequence, fresh=True)  # our own matmul's output
     prefetch, sequence.latest_saved = sequence.latest_saved, None
     return _LinearScatterOverlap.apply(x, weight, group, sequence.dim % x.dim(), prefetch)
 
@@ -178,9 +178,12 @@ def enter_region(x: torch.Tensor, group, sequence: SequenceParallel | None = Non
 
 
 @torch.compiler.disable
-def leave_region(y: torch.Tensor, group, sequence: SequenceParallel | None = None) -> torch.Tensor:
+def leave_region(
+    y: torch.Tensor, group, sequence: SequenceParallel | None = None, *, fresh: bool = False
+) -> torch.Tensor:
     """A row-parallel layer's partial sums: reduce-scattered along the sequence when the forward is
-    sequence-split (backward: all-gather), else :func:`reduce_from_tp` (Megatron's *g*)."""
+    sequence-split (backward: all-gather), else :func:`reduce_from_tp` (Megatron's *g*; ``fresh``:
+    see there)."""
     if sequence is None or not sequence.active or group_size(group) == 1:
-        return reduce_from_tp(y, group)
+        return reduce_from_tp(y, group, fresh=fresh)
     return _ReduceScatterSeq.apply(y, group, sequence.dim % y.dim())

@@ -19,11 +19,12 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from ..distributed.collectives import group_rank
+from ..distributed.collectives import group_key, group_rank
 
 __all__ = ["fork_tp_rng", "in_tp_rng", "run_in_shared_rng", "run_in_tp_rng"]
 
-_STATES: dict[tuple[int, str], torch.Tensor] = {}
+#: each per-rank stream's state, by ``(group key, device, torch.initial_seed())``: a new seed starts a new stream
+_STATES: dict[tuple, torch.Tensor] = {}
 #: the default stream's state saved by each open fork_tp_rng block, innermost last, per device
 _OUTER: dict[str, list[torch.Tensor]] = {"cpu": [], "cuda": []}
 #: what runs now, innermost last, per device: a per-rank stream's key, or None for the shared one inside it.
@@ -43,15 +44,23 @@ def _set(device: str, state: torch.Tensor) -> None:
         torch.set_rng_state(state)
 
 
+def _base_seed(device: str) -> int:
+    """The seed of the default stream: inside a fork, the one recorded when the outermost began
+    (a per-rank stream's state carries its own seed, which ``torch.initial_seed()`` then reports)."""
+    seed = next((key[2] for key in _RUNNING[device] if key is not None), None)
+    return torch.initial_seed() if seed is None else seed
+
+
 @contextlib.contextmanager
 def fork_tp_rng(group, device: str = "cpu") -> Iterator[None]:
-    """Run the block on this rank's tensor-parallel random stream (one stream per group and device)."""
-    key = (id(group), device)
+    """Run the block on this rank's tensor-parallel random stream (one stream per group's ranks,
+    device and ``torch.manual_seed``: re-seeding starts it again, as it does the default stream)."""
+    key = (group_key(group), device, _base_seed(device))
     if _RUNNING[device] and _RUNNING[device][-1] == key:  # on this stream already (a block inside a block)
         yield
         return
     if key not in _STATES:
-        seed = torch.initial_seed() + SEED_OFFSET + group_rank(group)
+        seed = key[2] + SEED_OFFSET + group_rank(group)
         gen = torch.Generator(device=device).manual_seed(seed)
         _STATES[key] = gen.get_state()
     _OUTER[device].append(_get(device))
