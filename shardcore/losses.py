@@ -95,6 +95,28 @@ def causal_lm_loss_on_slices(
     )
 
 
+def loss_on_head_slices(model, head) -> None:
+    """``ShardConfig(parallel_output=True)`` on a HuggingFace ``*ForCausalLM``: its own forward runs,
+    its vocab-parallel ``head`` returns this rank's vocabulary slice of the logits, and the causal-LM
+    loss the forward asks its ``loss_function`` for is the vocab-parallel cross entropy of that
+    slice (:func:`causal_lm_loss_on_slices`): no rank ever holds the full logits."""
+
+    def loss_function(
+        logits, labels, vocab_size=None, num_items_in_batch=None, ignore_index=-100, shift_labels=None, **kwargs
+    ):
+        return causal_lm_loss_on_slices(
+            logits,
+            labels,
+            head,
+            ignore_index=ignore_index,
+            num_items_in_batch=num_items_in_batch,
+            shift_labels=shift_labels,
+        )
+
+    head.loss_on_slices = True
+    model.loss_function = loss_function
+
+
 def defer_logits_gather(model, head) -> bool:
     """A HuggingFace ``*ForCausalLM`` whose vocab-parallel ``head`` (a
     :class:`~shardcore.tensor_parallel.VocabParallelLMHead1D` gathering full logits): during the model's

@@ -25,7 +25,7 @@ from torch import nn
 
 from shardcore import ModulePolicyDescription, Policy
 from shardcore.builders import attention, mlp, vocab_embedding, vocab_head
-from shardcore.losses import defer_logits_gather
+from shardcore.losses import defer_logits_gather, loss_on_head_slices
 from shardcore.tensor_parallel import VocabParallelLMHead1D
 
 __all__ = ["LlamaForCausalLMPolicy", "LlamaForSequenceClassificationPolicy", "LlamaModelPolicy", "LlamaPolicy"]
@@ -154,13 +154,10 @@ class LlamaForCausalLMPolicy(LlamaPolicy):
     supports_parallel_output = True  # vocab-split logits, vocab-parallel cross entropy
 
     def module_policy(self):
-        from .modeling import causal_lm_forward
-
         policy = super().module_policy()
         parallel_output = self.shard_config.parallel_output
         policy[type(self.model)] = ModulePolicyDescription(
             sub_module_replacement=[vocab_head("lm_head", self.shard_config, gather_output=not parallel_output)],
-            method_replacement={"forward": causal_lm_forward} if parallel_output else {},
         )
         return policy
 
@@ -189,8 +186,8 @@ class LlamaForCausalLMPolicy(LlamaPolicy):
             from .modeling import generate_needs_full_logits
 
             self.model.generate = generate_needs_full_logits
-            if isinstance(self.model.lm_head, VocabParallelLMHead1D):
-                self.model.lm_head.loss_on_slices = True
+            if isinstance(self.model.lm_head, VocabParallelLMHead1D):  # the model's own forward, the loss on slices
+                loss_on_head_slices(self.model, self.model.lm_head)
         else:  # the loss on the vocabulary slices while the logits are gathered
             defer_logits_gather(self.model, self.model.lm_head)
         return self.model
