@@ -12,11 +12,12 @@ from .grad_norm import clip_grad_norm_
 from .hookspecs import hookimpl
 from .inference import ParallelModel, parallelize
 from .meta import init_empty
+from .optimize import optimize
 from .pipeline import pipeline_step
 from .plugins import NoPolicyError
 from .policy import ModulePolicyDescription, Policy, SubModuleReplacementDescription
 from .sharded_state import full_named_tensors
-from .sharder import optimize, resolve_policy
+from .sharder import resolve_policy
 from .tensor_parallel.parallel_module import ParallelModule
 
 __version__ = "0.1.0"

@@ -273,7 +273,7 @@ def _build(key: str, source: Mapping, config: ShardConfig, policy, dtype, device
     from .checkpoint import load_checkpoint
     from .checkpoint.materialize import replace_tensors
     from .meta import init_empty
-    from .sharder import optimize
+    from .optimize import optimize
 
     if "structure" in source:
         model = loads_payload(source["structure"])  # classes of the caller's script found there

@@ -1,4 +1,5 @@
-"""``ModelSharder`` applies a :class:`~shardcore.Policy` to a model, and ``optimize`` wires it up."""
+"""``ModelSharder`` applies a :class:`~shardcore.Policy` to a model (match -> replace -> retie), and
+the checks and guards :mod:`shardcore.optimize` runs around it."""
 
 from __future__ import annotations
 
@@ -10,32 +11,27 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from . import consistency, distributed, kernels
 from .config import ShardConfig
-from .data_parallel import apply_data_parallel, check_data_parallel
 from .distributed import ParallelLayout
-from .distributed.collectives import group_size, resolve_timeout, set_collective_timeout
-from .distributed.groups import prepare_replica_groups
-from .grad_norm import register_model
-from .integrations.hf import install_save_pretrained
+from .distributed.collectives import group_size
 from .integrations.hf.peft import (
-    check_lora,
     is_lora_layer,
-    peft_base_model,
     shard_lora_layer,
-    shard_new_adapters,
-    watch_adapters,
 )
-from .meta import guard_meta
-from .pipeline import build_pipeline, check_pipeline
 from .policy import ModulePolicyDescription, Policy
-from .sequence import apply_sequence_parallel, apply_ulysses, check_sequence_parallel
-from .sharded_state import parameter_specs
 from .tensor_parallel.mappings import shared_copies
-from .tensor_parallel.regions import SequenceParallel, enter_tp_region
+from .tensor_parallel.regions import enter_tp_region
 from .tensor_parallel.rng import run_in_shared_rng, run_in_tp_rng
 
-__all__ = ["ModelSharder", "ShardInfo", "optimize", "resolve_policy"]
+__all__ = [
+    "ModelSharder",
+    "ShardInfo",
+    "check_policy_features",
+    "check_same_weights",
+    "freeze_for_inference",
+    "resolve_policy",
+    "share_copies_per_forward",
+]
 
 
 @attrs.frozen
@@ -189,7 +185,7 @@ class ModelSharder:
                     setattr(mod, name, keep)
 
 
-def _check_same_weights(model: nn.Module, group) -> None:
+def check_same_weights(model: nn.Module, group) -> None:
     """Collective: fail on every rank if the ranks hold different weights before sharding."""
     params = [p for p in model.parameters() if p.device.type != "meta"]
     if not params:
@@ -240,127 +236,7 @@ def check_policy_features(model: nn.Module, policy: Policy, config: ShardConfig)
         )
 
 
-def optimize(
-    model: nn.Module, config: ShardConfig | None = None, *, policy: Policy | type[Policy] | None = None
-) -> nn.Module:
-    """Shard ``model`` in place over the tensor-parallel group and return it.
-
-    The policy comes from the installed plugins, matched on ``type(model)``'s MRO, unless
-    ``policy`` (an instance or a subclass of :class:`~shardcore.Policy`) is given. Every check
-    runs before the first collective, so bad input fails on every rank alike: first the parallel
-    layout against the world size, then features not built yet, then the policy's own checks.
-    """
-    if getattr(model, "shardcore", None) is not None:
-        raise RuntimeError(f"{type(model).__name__} is already sharded by shardcore; optimize it once")
-    inner = peft_base_model(model)
-    if inner is not None:  # a PEFT model: shard the model it wraps (its LoRA layers with it), keep the wrapper
-        model.shardcore = optimize(inner, config, policy=policy).shardcore
-        register_model(model)
-        return model
-    config = ShardConfig() if config is None else config
-    if not isinstance(config, ShardConfig):
-        raise TypeError(f"config must be a shardcore.ShardConfig, got {type(config).__name__}")
-    timeout = resolve_timeout(config.collective_timeout)  # a malformed environment value fails here
-    distributed.init_from_env(timeout)
-    layout = ParallelLayout.from_config(config)
-    config.check_built()
-    tp_size = layout.tp
-
-    if config.plan is not None:
-        if policy is not None:
-            raise ValueError(
-                "optimize: ShardConfig(plan=...) and policy=... both say how to shard the model; pass one of them"
-            )
-        from .plan import PlanPolicy
-
-        policy = PlanPolicy(config.plan)  # reads and checks the plan's syntax: no collective
-    policy = resolve_policy(model, policy)
-    policy.set_shard_config(config, tp_size)
-    check_policy_features(model, policy, config)
-    policy.config_sanity_check()
-    check_data_parallel(model, policy, config, layout)
-    stages = check_pipeline(model, policy, config, layout) if layout.pp > 1 else None
-    sequence_mode = check_sequence_parallel(model, policy, config, layout)
-    # with data or pipeline parallelism every rank of the world starts from the same weights
-    whole_world = layout.pp > 1 or layout.sp > 1 or (config.data_parallel is not None and layout.dp > 1)
-    if tp_size == 1 or not config.enable_tensor_parallelism:
-        check_lora(model, config)
-        applied = kernels.apply(model, policy, config)
-        kernels.apply_jit(model, policy, config, applied)
-        _freeze_for_inference(model, config)
-        if whole_world:
-            _check_same_weights(model, dist.group.WORLD)
-            if sequence_mode in ("all_to_all", "ring_attn"):
-                _ulysses(model, policy, config, layout, sequence_mode)
-            pipeline = build_pipeline(model, policy, config, layout, *stages) if stages else None
-            data_parallel = apply_data_parallel(model, policy, config, layout)
-            model.shardcore = ShardInfo(
-                config, tp_size, layout.group("tp"), policy, layout, applied, data_parallel, pipeline
-            )
-            register_model(model)
-            install_save_pretrained(model)
-        guard_meta(model)
-        return model
-
-    model = policy.preprocess()
-    sharder = ModelSharder(model, policy, None)
-    plan = sharder.plan()  # module_policy and its structural checks: still no collective
-    check_lora(model, config, plan)  # PEFT adapters where they are not built yet: still none
-    applied = kernels.apply(model, policy, config)  # attention backend, fused norms: still none
-    group = config.tensor_parallel_process_group
-    if group is None:
-        group = layout.group("tp")
-    _check_same_weights(model, dist.group.WORLD if whole_world else group)
-    sharder.process_group = group
-    # the replica sub-groups layers with replicated heads use: made now, on every rank, not in a constructor
-    prepare_replica_groups(group, None if config.tensor_parallel_process_group is not None else layout.tp_groups())
-    split_gather = sequence_mode == "split_gather"
-    sequence = None
-    if split_gather:
-        sequence = SequenceParallel(group, group_size(group), sequence_mode, overlap=config.enable_sequence_overlap)
-    sharder.sequence = sequence
-    model = sharder.shard(plan)
-    model = policy.postprocess()
-    if sequence is not None:
-        apply_sequence_parallel(model, policy, sequence)
-    if sequence_mode in ("all_to_all", "ring_attn"):
-        _ulysses(model, policy, config, layout, sequence_mode)
-    kernels.apply_jit(model, policy, config, applied)
-    if policy.share_tp_copies:
-        _share_copies_per_forward(model)
-    set_collective_timeout(resolve_timeout(config.collective_timeout))
-    consistency.install(model, group, config)
-    _freeze_for_inference(model, config)
-    pipeline = build_pipeline(model, policy, config, layout, *stages) if stages else None  # prunes the stages
-    data_parallel = apply_data_parallel(model, policy, config, layout)  # last: wraps the sharded model
-    if data_parallel is None:  # a DDP over the whole world (accelerate's prepare) leaves the slices alone
-        model._ddp_params_and_buffers_to_ignore = sorted(parameter_specs(model))
-    model.shardcore = ShardInfo(config, tp_size, group, policy, layout, applied, data_parallel, pipeline)
-    register_model(model)
-    install_save_pretrained(model)
-    # LoRA added after optimize: cut when peft sets its layer in (so merge_and_unload is right before
-    # any forward), and adapters added to a wrapped layer before the next forward (and its input check)
-    watch_adapters()
-    model.register_forward_pre_hook(lambda module, args: shard_new_adapters(module), prepend=True)
-    guard_meta(model)
-    return model
-
-
-def _ulysses(model: nn.Module, policy: Policy, config: ShardConfig, layout: ParallelLayout, mode: str) -> None:
-    """``all_to_all`` or ``ring_attn`` over the mesh's ``sp`` dim, and (``check_inputs``) the same
-    batch on its ranks."""
-    group = layout.group("sp")
-    apply_ulysses(model, policy, SequenceParallel(group, layout.sp, mode))
-    if config.check_inputs:
-        name = type(model).__name__
-
-        def same_inputs(module, args, kwargs):
-            consistency.check_inputs(group, f"{name}.forward (sequence-parallel group)", args, kwargs)
-
-        model.register_forward_pre_hook(same_inputs, with_kwargs=True, prepend=True)
-
-
-def _share_copies_per_forward(model: nn.Module) -> None:
+def share_copies_per_forward(model: nn.Module) -> None:
     """Open a :func:`~shardcore.tensor_parallel.mappings.shared_copies` scope for each forward of ``model``."""
     scopes: list = []
 
@@ -377,7 +253,7 @@ def _share_copies_per_forward(model: nn.Module) -> None:
     model.register_forward_hook(leave, always_call=True)
 
 
-def _freeze_for_inference(model: nn.Module, config: ShardConfig) -> None:
+def freeze_for_inference(model: nn.Module, config: ShardConfig) -> None:
     """``inference_only``: eval mode, frozen parameters, and a clear error (first, before any
     collective) if the model is put back in training mode."""
     if not config.inference_only:

@@ -22,7 +22,7 @@ TIERS = [
     ["checkpoint"],
     ["integrations"],
     ["plan"],
-    ["sharder"],
+    ["sharder", "optimize"],
     ["inference"],
     ["explain", "testing", "cli", "hf", "__main__", ""],  # "": the package itself (the public API)
 ]
@@ -32,11 +32,9 @@ TIERS = [
 OVERSIZED: dict[str, int] = {
     "shardcore/checkpoint/hf.py": 322,
     "shardcore/distributed/launcher.py": 408,
-    "shardcore/explain.py": 394,
     "shardcore/inference.py": 358,
     "shardcore/plan.py": 470,
     "shardcore/policy.py": 324,
-    "shardcore/sharder.py": 395,
 }
 MAX_LINES = 300
 MAX_FUNCTION_LINES = 60
@@ -96,6 +94,17 @@ def _tier(module: str) -> int:
 
 
 GRAPH = {m: sorted({_module_of(t) for t, _ in _imports(m, p)} - {m}) for m, p in MODULES.items()}
+
+
+def test_every_import_names_a_module_that_exists():
+    """A relative import left pointing at a module that moved (``from .inference`` in a file that
+    went one package down) fails only when that line runs: found here, statically."""
+    missing = []
+    for m, p in MODULES.items():
+        for target, name in _imports(m, p):
+            if target not in MODULES:
+                missing.append(f"{m} imports {name or target} from {target}, which does not exist")
+    assert not missing, "\n".join(missing)
 
 
 def test_every_module_has_a_tier():
@@ -190,7 +199,7 @@ def test_function_size():
 LONG_FUNCTIONS: set[str] = {
     "shardcore/checkpoint/hf.py:load_checkpoint",
     "shardcore/distributed/launcher.py:__init__",
-    "shardcore/explain.py:explain",
+    "shardcore/explain/__init__.py:explain",
     "shardcore/inference.py:parallelize",
     "shardcore/losses.py:defer_logits_gather",
     "shardcore/pipeline/check.py:check_pipeline",
@@ -199,7 +208,6 @@ LONG_FUNCTIONS: set[str] = {
     "shardcore/plan.py:load_plan",
     "shardcore/sequence/check.py:check_sequence_parallel",
     "shardcore/sequence/ulysses.py:apply_ulysses",
-    "shardcore/sharder.py:optimize",
     "shardcore/testing/conformance.py:assert_sharded_matches",
     "shardcore/testing/data_parallel.py:assert_data_parallel_matches",
     "shardcore/testing/pipeline.py:assert_pipeline_matches",

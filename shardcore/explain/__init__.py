@@ -1,0 +1,202 @@
+"""``shardcore explain``: how a model would be cut, before launching a single process.
+
+:func:`explain` builds the model on the meta device (no weights allocated), runs its policy's
+checks and replacements exactly as :func:`shardcore.optimize` would, but over a
+:class:`~shardcore.distributed.collectives.PaperGroup` (this process plays rank 0 of the group; no process
+group, no torchrun, no collective), and reports per module pattern the parallel replacement,
+the bytes rank 0 holds, the collectives per layer in forward and backward, the attention
+backend, and the pipeline stages' bytes for ``pp > 1``. A layout the policy refuses raises the
+same error ``optimize`` raises, with the tensor-parallel sizes the model accepts.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any
+
+import attrs
+import torch
+from torch import nn
+
+from ..config import ShardConfig
+from ..distributed import ParallelLayout
+from ..distributed.collectives import PaperGroup
+from .counts import _collective_counts, _module_rows, _nbytes, _stage_bytes, _valid_tp_sizes
+from .report import format_report, to_json
+
+__all__ = ["ExplainError", "explain", "format_report", "load_for_explain", "to_json"]
+
+
+class ExplainError(ValueError):
+    """The layout cannot be used with the model; the message is what ``optimize`` would raise."""
+
+    def __init__(self, message: str, valid_tp: list[int]) -> None:
+        super().__init__(message)
+        self.valid_tp = valid_tp
+
+
+def load_for_explain(spec: str | Path, dtype: torch.dtype | None = None) -> nn.Module:
+    """Build the model ``spec`` names on the meta device: a directory with a HuggingFace
+    ``config.json`` (class from its ``architectures``), or ``module:Class`` / ``module:function``
+    (a HuggingFace class is built from its default config, anything else called without arguments)."""
+    from ..meta import init_empty
+
+    path = Path(spec)
+    if path.is_dir() or (path.suffix == ".json" and path.is_file()):
+        directory = path if path.is_dir() else path.parent
+        import transformers
+
+        from ..inference import config_dtype, read_config
+
+        config, arch = read_config(directory, who="explain")
+        cls = getattr(transformers, arch, None)
+        if cls is None:
+            raise ValueError(
+                f"explain: config.json names the architecture {arch!r}, which transformers "
+                f"{transformers.__version__} does not have"
+            )
+        dtype = dtype or config_dtype(config)
+        with init_empty():
+            model = cls._from_config(config)
+    else:
+        module_name, sep, attr = str(spec).partition(":")
+        if not sep or not attr:
+            raise ValueError(
+                f"explain: {str(spec)!r} is neither a directory with a config.json nor 'module:Class' "
+                "(e.g. transformers:LlamaForCausalLM)"
+            )
+        try:
+            target = getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError) as err:
+            raise ValueError(f"explain: cannot import {spec!r}: {err}") from err
+        config_class = getattr(target, "config_class", None)
+        with init_empty():
+            model = target._from_config(config_class()) if config_class is not None else target()
+    if dtype is not None:
+        from ..checkpoint.materialize import replace_tensors
+
+        replace_tensors(
+            model,
+            {
+                id(p): nn.Parameter(p.to(dtype), requires_grad=p.requires_grad)
+                for p in model.parameters()
+                if p.is_floating_point() and p.dtype != dtype
+            },
+        )
+    return model
+
+
+def _paper_config(config: ShardConfig, tp: int, pp: int, sp: int) -> ShardConfig:
+    """``config`` at the layout explained; ``sp > 1`` without a mode is Ulysses (``all_to_all``)."""
+    config = attrs.evolve(
+        config, tensor_parallel_size=tp, pipeline_parallel_size=pp, sequence_parallel_size=sp, data_parallel_size=1
+    )
+    if sp > 1 and not config.enable_sequence_parallelism:
+        config = attrs.evolve(config, enable_sequence_parallelism=True, sequence_parallelism_mode="all_to_all")
+    return config
+
+
+def _notes(config: ShardConfig, pp: int, sp: int) -> list[str]:
+    notes = []
+    if pp > 1:
+        notes.append(
+            f"pipeline_parallel_size={pp}: one stage per rank, Policy.blocks() split evenly as optimize cuts them "
+            "by default (earlier stages take one more); pipeline_layers= chooses another split"
+        )
+    if sp > 1:
+        notes.append(
+            f"sequence_parallel_size={sp}: Ulysses (sequence_parallelism_mode='all_to_all'): heads checked over "
+            "tp x sp; its all-to-alls around attention (4 per block forward, 4 backward) are not in the counts below"
+        )
+    if config.enable_sequence_parallelism and config.sequence_parallelism_mode == "split_gather":
+        notes.append(
+            "sequence_parallelism_mode='split_gather': the counts below are tensor parallelism's; with the "
+            "sequence split, each region's entry all-gathers the sequence (forward) and reduce-scatters its "
+            "gradient (backward), each row-parallel exit reduce-scatters (forward) and all-gathers its gradient "
+            "(backward), the saved region inputs are all-gathered again in the backward, the gradients of "
+            "replicated parameters used on split tokens (norm weights, row-parallel biases) are all-reduced, and "
+            "one all-gather joins the sequence after the last block"
+            + ("; with enable_sequence_overlap, 2 reduce-scatters per exit" if config.enable_sequence_overlap else "")
+        )
+    return notes
+
+
+def explain(
+    model: nn.Module | str | Path,
+    tp: int,
+    *,
+    pp: int = 1,
+    sp: int = 1,
+    config: ShardConfig | None = None,
+    policy=None,
+    dtype: torch.dtype | None = None,
+    device: str = "cpu",
+) -> dict[str, Any]:
+    """The sharding plan of ``model`` at ``tp`` (x ``pp`` x ``sp``) as a JSON-able dict.
+
+    ``model`` is a module built on the meta device (``shardcore.init_empty()``; it is sharded in
+    place) or a spec for :func:`load_for_explain`. Raises :class:`ExplainError` with ``optimize``'s
+    message when the layout is impossible.
+    """
+    from .. import kernels
+    from ..optimize import PAPER_STEPS, Build, run_steps
+
+    if not isinstance(model, nn.Module):
+        model = load_for_explain(model, dtype)
+    elif any(not p.is_meta for p in model.parameters()):
+        raise ValueError("explain: pass a model built on the meta device (shardcore.init_empty()) or a spec")
+    config = _paper_config(config or ShardConfig(), tp, pp, sp)
+    notes = _notes(config, pp, sp)
+    layout = ParallelLayout.from_config(config, world_size=tp * pp * sp)  # optimize's layout step, on paper
+    full_bytes = _nbytes(model.parameters())
+    itemsize = next((p.element_size() for p in model.parameters() if p.is_floating_point()), 4)
+    build = Build(model, config, policy, layout=layout, group=PaperGroup(0, tp))
+    run_steps(build, ("policy",))
+    policy = build.policy
+    valid = _valid_tp_sizes(policy, config)
+    policy.set_shard_config(config, tp)
+    block_names = [n for n, _ in policy.blocks()]
+    block_cls = {n: type(m).__name__ for n, m in policy.blocks()}
+    attention = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    try:  # optimize's own checks, in its order, then its sharding over the paper group
+        run_steps(build, tuple(s for s in PAPER_STEPS if s != "policy"))
+    except (ValueError, NotImplementedError) as err:
+        hint = f" (tensor_parallel_size values this model accepts, up to 64: {valid})" if valid else ""
+        raise ExplainError(f"{err}{hint}", valid) from err
+    model = build.model
+
+    rows = _module_rows(model)
+    rank_bytes = _nbytes(model.parameters())
+
+    per_block, outside, step = _collective_counts(build, block_names, block_cls)
+    stages = _stage_bytes(model, block_names, pp) if pp > 1 else None
+
+    return {
+        "model": type(model).__name__,
+        "policy": type(policy).__name__,
+        "layout": {"tp": tp, "pp": pp, "sp": sp},
+        "dtype_bytes": itemsize,
+        "bytes_unsharded": full_bytes,
+        "bytes_per_rank": rank_bytes,
+        "fraction_per_rank": rank_bytes / full_bytes if full_bytes else 1.0,
+        "pipeline_stage_bytes": stages,
+        "largest_rank_bytes": max(stages) if stages else rank_bytes,
+        "modules": list(rows.values()),
+        "blocks": len(block_names),
+        "collectives_per_layer": {
+            cls: {phase: dict(c) for phase, c in counts.items()} for cls, counts in per_block.items()
+        },
+        "collectives_outside_layers": {phase: dict(c) for phase, c in outside.items()},
+        "collectives_per_step": {phase: dict(c) for phase, c in step.items()},
+        "attention": {
+            "model": attention,
+            "enable_flash_attention": kernels.attention_backend(torch.device(device), _dtype_of(model)),
+        },
+        "valid_tensor_parallel_sizes": valid,
+        "notes": notes,
+    }
+
+
+def _dtype_of(model: nn.Module) -> torch.dtype:
+    return next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)

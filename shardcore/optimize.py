@@ -1,0 +1,265 @@
+"""``optimize``: one ordered list of named steps, the same for every layout.
+
+Each step reads and extends one :class:`Build`. The checks come first and issue no collective, so
+bad input fails on every rank alike and leaves nobody waiting; the first collective is the
+same-weights check. A step that has nothing to do for a layout (sharding at TP=1, the pipeline
+without ``pp``) returns at once: no layout runs its own copy of the order.
+
+    layout -> policy -> checks -> kernels -> same_weights -> shard -> sequence -> jit -> guards
+           -> pipeline -> data_parallel -> register
+
+``STEPS`` is public so that tools can run a prefix of it (``shardcore explain`` runs the checks on
+paper) and tests can name the step that failed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+import torch.distributed as dist
+from torch import nn
+
+from . import consistency, distributed, kernels
+from .config import ShardConfig
+from .data_parallel import apply_data_parallel, check_data_parallel
+from .distributed import ParallelLayout
+from .distributed.collectives import group_size, resolve_timeout, set_collective_timeout
+from .distributed.groups import prepare_replica_groups
+from .grad_norm import register_model
+from .integrations.hf import install_save_pretrained
+from .integrations.hf.peft import check_lora, peft_base_model, shard_new_adapters, watch_adapters
+from .meta import guard_meta
+from .pipeline import build_pipeline, check_pipeline
+from .policy import Policy
+from .sequence import apply_sequence_parallel, apply_ulysses, check_sequence_parallel
+from .sharded_state import parameter_specs
+from .sharder import (
+    ModelSharder,
+    ShardInfo,
+    check_policy_features,
+    check_same_weights,
+    freeze_for_inference,
+    resolve_policy,
+    share_copies_per_forward,
+)
+from .tensor_parallel.regions import SequenceParallel
+
+__all__ = ["PAPER_STEPS", "STEPS", "Build", "optimize", "run_steps"]
+
+
+@attrs.define
+class Build:
+    """What the steps of :func:`optimize` share: the model and what each step found or made."""
+
+    model: nn.Module
+    config: ShardConfig
+    policy: Any = None  # an instance or a subclass of Policy, or None: the plugins'
+    layout: ParallelLayout | None = None
+    group: Any = None  # the tensor-parallel group (``shardcore explain`` presets a PaperGroup)
+    sharder: ModelSharder | None = None
+    plan: list | None = None
+    stages: tuple | None = None
+    sequence_mode: str | None = None
+    applied: dict = attrs.field(factory=dict)
+    pipeline: Any = None
+    data_parallel: str | None = None
+
+    @property
+    def tensor_parallel(self) -> bool:
+        return self.layout.tp > 1 and self.config.enable_tensor_parallelism
+
+    @property
+    def whole_world(self) -> bool:
+        """With data, pipeline or sequence parallelism every rank of the world starts from the same weights."""
+        layout = self.layout
+        return layout.pp > 1 or layout.sp > 1 or (self.config.data_parallel is not None and layout.dp > 1)
+
+    @property
+    def sharded(self) -> bool:
+        """Whether the model becomes a sharded model (``model.shardcore``); else it is returned as it was."""
+        return self.tensor_parallel or self.whole_world
+
+
+def _layout(b: Build) -> None:
+    timeout = resolve_timeout(b.config.collective_timeout)  # a malformed environment value fails here
+    distributed.init_from_env(timeout)
+    b.layout = ParallelLayout.from_config(b.config)
+    b.config.check_built()
+
+
+def _policy(b: Build) -> None:
+    if b.config.plan is not None:
+        if b.policy is not None:
+            raise ValueError(
+                "optimize: ShardConfig(plan=...) and policy=... both say how to shard the model; pass one of them"
+            )
+        from .plan import PlanPolicy
+
+        b.policy = PlanPolicy(b.config.plan)  # reads and checks the plan's syntax: no collective
+    b.policy = resolve_policy(b.model, b.policy)
+    b.policy.set_shard_config(b.config, b.layout.tp)
+
+
+def _checks(b: Build) -> None:
+    """Everything that can be wrong, found before any collective."""
+    model, policy, config, layout = b.model, b.policy, b.config, b.layout
+    check_policy_features(model, policy, config)
+    policy.config_sanity_check()
+    check_data_parallel(model, policy, config, layout)
+    b.stages = check_pipeline(model, policy, config, layout) if layout.pp > 1 else None
+    b.sequence_mode = check_sequence_parallel(model, policy, config, layout)
+    if b.tensor_parallel:
+        b.model = policy.preprocess()
+        b.sharder = ModelSharder(b.model, policy, None)
+        b.plan = b.sharder.plan()  # module_policy and its structural checks
+    check_lora(b.model, config, b.plan)  # PEFT adapters where they are not built yet
+
+
+def _kernels(b: Build) -> None:
+    b.applied = kernels.apply(b.model, b.policy, b.config)  # attention backend, fused norms: no collective
+
+
+def _same_weights(b: Build) -> None:
+    """The first collective: every rank holds the same weights before anything is cut."""
+    if b.tensor_parallel or b.whole_world:
+        check_same_weights(b.model, dist.group.WORLD if b.whole_world else _tp_group(b))
+
+
+def _tp_group(b: Build):
+    return b.config.tensor_parallel_process_group or b.layout.group("tp")
+
+
+def _shard(b: Build) -> None:
+    b.group = (b.group or _tp_group(b)) if b.sharded else None
+    if not b.tensor_parallel:
+        return
+    b.sharder.process_group = b.group
+    # the replica sub-groups layers with replicated heads use: made now, on every rank, not in a constructor
+    tp_groups = None if b.config.tensor_parallel_process_group is not None else b.layout.tp_groups()
+    prepare_replica_groups(b.group, tp_groups)
+    if b.sequence_mode == "split_gather":
+        overlap = b.config.enable_sequence_overlap
+        b.sharder.sequence = SequenceParallel(b.group, group_size(b.group), b.sequence_mode, overlap=overlap)
+    b.model = b.sharder.shard(b.plan)
+    b.model = b.policy.postprocess()
+
+
+def _sequence(b: Build) -> None:
+    if b.sharder is not None and b.sharder.sequence is not None:
+        apply_sequence_parallel(b.model, b.policy, b.sharder.sequence)
+    if b.sequence_mode in ("all_to_all", "ring_attn"):
+        group = b.layout.group("sp")
+        apply_ulysses(b.model, b.policy, SequenceParallel(group, b.layout.sp, b.sequence_mode))
+        if b.config.check_inputs:  # the same batch on the sequence-parallel ranks
+            name = type(b.model).__name__
+
+            def same_inputs(module, args, kwargs):
+                consistency.check_inputs(group, f"{name}.forward (sequence-parallel group)", args, kwargs)
+
+            b.model.register_forward_pre_hook(same_inputs, with_kwargs=True, prepend=True)
+
+
+def _jit(b: Build) -> None:
+    kernels.apply_jit(b.model, b.policy, b.config, b.applied)
+
+
+def _guards(b: Build) -> None:
+    """Bounded collectives, the input check and shared copies for a sharded model; inference_only."""
+    if b.sharded:
+        if b.tensor_parallel and b.policy.share_tp_copies:
+            share_copies_per_forward(b.model)
+        set_collective_timeout(resolve_timeout(b.config.collective_timeout))
+        consistency.install(b.model, b.group, b.config)
+    freeze_for_inference(b.model, b.config)
+
+
+def _pipeline(b: Build) -> None:
+    if b.stages is not None:
+        b.pipeline = build_pipeline(b.model, b.policy, b.config, b.layout, *b.stages)  # prunes the stages
+
+
+def _data_parallel(b: Build) -> None:
+    if not b.sharded:
+        return
+    b.data_parallel = apply_data_parallel(b.model, b.policy, b.config, b.layout)  # wraps the sharded model
+    if b.data_parallel is None and b.tensor_parallel:
+        # a DDP over the whole world (accelerate's prepare) leaves the slices alone
+        b.model._ddp_params_and_buffers_to_ignore = sorted(parameter_specs(b.model))
+
+
+def _register(b: Build) -> None:
+    model = b.model
+    if b.sharded:
+        model.shardcore = ShardInfo(
+            b.config, b.layout.tp, b.group, b.policy, b.layout, b.applied, b.data_parallel, b.pipeline
+        )
+        register_model(model)
+        install_save_pretrained(model)
+    if b.tensor_parallel:
+        # LoRA added after optimize: cut when peft sets its layer in (so merge_and_unload is right before
+        # any forward), and adapters added to a wrapped layer before the next forward (and its input check)
+        watch_adapters()
+        model.register_forward_pre_hook(lambda module, args: shard_new_adapters(module), prepend=True)
+    guard_meta(model)
+
+
+#: The order of :func:`optimize`, by name.
+STEPS: list[tuple[str, Callable[[Build], None]]] = [
+    ("layout", _layout),
+    ("policy", _policy),
+    ("checks", _checks),
+    ("kernels", _kernels),
+    ("same_weights", _same_weights),
+    ("shard", _shard),
+    ("sequence", _sequence),
+    ("jit", _jit),
+    ("guards", _guards),
+    ("pipeline", _pipeline),
+    ("data_parallel", _data_parallel),
+    ("register", _register),
+]
+
+
+#: The steps ``shardcore explain`` runs on a paper layout (its own ``layout`` step: a world of
+#: paper ranks, no process group): the policy, every check, and the sharding itself over a PaperGroup.
+PAPER_STEPS = ("policy", "checks", "shard")
+
+
+def run_steps(build: Build, names: tuple[str, ...]) -> Build:
+    """Run the steps ``names`` of :data:`STEPS` on ``build``, in :data:`STEPS`' order."""
+    unknown = set(names) - {name for name, _ in STEPS}
+    if unknown:
+        raise KeyError(f"no optimize step named {sorted(unknown)}; the steps are {[name for name, _ in STEPS]}")
+    for name, step in STEPS:
+        if name in names:
+            step(build)
+    return build
+
+
+def optimize(
+    model: nn.Module, config: ShardConfig | None = None, *, policy: Policy | type[Policy] | None = None
+) -> nn.Module:
+    """Shard ``model`` in place over the tensor-parallel group and return it.
+
+    The policy comes from the installed plugins, matched on ``type(model)``'s MRO, unless
+    ``policy`` (an instance or a subclass of :class:`~shardcore.Policy`) is given. The steps run in
+    the order of :data:`STEPS`; every check runs before the first collective, so bad input fails on
+    every rank alike: first the parallel layout against the world size, then features not built
+    yet, then the policy's own checks.
+    """
+    if getattr(model, "shardcore", None) is not None:
+        raise RuntimeError(f"{type(model).__name__} is already sharded by shardcore; optimize it once")
+    inner = peft_base_model(model)
+    if inner is not None:  # a PEFT model: shard the model it wraps (its LoRA layers with it), keep the wrapper
+        model.shardcore = optimize(inner, config, policy=policy).shardcore
+        register_model(model)
+        return model
+    config = ShardConfig() if config is None else config
+    if not isinstance(config, ShardConfig):
+        raise TypeError(f"config must be a shardcore.ShardConfig, got {type(config).__name__}")
+    build = Build(model, config, policy)
+    for _, step in STEPS:
+        step(build)
+    return build.model
