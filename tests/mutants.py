@@ -370,11 +370,11 @@ MUTANTS: dict[str, Mutant] = {
         ),
         _m(
             "pipeline-padding-counted",
-            "pipeline: Llama's microbatch losses divided by every label position, ignored (-100) ones included",
-            POLICY,
+            "pipeline: a causal LM's microbatch losses divided by every label position, ignored (-100) ones included",
+            "shardcore/integrations/hf/stages.py",
             (
-                "        return (labels[..., 1:] != -100).sum()  #",
-                "        return labels[..., 1:].numel()  #",
+                "            return (labels[..., 1:] != -100).sum()  #",
+                "            return labels[..., 1:].numel()  #",
             ),
             f"{LLAMA}/test_llama_pipeline.py::test_pipeline_trains_like_unsharded[gpipe]",
             "pipeline_step loss",

@@ -8,11 +8,17 @@ from __future__ import annotations
 
 from shardcore import ModulePolicyDescription, Policy
 from shardcore.builders import attention, mlp, vocab_embedding, vocab_head
+from shardcore.integrations.hf.stages import HFStages
 
 __all__ = ["MyModelPolicy"]
 
 
-class MyModelPolicy(Policy):
+class MyModelPolicy(HFStages, Policy):
+    # pipeline parallelism on the model's own forward (a HuggingFace causal LM): the modules under the
+    # base model only the first / the last stage runs; HFStages does the rest (see its docstring)
+    first_ends = ("embed",)
+    last_ends = ("norm",)
+
     @property
     def base(self):
         return self.model.base_model  # the bare model under any head

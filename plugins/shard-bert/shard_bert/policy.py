@@ -24,15 +24,21 @@ from torch import nn
 
 from shardcore import ModulePolicyDescription, Policy
 from shardcore.builders import attention, mlp, vocab_embedding, vocab_head
-from shardcore.losses import classification_items, classification_loss, token_items, token_loss
+from shardcore.integrations.hf.stages import HFStages
 
 __all__ = ["BertModelPolicy", "BertPolicy", "BertWithLMHeadPolicy"]
 
 _NAMES = ("self.query", "self.key", "self.value", "output.dense")
 
 
-class BertPolicy(Policy):
+class BertPolicy(HFStages, Policy):
     """Shards the encoder and word embeddings of ``model.base_model`` (``BertModel``/``RobertaModel``)."""
+
+    # pipeline stages (masked LM, sequence classification) on the model's own forward
+    stage_inputs = {"attention_mask": "ones", "token_type_ids": "zeros"}
+    stage_call = {}
+    first_ends = ("embeddings",)
+    last_ends = ("pooler",)  # when the model has one
 
     #: Megatron sequence parallelism (LayerNorms, residuals and their dropout on this rank's tokens)
     #: and Ulysses (transformers 5: attention through its registry)
@@ -98,54 +104,13 @@ class BertPolicy(Policy):
             f"pipeline stages are built for *ForMaskedLM and *ForSequenceClassification, not {type(self.model).__name__}"
         )
 
-    def pipeline_ends(self):
-        head = self._head()
-        pre = next(n for n, m in self.model.named_modules() if m is self.base) + "."
-        ends = {f"{pre}embeddings": "first", head: "last"}
-        if getattr(self.base, "pooler", None) is not None:
-            ends[f"{pre}pooler"] = "last"
-        return ends
+    @property
+    def stage_loss(self) -> str:
+        return "classification" if self._head() == "classifier" else "masked_lm"
 
-    def pipeline_inputs(self, batch, training=True):
-        import torch
-
-        batch = dict(batch)
-        if not training:
-            batch = {k: v for k, v in batch.items() if not (k == "return_dict" or v is None)}
-        extra = sorted(set(batch) - {"input_ids", "attention_mask", "token_type_ids", "labels"})
-        if extra or "input_ids" not in batch or (training and "labels" not in batch):
-            raise ValueError(
-                f"pipeline stages of {type(self.model).__name__} take input_ids, labels (training), and optionally "
-                f"attention_mask, token_type_ids; got {sorted(batch)}"
-            )
-        ids = batch["input_ids"]
-        mask = batch.get("attention_mask")
-        types = batch.get("token_type_ids")
-        mask = torch.ones_like(ids) if mask is None else mask
-        return (ids, mask, torch.zeros_like(ids) if types is None else types), batch.get("labels")
-
-    def pipeline_stage_forward(self, inputs, *, first, last):
-        tokens, mask, types = inputs
-        entry = {"input_ids": tokens} if first else {"inputs_embeds": tokens}
-        if last:  # the last stage is never the first: a pipeline has two stages at least
-            return self.model(**entry, attention_mask=mask, token_type_ids=types).logits
-        return self.base(**entry, attention_mask=mask, token_type_ids=types).last_hidden_state, mask, types
-
-    def pipeline_num_items(self, labels):
-        if self._head() != "classifier":
-            return token_items(labels)  # the masked tokens transformers' loss averages over
-        return classification_items(self.model.config, labels)
-
-    def pipeline_loss(self, output, labels, num_items):
-        if self._head() != "classifier":
-            return token_loss(output, labels, num_items)
-        return classification_loss(self.model.config, output, labels, num_items)
-
-    def pipeline_output(self, output, loss):
-        from transformers.modeling_outputs import MaskedLMOutput, SequenceClassifierOutput
-
-        cls = MaskedLMOutput if self._head() != "classifier" else SequenceClassifierOutput
-        return cls(loss=loss, logits=output)
+    @property
+    def stage_output(self) -> str:
+        return "SequenceClassifierOutput" if self._head() == "classifier" else "MaskedLMOutput"
 
 
 class BertModelPolicy(BertPolicy):

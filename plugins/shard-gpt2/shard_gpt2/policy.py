@@ -20,13 +20,21 @@ from __future__ import annotations
 
 from shardcore import ModulePolicyDescription, Policy
 from shardcore.builders import mlp, packed_attention, vocab_embedding, vocab_head
+from shardcore.integrations.hf.stages import HFStages
 from shardcore.losses import defer_logits_gather
 from shardcore.tensor_parallel import Conv1D_Col, Conv1D_Row, FusedConv1D_Col
 
 __all__ = ["GPT2Policy"]
 
 
-class GPT2Policy(Policy):
+class GPT2Policy(HFStages, Policy):
+    # pipeline stages (GPT2LMHeadModel) on the model's own forward: wte, wpe and the embedding
+    # dropout on the first stage, ln_f and the head on the last; later stages add no position embedding
+    first_ends = ("wte", "wpe", "drop")
+    last_ends = ("ln_f",)
+    zero_ends = ("wpe",)
+    stage_output = "CausalLMOutputWithCrossAttentions"
+
     #: Megatron sequence parallelism: norms, residuals and residual dropout on this rank's tokens
     sequence_parallelism_modes = ("split_gather", "all_to_all")  # all_to_all: transformers 5's attention registry
     sequence_parallel_dropouts = ("attn.resid_dropout", "mlp.dropout")
@@ -59,68 +67,6 @@ class GPT2Policy(Policy):
                 f"{name}: shard-gpt2 does not shard cross-attention (add_cross_attention=True) yet; "
                 "leave it False, or shard the decoder without it"
             )
-
-    # -- pipeline parallelism (GPT2LMHeadModel): the model's own forward, hidden states as inputs_embeds --
-
-    def _prefix(self) -> str:
-        if type(self.model).__name__ != "GPT2LMHeadModel":
-            raise NotImplementedError(f"pipeline stages are built for GPT2LMHeadModel, not {type(self.model).__name__}")
-        return next(n for n, m in self.model.named_modules() if m is self.base) + "."
-
-    def pipeline_ends(self):
-        pre = self._prefix()
-        # wte, wpe and the embedding dropout run on the first stage only, ln_f and the head on the last
-        return {
-            f"{pre}wte": "first",
-            f"{pre}wpe": "first",
-            f"{pre}drop": "first",
-            f"{pre}ln_f": "last",
-            "lm_head": "last",
-        }
-
-    def pipeline_zero_ends(self):
-        return {f"{self._prefix()}wpe"}  # hidden = inputs_embeds + wpe(positions): later stages add nothing
-
-    def pipeline_inputs(self, batch, training=True):
-        import torch
-
-        batch = dict(batch)
-        if not training:
-            for key in ("use_cache", "past_key_values", "cache_position", "return_dict", "token_type_ids"):
-                if key in batch and (key in ("cache_position", "return_dict") or not batch[key]):
-                    batch.pop(key)
-        extra = sorted(set(batch) - {"input_ids", "attention_mask", "labels", "position_ids"})
-        if extra or "input_ids" not in batch or (training and "labels" not in batch):
-            raise ValueError(
-                f"pipeline stages of {type(self.model).__name__} take input_ids, labels (training), and optionally "
-                f"attention_mask, position_ids; got {sorted(batch)}"
-            )
-        ids = batch["input_ids"]
-        mask = batch.get("attention_mask")
-        mask = torch.ones_like(ids) if mask is None else mask
-        pos = batch.get("position_ids")
-        pos = torch.arange(ids.shape[1]).expand(ids.shape[0], -1) if pos is None else pos
-        return (ids, mask, pos), batch.get("labels")
-
-    def pipeline_stage_forward(self, inputs, *, first, last):
-        tokens, mask, pos = inputs
-        entry = {"input_ids": tokens} if first else {"inputs_embeds": tokens}
-        if last:  # the last stage is never the first: a pipeline has two stages at least
-            return self.model(**entry, attention_mask=mask, position_ids=pos, use_cache=False).logits
-        out = self.base(**entry, attention_mask=mask, position_ids=pos, use_cache=False)
-        return out.last_hidden_state, mask, pos
-
-    def pipeline_num_items(self, labels):
-        return (labels[..., 1:] != -100).sum()  # the shifted labels transformers' causal-LM loss counts
-
-    def pipeline_loss(self, output, labels, num_items):
-        cfg = self.model.config
-        return self.model.loss_function(output, labels, vocab_size=cfg.vocab_size, num_items_in_batch=num_items)
-
-    def pipeline_output(self, output, loss):
-        from transformers.modeling_outputs import CausalLMOutputWithCrossAttentions
-
-        return CausalLMOutputWithCrossAttentions(loss=loss, logits=output)
 
     def module_policy(self):
         cfg, tp = self.model.config, self.tp_size

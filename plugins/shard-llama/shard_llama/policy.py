@@ -21,10 +21,9 @@ instance, so they import nothing from transformers.
 
 from __future__ import annotations
 
-from torch import nn
-
 from shardcore import ModulePolicyDescription, Policy
 from shardcore.builders import attention, mlp, vocab_embedding, vocab_head
+from shardcore.integrations.hf.stages import HFStages
 from shardcore.losses import defer_logits_gather, loss_on_head_slices
 from shardcore.tensor_parallel import VocabParallelLMHead1D
 
@@ -94,64 +93,18 @@ class LlamaPolicy(Policy):
             ),
         }
 
-    # -- pipeline parallelism: stages run the model's own forward, hidden states as inputs_embeds ------
-
-    def _base_prefix(self) -> str:
-        path = next(n for n, m in self.model.named_modules() if m is self.base)
-        return f"{path}." if path else ""
-
-    def pipeline_ends(self):
-        pre = self._base_prefix()
-        ends = {f"{pre}embed_tokens": "first", f"{pre}norm": "last"}
-        for head in ("lm_head", "score"):
-            if isinstance(getattr(self.model, head, None), nn.Module):
-                ends[head] = "last"
-        return ends
-
-    #: what a forward through the pipeline accepts besides the inputs: generate()'s bookkeeping
-    _IGNORED = {"use_cache": (None, False), "past_key_values": (None,), "cache_position": None, "return_dict": None}
-
-    def pipeline_inputs(self, batch, training=True):
-        import torch
-
-        batch = dict(batch)
-        for key, allowed in self._IGNORED.items():
-            if key in batch and not training and (allowed is None or batch[key] in allowed):
-                batch.pop(key)
-        known = {"input_ids", "attention_mask", "labels", "position_ids"}
-        extra = sorted(set(batch) - known)
-        if extra or "input_ids" not in batch or (training and "labels" not in batch):
-            what = "pipeline_step" if training else "a forward through the pipeline"
-            raise ValueError(
-                f"{what} ({type(self.model).__name__}) takes input_ids, "
-                + ("labels, " if training else "")
-                + "and optionally attention_mask, position_ids"
-                + ("" if training else ", labels")
-                + f"; got {sorted(batch)}"
-                + (f" ({extra} not supported through pipeline stages)" if extra else "")
-            )
-        ids = batch["input_ids"]
-        mask = batch.get("attention_mask")
-        mask = torch.ones_like(ids) if mask is None else mask
-        pos = batch.get("position_ids")
-        pos = torch.arange(ids.shape[1]).expand(ids.shape[0], -1) if pos is None else pos  # the model's default
-        return (ids, mask, pos), batch.get("labels")
-
-    def _stage_body(self, inputs, first: bool):
-        tokens, mask, pos = inputs
-        entry = {"input_ids": tokens} if first else {"inputs_embeds": tokens}
-        out = self.base(**entry, attention_mask=mask, position_ids=pos, use_cache=False)
-        return out.last_hidden_state, mask, pos
-
 
 class LlamaModelPolicy(LlamaPolicy):
     """``LlamaModel`` / ``MistralModel`` / ``Qwen2Model``: the decoder stack alone."""
 
 
-class LlamaForCausalLMPolicy(LlamaPolicy):
-    """``*ForCausalLM``: the base model plus a vocab-parallel ``lm_head``."""
+class LlamaForCausalLMPolicy(HFStages, LlamaPolicy):
+    """``*ForCausalLM``: the base model plus a vocab-parallel ``lm_head``; pipeline stages on the
+    model's own forward (:class:`~shardcore.integrations.hf.stages.HFStages`)."""
 
     supports_parallel_output = True  # vocab-split logits, vocab-parallel cross entropy
+    first_ends = ("embed_tokens",)
+    last_ends = ("norm",)
 
     def module_policy(self):
         policy = super().module_policy()
@@ -160,26 +113,6 @@ class LlamaForCausalLMPolicy(LlamaPolicy):
             sub_module_replacement=[vocab_head("lm_head", self.shard_config, gather_output=not parallel_output)],
         )
         return policy
-
-    def pipeline_stage_forward(self, inputs, *, first, last):
-        if not last:
-            return self._stage_body(inputs, first)
-        hidden, mask, pos = inputs  # the last stage is never the first: a pipeline has two stages at least
-        return self.model(inputs_embeds=hidden, attention_mask=mask, position_ids=pos, use_cache=False).logits
-
-    def pipeline_output(self, output, loss):
-        from transformers.modeling_outputs import CausalLMOutputWithPast
-
-        return CausalLMOutputWithPast(loss=loss, logits=output)
-
-    def pipeline_num_items(self, labels):
-        return (labels[..., 1:] != -100).sum()  # the shifted labels transformers' causal-LM loss counts
-
-    def pipeline_loss(self, output, labels, num_items):
-        cfg = self.model.config
-        return self.model.loss_function(
-            logits=output, labels=labels, vocab_size=cfg.vocab_size, num_items_in_batch=num_items
-        )
 
     def postprocess(self):
         if self.shard_config.parallel_output:
