@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .distributed.collectives import WHERE, all_gather_cat, broadcast, group_ranks
+from .distributed.collectives import all_gather_cat, broadcast, current_scope, group_ranks
 from .tensor_parallel.parallel_module import ParallelModule
 
 __all__ = ["InputMismatch", "check_inputs", "input_digests", "install", "sync_random_state"]
@@ -128,7 +128,7 @@ def sync_random_state(group, device: torch.device) -> None:
 
 def _where_hook(label: str):
     def hook(module, args):
-        WHERE.module = label
+        current_scope().module = label
 
     return hook
 

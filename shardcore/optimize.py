@@ -25,7 +25,7 @@ from . import consistency, distributed, kernels
 from .config import ShardConfig
 from .data_parallel import apply_data_parallel, check_data_parallel
 from .distributed import ParallelLayout
-from .distributed.collectives import group_size, resolve_timeout, set_collective_timeout
+from .distributed.collectives import Scope, enter_scope_per_forward, group_size, resolve_timeout, set_collective_timeout
 from .distributed.groups import prepare_replica_groups
 from .grad_norm import register_model
 from .integrations.hf import install_save_pretrained
@@ -65,6 +65,7 @@ class Build:
     applied: dict = attrs.field(factory=dict)
     pipeline: Any = None
     data_parallel: str | None = None
+    scope: Scope | None = None  # the model's collectives: their bound and counts
 
     @property
     def tensor_parallel(self) -> bool:
@@ -170,7 +171,9 @@ def _guards(b: Build) -> None:
     if b.sharded:
         if b.tensor_parallel and b.policy.share_tp_copies:
             share_copies_per_forward(b.model)
-        set_collective_timeout(resolve_timeout(b.config.collective_timeout))
+        timeout = resolve_timeout(b.config.collective_timeout)
+        b.scope = Scope(type(b.model).__name__, timeout)  # this model's bound, whatever other models use
+        set_collective_timeout(timeout)  # and the collectives outside any model's forward (clipping, saving)
         consistency.install(b.model, b.group, b.config)
     freeze_for_inference(b.model, b.config)
 
@@ -193,7 +196,7 @@ def _register(b: Build) -> None:
     model = b.model
     if b.sharded:
         model.shardcore = ShardInfo(
-            b.config, b.layout.tp, b.group, b.policy, b.layout, b.applied, b.data_parallel, b.pipeline
+            b.config, b.layout.tp, b.group, b.policy, b.layout, b.applied, b.data_parallel, b.pipeline, b.scope
         )
         register_model(model)
         install_save_pretrained(model)
@@ -203,6 +206,8 @@ def _register(b: Build) -> None:
         watch_adapters()
         model.register_forward_pre_hook(lambda module, args: shard_new_adapters(module), prepend=True)
     guard_meta(model)
+    if b.scope is not None:  # registered last, runs first: every hook's collectives are the model's
+        enter_scope_per_forward(model, b.scope)
 
 
 #: The order of :func:`optimize`, by name.

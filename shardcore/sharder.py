@@ -53,6 +53,9 @@ class ShardInfo:
     data_parallel: str | None = None
     #: This rank's pipeline stages and schedule (:class:`shardcore.pipeline.PipelineInfo`), or ``None``.
     pipeline: object = None
+    #: The model's collectives (:class:`shardcore.distributed.collectives.Scope`): its bound, and
+    #: ``scope.counts``, how many of each kind its forwards and backwards issued.
+    scope: object = None
 
 
 def _get(module: nn.Module, dotted: str):

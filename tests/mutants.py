@@ -421,6 +421,26 @@ MUTANTS: dict[str, Mutant] = {
             "tests/test_core_checkpoint.py::test_init_empty_touches_nothing_outside_its_block_and_thread",
             "assert not True",
         ),
+        _m(
+            "counts-not-per-model",
+            "collectives counted for the process only, not for the model that issued them",
+            "shardcore/distributed/scope.py",
+            ("    if scope is not DEFAULT_SCOPE:\n", "    if False:\n"),
+            "tests/test_core_consistency.py::test_each_model_counts_its_own_collectives",
+            "_counts_per_model failed",
+        ),
+        _m(
+            "backward-bound-of-the-process",
+            "a backward collective waits with the bound of whatever runs now, not of the model that recorded it",
+            "shardcore/distributed/collectives.py",
+            (
+                "    scope = _scope(where)\n    if scope.timeout_s is None:",
+                "    scope = current_scope()\n    if scope.timeout_s is None:",
+            ),
+            "tests/test_core_consistency.py::test_a_collective_only_some_ranks_call_raises_within_the_bound"
+            "[backward-later-model-False-(backward of ]",
+            "AssertionError",
+        ),
         # -- the kit itself (caught by the kit's self-tests) --------------------------------------
         _m(
             "kit-gradient-tolerance-loosened",

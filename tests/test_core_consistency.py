@@ -77,8 +77,10 @@ def test_digests_see_order_values_shape_and_dtype():
     assert input_digests((x,), {})["arg0"][1] != input_digests((x + 1e-7,), {})["arg0"][1]
 
 
-def _one_rank_calls(direction: str, check_inputs: bool) -> str:
+def _one_rank_calls(direction: str, check_inputs: bool, later_model: bool = False) -> str:
     model = _sharded(check_inputs, timeout=3)
+    if later_model:  # a second model with a long bound: the first keeps its own 3 s
+        _sharded(check_inputs, timeout=300)
     batch = toy_batch(128)
     if direction == "backward":  # both ranks run forward; only rank 0 runs backward
         loss = model(**batch)["loss"]
@@ -107,12 +109,16 @@ def _one_rank_calls(direction: str, check_inputs: bool) -> str:
         ("forward", True, "(input check at the entry of ToyLM.forward)"),
         ("forward", False, "(forward of embed (VocabParallelEmbedding1D))"),
         ("backward", False, "(backward of "),
+        ("forward-later-model", False, "(forward of embed (VocabParallelEmbedding1D))"),
+        ("backward-later-model", False, "(backward of "),
     ],
 )
 def test_a_collective_only_some_ranks_call_raises_within_the_bound(direction, check_inputs, where):
+    """Within the model's own bound, also when a model built later in the process has another."""
+    direction, _, later = direction.partition("-")
     pool = RankPool(2, timeout_s=6)  # a group of its own: it ends broken
     try:
-        message, other = pool.run(_one_rank_calls, direction, check_inputs)
+        message, other = pool.run(_one_rank_calls, direction, check_inputs, bool(later))
     finally:
         pool.close(force=True)
     seconds, message = message.split(" ", 1)
@@ -124,6 +130,21 @@ def test_a_collective_only_some_ranks_call_raises_within_the_bound(direction, ch
     assert "waited more than 3 s for the other ranks of its tensor-parallel group [0, 1]" in message
     assert where in message and "#" in message
     assert "`if rank == 0:` is the usual mistake" in message
+
+
+def _counts_per_model() -> str:
+    first, second = _sharded(False), _sharded(False)
+    first(**toy_batch(128))["loss"].backward()
+    assert sum(first.shardcore.scope.counts.values()) > 0, first.shardcore.scope.counts
+    assert not second.shardcore.scope.counts, second.shardcore.scope.counts  # nothing of the first's
+    with count_collectives() as seen:
+        second(**toy_batch(128))["loss"].backward()
+    assert second.shardcore.scope.counts == seen, (second.shardcore.scope.counts, seen)
+    return "ok"
+
+
+def test_each_model_counts_its_own_collectives():
+    assert run_on_ranks(2, _counts_per_model) == ["ok"] * 2
 
 
 def _unknown_token() -> str:

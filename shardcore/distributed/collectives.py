@@ -1,6 +1,7 @@
 """Bounded, counted collectives: every collective shardcore issues goes through here.
 
-Each waits at most the collective bound (:func:`set_collective_timeout`) and then raises
+Each waits at most the bound of its model's :class:`~shardcore.distributed.scope.Scope` (its
+``ShardConfig(collective_timeout=...)``; outside any model, :func:`set_collective_timeout`) and then raises
 :class:`CollectiveTimeout` (or :class:`CollectivePeerLost`) naming the collective, the module it
 came from and the likely cause; each is counted in :data:`COUNTS` (see :func:`count_collectives`),
 which is how tests prove the communication budget of a layer. Each is the identity on a group
@@ -9,81 +10,64 @@ of one rank, so code using them runs unchanged in a single process without ``tor
 
 from __future__ import annotations
 
-import contextlib
-import os
-from collections import Counter
-from collections.abc import Iterator
 from datetime import timedelta
 
 import attrs
 import torch
 import torch.distributed as dist
 
+from .scope import (
+    COUNTS,
+    DEFAULT_SCOPE,
+    DEFAULT_TIMEOUT_S,
+    TIMEOUT_ENV,
+    CollectivePeerLost,
+    CollectiveTimeout,
+    Scope,
+    Where,
+    _count,
+    _scope,
+    _tagged,
+    backward_of,
+    count_collectives,
+    current_scope,
+    enter_scope_per_forward,
+    resolve_timeout,
+    set_collective_timeout,
+)
+
+__all__ = [
+    "COUNTS",
+    "DEFAULT_SCOPE",
+    "DEFAULT_TIMEOUT_S",
+    "TIMEOUT_ENV",
+    "CollectivePeerLost",
+    "CollectiveTimeout",
+    "PaperGroup",
+    "Pending",
+    "Scope",
+    "Where",
+    "all_gather_cat",
+    "all_reduce",
+    "all_to_all_cat",
+    "backward_of",
+    "broadcast",
+    "count_collectives",
+    "current_scope",
+    "enter_scope_per_forward",
+    "group_key",
+    "group_rank",
+    "group_ranks",
+    "group_size",
+    "reduce_scatter_cat",
+    "resolve_timeout",
+    "set_collective_timeout",
+    "start_all_gather",
+    "start_reduce_scatter",
+]
+
+
 #: How many collectives of each kind this process has issued (forward and backward).
-COUNTS: Counter[str] = Counter()
-
-
-@contextlib.contextmanager
-def count_collectives() -> Iterator[Counter[str]]:
-    """Count the collectives issued inside the ``with`` block: ``{"all_reduce": n, ...}``."""
-    before = COUNTS.copy()
-    delta: Counter[str] = Counter()
-    try:
-        yield delta
-    finally:
-        delta.update(COUNTS)
-        delta.subtract(before)
-        for key in [k for k, n in delta.items() if n == 0]:
-            del delta[key]
-
-
-#: Default bound, in seconds, on how long one of shardcore's collectives waits for the other ranks.
-DEFAULT_TIMEOUT_S = 300.0
-TIMEOUT_ENV = "SHARDCORE_COLLECTIVE_TIMEOUT"
-
-
-class CollectiveTimeout(RuntimeError):
-    """A shardcore collective waited longer than the bound for the other ranks of its group."""
-
-
-class CollectivePeerLost(CollectiveTimeout):
-    """A shardcore collective lost a peer while waiting (it exited, or its side of the transport
-    closed): the same mistakes as a time-out, seen from the rank that stayed."""
-
-
-class _Where:
-    """Where this process's collectives come from: the parallel module last entered in forward
-    (set by hooks :func:`shardcore.optimize` installs), a running sequence number, the bound."""
-
-    module: str = "a shardcore collective outside any parallel module"
-    seq: int = 0
-    timeout_s: float | None = None
-
-
-WHERE = _Where()
-
-
-def resolve_timeout(seconds: float | None = None) -> float:
-    """``seconds``, else ``$SHARDCORE_COLLECTIVE_TIMEOUT``, else :data:`DEFAULT_TIMEOUT_S`."""
-    if seconds is not None:
-        return float(seconds)
-    value = os.environ.get(TIMEOUT_ENV)
-    if not value:
-        return DEFAULT_TIMEOUT_S
-    try:
-        seconds = float(value)
-    except ValueError:
-        raise ValueError(f"{TIMEOUT_ENV}={value!r} is not a number of seconds") from None
-    if seconds <= 0:
-        raise ValueError(f"{TIMEOUT_ENV}={value!r} must be a positive number of seconds")
-    return seconds
-
-
-def set_collective_timeout(seconds: float | None) -> None:
-    """Bound every collective issued here (per process; ``None``: wait as long as the group does)."""
-    WHERE.timeout_s = seconds
-
-
 def _likely_cause(kind: str, seq: int, where: str, group, what: str, err: Exception) -> str:
     return (
         f"shardcore: {kind} #{seq} ({where}) {what} of its tensor-parallel group {group_ranks(group)} ({err}). "
@@ -101,17 +85,18 @@ _PEER_GONE = ("connection closed by peer", "connection reset", "broken pipe", "r
 def _wait(work, kind: str, group, where: str | None, seq: int | None = None) -> None:
     """Wait for an async collective; past the bound, raise :class:`CollectiveTimeout` saying which,
     and when a peer went away while waiting, :class:`CollectivePeerLost` with the same cause."""
-    if WHERE.timeout_s is None:
+    scope = _scope(where)
+    if scope.timeout_s is None:
         work.wait()
         return
-    where = where or "forward of " + WHERE.module
-    seq = WHERE.seq if seq is None else seq
+    where = where or "forward of " + scope.module
+    seq = scope.seq if seq is None else seq
     try:
-        work.wait(timeout=timedelta(seconds=WHERE.timeout_s))
+        work.wait(timeout=timedelta(seconds=scope.timeout_s))
     except RuntimeError as err:
         text = str(err).lower()
         if "timed out" in text:
-            what = f"waited more than {WHERE.timeout_s:g} s for the other ranks"
+            what = f"waited more than {scope.timeout_s:g} s for the other ranks"
             raise CollectiveTimeout(_likely_cause(kind, seq, where, group, what, err)) from err
         if any(sign in text for sign in _PEER_GONE):
             what = "lost a peer (it left or gave up first) while waiting for the other ranks"
@@ -168,8 +153,7 @@ def group_rank(group: dist.ProcessGroup | None) -> int:
 def all_reduce(x: torch.Tensor, group, op=dist.ReduceOp.SUM, *, where: str | None = None) -> torch.Tensor:
     """In-place all-reduce of a (contiguous) tensor; counted, bounded (see :func:`set_collective_timeout`)."""
     if group_size(group) > 1:
-        COUNTS["all_reduce"] += 1
-        WHERE.seq += 1
+        _count("all_reduce", where)
         _wait(dist.all_reduce(x, op=op, group=group, async_op=True), "all_reduce", group, where)
     return x
 
@@ -180,7 +164,8 @@ class Pending:
 
     def __init__(self, work, kind: str, group, where: str | None, result) -> None:
         self.work, self.kind, self.group, self.result = work, kind, group, result
-        self.where, self.seq = where or "forward of " + WHERE.module, WHERE.seq
+        scope = _scope(where)
+        self.where, self.seq = _tagged(where or f"forward of {scope.module}", scope), scope.seq
 
     def wait(self):
         if self.work is not None:
@@ -194,8 +179,7 @@ def start_all_gather(x: torch.Tensor, group, dim: int, *, where: str | None = No
     world = group_size(group)
     if world == 1:
         return Pending(None, "all_gather", group, where, lambda: x)
-    COUNTS["all_gather"] += 1
-    WHERE.seq += 1
+    _count("all_gather", where)
     x = x.contiguous()
     parts = [torch.empty_like(x) for _ in range(world)]
     work = dist.all_gather(parts, x, group=group, async_op=True)
@@ -209,8 +193,7 @@ def start_reduce_scatter(x: torch.Tensor, group, dim: int, *, where: str | None 
         return Pending(None, "reduce_scatter", group, where, lambda: x)
     if x.shape[dim] % world:
         raise ValueError(f"cannot reduce-scatter dimension {dim} of size {x.shape[dim]} over {world} ranks")
-    COUNTS["reduce_scatter"] += 1
-    WHERE.seq += 1
+    _count("reduce_scatter", where)
     parts = [c.contiguous() for c in x.chunk(world, dim=dim)]
     out = torch.empty_like(parts[0])
     work = dist.reduce_scatter(out, parts, group=group, async_op=True)
@@ -235,8 +218,7 @@ def all_to_all_cat(x: torch.Tensor, group, scatter: int, gather: int, *, where: 
         return x
     if x.shape[scatter] % world:
         raise ValueError(f"cannot split dimension {scatter} of size {x.shape[scatter]} over {world} ranks")
-    COUNTS["all_to_all"] += 1
-    WHERE.seq += 1
+    _count("all_to_all", where)
     inputs = [c.contiguous() for c in x.chunk(world, dim=scatter)]
     outputs = [torch.empty_like(inputs[0]) for _ in range(world)]
     _wait(dist.all_to_all(outputs, inputs, group=group, async_op=True), "all_to_all", group, where)
@@ -246,8 +228,7 @@ def all_to_all_cat(x: torch.Tensor, group, scatter: int, gather: int, *, where: 
 def broadcast(x: torch.Tensor, group, *, where: str) -> torch.Tensor:
     """In place, from the group's first rank; counted, bounded."""
     if group_size(group) > 1:
-        COUNTS["broadcast"] += 1
-        WHERE.seq += 1
+        _count("broadcast", where)
         src = dist.get_global_rank(group, 0) if group is not None else 0
         _wait(dist.broadcast(x, src=src, group=group, async_op=True), "broadcast", group, where)
     return x

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..distributed.collectives import WHERE, all_reduce, group_size
+from ..distributed.collectives import all_reduce, backward_of, group_size
 from ..distributed.groups import replica_group
 from .mappings import gather_from_tp, split_to_tp
 from .parallel_module import ParallelModule
@@ -52,7 +52,7 @@ class _SyncReplicaGrads(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, weight, spec, groups):
-        ctx.spec, ctx.groups, ctx.where = spec, groups, "backward of " + WHERE.module + " (replicated KV rows)"
+        ctx.spec, ctx.groups, ctx.where = spec, groups, backward_of(" (replicated KV rows)")
         return weight.view_as(weight)
 
     @staticmethod

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import torch
 
-from ..distributed.collectives import WHERE, all_gather_cat, all_reduce, group_rank, group_size, start_all_gather
+from ..distributed.collectives import all_gather_cat, all_reduce, backward_of, group_rank, group_size, start_all_gather
 
 
 def _local_chunk(x: torch.Tensor, group, dim: int) -> torch.Tensor:
@@ -31,7 +31,7 @@ class _CopyToTP(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, group):
-        ctx.group, ctx.where = group, "backward of " + WHERE.module
+        ctx.group, ctx.where = group, backward_of()
         return x.view_as(x)
 
     @staticmethod
@@ -88,7 +88,7 @@ class _SplitToTP(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, group, dim):
-        ctx.group, ctx.dim, ctx.where = group, dim, "backward of " + WHERE.module
+        ctx.group, ctx.dim, ctx.where = group, dim, backward_of()
         return _local_chunk(x, group, dim)
 
     @staticmethod

@@ -16,8 +16,8 @@ import torch
 import torch.nn.functional as F
 
 from ..distributed.collectives import (
-    WHERE,
     all_gather_cat,
+    backward_of,
     group_rank,
     group_size,
     reduce_scatter_cat,
@@ -81,7 +81,7 @@ class _GatherSeq(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, group, dim):
-        ctx.group, ctx.dim, ctx.where = group, dim, "backward of " + WHERE.module
+        ctx.group, ctx.dim, ctx.where = group, dim, backward_of()
         return all_gather_cat(x, group, dim)
 
     @staticmethod
@@ -100,7 +100,7 @@ class _ReduceScatterSeq(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, group, dim):
-        ctx.group, ctx.dim, ctx.where = group, dim, "backward of " + WHERE.module
+        ctx.group, ctx.dim, ctx.where = group, dim, backward_of()
         return reduce_scatter_cat(x, group, dim)
 
     @staticmethod
@@ -122,7 +122,7 @@ class _LinearScatterOverlap(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, group, dim, prefetch):
-        ctx.group, ctx.dim, ctx.prefetch, ctx.where = group, dim, prefetch, "backward of " + WHERE.module
+        ctx.group, ctx.dim, ctx.prefetch, ctx.where = group, dim, prefetch, backward_of()
         ctx.save_for_backward(x, weight)
         pending = [start_reduce_scatter(F.linear(x, w), group, dim) for w in weight.chunk(OVERLAP_CHUNKS, dim=0)]
         return torch.cat([p.wait() for p in pending], dim=-1)
