@@ -73,7 +73,7 @@ class _Plan:
         return f"{self.source}:{line}" if line else self.source
 
 
-def load_plan(plan: str | Path | Mapping[str, Any]) -> _Plan:
+def load_plan(plan: str | Path | Mapping[str, Any]) -> _Plan:  # noqa: C901, PLR0912
     """Read and check the syntax of a plan (a YAML path or a mapping); no model needed yet."""
     if isinstance(plan, Mapping):
         data, lines, source = dict(plan), {}, "plan"
@@ -185,7 +185,7 @@ class PlanPolicy(Policy):
             )
         return out
 
-    def _layers(self) -> dict[str, tuple[type, dict, str]]:
+    def _layers(self) -> dict[str, tuple[type, dict, str]]:  # noqa: C901, PLR0912, PLR0915
         """``{module path: (parallel layer class, kwargs, key)}``, every split checked against the model."""
         tp, name = self.tp_size, type(self.model).__name__
         resolved = self._resolve()

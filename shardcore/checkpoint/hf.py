@@ -77,7 +77,7 @@ def _full_shape(tensor: torch.Tensor, spec) -> tuple[int, ...]:
     return tuple(shape)
 
 
-def load_checkpoint(
+def load_checkpoint(  # noqa: C901, PLR0912, PLR0915
     model: nn.Module,
     path: str | os.PathLike,
     *,

@@ -298,7 +298,7 @@ class RankPool:
     def _died(self, rank: int) -> str:
         return f"worker died ({_describe_exit(self._procs[rank].poll())})"
 
-    def _run(self, name: str, task: bytes) -> list[Any]:
+    def _run(self, name: str, task: bytes) -> list[Any]:  # noqa: C901, PLR0912
         results: list[Any] = [None] * self.world_size
         errors: dict[int, str] = {}
         pending = dict(enumerate(self._conns))

@@ -58,7 +58,7 @@ def _set(root: nn.Module, dotted: str, value: nn.Module) -> None:
     setattr(root.get_submodule(parent) if parent else root, name, value)
 
 
-def build_pipeline(model: nn.Module, policy, config, layout, name: str, layers: list[int], per_rank: int):
+def build_pipeline(model: nn.Module, policy, config, layout, name: str, layers: list[int], per_rank: int):  # noqa: C901, PLR0912, PLR0915
     """Prune ``model`` to this rank's stages and build the stages and the schedule (collective:
     groups for tied weights). Called by :func:`shardcore.optimize` after tensor-parallel sharding."""
     pp, group = layout.pp, layout.group("pp")

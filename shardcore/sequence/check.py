@@ -7,7 +7,7 @@ from torch import nn
 _BUILT = ("split_gather", "all_to_all", "ring_attn")
 
 
-def check_sequence_parallel(model: nn.Module, policy, config, layout) -> str | None:
+def check_sequence_parallel(model: nn.Module, policy, config, layout) -> str | None:  # noqa: C901
     """The mode ``config`` asks for, checked before any collective (the same on every rank)."""
     if not config.enable_sequence_parallelism:  # (overlap or a mode without it: refused by ShardConfig)
         if layout.sp > 1:

@@ -18,7 +18,7 @@ from .ring import _unzigzag, _zigzag
 from .split_gather import _per_rank_dropouts, _sum_grads_when_split
 
 
-def apply_ulysses(model: nn.Module, policy, state: SequenceParallel) -> None:
+def apply_ulysses(model: nn.Module, policy, state: SequenceParallel) -> None:  # noqa: C901
     """DeepSpeed-Ulysses, or with ``state.mode == "ring_attn"`` context parallelism (zigzag split,
     :func:`ring_attention`), over ``state.group`` (the mesh's ``sp`` dim): the hidden states split along
     the sequence at the first block's input (and the per-block inputs that run along it, such as

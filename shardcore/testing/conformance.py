@@ -78,7 +78,7 @@ def hidden_state_loss(*fields: str, seed: int = 1234) -> Callable[[Any], torch.T
     return loss
 
 
-def assert_sharded_matches(
+def assert_sharded_matches(  # noqa: PLR0915
     build: Callable[[], nn.Module],
     inputs: Mapping[str, Any],
     config=None,

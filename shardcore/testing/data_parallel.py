@@ -42,7 +42,7 @@ def state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer | None = None
     return total
 
 
-def assert_data_parallel_matches(
+def assert_data_parallel_matches(  # noqa: PLR0915
     build: Callable[[], nn.Module],
     inputs: Mapping[str, Any],
     config,

@@ -15,7 +15,7 @@ from .compare import _check_gathered_params, _check_grads, _check_local_grads, _
 __all__ = ["assert_pipeline_matches"]
 
 
-def assert_pipeline_matches(
+def assert_pipeline_matches(  # noqa: PLR0915
     build: Callable[[], nn.Module],
     batch: Mapping[str, Any],
     config,
