@@ -15,6 +15,9 @@ import attrs
 from torch import nn
 
 from .config import ShardConfig
+from .data_parallel.hooks import DataParallelHooks
+from .pipeline.hooks import PipelineHooks
+from .sequence.hooks import SequenceHooks
 
 __all__ = ["ModulePolicyDescription", "Policy", "SubModuleReplacementDescription"]
 
@@ -62,12 +65,15 @@ class ModulePolicyDescription:
     shared_rng: list[str] = attrs.field(factory=list)
 
 
-class Policy:
+class Policy(SequenceHooks, PipelineHooks, DataParallelHooks):
     """Base class of a model family's sharding policy.
 
     The sharder sets ``model``, ``shard_config`` and ``tp_size`` before calling, in this order,
     :meth:`config_sanity_check`, :meth:`preprocess`, :meth:`module_policy`, :meth:`postprocess`.
-    :meth:`blocks` says which repeated blocks the model is made of.
+    :meth:`blocks` says which repeated blocks the model is made of. What it says about sequence,
+    pipeline and data parallelism lives beside each (:class:`~shardcore.sequence.hooks.SequenceHooks`,
+    :class:`~shardcore.pipeline.hooks.PipelineHooks`, :class:`~shardcore.data_parallel.hooks.DataParallelHooks`):
+    a new parallelism adds its own hooks class here, not an edit in every plugin.
     """
 
     model: nn.Module
@@ -83,44 +89,6 @@ class Policy:
     #: same tensor share one backward all-reduce (:func:`shardcore.tensor_parallel.mappings.shared_copies`),
     #: without ``enter_tp_region`` entries. Plans use it; plugins name their regions instead.
     share_tp_copies: bool = False
-
-    #: The ``ShardConfig.sequence_parallelism_mode`` values this policy supports (see
-    #: :mod:`shardcore.sequence`); ``optimize`` refuses the others, naming them.
-    sequence_parallelism_modes: tuple[str, ...] = ()
-
-    #: Dropout modules (suffixes inside each block) that act on sequence-split activations under
-    #: sequence parallelism (residual dropout): they then draw from the per-rank random stream.
-    sequence_parallel_dropouts: tuple[str, ...] = ()
-
-    #: Keyword arguments of every block that run along the sequence with the hidden states
-    #: (rotary ``position_embeddings``): under ``all_to_all`` / ``ring_attn`` each rank takes its slice.
-    sequence_split_kwargs: tuple[str, ...] = ()
-
-    def sequence_parallel_regions(self) -> list[list[tuple[str, nn.Module]]]:
-        """Runs of consecutive blocks that ``split_gather`` splits along the sequence, each at its
-        first block's input and gathered at its last block's output: by default one, all of
-        :meth:`blocks`. An encoder-decoder whose decoder reads the encoder's whole output
-        (cross-attention) names its encoder's blocks only."""
-        return [self.blocks()]
-
-    def sequence_parallel_heads(self) -> tuple[int, int]:
-        """``(attention heads, key/value heads)`` for ``all_to_all``, which gives each rank whole heads."""
-        raise NotImplementedError(f"{type(self).__name__} does not implement sequence_parallel_heads()")
-
-    def sequence_attention_problem(self, mode: str = "all_to_all") -> str | None:
-        """Why :meth:`set_sequence_attention` cannot run ``mode`` on this model (``None``: it can);
-        asked before any collective."""
-        from .kernels import ulysses_problem
-
-        return ulysses_problem(self.model, mode)
-
-    def set_sequence_attention(self, state) -> str:
-        """Make the model's attention run under ``all_to_all`` (see
-        :func:`shardcore.sequence.ulysses_attention`); returns the name now in use. The default
-        registers it in HuggingFace's attention registry around the model's implementation."""
-        from .kernels import use_ulysses_attention
-
-        return use_ulysses_attention(self.model, state.mode)
 
     def not_overridden(self, *hooks: str) -> list[str]:
         """Those of ``hooks`` this policy's class leaves as :class:`Policy` defines them."""
@@ -180,69 +148,6 @@ class Policy:
             prefix = f"{paths[id(container)]}." if paths[id(container)] else ""
             out += [(prefix + name, child) for name, child in container.named_children()]
         return out
-
-    # -- pipeline parallelism (see shardcore.pipeline); a policy without them refuses it -------
-
-    @property
-    def pipeline_block_returns_tuple(self) -> bool:
-        """Whether a block returns a tuple whose first element is the hidden states rather than
-        the hidden states: what its pipeline hole returns. Default: ``True`` for a HuggingFace
-        model under transformers 4.x (its layers return ``(hidden, ...)``), else ``False``."""
-        if not type(self.model).__module__.startswith("transformers."):
-            return False
-        import transformers  # the model is a transformers model: it is imported already
-
-        return int(transformers.__version__.split(".")[0]) < 5
-
-    #: Why ``generate()`` cannot run through this model's pipeline stages (``None``: it can).
-    pipeline_generate_unsupported: str | None = None
-
-    def pipeline_ends(self) -> dict[str, str | int]:
-        """``{path: "first" | "last" | block index}``: the modules outside :meth:`blocks` only one
-        stage runs: the first (the embedding), the last (final norm, head), or the stage holding
-        block ``i`` (an encoder-decoder's decoder embedding goes with its first decoder block).
-        Other stages hold holes in their place. A path may name a parameter of a module that
-        stays (timm's root ``cls_token``): the stages that do not hold it do not have it."""
-        raise NotImplementedError(f"{type(self).__name__} does not implement pipeline_ends()")
-
-    def pipeline_zero_ends(self) -> set[str]:
-        """Paths of :meth:`pipeline_ends` whose output the model *adds* to the hidden states (a
-        position embedding): their holes return zero instead of handing the input through."""
-        return set()
-
-    def pipeline_inputs(self, batch: dict, training: bool = True) -> tuple[tuple, Any]:
-        """``(positional inputs of the first stage, labels or None)`` from a batch as the model
-        takes it (keyword arguments); every tensor with the batch as its first dimension (they are
-        cut into microbatches). ``training=False``: a forward through the pipeline (arguments
-        ``generate()`` passes may come too)."""
-        raise NotImplementedError(f"{type(self).__name__} does not implement pipeline_inputs()")
-
-    def pipeline_stage_forward(self, inputs: tuple, *, first: bool, last: bool):
-        """Run ``self.model`` (pruned to this rank's stages) on one stage's inputs: the first
-        stage's are :meth:`pipeline_inputs`; the others get what the previous stage returned. The
-        last stage returns what :meth:`pipeline_loss` takes (logits)."""
-        raise NotImplementedError(f"{type(self).__name__} does not implement pipeline_stage_forward()")
-
-    def pipeline_output(self, output, loss, *extra):
-        """What ``model(...)`` returns from the last stage's ``output`` (and ``loss``, or ``None``)
-        when a forward runs through the pipeline; ``extra``: the last stage's further outputs when
-        it returns a tuple (``output`` is its first element)."""
-        raise NotImplementedError(f"{type(self).__name__} does not implement pipeline_output()")
-
-    def pipeline_num_items(self, labels) -> Any:
-        """The number of loss terms of the whole batch (label tokens the loss counts)."""
-        raise NotImplementedError(f"{type(self).__name__} does not implement pipeline_num_items()")
-
-    def pipeline_loss(self, output, labels, num_items):
-        """One microbatch's loss summed over its terms and divided by the whole batch's
-        ``num_items``: the microbatches' losses then add up to the whole batch's mean loss."""
-        raise NotImplementedError(f"{type(self).__name__} does not implement pipeline_loss()")
-
-    def data_parallel_shard_dims(self) -> dict[str, int]:
-        """``{parameter name: dim}``: parameters ``ShardConfig(data_parallel="fsdp")`` splits over the
-        data-parallel ranks along a dimension other than 0 (FSDP's default for the others). A
-        plan's ``dp`` entries say it; policies rarely need to."""
-        return {}
 
     def set_attention_backend(self, backend: str) -> str:
         """Make the model's attention run on ``backend`` (``"flash_attention_2"`` or ``"sdpa"``, see
