@@ -235,7 +235,7 @@ MUTANTS: dict[str, Mutant] = {
         _m(
             "save-gathers-rows-reversed",
             "save_checkpoint (behind save_pretrained) writing a split tensor's rows in reverse",
-            "shardcore/checkpoint/hf.py",
+            "shardcore/checkpoint/hf_save.py",
             (
                 "                full = local if spec is None else spec.gather(local, pg)",
                 "                full = local if spec is None else spec.gather(local, pg).flip(0)",

@@ -1,35 +1,4 @@
-"""Sharding plans: which parameter is split along which mesh axis, declared in YAML or a dict.
-
-The syntax is torchprime's: each top-level key is a state-dict parameter name, ``*`` matching
-any layer index, and its value a partition spec, one entry per dimension: a mesh axis name
-(``tp``, ``dp``) or ``null`` (that dimension is replicated)::
-
-    model.embed_tokens.weight: [tp, null]               # vocab parallel
-    model.layers.*.self_attn.q_proj.weight: [tp, null]  # column parallel
-    model.layers.*.self_attn.o_proj.weight: [null, tp]  # row parallel
-    lm_head.weight: [tp, null]                          # vocab-parallel head
-    model.layers.*.mlp.up_proj.weight: [tp, dp]         # column parallel, FSDP splits dim 1
-
-``dp`` names the dimension FSDP splits a parameter along over the data-parallel ranks (with
-``ShardConfig(data_parallel="fsdp")``, which splits every parameter, along dim 0 unless the plan
-says otherwise); one dimension per axis.
-
-A replicated parameter that acts on split activations (a norm over each head's features) takes
-the spec ``replicated_with_grad_allreduce`` (transformers' name): its gradient is summed over
-the group. A key naming a module instead (``model.layers.*.mlp``, ``name[i]`` for element ``i`` of a tuple
-output) is an activation spec: the layout of that module's output, which shardcore's layers
-decide; it is checked against them (a disagreement is an error), never ignored.
-
-:class:`PlanPolicy` turns a plan into a :class:`~shardcore.Policy` made of shardcore's own
-parallel layers: ``nn.Embedding`` ``[tp, null]`` -> vocab-parallel embedding; the model's output
-embedding (or a Linear tied to an embedding) ``[tp, null]`` -> vocab-parallel LM head (full
-logits); ``nn.Linear`` ``[tp, null]`` ->
-column parallel, ``[null, tp]`` -> row parallel, split by attention heads when the parent module
-has a ``head_dim`` (KV heads fewer than the group are replicated, as the plugins do). Column
-layers reading one tensor share one backward all-reduce, so a plan costs the same collectives as
-a plugin. Every key must match something, every split must divide, every axis must be known: all
-checked in :meth:`PlanPolicy.config_sanity_check`, before any collective.
-"""
+"""PlanPolicy: a plan applied to a model with shardcore's own parallel layers."""
 
 from __future__ import annotations
 
@@ -41,106 +10,10 @@ from typing import Any
 
 from torch import nn
 
-from .policy import ModulePolicyDescription, Policy
-from .policy import SubModuleReplacementDescription as Sub
-from .tensor_parallel import Linear1D_Col, Linear1D_Row, VocabParallelEmbedding1D, VocabParallelLMHead1D
-
-__all__ = ["PlanError", "PlanPolicy", "hf_tp_plan", "load_plan", "zero_config_policy"]
-
-#: Mesh axes a spec may name: ``tp`` (shardcore's parallel layers) and ``dp`` (the dimension FSDP
-#: splits the parameter along over the data-parallel ranks, with ``ShardConfig(data_parallel="fsdp")``).
-AXES = ("dp", "tp")
-#: The spec of a replicated parameter that acts on split activations (a norm over each head's
-#: features): its gradient is summed over the group. transformers' name for it.
-GRAD_SUM = "replicated_with_grad_allreduce"
-_INDEX = re.compile(r"^(?P<name>.*?)(\[(?P<i>\d+)\])?$")
-_HEAD_ATTRS = ("num_heads", "num_attention_heads", "num_key_value_heads")
-
-
-class PlanError(ValueError):
-    """A sharding plan that cannot be applied: the message names the key (and its line)."""
-
-
-class _Plan:
-    def __init__(
-        self, specs: dict[str, list | None], lines: dict[str, int], source: str, dp: dict[str, int] | None = None
-    ) -> None:
-        #: the tensor-parallel specs (``dp`` entries read as null) and ``{key: dim}`` of the ``dp`` entries
-        self.specs, self.lines, self.source, self.dp = specs, lines, source, dp or {}
-
-    def where(self, key: str) -> str:
-        line = self.lines.get(key)
-        return f"{self.source}:{line}" if line else self.source
-
-
-def load_plan(plan: str | Path | Mapping[str, Any]) -> _Plan:  # noqa: C901, PLR0912
-    """Read and check the syntax of a plan (a YAML path or a mapping); no model needed yet."""
-    if isinstance(plan, Mapping):
-        data, lines, source = dict(plan), {}, "plan"
-    else:
-        path = Path(plan)
-        try:
-            import yaml
-        except ImportError as err:
-            raise PlanError(
-                "YAML plans need PyYAML: pip install 'shardcore[yaml]' (or pass the plan as a dict)"
-            ) from err
-        try:
-            text = path.read_text()
-        except OSError as err:
-            raise PlanError(f"cannot read the sharding plan {str(path)!r}: {err}") from err
-        source = str(path)
-        try:
-            data = yaml.safe_load(text)
-            root = yaml.compose(text, Loader=yaml.SafeLoader)
-        except yaml.YAMLError as err:
-            mark = getattr(err, "problem_mark", None)
-            at = f":{mark.line + 1}" if mark is not None else ""
-            problem = getattr(err, "problem", None) or str(err)
-            raise PlanError(f"{source}{at}: malformed YAML: {problem}") from err
-        lines = {}
-        if root is not None and isinstance(root, yaml.MappingNode):
-            lines = {k.value: k.start_mark.line + 1 for k, _ in root.value}
-        if data is None:
-            data = {}
-    if not isinstance(data, dict):
-        raise PlanError(
-            f"{source}: a sharding plan is a mapping of parameter names to specs, got {type(data).__name__}"
-        )
-    specs: dict[str, list | None] = {}
-    dp: dict[str, int] = {}
-    for key, spec in data.items():
-        at = f"{source}:{lines[key]}" if key in lines else source
-        if not isinstance(key, str):
-            raise PlanError(f"{at}: key {key!r} is not a parameter or module name")
-        if spec == GRAD_SUM:
-            specs[key] = GRAD_SUM
-            continue
-        if spec is not None and not (
-            isinstance(spec, list | tuple) and all(a is None or isinstance(a, str) for a in spec)
-        ):
-            raise PlanError(
-                f"{at}: {key!r}: a spec is a list of mesh axis names or null (or {GRAD_SUM!r}), got {spec!r}"
-            )
-        for axis in spec or ():
-            if axis is None:
-                continue
-            if axis not in AXES:
-                raise PlanError(
-                    f"{at}: {key!r}: unknown mesh axis {axis!r}; shardcore's axes are {', '.join(AXES)} "
-                    "(or null for a replicated dimension)"
-                )
-        for axis in AXES:
-            if spec is not None and sum(a == axis for a in spec) > 1:
-                raise PlanError(f"{at}: {key!r}: {list(spec)} splits more than one dimension over {axis}")
-        if spec is not None and "dp" in spec:
-            dp[key] = list(spec).index("dp")
-        specs[key] = None if spec is None else [None if a == "dp" else a for a in spec]
-    return _Plan(specs, lines, source, dp)
-
-
-def _regex(key: str) -> re.Pattern:
-    return re.compile("^" + re.escape(key).replace(r"\*", r"\d+") + "$")
+from ..policy import ModulePolicyDescription, Policy
+from ..policy import SubModuleReplacementDescription as Sub
+from ..tensor_parallel import Linear1D_Col, Linear1D_Row, VocabParallelEmbedding1D, VocabParallelLMHead1D
+from .syntax import _HEAD_ATTRS, _INDEX, GRAD_SUM, PlanError, _Plan, _regex, load_plan
 
 
 class PlanPolicy(Policy):
@@ -398,13 +271,13 @@ class PlanPolicy(Policy):
     def postprocess(self):
         """Sum over the group the gradients of the parameters given ``replicated_with_grad_allreduce``;
         a causal LM's loss on the vocabulary slices while its logits are gathered (:func:`~shardcore.losses.defer_logits_gather`)."""
-        from .losses import defer_logits_gather
+        from ..losses import defer_logits_gather
 
         get_head = getattr(self.model, "get_output_embeddings", None)
         defer_logits_gather(self.model, get_head() if callable(get_head) else None)
         if self._grad_sum:
-            from .distributed.collectives import all_reduce
-            from .tensor_parallel.parallel_module import ParallelModule
+            from ..distributed.collectives import all_reduce
+            from ..tensor_parallel.parallel_module import ParallelModule
 
             group = next(m.process_group for m in self.model.modules() if isinstance(m, ParallelModule))
             params = dict(self.model.named_parameters(remove_duplicate=False))
@@ -419,52 +292,3 @@ class PlanPolicy(Policy):
 # -- zero-config: the plan a HuggingFace model ships ---------------------------------------------------
 
 #: transformers' tensor-parallel styles the fallback turns into specs.
-_STYLES = {"colwise": ["tp", None], "rowwise": [None, "tp"]}
-
-
-def hf_tp_plan(model: nn.Module) -> dict[str, list | str | None] | None:
-    """The plan a HuggingFace model's ``config.base_model_tp_plan`` describes, in shardcore's syntax
-    (each parameter of a ``replicated_with_grad_allreduce`` module gets that spec); ``None`` if the
-    model ships no plan. The embedding and the LM head are split over the vocabulary too
-    (transformers keeps them replicated) when they are plain ``nn.Embedding`` / ``nn.Linear``."""
-    config = getattr(model, "config", None)
-    base_plan = getattr(config, "base_model_tp_plan", None)
-    if not base_plan:
-        return None
-    base = getattr(model, "base_model", model)
-    paths = {id(m): n for n, m in model.named_modules()}
-    prefix = paths.get(id(base), "")
-    prefix = f"{prefix}." if prefix else ""
-    specs: dict[str, list | str | None] = {}
-    for pattern, style in base_plan.items():
-        if style in _STYLES:
-            specs[f"{prefix}{pattern}.weight"] = list(_STYLES[style])
-        elif style == GRAD_SUM:
-            regex = _regex(f"{prefix}{pattern}")
-            module = next((m for n, m in model.named_modules() if regex.match(n)), None)
-            for pname, _ in module.named_parameters(recurse=False) if module is not None else ():
-                specs[f"{prefix}{pattern}.{pname}"] = GRAD_SUM
-        else:
-            raise PlanError(
-                f"{type(model).__name__}: base_model_tp_plan gives {pattern!r} the style {style!r}, which shardcore's "
-                f"zero-config fallback does not translate (colwise, rowwise and {GRAD_SUM} are); "
-                "write a plan (shardcore plan MODEL writes one to start from) or a plugin"
-            )
-    embed = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    ends = [m for m in (embed, head) if m is not None]
-    tied = head is not None and embed is not None and head.weight is embed.weight
-    plain = all(type(m).forward in (nn.Embedding.forward, nn.Linear.forward) for m in ends)
-    if plain or not tied:  # a tied pair is split together or not at all
-        for m in ends:
-            if type(m).forward in (nn.Embedding.forward, nn.Linear.forward) and id(m) in paths:
-                specs[f"{paths[id(m)]}.weight"] = ["tp", None]
-    return specs
-
-
-def zero_config_policy(model: nn.Module) -> PlanPolicy | None:
-    """The fallback policy for a model no plugin covers: its HuggingFace TP plan, if it ships one."""
-    specs = hf_tp_plan(model)
-    if specs is None:
-        return None
-    return PlanPolicy(_Plan(specs, {}, f"{type(model).__name__}.config.base_model_tp_plan"))

@@ -23,33 +23,28 @@ raised in the caller with its traceback; a dead worker closes the handle; Ctrl+C
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
-import pickle
 import shutil
 import tempfile
 import time
 import uuid
 import weakref
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from .config import ShardConfig
-from .distributed.launcher import RankError, RankPool, loads_payload
-from .distributed.layout import ParallelLayout
+from ..config import ShardConfig
+from ..distributed.launcher import RankError, RankPool
+from ..distributed.layout import ParallelLayout
+from .served import _build, _call, _structure, config_dtype
 
-__all__ = ["ParallelModel", "parallelize"]
+__all__ = ["ParallelModel", "config_dtype", "parallelize", "read_config"]
 
 logger = logging.getLogger(__name__)
-
-_MODELS: dict[str, nn.Module] = {}  # in each worker: the sharded models of the handles it serves
-_STRIPPED = ("past_key_values",)  # output fields that hold one worker's heads only
 
 
 # ----------------------------------------------------------------------------- caller side
@@ -106,7 +101,7 @@ def parallelize(
     else:
         path = Path(model_or_path)
         hf_config, arch = read_config(path)
-        from .checkpoint.safetensors_io import weight_map
+        from ..checkpoint.safetensors_io import weight_map
 
         weight_map(path)  # no safetensors here: the CheckpointError names the directory
         source = {"checkpoint": str(path), "architecture": arch}
@@ -122,7 +117,7 @@ def parallelize(
             quiet=True,
         )
         if isinstance(model_or_path, nn.Module):
-            from .checkpoint import save_checkpoint
+            from ..checkpoint import save_checkpoint
 
             cleanup = tempfile.mkdtemp(prefix="shardcore-parallelize-")
             save_checkpoint(model_or_path, cleanup)
@@ -226,133 +221,3 @@ def read_config(path: Path, who: str = "parallelize"):
     from transformers import AutoConfig
 
     return AutoConfig.from_pretrained(path), archs[0]
-
-
-class _MetaPickler(pickle.Pickler):
-    """Pickles a module with its parameters and persistent buffers as empty meta tensors."""
-
-    def __init__(self, file, held: dict[int, bool], dtype: torch.dtype | None) -> None:
-        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
-        self._held, self._dtype = held, dtype
-
-    def reducer_override(self, obj):
-        if isinstance(obj, torch.Tensor) and id(obj) in self._held:
-            dtype = self._dtype if (self._dtype is not None and obj.is_floating_point()) else obj.dtype
-            return _meta_tensor, (tuple(obj.shape), dtype, self._held[id(obj)], obj.requires_grad)
-        return NotImplemented
-
-
-def _meta_tensor(shape, dtype, is_param: bool, requires_grad: bool) -> torch.Tensor:
-    t = torch.empty(shape, dtype=dtype, device="meta")
-    return nn.Parameter(t, requires_grad=requires_grad) if is_param else t
-
-
-def _structure(model: nn.Module, dtype: torch.dtype | None) -> bytes:
-    from .checkpoint.hf import model_tensors
-
-    held = {id(t): is_param for _, t, is_param in model_tensors(model)}  # what the checkpoint holds
-    import io
-
-    buf = io.BytesIO()
-    try:
-        _MetaPickler(buf, held, dtype).dump(model)
-    except Exception as err:
-        raise TypeError(
-            f"parallelize: cannot send the structure of {type(model).__name__} to the workers ({err}); "
-            "save it with save_pretrained(directory) (or shardcore.save_checkpoint) and pass the directory"
-        ) from err
-    return buf.getvalue()
-
-
-# ----------------------------------------------------------------------------- worker side
-
-
-def _build(key: str, source: Mapping, config: ShardConfig, policy, dtype, device_type: str) -> None:
-    import torch.distributed as dist
-
-    from .checkpoint import load_checkpoint
-    from .checkpoint.materialize import replace_tensors
-    from .meta import init_empty
-    from .optimize import optimize
-
-    if "structure" in source:
-        model = loads_payload(source["structure"])  # classes of the caller's script found there
-    else:
-        import transformers
-        from transformers import AutoConfig
-
-        hf_config = AutoConfig.from_pretrained(source["checkpoint"])
-        cls = getattr(transformers, source["architecture"], None)
-        if cls is None:
-            raise ValueError(
-                f"config.json names the architecture {source['architecture']!r}, which transformers "
-                f"{transformers.__version__} does not have; build the model and pass it instead"
-            )
-        dtype = dtype or config_dtype(hf_config)
-        with init_empty():  # parameters on meta, buffers computed by the modules as usual
-            model = cls._from_config(hf_config)
-        if dtype is not None:  # floating parameters only (meta: nothing moves); buffers keep their dtype
-            converted = {
-                id(p): torch.nn.Parameter(p.to(dtype), requires_grad=p.requires_grad)
-                for p in model.parameters()
-                if p.is_floating_point() and p.dtype != dtype
-            }
-            replace_tensors(model, converted)  # every reference: tied parameters stay tied
-    model = optimize(model.eval(), config, policy=policy)
-    device = torch.device("cuda", torch.cuda.current_device()) if device_type == "cuda" else torch.device("cpu")
-    # zero_copy=False: each worker's slices in its own memory, none left in a map of the file
-    # (0.53x of the checkpoint per worker at world_size 2 against 0.59-0.63x with views, and a
-    # temporary checkpoint's disk space is freed when it is deleted, not when the workers exit)
-    load_checkpoint(model, source["checkpoint"], device=device, progress=False, zero_copy=False)
-    _MODELS[key] = model.eval()
-    dist.barrier()  # every worker holds its slices before the caller deletes a temporary checkpoint
-
-
-def config_dtype(hf_config) -> torch.dtype | None:
-    value = getattr(hf_config, "dtype", None)
-    if value is None and "dtype" not in vars(hf_config):  # transformers 4.x names it torch_dtype
-        value = getattr(hf_config, "torch_dtype", None)
-    if isinstance(value, str):
-        value = getattr(torch, value, None)
-    return value if isinstance(value, torch.dtype) else None
-
-
-def _call(key: str, method: str, args: tuple, kwargs: dict) -> Any:
-    import torch.distributed as dist
-
-    model = _MODELS[key]
-    device = next(model.parameters()).device
-    args, kwargs = _move(args, device), _move(kwargs, device)
-    with torch.no_grad():
-        out = getattr(model, method)(*args, **kwargs)
-    if dist.get_rank() != 0:
-        return None
-    return _strip(_move(out, torch.device("cpu")))
-
-
-def _move(obj, device: torch.device):
-    if isinstance(obj, torch.Tensor):
-        return obj if obj.device == device else obj.to(device)
-    if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
-        return tuple(_move(o, device) for o in obj)
-    if isinstance(obj, list):
-        return [_move(o, device) for o in obj]
-    if isinstance(obj, dict):
-        for k, v in list(obj.items()):
-            moved = _move(v, device)
-            if moved is not v:
-                obj[k] = moved
-        return obj
-    return obj
-
-
-def _strip(out):
-    if isinstance(out, dict):
-        for name in _STRIPPED:
-            if out.get(name) is not None:
-                with contextlib.suppress(Exception):
-                    out[name] = None
-                if hasattr(out, name):
-                    with contextlib.suppress(Exception):
-                        setattr(out, name, None)
-    return out
