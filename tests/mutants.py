@@ -410,7 +410,7 @@ MUTANTS: dict[str, Mutant] = {
             "optimize no longer makes the replica sub-groups before the layers are built",
             "shardcore/optimize.py",
             ("    prepare_replica_groups(b.group, tp_groups)\n", ""),
-            f"{LLAMA}/test_llama_tp.py::test_causal_lm[4]",
+            f"{LLAMA}/test_llama_tp.py::test_causal_lm_variants[gqa-4]",
             "are not prepared: call shardcore.distributed.prepare_replica_groups",
         ),
         _m(
