@@ -168,6 +168,27 @@ def lint(session: nox.Session) -> None:
     _run(session, bin_dir, "ruff", "format", "--check", ".")
 
 
+#: The documentation site's tools, pinned (a light environment of its own: no PyTorch; the API
+#: pages are read from the source by griffe, nothing is imported).
+DOCS = ("mkdocs==1.6.1", "mkdocs-material==9.8.1", "mkdocstrings==1.0.8", "mkdocstrings-python==2.0.11")
+
+
+@nox.session(python=False)
+def docs(session: nox.Session) -> None:
+    """The documentation site (MkDocs, ``--strict``: a broken link or a docstring griffe cannot read
+    fails it) built into ``site/``; ``nox -s docs -- serve`` serves it while you edit."""
+    env = ROOT / ".nox" / "docs-env"
+    stamp = env / ".shardcore-docs"
+    if not stamp.is_file() or stamp.read_text() != " ".join(DOCS):
+        session.run(sys.executable, "-m", "venv", str(env), external=True)
+        session.run(str(_bin(env) / "python"), "-m", "pip", "install", "--quiet", *DOCS, external=True)
+        stamp.write_text(" ".join(DOCS))
+    if session.posargs[:1] == ["serve"]:
+        session.run(str(_bin(env) / "mkdocs"), "serve", external=True)
+    else:
+        session.run(str(_bin(env) / "mkdocs"), "build", "--strict", "--site-dir", "site", external=True)
+
+
 @nox.session
 def demo(session: nox.Session) -> None:
     """A small Llama trained a few steps sharded over 2 CPU processes beside the unsharded model."""

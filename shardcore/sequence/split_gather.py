@@ -147,23 +147,24 @@ def _regather_hooks(state: SequenceParallel):
 def _sum_grads_when_split(module: nn.Module, names: list[str], state: SequenceParallel) -> None:
     """While a split forward runs, ``module``'s parameters ``names`` enter it through Megatron's
     *f* (identity forward, gradient all-reduced over the group): their gradients, from this
-    rank's tokens only, become the sum over every token."""
+    rank's tokens only, become the sum over every token.
+
+    The forward reads ``module.<name>``; for the split forward that attribute is shadowed by the
+    parameter's *f* copy in the module's instance ``__dict__`` (found before ``nn.Module``'s own
+    look-up). The parameter registry (``module._parameters``) is never touched: optimizers, state
+    dicts, ``named_parameters()`` and hooks see the real parameters at every moment."""
 
     def enter(mod, args):
+        for n in names:  # a forward that raised left its shadows: the real parameters come back first
+            mod.__dict__.pop(n, None)
         if not (state.active and torch.is_grad_enabled()):
             return
-        saved = mod.__dict__.pop("_shardcore_sp_saved", None)
-        if saved:  # a forward that raised never restored them
-            mod._parameters.update(saved)
-        saved = {n: mod._parameters[n] for n in names}
-        for n, p in saved.items():
-            mod._parameters[n] = copy_to_tp(p, state.group)
-        mod.__dict__["_shardcore_sp_saved"] = saved
+        for n in names:
+            mod.__dict__[n] = copy_to_tp(mod._parameters[n], state.group)
 
     def leave(mod, args, output):
-        saved = mod.__dict__.pop("_shardcore_sp_saved", None)
-        if saved:
-            mod._parameters.update(saved)
+        for n in names:
+            mod.__dict__.pop(n, None)
 
     module.register_forward_pre_hook(enter)
     module.register_forward_hook(leave, always_call=True)

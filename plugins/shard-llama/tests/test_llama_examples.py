@@ -71,3 +71,31 @@ def test_inference_with_parallelize_equals_unsharded_generate():
     ids = torch.randint(1, 256, (2, 8), generator=torch.Generator().manual_seed(1))
     want = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False)
     assert tokens == want.tolist()
+
+
+def _readme_block(text: str) -> str:
+    """The lines of ``examples/quickstart.py`` between its ``readme`` markers, dedented."""
+    import textwrap
+
+    start, end = text.index("# --8<-- [start:readme]\n"), text.index("# --8<-- [end:readme]")
+    body = text[start:end].split("\n", 1)[1]
+    return textwrap.dedent(body.rsplit("\n", 1)[0] + "\n")
+
+
+def test_the_readme_example_is_the_tested_file_and_matches_unsharded():
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    block = _readme_block((EXAMPLES / "quickstart.py").read_text())
+    readme = (EXAMPLES.parent / "README.md").read_text()
+    assert f"```python\n{block}```" in readme, "README's example differs from examples/quickstart.py"
+    results = run_on_ranks(2, _example("quickstart"), [])
+    torch.manual_seed(0)
+    cfg = dict(hidden_size=256, intermediate_size=688, num_attention_heads=8, num_hidden_layers=4, vocab_size=1001)
+    model = LlamaForCausalLM(LlamaConfig(**cfg))
+    ids = torch.randint(0, 1001, (4, 128))
+    loss = model(input_ids=ids, labels=ids).loss.item()
+    tokens = model.generate(ids[:, :8], max_new_tokens=16, do_sample=False)
+    for got_loss, got_tokens in results:
+        assert abs(got_loss - loss) <= 1e-5 * abs(loss), (got_loss, loss)
+        assert torch.equal(got_tokens, tokens)

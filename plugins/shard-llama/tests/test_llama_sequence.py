@@ -96,6 +96,35 @@ def test_overlap_cuts_the_reduce_scatters_and_prefetches_the_saved_inputs():
     assert overlap["prefetched"].count(True) == 4 and len(overlap["prefetched"]) == len(plain["prefetched"]), overlap
 
 
+def _registry_mid_forward() -> list:
+    """Inside a split forward, every norm's registered parameters are the real leaves (what an
+    optimizer, a state dict or FSDP sees), while its forward reads their gradient-summing copy."""
+    import shardcore
+
+    torch.manual_seed(0)
+    model = shardcore.optimize(build("LlamaForCausalLM"), ShardConfig(tensor_parallel_size=2, **SP))
+    leaves = {n: p for n, p in model.named_parameters()}
+    seen = []
+
+    def look(module, args, output):
+        real = module._parameters["weight"]
+        seen.append((real.is_leaf, real is leaves[f"{names[module]}.weight"], module.weight is not real))
+
+    names = {m: n for n, m in model.named_modules()}
+    norm = model.model.layers[0].input_layernorm
+    handle = norm.register_forward_hook(look, prepend=True)  # before the hook that ends the shadow
+    model(**lm_batch(seq=12)).loss.backward()
+    handle.remove()
+    assert all(p is leaves[n] for n, p in model.named_parameters())  # nothing swapped after it either
+    assert "weight" not in norm.__dict__
+    return seen
+
+
+def test_a_split_forward_never_swaps_registered_parameters():
+    for seen in run_on_ranks(2, _registry_mid_forward):
+        assert seen == [(True, True, True)], seen
+
+
 def _generate() -> list:
     import shardcore
 
