@@ -197,7 +197,6 @@ LONG_FUNCTIONS: set[str] = {
     "shardcore/inference/__init__.py:parallelize",
     "shardcore/losses.py:defer_logits_gather",
     "shardcore/pipeline/check.py:check_pipeline",
-    "shardcore/pipeline/stage.py:build_pipeline",
     "shardcore/plan/policy.py:_layers",
     "shardcore/plan/syntax.py:load_plan",
     "shardcore/sequence/check.py:check_sequence_parallel",

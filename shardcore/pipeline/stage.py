@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -58,24 +60,12 @@ def _set(root: nn.Module, dotted: str, value: nn.Module) -> None:
     setattr(root.get_submodule(parent) if parent else root, name, value)
 
 
-def build_pipeline(model: nn.Module, policy, config, layout, name: str, layers: list[int], per_rank: int):  # noqa: C901, PLR0912, PLR0915
-    """Prune ``model`` to this rank's stages and build the stages and the schedule (collective:
-    groups for tied weights). Called by :func:`shardcore.optimize` after tensor-parallel sharding."""
-    pp, group = layout.pp, layout.group("pp")
-    pp_rank = layout.coordinates(dist.get_rank())["pp"]
-    indices = _stage_indices(pp_rank, pp, per_rank, name)
-    num_stages = pp * per_rank
-    starts = [sum(layers[:s]) for s in range(num_stages)]
-    stage_blocks = {s: set(range(starts[s], starts[s] + layers[s])) for s in indices}
-    held = set().union(*stage_blocks.values())
-    blocks = policy.blocks()
-    stage_of_block = {b: t for t in range(num_stages) for b in range(starts[t], starts[t] + layers[t])}
-
-    # the ends: modules (or parameters) outside the blocks that one stage runs
-    ends = policy.pipeline_ends()
+def _ends(model: nn.Module, policy, blocks: list, stage_of_block: dict[int, int]) -> tuple[dict[str, int], set[str]]:
+    """``({path: stage}, paths that name parameters)`` of :meth:`~shardcore.Policy.pipeline_ends`:
+    the modules (or parameters) outside the blocks that one stage runs."""
     end_stage: dict[str, int] = {}
     param_ends: set[str] = set()
-    for path, where in ends.items():
+    for path, where in policy.pipeline_ends().items():
         index = {"first": 0, "last": -1}.get(where, where) if isinstance(where, str) else where
         if not isinstance(index, int) or not -len(blocks) <= index < len(blocks):
             raise ValueError(
@@ -93,9 +83,13 @@ def build_pipeline(model: nn.Module, policy, config, layout, name: str, layers: 
                     f"{type(model).__name__}"
                 ) from None
             param_ends.add(path)
+    return end_stage, param_ends
 
-    # parameters the unsharded model holds under several names (tied embeddings), and the stages
-    # holding each name: their gradients are summed over the ranks of those stages
+
+def _tied(model: nn.Module, blocks: list, end_stage: dict[str, int], stage_of_block: dict[int, int], owner) -> tuple:
+    """``({id(param): the pp ranks whose stages hold one of its names}, {name: its other names})``
+    for parameters the unsharded model holds under several names (tied embeddings): their
+    gradients are summed over the ranks of those stages. ``owner(stage)``: the pp rank running it."""
     names_of: dict[int, list[str]] = {}
     for n, p in model.named_parameters(remove_duplicate=False):
         names_of.setdefault(id(p), []).append(n)
@@ -113,12 +107,17 @@ def build_pipeline(model: nn.Module, policy, config, layout, name: str, layers: 
     for pid, names in names_of.items():
         stages = {stage_of(n) for n in names}
         if len(names) > 1 and None not in stages:
-            owners = tuple(sorted({_stage_owner(t, pp, per_rank, name) for t in stages}))
+            owners = tuple(sorted({owner(t) for t in stages}))
             if len(owners) > 1:
                 owners_of[pid] = owners
     aliases = {n: [m for m in names if m != n] for names in names_of.values() if len(names) > 1 for n in names}
+    return owners_of, aliases
 
-    # prune: the blocks and the ends of other ranks' stages
+
+def _prune(model: nn.Module, policy, blocks: list, held: set[int], ends: tuple, indices: list[int]) -> tuple:
+    """Holes in place of the blocks and ends of other ranks' stages; returns every block's and
+    every end module's hole (a stage uses them for what another stage of this rank runs)."""
+    end_stage, param_ends = ends
     as_tuple = bool(getattr(policy, "pipeline_block_returns_tuple", False))
     holes = {
         b: PipelineHole(block, as_tuple=as_tuple, where=block_name) for b, (block_name, block) in enumerate(blocks)
@@ -129,10 +128,10 @@ def build_pipeline(model: nn.Module, policy, config, layout, name: str, layers: 
     zero_ends = policy.pipeline_zero_ends()
     end_holes = {
         path: PipelineHole(model.get_submodule(path), where=path, zero=path in zero_ends)
-        for path in ends
+        for path in end_stage
         if path not in param_ends
     }
-    for path in ends:
+    for path in end_stage:
         if end_stage[path] in indices:
             continue
         if path in param_ends:  # gone from this rank; what reads its shape or dtype still can
@@ -142,25 +141,40 @@ def build_pipeline(model: nn.Module, policy, config, layout, name: str, layers: 
             object.__setattr__(owner, leaf, stand_in)
         else:
             _set(model, path, end_holes[path])
+    return holes, end_holes
 
-    # the ranks holding a tied parameter's stages sum its gradients, one group per (dp, sp, tp) coordinate
-    tied: list = []
-    if owners_of:
-        coords = [layout.coordinates(r) for r in range(dist.get_world_size())]
-        keys = sorted({(c["dp"], c["sp"], c["tp"]) for c in coords})
-        groups = {}
-        for owners in sorted(set(owners_of.values())):
-            for key in keys:
-                ranks = sorted(
-                    r for r, c in enumerate(coords) if (c["dp"], c["sp"], c["tp"]) == key and c["pp"] in owners
-                )
-                g = dist.new_group(ranks)  # collective over the world: every rank creates every group
-                if dist.get_rank() in ranks:
-                    groups[owners] = g
-        live = {id(p): p for p in model.parameters()}
-        tied = [(live[pid], groups[owners]) for pid, owners in owners_of.items() if pid in live]
-    last_owner = _stage_owner(num_stages - 1, pp, per_rank, name)
 
+def _tied_groups(model: nn.Module, layout, owners_of: dict) -> list:
+    """The ranks holding a tied parameter's stages sum its gradients: one group per (dp, sp, tp)
+    coordinate (collective over the world: every rank creates every group, in one order)."""
+    if not owners_of:
+        return []
+    coords = [layout.coordinates(r) for r in range(dist.get_world_size())]
+    keys = sorted({(c["dp"], c["sp"], c["tp"]) for c in coords})
+    groups = {}
+    for owners in sorted(set(owners_of.values())):
+        for key in keys:
+            ranks = sorted(r for r, c in enumerate(coords) if (c["dp"], c["sp"], c["tp"]) == key and c["pp"] in owners)
+            g = dist.new_group(ranks)
+            if dist.get_rank() in ranks:
+                groups[owners] = g
+    live = {id(p): p for p in model.parameters()}
+    return [(live[pid], groups[owners]) for pid, owners in owners_of.items() if pid in live]
+
+
+def build_pipeline(model: nn.Module, policy, config, layout, name: str, layers: list[int], per_rank: int):
+    """Prune ``model`` to this rank's stages and build the stages and the schedule (collective:
+    groups for tied weights). Called by :func:`shardcore.optimize` after tensor-parallel sharding."""
+    pp, group = layout.pp, layout.group("pp")
+    indices = _stage_indices(layout.coordinates(dist.get_rank())["pp"], pp, per_rank, name)
+    num_stages = pp * per_rank
+    starts = [sum(layers[:s]) for s in range(num_stages)]
+    stage_blocks = {s: set(range(starts[s], starts[s] + layers[s])) for s in indices}
+    blocks = policy.blocks()
+    stage_of_block = {b: t for t in range(num_stages) for b in range(starts[t], starts[t] + layers[t])}
+    ends = _ends(model, policy, blocks, stage_of_block)
+    owners_of, aliases = _tied(model, blocks, ends[0], stage_of_block, lambda t: _stage_owner(t, pp, per_rank, name))
+    holes = _prune(model, policy, blocks, set().union(*stage_blocks.values()), ends, indices)
     info = PipelineInfo(
         schedule_name=name,
         num_stages=num_stages,
@@ -168,47 +182,49 @@ def build_pipeline(model: nn.Module, policy, config, layout, name: str, layers: 
         layers=layers,
         group=group,
         num_microbatches=config.num_microbatches or pp * per_rank,
-        tied=tied,
-        last_stage_rank=last_owner,
+        tied=_tied_groups(model, layout, owners_of),
+        last_stage_rank=_stage_owner(num_stages - 1, pp, per_rank, name),
         aliases=aliases,
     )
-
-    def make_stages() -> None:
-        from torch.distributed.pipelining import PipelineStage
-
-        device = next((p.device for p in model.parameters()), torch.device("cpu"))
-        info.stages = []
-        for s in indices:
-            others = [(blocks[b][0], blocks[b][1], holes[b]) for t in indices if t != s for b in stage_blocks[t]]
-            own = [blocks[b][1] for b in sorted(stage_blocks[s])]
-            own_params = []
-            for path, stage in end_stage.items():
-                if path in param_ends:
-                    if stage == s:
-                        own_params.append(model.get_parameter(path))
-                elif stage == s:
-                    own.append(model.get_submodule(path))
-                elif stage in indices:  # this rank runs that end in another of its stages: a hole while this one runs
-                    others.append((path, model.get_submodule(path), end_holes[path]))
-            stage = _Stage(model, policy, s == 0, s == num_stages - 1, own, own_params, others)
-            info.stages.append(PipelineStage(stage, s, num_stages, device, group=group))
-
-        def loss_fn(output, target):
-            return policy.pipeline_loss(output, target, info.num_items)
-
-        info.schedule = _make_schedule(info, loss_fn)
-
-    info.rebuild = make_stages
+    info.rebuild = functools.partial(_make_stages, model, policy, info, blocks, stage_blocks, ends, holes)
     try:
-        make_stages()  # local: the schedule checks its own constraints (microbatches, stages) here
+        info.rebuild()  # local: the schedule checks its own constraints (microbatches, stages) here
     except (ValueError, RuntimeError, AssertionError) as err:
         raise ValueError(
             f"ShardConfig(pipeline_schedule={name!r}, pipeline_parallel_size={pp}, num_microbatches="
             f"{info.num_microbatches}): torch.distributed.pipelining refuses it: {err}"
         ) from err
-
     _route_forward(model, policy, info)
     return info
+
+
+def _make_stages(model: nn.Module, policy, info: PipelineInfo, blocks, stage_blocks, ends, holes) -> None:
+    """This rank's ``PipelineStage`` objects and the schedule over them (``info.rebuild``)."""
+    from torch.distributed.pipelining import PipelineStage
+
+    (end_stage, param_ends), (block_holes, end_holes) = ends, holes
+    indices, num_stages = info.stage_indices, info.num_stages
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    info.stages = []
+    for s in indices:
+        others = [(blocks[b][0], blocks[b][1], block_holes[b]) for t in indices if t != s for b in stage_blocks[t]]
+        own = [blocks[b][1] for b in sorted(stage_blocks[s])]
+        own_params = []
+        for path, stage in end_stage.items():
+            if path in param_ends:
+                if stage == s:
+                    own_params.append(model.get_parameter(path))
+            elif stage == s:
+                own.append(model.get_submodule(path))
+            elif stage in indices:  # this rank runs that end in another of its stages: a hole while this one runs
+                others.append((path, model.get_submodule(path), end_holes[path]))
+        stage = _Stage(model, policy, s == 0, s == num_stages - 1, own, own_params, others)
+        info.stages.append(PipelineStage(stage, s, num_stages, device, group=info.group))
+
+    def loss_fn(output, target):
+        return policy.pipeline_loss(output, target, info.num_items)
+
+    info.schedule = _make_schedule(info, loss_fn)
 
 
 def _route_forward(model: nn.Module, policy, info: PipelineInfo) -> None:
