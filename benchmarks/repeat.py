@@ -6,7 +6,7 @@ Each repeat is a fresh run of the command with ``--out`` pointing at a scratch f
 benchmark here takes ``--out``). The runs are then merged into ``benchmarks/results/NAME.json``:
 ``"runs"`` holds each run's own JSON, ``"summary"`` the same structure with every number that
 differs between runs replaced by ``{"median", "min", "max"}`` (numbers equal in every run, and
-anything else, kept as they are). The README's tables quote the medians with their min-max.
+anything else, kept as they are). The tables in docs/ quote the medians with their min-max.
 ``--repeats`` defaults to ``$BENCH_REPEATS`` or 3.
 """
 

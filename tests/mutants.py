@@ -8,7 +8,7 @@ the copy first on ``PYTHONPATH``. A mutant is *caught* only when that test fails
 declared message fragment in its output; any other failure (an error elsewhere, a crash with
 another message), a time-out or a hang is *not caught* and reported as such. The unmutated copy
 must pass the same tests first. The full run writes ``docs/mutants.json`` (committed, the score
-in the README); ``--fast`` writes ``bench-results/mutants-fast.json``.
+in docs/plugins.md); ``--fast`` writes ``bench-results/mutants-fast.json``.
 
     python tests/mutants.py [--fast] [NAME ...]     # all mutants, the fast ones, or the named ones
 """
@@ -520,7 +520,7 @@ def apply(mutant: Mutant, text: str) -> str:
 
 
 def readme_table(record: dict) -> str:
-    """The README's score line and table, from a full run's record (``docs/mutants.json``)."""
+    """The score line and table docs/plugins.md quotes, from a full run's record (``docs/mutants.json``)."""
     lines = [
         f"**{record['caught']}/{record['total']} caught by their declared check**.",
         "",
@@ -578,8 +578,8 @@ def main(argv: list[str]) -> int:
     out.parent.mkdir(exist_ok=True)
     record = {"caught": caught, "total": len(results), "mutants": results}
     out.write_text(json.dumps(record, indent=2) + "\n")
-    if full:  # the README quotes the committed record (tests/test_core_mutants.py checks it)
-        print("\nthe README's table:\n\n" + readme_table(record))
+    if full:  # docs/plugins.md quotes the committed record (tests/test_core_mutants.py checks it)
+        print("\nthe table for docs/plugins.md:\n\n" + readme_table(record))
     return 0 if caught == len(results) else 1
 
 
