@@ -101,6 +101,13 @@ def loss_on_head_slices(model, head) -> None:
     loss the forward asks its ``loss_function`` for is the vocab-parallel cross entropy of that
     slice (:func:`causal_lm_loss_on_slices`): no rank ever holds the full logits."""
 
+    head.loss_on_slices = True
+    model.loss_function = _loss_on_slices_of(head)
+
+
+def _loss_on_slices_of(head):
+    """HF's ``loss_function`` signature over :func:`causal_lm_loss_on_slices` of ``head``'s slice."""
+
     def loss_function(
         logits, labels, vocab_size=None, num_items_in_batch=None, ignore_index=-100, shift_labels=None, **kwargs
     ):
@@ -113,8 +120,7 @@ def loss_on_head_slices(model, head) -> None:
             shift_labels=shift_labels,
         )
 
-    head.loss_on_slices = True
-    model.loss_function = loss_function
+    return loss_function
 
 
 def defer_logits_gather(model, head) -> bool:
@@ -138,28 +144,13 @@ def defer_logits_gather(model, head) -> bool:
     if getattr(causal_lm_loss, "__name__", None) != "ForCausalLMLoss":
         return False
 
-    def loss_function(
-        logits, labels, vocab_size, num_items_in_batch=None, ignore_index=-100, shift_labels=None, **kwargs
-    ):
+    on_slices = _loss_on_slices_of(head)
+
+    def loss_function(logits, labels, vocab_size, **kwargs):
         local = head.pending_logits
         if local is None or logits.shape != local.shape:  # full logits (pipeline stages): the model's own
-            return causal_lm_loss(
-                logits=logits,
-                labels=labels,
-                vocab_size=vocab_size,
-                num_items_in_batch=num_items_in_batch,
-                ignore_index=ignore_index,
-                shift_labels=shift_labels,
-                **kwargs,
-            )
-        return causal_lm_loss_on_slices(
-            logits,
-            labels,
-            head,
-            ignore_index=ignore_index,
-            num_items_in_batch=num_items_in_batch,
-            shift_labels=shift_labels,
-        )
+            return causal_lm_loss(logits=logits, labels=labels, vocab_size=vocab_size, **kwargs)
+        return on_slices(logits, labels, vocab_size, **kwargs)
 
     original = model.forward
 
