@@ -31,6 +31,13 @@ _OUTER: dict[str, list[torch.Tensor]] = {"cpu": [], "cuda": []}
 #: A fork for the stream already running is a no-op: re-entering would replay that stream's numbers.
 _RUNNING: dict[str, list] = {"cpu": [], "cuda": []}
 SEED_OFFSET = 2718
+RECOMPUTE_DRAWS = (
+    "shardcore: a block recomputed by gradient (activation) checkpointing drew random numbers on its "
+    "per-rank stream (dropout on this rank's attention heads): the recomputation would use other dropout "
+    "masks than the forward did and the gradients would be wrong, so shardcore stops here, on every rank "
+    "alike. Turn gradient checkpointing off, or set the attention dropout to 0 while it is on (replaying "
+    "per-rank streams under checkpointing is not built yet)."
+)
 
 
 def _get(device: str) -> torch.Tensor:
@@ -66,12 +73,16 @@ def fork_tp_rng(group, device: str = "cpu") -> Iterator[None]:
     _OUTER[device].append(_get(device))
     _RUNNING[device].append(key)
     _set(device, _STATES[key])
+    recomputing = torch._C._current_graph_task_id() != -1  # forward code inside a backward: a checkpoint's recompute
     try:
         yield
     finally:
         _RUNNING[device].pop()
+        drew = recomputing and not torch.equal(_get(device), _STATES[key])
         _STATES[key] = _get(device)
         _set(device, _OUTER[device].pop())
+    if drew:
+        raise RuntimeError(RECOMPUTE_DRAWS)
 
 
 def in_tp_rng(device: str = "cpu") -> bool:

@@ -95,3 +95,40 @@ def test_dropout_training_is_statistically_unsharded():
     se = (ref.var() / len(ref) + got.var() / len(got)).sqrt()
     assert (ref.mean() - got.mean()).abs() < 4 * se, (ref.mean(), got.mean(), se)
     assert 0.75 < got.std() / ref.std() < 1.25, (ref.std(), got.std())
+
+
+def _checkpointed(attention_dropout: float, reentrant: bool):
+    """Gradients of a TP=2 MLM step with and without HF's gradient checkpointing, or the error."""
+    from transformers import BertConfig, BertForMaskedLM
+
+    from shardcore.tensor_parallel import rng
+
+    def step(checkpointing: bool):
+        rng._STATES.clear()  # the same per-rank streams for both
+        torch.manual_seed(0)
+        cfg = BertConfig(vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                         intermediate_size=128, attention_probs_dropout_prob=attention_dropout)  # fmt: skip
+        model = BertForMaskedLM(cfg)
+        if checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+        model = shardcore.optimize(model, ShardConfig(tensor_parallel_size=2)).train()
+        ids = torch.randint(0, 128, (2, 16))
+        torch.manual_seed(1)
+        model(input_ids=ids, labels=ids).loss.backward()
+        return {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+
+    plain = step(False)
+    try:
+        checkpointed = step(True)
+    except RuntimeError as err:
+        return str(err)
+    return max((plain[n] - checkpointed[n]).abs().max().item() for n in plain)
+
+
+def test_gradient_checkpointing_is_exact_or_refused():
+    """A recomputed block would draw other per-rank dropout masks than its forward: refused, by
+    name, on every rank; without attention dropout checkpointing changes no gradient."""
+    for reentrant in (False, True):
+        for out in run_on_ranks(2, _checkpointed, 0.5, reentrant):
+            assert isinstance(out, str) and "recomputed by gradient (activation) checkpointing" in out, out
+        assert run_on_ranks(2, _checkpointed, 0.0, reentrant) == [0.0, 0.0]
