@@ -38,21 +38,21 @@ def prepare_replica_groups(group, tp_groups: list[list[int]] | None = None) -> N
     sizes = _block_sizes(len(key))
     if all(_REPLICA_GROUPS.get((key, b), (None,))[0] is group for b in sizes):
         return
-    if tp_groups is None and sizes == [len(key)]:  # only the group itself: nothing to find or create
-        tp_groups = [list(key)]
+    _REPLICA_GROUPS[(key, len(key))] = (group, group)  # one block of every rank: the group itself
+    smaller = sizes[:-1]
+    if not smaller:
+        return
     if tp_groups is None:
         tp_groups = [None] * dist.get_world_size()
         dist.all_gather_object(tp_groups, list(key))
     me = dist.get_rank()
-    for blocks in sizes:  # every rank creates every sub-group of every tp group, in one order, keeps its own
+    for blocks in smaller:  # every rank creates every sub-group of every tp group, in one order, keeps its own
         mine = None
         for tp_ranks in sorted({tuple(r) for r in tp_groups}):
             for b in range(0, len(tp_ranks), blocks):
                 ranks = list(tp_ranks[b : b + blocks])
-                sub = group if blocks == len(tp_ranks) and tuple(ranks) == key else None
-                if sub is None and blocks < len(tp_ranks):
-                    sub = dist.new_group(ranks)
-                if me in ranks and sub is not None:
+                sub = dist.new_group(ranks)
+                if me in ranks:
                     mine = sub
         _REPLICA_GROUPS[(key, blocks)] = (group, mine)
 

@@ -112,13 +112,12 @@ def _scope(where) -> Scope:
     return getattr(where, "scope", None) or current_scope()
 
 
-def _count(kind: str, where) -> Scope:
+def _count(kind: str, where) -> None:
     scope = _scope(where)
     COUNTS[kind] += 1
     if scope is not DEFAULT_SCOPE:
         scope.counts[kind] += 1
     scope.seq += 1
-    return scope
 
 
 def resolve_timeout(seconds: float | None = None) -> float:
