@@ -29,6 +29,7 @@ from .distributed.collectives import Scope, enter_scope_per_forward, group_size,
 from .distributed.groups import prepare_replica_groups
 from .grad_norm import register_model
 from .integrations.hf import install_save_pretrained
+from .integrations.hf.checkpointing import carry_into_checkpoints
 from .integrations.hf.peft import check_lora, peft_base_model, shard_new_adapters, watch_adapters
 from .meta import guard_meta
 from .pipeline import build_pipeline, check_pipeline
@@ -45,6 +46,7 @@ from .sharder import (
     share_copies_per_forward,
 )
 from .tensor_parallel.regions import SequenceParallel
+from .tensor_parallel.rng import STREAMS
 
 __all__ = ["PAPER_STEPS", "STEPS", "Build", "optimize", "run_steps"]
 
@@ -66,6 +68,8 @@ class Build:
     pipeline: Any = None
     data_parallel: str | None = None
     scope: Scope | None = None  # the model's collectives: their bound and counts
+    #: what a block recomputed by activation checkpointing must see as its forward did (the sequence split)
+    recompute: list = attrs.field(factory=list)
 
     @property
     def tensor_parallel(self) -> bool:
@@ -143,6 +147,7 @@ def _shard(b: Build) -> None:
     if b.sequence_mode == "split_gather":
         overlap = b.config.enable_sequence_overlap
         b.sharder.sequence = SequenceParallel(b.group, group_size(b.group), b.sequence_mode, overlap=overlap)
+        b.recompute.append(b.sharder.sequence)
     b.model = b.sharder.shard(b.plan)
     b.model = b.policy.postprocess()
 
@@ -152,7 +157,9 @@ def _sequence(b: Build) -> None:
         apply_sequence_parallel(b.model, b.policy, b.sharder.sequence)
     if b.sequence_mode in ("all_to_all", "ring_attn"):
         group = b.layout.group("sp")
-        apply_ulysses(b.model, b.policy, SequenceParallel(group, b.layout.sp, b.sequence_mode))
+        state = SequenceParallel(group, b.layout.sp, b.sequence_mode)
+        apply_ulysses(b.model, b.policy, state)
+        b.recompute.append(state)
         if b.config.check_inputs:  # the same batch on the sequence-parallel ranks
             name = type(b.model).__name__
 
@@ -200,6 +207,7 @@ def _register(b: Build) -> None:
         )
         register_model(model)
         install_save_pretrained(model)
+        carry_into_checkpoints(model, [STREAMS, *b.recompute])  # HF gradient checkpointing recomputes exactly
     if b.tensor_parallel:
         # LoRA added after optimize: cut when peft sets its layer in (so merge_and_unload is right before
         # any forward), and adapters added to a wrapped layer before the next forward (and its input check)

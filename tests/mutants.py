@@ -454,8 +454,28 @@ MUTANTS: dict[str, Mutant] = {
             "a checkpointed block's recompute draws other per-rank dropout masks than its forward, unnoticed",
             "shardcore/tensor_parallel/rng.py",
             ("        raise RuntimeError(RECOMPUTE_DRAWS)\n", "        pass\n"),
-            "plugins/shard-bert/tests/test_bert_dropout.py::test_gradient_checkpointing_is_exact_or_refused",
+            "plugins/shard-bert/tests/test_bert_dropout.py::test_a_checkpoint_shardcore_does_not_see_is_refused",
             "AssertionError",
+        ),
+        _m(
+            "recompute-streams-not-replayed",
+            "HF gradient checkpointing recomputes per-rank dropout from the live streams, not the forward's",
+            "shardcore/tensor_parallel/rng.py",
+            ("        _STATES.update(token)\n", "        _STATES.update(live)\n"),
+            "plugins/shard-bert/tests/test_bert_dropout.py::test_gradient_checkpointing_is_exact",
+            "AssertionError",
+        ),
+        _m(
+            "recompute-split-state-lost",
+            "a block recomputed under sequence parallelism runs as if its forward had not been split "
+            "(its 6 tokens against the 12 positions of the whole sequence)",
+            "shardcore/tensor_parallel/regions.py",
+            (
+                "        (self.active, self.attention_calls), self.checkpointing = token, True\n",
+                "        (self.active, self.attention_calls), self.checkpointing = (False, 0), True\n",
+            ),
+            "plugins/shard-llama/tests/test_llama_sequence.py::test_gradient_checkpointing_matches_unsharded",
+            "must match the size of tensor b (12)",
         ),
         # -- the kit itself (caught by the kit's self-tests) --------------------------------------
         _m(

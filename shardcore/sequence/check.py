@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from torch import nn
 
+from ..tensor_parallel.recompute import checkpointing
+
 _BUILT = ("split_gather", "all_to_all", "ring_attn")
 
 
@@ -75,25 +77,19 @@ def check_sequence_parallel(model: nn.Module, policy, config, layout) -> str | N
     return mode
 
 
-def _refuse_unsupported(model: nn.Module) -> None:
-    """At each forward, before any collective: what the sequence split cannot honour yet."""
+def _watch_forward(model: nn.Module, state) -> None:
+    """At each forward, before any collective: refuse what the sequence split cannot honour yet,
+    and note whether the blocks will be recomputed (activation checkpointing: what the recompute
+    needs is carried into it, see :mod:`shardcore.tensor_parallel.recompute`)."""
     name = type(model).__name__
 
-    def refuse(module, args, kwargs):
+    def watch(module, args, kwargs):
         cfg = getattr(module, "config", None)
         if kwargs.get("output_hidden_states") or getattr(cfg, "output_hidden_states", False):
             raise NotImplementedError(
                 f"{name} with sequence parallelism: output_hidden_states would return each rank's slice of "
                 "the inner layers' states; leave it off"
             )
-        new_name = "is_activation_checkpointing"  # transformers 5 (is_gradient_checkpointing: 4.x, deprecated)
-        checkpointing = getattr(
-            module, new_name if hasattr(type(module), new_name) else "is_gradient_checkpointing", False
-        )
-        if module.training and checkpointing:
-            raise NotImplementedError(
-                f"{name}: gradient checkpointing with sequence parallelism is not built yet (the recomputed "
-                "blocks would run unsplit); disable one of them"
-            )
+        state.checkpointing = checkpointing(module)
 
-    model.register_forward_pre_hook(refuse, with_kwargs=True)
+    model.register_forward_pre_hook(watch, with_kwargs=True)

@@ -15,7 +15,7 @@ from ..tensor_parallel.mappings import copy_to_tp, gather_from_tp, split_to_tp
 from ..tensor_parallel.parallel_module import ParallelModule
 from ..tensor_parallel.regions import SequenceParallel, storage_key
 from ..tensor_parallel.rng import fork_tp_rng, in_tp_rng
-from .check import _refuse_unsupported
+from .check import _watch_forward
 
 
 def apply_sequence_parallel(model: nn.Module, policy, state: SequenceParallel) -> None:
@@ -23,7 +23,7 @@ def apply_sequence_parallel(model: nn.Module, policy, state: SequenceParallel) -
     :meth:`~shardcore.Policy.sequence_parallel_regions`), and make the blocks' parallel layers,
     replicated parameters and dropouts follow ``state``. Called by :func:`shardcore.optimize`
     after the sharder (which gave the layers ``state``)."""
-    _refuse_unsupported(model)
+    _watch_forward(model, state)
     saving_now: list = []  # the saved-tensor hooks of the split running now
     for region in policy.sequence_parallel_regions():
         names, blocks = [name for name, _ in region], [block for _, block in region]
@@ -64,7 +64,8 @@ def _split_region(model: nn.Module, names: list[str], blocks: list[nn.Module], s
         x = split_to_tp(x, group, dim=state.dim)
         state.gathered.clear()
         state.latest_saved = None
-        if torch.is_grad_enabled():  # autograd keeps the slices of gathered inputs, not the gathered tensors
+        # autograd keeps the slices of gathered inputs, not the gathered tensors (unless a checkpoint keeps none)
+        if torch.is_grad_enabled() and not state.checkpointing:
             saving = torch.autograd.graph.saved_tensors_hooks(*_regather_hooks(state))
             saving.__enter__()
             saving_now.append(saving)

@@ -13,7 +13,7 @@ from torch import nn
 from ..distributed.collectives import all_to_all_cat
 from ..tensor_parallel.mappings import gather_from_tp, split_to_tp
 from ..tensor_parallel.regions import SequenceParallel
-from .check import _refuse_unsupported
+from .check import _watch_forward
 from .ring import _unzigzag, _zigzag
 from .split_gather import _per_rank_dropouts, _sum_grads_when_split
 
@@ -29,7 +29,7 @@ def apply_ulysses(model: nn.Module, policy, state: SequenceParallel) -> None:  #
     blocks = [block for _, block in policy.blocks()]
     group = state.group
     split_kwargs = tuple(policy.sequence_split_kwargs)
-    _refuse_unsupported(model)
+    _watch_forward(model, state)
 
     ring = state.mode == "ring_attn"
     parts = 2 * state.size if ring else state.size  # ring: two chunks a rank (zigzag, for causal balance)

@@ -8,7 +8,9 @@ row-parallel matmul with its reduce-scatter under ``enable_sequence_overlap``.
 
 from __future__ import annotations
 
+import contextlib
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
 import attrs
@@ -67,6 +69,23 @@ class SequenceParallel:
     overlap: bool = False
     #: the gathered input autograd saved last (what the next row-parallel layer's backward prefetches)
     latest_saved: Any = None
+    #: the blocks are recomputed in the backward (activation checkpointing): their saved tensors are the
+    #: checkpoint's to keep, not saved as slices (``gathered`` stays unused)
+    checkpointing: bool = False
+
+    def capture(self) -> tuple[bool, int]:
+        """Whether the forward was split (when a checkpointed block starts): a
+        :class:`~shardcore.tensor_parallel.recompute.Carried` for the block's recompute."""
+        return self.active, self.attention_calls
+
+    @contextlib.contextmanager
+    def restore(self, token: tuple[bool, int]) -> Iterator[None]:
+        live = self.active, self.attention_calls, self.checkpointing
+        (self.active, self.attention_calls), self.checkpointing = token, True
+        try:
+            yield
+        finally:
+            self.active, self.attention_calls, self.checkpointing = live
 
 
 def storage_key(t: torch.Tensor) -> tuple:

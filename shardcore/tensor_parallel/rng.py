@@ -8,6 +8,11 @@ drift apart. Every rank starts from the same seed, so the default stream is alre
 code that runs on split activations, and back afterwards, leaving the default stream untouched.
 Code on replicated activations *inside* such a block (a residual dropout at the end of an
 attention module) goes back to the default stream with :func:`run_in_shared_rng`.
+
+A block recomputed by activation checkpointing must draw what its forward drew: PyTorch's
+checkpoint replays the default stream, :data:`STREAMS` (carried into the recompute by
+:func:`shardcore.tensor_parallel.recompute.carry_into_recompute`) replays the per-rank ones. A
+recompute that draws on a per-rank stream nobody replayed raises :data:`RECOMPUTE_DRAWS`.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from torch import nn
 
 from ..distributed.collectives import group_key, group_rank
 
-__all__ = ["fork_tp_rng", "in_tp_rng", "run_in_shared_rng", "run_in_tp_rng"]
+__all__ = ["STREAMS", "fork_tp_rng", "in_tp_rng", "run_in_shared_rng", "run_in_tp_rng"]
 
 #: each per-rank stream's state, by ``(group key, device, torch.initial_seed())``: a new seed starts a new stream
 _STATES: dict[tuple, torch.Tensor] = {}
@@ -30,13 +35,16 @@ _OUTER: dict[str, list[torch.Tensor]] = {"cpu": [], "cuda": []}
 #: what runs now, innermost last, per device: a per-rank stream's key, or None for the shared one inside it.
 #: A fork for the stream already running is a no-op: re-entering would replay that stream's numbers.
 _RUNNING: dict[str, list] = {"cpu": [], "cuda": []}
+#: open replays of a forward's per-rank streams (:class:`_Streams`): their recompute draws what the forward drew
+_REPLAYING: list[bool] = []
 SEED_OFFSET = 2718
 RECOMPUTE_DRAWS = (
     "shardcore: a block recomputed by gradient (activation) checkpointing drew random numbers on its "
     "per-rank stream (dropout on this rank's attention heads): the recomputation would use other dropout "
     "masks than the forward did and the gradients would be wrong, so shardcore stops here, on every rank "
-    "alike. Turn gradient checkpointing off, or set the attention dropout to 0 while it is on (replaying "
-    "per-rank streams under checkpointing is not built yet)."
+    "alike. Checkpoint through the model's own gradient_checkpointing_enable() (HuggingFace models: "
+    "shardcore replays the per-rank streams of those recomputes), turn this checkpointing off, or set "
+    "the attention dropout to 0 while it is on."
 )
 
 
@@ -78,11 +86,37 @@ def fork_tp_rng(group, device: str = "cpu") -> Iterator[None]:
         yield
     finally:
         _RUNNING[device].pop()
-        drew = recomputing and not torch.equal(_get(device), _STATES[key])
+        drew = recomputing and not _REPLAYING and not torch.equal(_get(device), _STATES[key])
         _STATES[key] = _get(device)
         _set(device, _OUTER[device].pop())
     if drew:
         raise RuntimeError(RECOMPUTE_DRAWS)
+
+
+class _Streams:
+    """The per-rank streams as a checkpointed block's forward found them, replayed in its
+    recompute (a :class:`~shardcore.tensor_parallel.recompute.Carried`): the recompute draws the
+    forward's numbers, and the live streams go on from where the forward left them."""
+
+    def capture(self) -> dict:
+        return dict(_STATES)  # the states are never changed in place: a shallow copy keeps them
+
+    @contextlib.contextmanager
+    def restore(self, token: dict) -> Iterator[None]:
+        live = dict(_STATES)
+        _STATES.clear()
+        _STATES.update(token)
+        _REPLAYING.append(True)
+        try:
+            yield
+        finally:
+            _REPLAYING.pop()
+            _STATES.clear()
+            _STATES.update(live)
+
+
+#: every model's per-rank streams (they are per process): what a recompute must replay
+STREAMS = _Streams()
 
 
 def in_tp_rng(device: str = "cpu") -> bool:

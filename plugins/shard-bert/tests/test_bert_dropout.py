@@ -97,8 +97,11 @@ def test_dropout_training_is_statistically_unsharded():
     assert 0.75 < got.std() / ref.std() < 1.25, (ref.std(), got.std())
 
 
-def _checkpointed(attention_dropout: float, reentrant: bool):
-    """Gradients of a TP=2 MLM step with and without HF's gradient checkpointing, or the error."""
+def _checkpointed(attention_dropout: float, reentrant: bool, own: bool = False):
+    """The largest gradient difference of a TP=2 MLM step with and without gradient checkpointing,
+    or the error: HuggingFace's checkpointing (``own=False``), or the first layer's forward put
+    into a ``torch.utils.checkpoint`` of the user's own, which shardcore does not see."""
+    from torch.utils.checkpoint import checkpoint
     from transformers import BertConfig, BertForMaskedLM
 
     from shardcore.tensor_parallel import rng
@@ -109,9 +112,13 @@ def _checkpointed(attention_dropout: float, reentrant: bool):
         cfg = BertConfig(vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                          intermediate_size=128, attention_probs_dropout_prob=attention_dropout)  # fmt: skip
         model = BertForMaskedLM(cfg)
-        if checkpointing:
+        if checkpointing and not own:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
         model = shardcore.optimize(model, ShardConfig(tensor_parallel_size=2)).train()
+        if checkpointing and own:
+            layer = model.bert.encoder.layer[0]
+            forward = layer.forward
+            layer.forward = lambda *a, **k: checkpoint(forward, *a, use_reentrant=False, **k)
         ids = torch.randint(0, 128, (2, 16))
         torch.manual_seed(1)
         model(input_ids=ids, labels=ids).loss.backward()
@@ -125,10 +132,17 @@ def _checkpointed(attention_dropout: float, reentrant: bool):
     return max((plain[n] - checkpointed[n]).abs().max().item() for n in plain)
 
 
-def test_gradient_checkpointing_is_exact_or_refused():
-    """A recomputed block would draw other per-rank dropout masks than its forward: refused, by
-    name, on every rank; without attention dropout checkpointing changes no gradient."""
+def test_gradient_checkpointing_is_exact():
+    """HuggingFace's gradient checkpointing (either mode) recomputes each block with the dropout
+    masks of its forward, the per-rank ones included: the gradients are those of the step without it."""
     for reentrant in (False, True):
-        for out in run_on_ranks(2, _checkpointed, 0.5, reentrant):
-            assert isinstance(out, str) and "recomputed by gradient (activation) checkpointing" in out, out
-        assert run_on_ranks(2, _checkpointed, 0.0, reentrant) == [0.0, 0.0]
+        for dropout in (0.5, 0.0):
+            assert run_on_ranks(2, _checkpointed, dropout, reentrant) == [0.0, 0.0], (reentrant, dropout)
+
+
+def test_a_checkpoint_shardcore_does_not_see_is_refused():
+    """A checkpoint of the user's own would recompute per-rank dropout with other masks than its
+    forward drew: refused, by name, on every rank; without attention dropout it is exact."""
+    for out in run_on_ranks(2, _checkpointed, 0.5, False, True):
+        assert isinstance(out, str) and "recomputed by gradient (activation) checkpointing" in out, out
+    assert run_on_ranks(2, _checkpointed, 0.0, False, True) == [0.0, 0.0]
