@@ -98,7 +98,8 @@ class HFStages:
 
     def pipeline_ends(self) -> dict[str, str | int]:
         head, pre = self._head(), base_path(self.model, self.base)
-        ends: dict[str, str | int] = {f"{pre}{name}": "first" for name in self.first_ends}
+        # optional modules (a projection or a pooler the model was built without) may be absent, at either end
+        ends: dict[str, str | int] = {f"{pre}{name}": "first" for name in self.first_ends if _present(self.base, name)}
         ends.update({f"{pre}{name}": "last" for name in self.last_ends if _present(self.base, name)})
         ends[head] = "last"
         return ends
