@@ -1,0 +1,66 @@
+"""Tensor parallel for OPT: q, k, v column parallel by heads and ``out_proj`` row parallel; ``fc1``
+column and ``fc2`` row parallel; the token embedding and the LM head (tied) vocabulary parallel.
+
+Crossing the wire per block: one all-reduce after ``out_proj``, one after ``fc2`` (forward), one
+each where the attention and the MLP enter the region (backward). Replicated: the learned
+positions, the layer norms, ``project_in``/``project_out`` where the config has them, and a
+classification head's ``score``. Attention dropout draws per rank (each rank drops its own heads);
+the residual dropouts of the decoder layer stay on the shared stream (replicas in step).
+
+The policy is structural: it reads the model instance (``self.model``) and imports nothing from
+transformers, so importing it is cheap and a user of another library never pays for this one.
+"""
+
+from __future__ import annotations
+
+from shardcore import ModulePolicyDescription, Policy
+from shardcore.builders import attention, mlp, vocab_embedding, vocab_head
+from shardcore.integrations.hf.stages import HFStages
+
+__all__ = ["OPTPolicy"]
+
+
+class OPTPolicy(HFStages, Policy):
+    # pipeline parallelism on the model's own forward: the modules under the base model only the
+    # first / the last stage runs; HFStages does the rest (see its docstring)
+    first_ends = ("decoder.embed_tokens", "decoder.embed_positions", "decoder.project_in")  # project_*: optional
+    last_ends = ("decoder.final_layer_norm", "decoder.project_out")
+    zero_ends = ("decoder.embed_positions",)  # added to the hidden states: zero on later stages
+    # OPT derives its positions from the attention mask (left padding shifts them): no arange default
+    stage_inputs = {"attention_mask": "ones"}
+
+    @property
+    def base(self):
+        return self.model.base_model  # OPTModel under any head
+
+    def blocks(self):
+        """The decoder layers, in order (pipeline stages, FSDP and the kit use this list)."""
+        return self.blocks_in(self.base.decoder.layers)
+
+    def config_sanity_check(self) -> None:
+        """Every reason the model cannot be sharded at ``self.tp_size``, raised before any collective."""
+        cfg, name = self.model.config, type(self.model).__name__
+        self.require_divisible(cfg.num_attention_heads, self.tp_size, "num_attention_heads", name)
+        self.require_divisible(cfg.ffn_dim, self.tp_size, "ffn_dim", name)
+
+    def module_policy(self):
+        cfg, tp = self.model.config, self.tp_size
+        heads = cfg.num_attention_heads
+        head_dim = cfg.hidden_size // heads
+        names = ("q_proj", "k_proj", "v_proj", "out_proj")
+        policy = {
+            self.block_type(): ModulePolicyDescription(
+                attribute_replacement={"self_attn.num_heads": heads // tp},  # the attention's view() reads it
+                sub_module_replacement=attention("self_attn", heads, head_dim, names=names) + mlp("", ("fc1",), "fc2"),
+                enter_tp_region=["self_attn"],  # q, k, v read one tensor: one backward all-reduce for the three
+                per_rank_rng=["self_attn"],  # attention dropout drops this rank's heads
+            ),
+            type(self.base.decoder): ModulePolicyDescription(
+                sub_module_replacement=[vocab_embedding("embed_tokens", self.shard_config)]
+            ),
+        }
+        if hasattr(self.model, "lm_head"):
+            policy[type(self.model)] = ModulePolicyDescription(
+                sub_module_replacement=[vocab_head("lm_head", self.shard_config)]
+            )
+        return policy
