@@ -46,14 +46,12 @@ def test_tp_larger_than_world():
 def test_model_without_plugin_names_class_plugins_and_fix():
     import transformers
 
-    config = transformers.OPTConfig(
-        hidden_size=32, num_hidden_layers=1, ffn_dim=64, num_attention_heads=2, vocab_size=64, word_embed_proj_dim=32
-    )
-    model = transformers.OPTForCausalLM(config)
+    config = transformers.BloomConfig(hidden_size=32, n_layer=1, n_head=2, vocab_size=64)
+    model = transformers.BloomForCausalLM(config)  # no plugin covers it, and its config has no tp_plan
     with pytest.raises(NoPolicyError) as err:
         shardcore.optimize(model)
     msg = str(err.value)
-    assert "transformers.models.opt.modeling_opt.OPTForCausalLM" in msg
+    assert "transformers.models.bloom.modeling_bloom.BloomForCausalLM" in msg
     assert "llama (" in msg and "LlamaForCausalLM" in msg
     assert "policy=" in msg
 
