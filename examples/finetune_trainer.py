@@ -41,10 +41,12 @@ def main(argv: list[str] | None = None) -> list[float]:
     torch.manual_seed(0)  # every rank builds the same model
     config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2)  # fmt: skip
+    # --8<-- [start:optimize]
     model = shardcore.optimize(
         LlamaForCausalLM(config),
         shardcore.ShardConfig(tensor_parallel_size=args.tp, data_parallel="ddp"),  # dp = the ranks left
     )
+    # --8<-- [end:optimize]
     training = TrainingArguments(
         output_dir=args.out,
         per_device_train_batch_size=2,
@@ -59,8 +61,10 @@ def main(argv: list[str] | None = None) -> list[float]:
         use_cpu=not torch.cuda.is_available(),
         disable_tqdm=True,
     )
-    trainer = Trainer(model=model, args=training, train_dataset=Tokens())
+    # --8<-- [start:train]
+    trainer = Trainer(model=model, args=training, train_dataset=Tokens())  # shardcore.hf.Trainer
     trainer.train()
+    # --8<-- [end:train]
     # the checkpoint is the unsharded model: any process can load it without shardcore
     reloaded = LlamaForCausalLM.from_pretrained(f"{args.out}/checkpoint-{args.steps}")
     print(f"reloaded {sum(p.numel() for p in reloaded.parameters())} parameters unsharded")

@@ -33,8 +33,11 @@ def main(argv: list[str] | None = None) -> list[list[int]]:
             LlamaForCausalLM(config).save_pretrained(tmp)
             path = tmp
         ids = torch.randint(1, 256, (2, 8), generator=torch.Generator().manual_seed(1))
+        # --8<-- [start:parallelize]
+        # a save_pretrained directory (or a model object); the ranks run in processes of their own
         with shardcore.parallelize(path, world_size=args.world_size) as model:
             tokens = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False)
+        # --8<-- [end:parallelize]
     print("generated", tokens.tolist())
     return tokens.tolist()
 

@@ -33,32 +33,47 @@ def _example_block() -> str:
     return textwrap.dedent(body.rsplit("\n", 1)[0] + "\n")
 
 
-#: Python blocks in the docs that are neither an ``examples/`` file (a snippet include, or the
-#: README's example, both run by tests) nor a doctest, per page: each to become one; the numbers
-#: may only go down.
+#: Python blocks in the docs that are not a snippet include of code a test runs (nor the README's
+#: example, which a test compares with examples/quickstart.py), per page: each to become one; the
+#: numbers may only go down.
 UNTESTED_BLOCKS = {
-    "checkpoints.md": 2,
-    "data_parallel.md": 1,
-    "kernels.md": 1,
-    "parallelize.md": 1,
-    "pipeline_parallel.md": 1,
-    "plans.md": 1,
-    "plugins.md": 2,
     "quickstart.md": 3,
-    "sequence_parallel.md": 1,
-    "user_workflow.md": 4,
-    "writing_a_policy.md": 1,
 }
 
+INCLUDE = re.compile(r'^--8<-- "([^":]+)(?::([\w-]+))?"$', re.M)
 
-def test_python_blocks_in_the_docs_are_examples_a_test_runs():
+
+def test_python_blocks_in_the_docs_are_code_a_test_runs():
     example = _example_block()
     counts = {}
     for page in sorted(DOCS.glob("*.md")):
         blocks = re.findall(r"```python\n(.*?)```", page.read_text(), re.S)
-        untested = [b for b in blocks if "--8<-- " not in b and ">>>" not in b and b != example]
+        untested = [b for b in blocks if not INCLUDE.search(b) and b != example]
         if untested:
             counts[page.name] = len(untested)
     grown = {p: n for p, n in counts.items() if n > UNTESTED_BLOCKS.get(p, 0)}
-    assert not grown, f"new untested code blocks (make them an examples/ file a test runs, or a doctest): {grown}"
+    assert not grown, f"new untested code blocks (include them from an examples/ file a test runs): {grown}"
     assert counts == UNTESTED_BLOCKS, f"fewer untested blocks now: lower UNTESTED_BLOCKS to {counts}"
+
+
+def test_every_snippet_include_is_a_section_of_code_the_tests_run():
+    """An include names a file and a section that exist (the site's build checks the same): test
+    code, a plugin the tests install, or an ``examples/`` file a test names."""
+    files = [*(ROOT / "tests").glob("test_*.py"), *(ROOT / "plugins").glob("*/tests/test_*.py")]
+    tests = "\n".join(f.read_text() for f in files)
+    includes = [(page.name, *m) for page in sorted(DOCS.glob("*.md")) for m in INCLUDE.findall(page.read_text())]
+    assert len(includes) >= 18, includes  # the check below has something to check
+    for page, path, section in includes:
+        file = ROOT / path
+        assert file.is_file(), f"{page}: {path} does not exist"
+        if section:
+            text = file.read_text()
+            assert f"--8<-- [start:{section}]" in text and f"--8<-- [end:{section}]" in text, (page, path, section)
+        parts = pathlib.PurePosixPath(path).parts
+        if parts[0] == "examples":
+            stem = pathlib.PurePosixPath(path).stem
+            assert f'"{stem}"' in tests or file.name in tests, f"{page}: {path} is run by no test"
+        else:
+            assert parts[0] == "tests" or (parts[0] == "plugins" and not parts[1].startswith("_")), (
+                f"{page}: {path} is not code the tests run"
+            )

@@ -16,6 +16,7 @@ from shardcore.tensor_parallel import (
 )
 
 
+# --8<-- [start:block]
 class ToyBlock(nn.Module):
     def __init__(self, dim: int, heads: int, hidden: int) -> None:
         super().__init__()
@@ -31,6 +32,9 @@ class ToyBlock(nn.Module):
         att = F.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], is_causal=True)
         x = x + self.proj(att.transpose(1, 2).reshape(b, s, -1))
         return x + self.fc2(F.gelu(self.fc1(self.norm2(x))))
+
+
+# --8<-- [end:block]
 
 
 class ToyLM(nn.Module):
@@ -56,6 +60,7 @@ class ToyLM(nn.Module):
         return out
 
 
+# --8<-- [start:policy]
 class ToyPolicy(Policy):
     """Megatron-style TP for :class:`ToyLM`: packed qkv per head, MLP col/row, vocab-parallel ends."""
 
@@ -97,6 +102,9 @@ class ToyPolicy(Policy):
                 ],
             ),
         }
+
+
+# --8<-- [end:policy]
 
 
 def toy_batch(vocab: int = 101, batch: int = 2, seq: int = 8, seed: int = 1) -> dict:

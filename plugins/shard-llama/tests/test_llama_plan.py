@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pathlib
+
 import pytest
 import torch
 from llama_cases import build, lm_batch
@@ -10,20 +12,8 @@ from shardcore import ShardConfig
 from shardcore.distributed.collectives import count_collectives
 from shardcore.testing import assert_sharded_matches, refusal_message, run_on_ranks
 
-LLAMA_PLAN = """\
-# shard-llama's tensor-parallel layout, as a plan
-model.embed_tokens.weight: [tp, null]
-model.layers.*.self_attn.q_proj.weight: [tp, null]
-model.layers.*.self_attn.k_proj.weight: [tp, null]
-model.layers.*.self_attn.v_proj.weight: [tp, null]
-model.layers.*.self_attn.o_proj.weight: [null, tp]
-model.layers.*.mlp.gate_proj.weight: [tp, null]
-model.layers.*.mlp.up_proj.weight: [tp, null]
-model.layers.*.mlp.down_proj.weight: [null, tp]
-model.layers.*.mlp: [null, null, null]        # activation spec: the MLP's output is replicated
-model.layers.*.self_attn[0]: [null, null, null]
-lm_head.weight: [tp, null]
-"""
+#: shard-llama's layout as a plan: the file docs/plans.md shows
+LLAMA_PLAN = (pathlib.Path(__file__).resolve().parents[3] / "examples" / "llama-tp.yaml").read_text()
 
 
 def _write(tmp: str, text: str) -> str:

@@ -4,6 +4,7 @@ Importing this module must stay cheap: it registers policy *locations* and never
 model library; ``shard_opt.policy`` is imported only when a covered model is optimized.
 """
 
+# --8<-- [start:register]
 from shardcore import hookimpl
 
 __version__ = "0.1.0"
@@ -20,3 +21,6 @@ MODELS = {
 @hookimpl
 def shardcore_register_policies(register):
     register(MODELS)
+
+
+# --8<-- [end:register]

@@ -16,6 +16,7 @@ from shardcore.testing import (
     run_on_ranks,
 )
 
+# --8<-- [start:kit]
 #: zero in exact arithmetic: a key bias adds the same q.b to every score of a query, which softmax ignores
 ZERO_GRADS = ("*.self_attn.k_proj.bias",)
 
@@ -47,6 +48,9 @@ def _check(tp: int, cls_name: str, cfg: dict) -> dict:  # module level: runs on 
 def test_matches_unsharded(tp, cls_name, cfg):
     for report in run_on_ranks(tp, _check, tp, cls_name, cfg):
         assert report["max_abs_diff_after_steps"] <= 1e-5, report
+
+
+# --8<-- [end:kit]
 
 
 def _generate(tp: int):
