@@ -196,12 +196,4 @@ LONG_FUNCTIONS: set[str] = {
     "shardcore/explain/__init__.py:explain",
     "shardcore/inference/__init__.py:parallelize",
     "shardcore/losses.py:defer_logits_gather",
-    "shardcore/pipeline/check.py:check_pipeline",
-    "shardcore/plan/policy.py:_layers",
-    "shardcore/plan/syntax.py:load_plan",
-    "shardcore/sequence/check.py:check_sequence_parallel",
-    "shardcore/sequence/ulysses.py:apply_ulysses",
-    "shardcore/testing/conformance.py:assert_sharded_matches",
-    "shardcore/testing/data_parallel.py:assert_data_parallel_matches",
-    "shardcore/testing/pipeline.py:assert_pipeline_matches",
 }

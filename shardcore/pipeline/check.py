@@ -46,29 +46,7 @@ def check_pipeline(model: nn.Module, policy, config, layout) -> tuple[str, list[
 
     Returns ``(schedule name, blocks per stage, stages per rank)``.
     """
-    pp = layout.pp
-    name = config.pipeline_schedule or _DEFAULT_SCHEDULE
-    valid = schedule_names()
-    if name not in valid:
-        raise ValueError(
-            f"ShardConfig.pipeline_schedule={name!r} is not a schedule of this torch "
-            f"({torch.__version__}); choose one of {', '.join(valid)}"
-        )
-    single = _is_single(name)
-    per_rank = 1 if single else (config.pipeline_stages_per_rank or 2)
-    if single and config.pipeline_stages_per_rank not in (None, 1):
-        raise ValueError(
-            f"ShardConfig(pipeline_schedule={name!r}) runs one stage per rank, but pipeline_stages_per_rank="
-            f"{config.pipeline_stages_per_rank}; use a multi-stage schedule "
-            f"({', '.join(n for n in valid if n not in _SINGLE)}) or leave pipeline_stages_per_rank unset"
-        )
-    if not single and per_rank < 2:
-        raise ValueError(
-            f"ShardConfig(pipeline_schedule={name!r}) is a multi-stage schedule: it needs at least 2 stages per "
-            f"rank, got pipeline_stages_per_rank={per_rank}; use GPipe or 1F1B for one stage per rank"
-        )
-    if name in ("ZBVZeroBubble", "DualPipeV") and per_rank != 2:
-        raise ValueError(f"ShardConfig(pipeline_schedule={name!r}) runs exactly 2 stages per rank (a V shape)")
+    name, per_rank = _check_schedule(config)
     hooks = ("pipeline_ends", "pipeline_inputs", "pipeline_stage_forward", "pipeline_num_items", "pipeline_loss")
     missing = policy.not_overridden(*hooks, "pipeline_output")
     try:
@@ -95,6 +73,38 @@ def check_pipeline(model: nn.Module, policy, config, layout) -> tuple[str, list[
             f"ShardConfig(data_parallel={config.data_parallel!r}) together with pipeline parallelism is not "
             "built yet; use one of them"
         )
+    return name, _stage_layers(model, policy, config, layout.pp, per_rank), per_rank
+
+
+def _check_schedule(config) -> tuple[str, int]:
+    """The schedule's name and the stages it runs per rank."""
+    name = config.pipeline_schedule or _DEFAULT_SCHEDULE
+    valid = schedule_names()
+    if name not in valid:
+        raise ValueError(
+            f"ShardConfig.pipeline_schedule={name!r} is not a schedule of this torch "
+            f"({torch.__version__}); choose one of {', '.join(valid)}"
+        )
+    single = _is_single(name)
+    per_rank = 1 if single else (config.pipeline_stages_per_rank or 2)
+    if single and config.pipeline_stages_per_rank not in (None, 1):
+        raise ValueError(
+            f"ShardConfig(pipeline_schedule={name!r}) runs one stage per rank, but pipeline_stages_per_rank="
+            f"{config.pipeline_stages_per_rank}; use a multi-stage schedule "
+            f"({', '.join(n for n in valid if n not in _SINGLE)}) or leave pipeline_stages_per_rank unset"
+        )
+    if not single and per_rank < 2:
+        raise ValueError(
+            f"ShardConfig(pipeline_schedule={name!r}) is a multi-stage schedule: it needs at least 2 stages per "
+            f"rank, got pipeline_stages_per_rank={per_rank}; use GPipe or 1F1B for one stage per rank"
+        )
+    if name in ("ZBVZeroBubble", "DualPipeV") and per_rank != 2:
+        raise ValueError(f"ShardConfig(pipeline_schedule={name!r}) runs exactly 2 stages per rank (a V shape)")
+    return name, per_rank
+
+
+def _stage_layers(model: nn.Module, policy, config, pp: int, per_rank: int) -> list[int]:
+    """The number of blocks of each stage: ``config.pipeline_layers`` checked, or an even split."""
     blocks = len(policy.blocks())
     stages = pp * per_rank
     if stages > blocks:
@@ -103,16 +113,15 @@ def check_pipeline(model: nn.Module, policy, config, layout) -> tuple[str, list[
             f"(pipeline_parallel_size={pp}" + (f" x {per_rank} stages per rank" if per_rank > 1 else "") + "); "
             "lower the pipeline degree"
         )
-    if config.pipeline_layers is not None:
-        layers = list(config.pipeline_layers)
-        if len(layers) != stages or sum(layers) != blocks or min(layers) < 1:
-            raise ValueError(
-                f"ShardConfig.pipeline_layers={layers}: give {stages} numbers of blocks, each at least 1, "
-                f"summing to the model's {blocks} blocks (got {len(layers)} numbers summing to {sum(layers)})"
-            )
-    else:
-        layers = split_layers(blocks, stages)
-    return name, layers, per_rank
+    if config.pipeline_layers is None:
+        return split_layers(blocks, stages)
+    layers = list(config.pipeline_layers)
+    if len(layers) != stages or sum(layers) != blocks or min(layers) < 1:
+        raise ValueError(
+            f"ShardConfig.pipeline_layers={layers}: give {stages} numbers of blocks, each at least 1, "
+            f"summing to the model's {blocks} blocks (got {len(layers)} numbers summing to {sum(layers)})"
+        )
+    return layers
 
 
 def _stage_indices(pp_rank: int, pp: int, per_rank: int, name: str) -> list[int]:

@@ -12,7 +12,8 @@ from torch import nn
 
 from ..policy import ModulePolicyDescription, Policy
 from ..policy import SubModuleReplacementDescription as Sub
-from ..tensor_parallel import Linear1D_Col, Linear1D_Row, VocabParallelEmbedding1D, VocabParallelLMHead1D
+from ..tensor_parallel import Linear1D_Col
+from .layers import Layers
 from .syntax import _HEAD_ATTRS, _INDEX, GRAD_SUM, PlanError, _Plan, _regex, load_plan
 
 
@@ -58,97 +59,27 @@ class PlanPolicy(Policy):
             )
         return out
 
-    def _layers(self) -> dict[str, tuple[type, dict, str]]:  # noqa: C901, PLR0912, PLR0915
+    def _layers(self) -> dict[str, tuple[type, dict, str]]:
         """``{module path: (parallel layer class, kwargs, key)}``, every split checked against the model."""
-        tp, name = self.tp_size, type(self.model).__name__
         resolved = self._resolve()
         modules = dict(self.model.named_modules())
         head = self.model.get_output_embeddings() if hasattr(self.model, "get_output_embeddings") else None
         embeddings = {id(m.weight) for m in modules.values() if isinstance(m, nn.Embedding)}
-        plans: dict[str, tuple[type, dict, str]] = {}
-        by_module: dict[str, dict[str, tuple[str, list | None]]] = {}
         self._check_ties(resolved)
         self._grad_sum = [n for n, (_, spec) in resolved.items() if spec == GRAD_SUM]
+        by_module: dict[str, dict[str, tuple[str, list | None]]] = {}
         for pname, (key, spec) in resolved.items():
             mod_path, _, attr = pname.rpartition(".")
             by_module.setdefault(mod_path, {})[attr] = (key, None if spec == GRAD_SUM else spec)
+        layers = Layers(self.plan, self.tp_size, type(self.model).__name__, self._vocab_pad())
+        plans: dict[str, tuple[type, dict, str]] = {}
         for mod_path, entries in by_module.items():
             module = modules[mod_path]
-            weight_key, weight_spec = entries.get("weight", (None, None))
-            at = self.plan.where(weight_key or next(iter(entries.values()))[0])
-            param = getattr(module, "weight", None)
-            if weight_key is None or weight_spec is None or all(a is None for a in weight_spec):
-                if any(s and any(a is not None for a in s) for _, s in entries.values()):
-                    raise PlanError(
-                        f"{at}: {mod_path}: a bias can only be split with its weight; give {mod_path}.weight a spec"
-                    )
-                continue  # replicated
-            if len(weight_spec) != param.dim():
-                raise PlanError(
-                    f"{at}: {mod_path}.weight has {param.dim()} dimensions {tuple(param.shape)}, "
-                    f"the spec {weight_spec} has {len(weight_spec)}"
-                )
-            dim = next(i for i, a in enumerate(weight_spec) if a is not None)
-            bias_key, bias_spec = entries.get("bias", (None, None))
-            plain = (nn.Embedding, nn.Linear)
-            if isinstance(module, plain) and not any(type(module).forward is c.forward for c in plain):
-                raise PlanError(
-                    f"{at}: {mod_path} is a {type(module).__name__}, whose forward differs from torch's "
-                    f"(e.g. scales its output); a plan splits plain nn.Linear / nn.Embedding layers: give it null "
-                    "(replicated) or write a policy"
-                )
-            if isinstance(module, nn.Embedding):
-                if dim != 0:
-                    raise PlanError(
-                        f"{at}: {mod_path}.weight {weight_spec}: shardcore splits embeddings over the vocabulary "
-                        "(dim 0: [tp, null]), not over the embedding width"
-                    )
-                plans[mod_path] = (
-                    VocabParallelEmbedding1D,
-                    {"make_vocab_size_divisible_by": self._vocab_pad()},
-                    weight_key,
-                )
-                continue
-            if not isinstance(module, nn.Linear):
-                raise PlanError(
-                    f"{at}: {mod_path} is a {type(module).__name__}; a plan splits nn.Linear and nn.Embedding "
-                    "parameters (write a policy for other layers)"
-                )
-            column = dim == 0
-            if bias_spec is not None and module.bias is not None:
-                expected = [weight_spec[0]] if column else [None]
-                if list(bias_spec) != expected:
-                    raise PlanError(
-                        f"{self.plan.where(bias_key)}: {mod_path}.bias {bias_spec}: with the weight {weight_spec} "
-                        f"the bias must be {expected}"
-                    )
-            if column and (module is head or id(module.weight) in embeddings):  # the output embedding
-                plans[mod_path] = (
-                    VocabParallelLMHead1D,
-                    {"gather_output": True, "make_vocab_size_divisible_by": self._vocab_pad()},
-                    weight_key,
-                )
-                continue
-            size = module.out_features if column else module.in_features
+            is_head = module is head or id(getattr(module, "weight", None)) in embeddings
             parent = modules[mod_path.rpartition(".")[0]]
-            head_dim = getattr(parent, "head_dim", None)
-            kwargs: dict[str, Any] = {}
-            if isinstance(head_dim, int) and head_dim > 0 and size % head_dim == 0:
-                heads = size // head_dim
-                if heads % tp and tp % heads:
-                    raise PlanError(
-                        f"{at}: {mod_path}.weight dim {dim}: {heads} heads of {head_dim} can neither be split over "
-                        f"nor replicated on tp={tp}"
-                    )
-                if not column and heads < tp:
-                    raise PlanError(f"{at}: {mod_path}.weight dim {dim}: {heads} heads cannot be split over tp={tp}")
-                kwargs = {"num_heads": heads, "head_dim": head_dim}
-            elif size % tp:
-                raise PlanError(
-                    f"{at}: {mod_path}.weight dim {dim} has size {size}, not divisible by tp={tp} "
-                    f"(in {name}); use a tensor_parallel_size that divides {size}"
-                )
-            plans[mod_path] = ((Linear1D_Col if column else Linear1D_Row), kwargs, weight_key)
+            layer = layers.layer(mod_path, module, entries, parent, is_head)
+            if layer is not None:
+                plans[mod_path] = layer
         return plans
 
     def _check_ties(self, resolved: dict[str, tuple[str, list | None]]) -> None:

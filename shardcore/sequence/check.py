@@ -9,7 +9,7 @@ from ..tensor_parallel.recompute import checkpointing
 _BUILT = ("split_gather", "all_to_all", "ring_attn")
 
 
-def check_sequence_parallel(model: nn.Module, policy, config, layout) -> str | None:  # noqa: C901
+def check_sequence_parallel(model: nn.Module, policy, config, layout) -> str | None:
     """The mode ``config`` asks for, checked before any collective (the same on every rank)."""
     if not config.enable_sequence_parallelism:  # (overlap or a mode without it: refused by ShardConfig)
         if layout.sp > 1:
@@ -31,39 +31,55 @@ def check_sequence_parallel(model: nn.Module, policy, config, layout) -> str | N
             + (f" (it supports {', '.join(supported)})" if supported else " (no sequence parallelism)")
             + "; leave enable_sequence_parallelism=False"
         )
-    if mode == "split_gather" and not policy.sequence_parallel_regions():
+    if mode == "split_gather":
+        _check_split_gather(model, policy, config, layout)
+    else:
+        _check_over_sp(model, policy, config, layout, mode)
+    _refuse_combinations(config, layout, mode)
+    return mode
+
+
+def _check_split_gather(model: nn.Module, policy, config, layout) -> None:
+    if not policy.sequence_parallel_regions():
         raise NotImplementedError(
             f"{type(model).__name__}: {type(policy).__name__} names no blocks to split the sequence over; leave "
             "enable_sequence_parallelism=False"
         )
-    if mode == "split_gather" and layout.sp > 1:
+    if layout.sp > 1:
         raise ValueError(
             f"sequence_parallel_size={layout.sp} is the group of sequence_parallelism_mode='all_to_all' (or "
             "'ring_attn'); 'split_gather' splits over the tensor-parallel group: leave sequence_parallel_size=1"
         )
-    if mode == "split_gather" and (layout.tp == 1 or not config.enable_tensor_parallelism):
+    if layout.tp == 1 or not config.enable_tensor_parallelism:
         raise ValueError(
             "sequence_parallelism_mode='split_gather' splits the sequence over the tensor-parallel group, "
             "but tensor_parallel_size is 1; give tensor_parallel_size > 1"
         )
-    if mode in ("all_to_all", "ring_attn"):
-        if layout.sp == 1:
+
+
+def _check_over_sp(model: nn.Module, policy, config, layout, mode: str) -> None:
+    """``all_to_all`` and ``ring_attn``: over the mesh's sp dim, through the attention registry."""
+    if layout.sp == 1:
+        raise ValueError(
+            f"sequence_parallelism_mode={mode!r} runs over sequence_parallel_size ranks, but it is 1; give "
+            "sequence_parallel_size > 1"
+        )
+    problem = policy.sequence_attention_problem(mode)
+    if problem:
+        raise NotImplementedError(f"{type(model).__name__}: {problem}")
+    if mode != "all_to_all":
+        return
+    tp = layout.tp if config.enable_tensor_parallelism else 1
+    for what, heads in zip(("attention heads", "key/value heads"), policy.sequence_parallel_heads(), strict=True):
+        if heads % (tp * layout.sp):
             raise ValueError(
-                f"sequence_parallelism_mode={mode!r} runs over sequence_parallel_size ranks, but it is 1; give "
-                "sequence_parallel_size > 1"
+                f"{type(model).__name__}: {heads} {what} do not split over tensor_parallel_size x "
+                f"sequence_parallel_size = {tp} x {layout.sp} (Ulysses gives each rank whole heads); choose "
+                f"sizes whose product divides {heads}"
             )
-        problem = policy.sequence_attention_problem(mode)
-        if problem:
-            raise NotImplementedError(f"{type(model).__name__}: {problem}")
-    if mode == "all_to_all":
-        tp = layout.tp if config.enable_tensor_parallelism else 1
-        for what, heads in zip(("attention heads", "key/value heads"), policy.sequence_parallel_heads(), strict=True):
-            if heads % (tp * layout.sp):
-                raise ValueError(
-                    f"{type(model).__name__}: {heads} {what} do not split over tensor_parallel_size x "
-                    f"sequence_parallel_size = {tp} x {layout.sp} (Ulysses gives each rank whole heads); choose "
-                    f"sizes whose product divides {heads}"
-                )
+
+
+def _refuse_combinations(config, layout, mode: str) -> None:
     refused = {
         f"pipeline_parallel_size > 1 (sequence_parallelism_mode={mode!r}; 'split_gather' composes)": layout.pp > 1
         and mode != "split_gather",
@@ -74,7 +90,6 @@ def check_sequence_parallel(model: nn.Module, policy, config, layout) -> str | N
     for what, present in refused.items():
         if present:
             raise NotImplementedError(f"sequence parallelism together with {what} is not built yet; use one of them")
-    return mode
 
 
 def _watch_forward(model: nn.Module, state) -> None:

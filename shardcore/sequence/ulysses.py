@@ -18,7 +18,7 @@ from .ring import _unzigzag, _zigzag
 from .split_gather import _per_rank_dropouts, _sum_grads_when_split
 
 
-def apply_ulysses(model: nn.Module, policy, state: SequenceParallel) -> None:  # noqa: C901
+def apply_ulysses(model: nn.Module, policy, state: SequenceParallel) -> None:
     """DeepSpeed-Ulysses, or with ``state.mode == "ring_attn"`` context parallelism (zigzag split,
     :func:`ring_attention`), over ``state.group`` (the mesh's ``sp`` dim): the hidden states split along
     the sequence at the first block's input (and the per-block inputs that run along it, such as
@@ -27,63 +27,12 @@ def apply_ulysses(model: nn.Module, policy, state: SequenceParallel) -> None:  #
     attention registry (:meth:`shardcore.Policy.set_sequence_attention`). Every block parameter's
     gradient, from this rank's tokens only, is summed over the group."""
     blocks = [block for _, block in policy.blocks()]
-    group = state.group
-    split_kwargs = tuple(policy.sequence_split_kwargs)
     _watch_forward(model, state)
-
-    ring = state.mode == "ring_attn"
-    parts = 2 * state.size if ring else state.size  # ring: two chunks a rank (zigzag, for causal balance)
-
-    def split(t: torch.Tensor) -> torch.Tensor:
-        return split_to_tp(_zigzag(t, state.size, state.dim) if ring else t, group, dim=state.dim)
-
-    def gather(t: torch.Tensor) -> torch.Tensor:
-        t = gather_from_tp(t, group, dim=state.dim)
-        return _unzigzag(t, state.size, state.dim) if ring else t
-
-    def split_first(module, args, kwargs):
-        in_kwargs = "hidden_states" in kwargs
-        x = kwargs["hidden_states"] if in_kwargs else args[0]
-        length = x.shape[state.dim]
-        cached = kwargs.get("past_key_values") is not None and not module.training
-        # a KV cache would keep only this rank's part of the sequence: inference with one runs unsplit
-        state.active = length % parts == 0 and length >= parts and not cached
-        if not state.active:
-            return None
-        state.attention_calls = 0
-        x = split(x)
-        return (args, {**kwargs, "hidden_states": x}) if in_kwargs else ((x, *args[1:]), kwargs)
-
-    def split_along(module, args, kwargs):
-        if not state.active:
-            return None
-        out = dict(kwargs)
-        for key in split_kwargs:
-            value = kwargs.get(key)
-            if isinstance(value, torch.Tensor):
-                out[key] = split(value)
-            elif isinstance(value, tuple) and all(isinstance(v, torch.Tensor) for v in value):
-                out[key] = tuple(split(v) for v in value)
-        return args, out
-
-    def gather_last(module, args, output):
-        if not state.active:
-            return None
-        state.active = False
-        if state.attention_calls < len(blocks):  # never silently attention over this rank's tokens only
-            raise RuntimeError(
-                f"sequence_parallelism_mode={state.mode!r}: {len(blocks)} blocks ran but the split attention "
-                f"ran {state.attention_calls} times; this model's attention does not go through the registry "
-                "shardcore switched"
-            )
-        if isinstance(output, tuple):
-            return (gather(output[0]), *output[1:])
-        return gather(output)
-
-    blocks[0].register_forward_pre_hook(split_first, with_kwargs=True)
+    hooks = _SplitHooks(state, tuple(policy.sequence_split_kwargs), len(blocks))
+    blocks[0].register_forward_pre_hook(hooks.split_first, with_kwargs=True)
     for block in blocks:  # after split_first on the first block: the flag is set when these run
-        block.register_forward_pre_hook(split_along, with_kwargs=True)
-    blocks[-1].register_forward_hook(gather_last)
+        block.register_forward_pre_hook(hooks.split_along, with_kwargs=True)
+    blocks[-1].register_forward_hook(hooks.gather_last)
     for block in blocks:
         for module in block.modules():
             module.__dict__["_shardcore_sequence"] = state  # the attention function finds it here
@@ -92,6 +41,67 @@ def apply_ulysses(model: nn.Module, policy, state: SequenceParallel) -> None:  #
                 _sum_grads_when_split(module, own, state)
     _per_rank_dropouts(blocks, policy.sequence_parallel_dropouts, state)
     policy.set_sequence_attention(state)
+
+
+class _SplitHooks:
+    """The hooks that split the hidden states (and ``split_kwargs``) at the first block's input and
+    gather them at the last block's output; ``ring_attn`` splits in zigzag order, two chunks a rank
+    (for causal balance)."""
+
+    def __init__(self, state: SequenceParallel, split_kwargs: tuple[str, ...], blocks: int) -> None:
+        self.state, self.split_kwargs, self.blocks = state, split_kwargs, blocks
+        self.ring = state.mode == "ring_attn"
+        self.parts = 2 * state.size if self.ring else state.size
+
+    def split(self, t: torch.Tensor) -> torch.Tensor:
+        state = self.state
+        return split_to_tp(_zigzag(t, state.size, state.dim) if self.ring else t, state.group, dim=state.dim)
+
+    def gather(self, t: torch.Tensor) -> torch.Tensor:
+        state = self.state
+        t = gather_from_tp(t, state.group, dim=state.dim)
+        return _unzigzag(t, state.size, state.dim) if self.ring else t
+
+    def split_first(self, module, args, kwargs):
+        state = self.state
+        in_kwargs = "hidden_states" in kwargs
+        x = kwargs["hidden_states"] if in_kwargs else args[0]
+        length = x.shape[state.dim]
+        cached = kwargs.get("past_key_values") is not None and not module.training
+        # a KV cache would keep only this rank's part of the sequence: inference with one runs unsplit
+        state.active = length % self.parts == 0 and length >= self.parts and not cached
+        if not state.active:
+            return None
+        state.attention_calls = 0
+        x = self.split(x)
+        return (args, {**kwargs, "hidden_states": x}) if in_kwargs else ((x, *args[1:]), kwargs)
+
+    def split_along(self, module, args, kwargs):
+        if not self.state.active:
+            return None
+        out = dict(kwargs)
+        for key in self.split_kwargs:
+            value = kwargs.get(key)
+            if isinstance(value, torch.Tensor):
+                out[key] = self.split(value)
+            elif isinstance(value, tuple) and all(isinstance(v, torch.Tensor) for v in value):
+                out[key] = tuple(self.split(v) for v in value)
+        return args, out
+
+    def gather_last(self, module, args, output):
+        state = self.state
+        if not state.active:
+            return None
+        state.active = False
+        if state.attention_calls < self.blocks:  # never silently attention over this rank's tokens only
+            raise RuntimeError(
+                f"sequence_parallelism_mode={state.mode!r}: {self.blocks} blocks ran but the split attention "
+                f"ran {state.attention_calls} times; this model's attention does not go through the registry "
+                "shardcore switched"
+            )
+        if isinstance(output, tuple):
+            return (self.gather(output[0]), *output[1:])
+        return self.gather(output)
 
 
 class _AllToAll(torch.autograd.Function):

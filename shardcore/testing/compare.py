@@ -67,6 +67,40 @@ def _loss(output: Any, loss_fn: Callable | None) -> torch.Tensor:
     return loss
 
 
+def _check_outputs(out_ref: Any, out: Any, skip: tuple[str, ...], atol: float) -> float:
+    """Every floating-point output at any depth (but the top-level fields ``skip``): same fields,
+    shapes, and values within ``atol``; returns the largest difference."""
+    ref_t, got_t = _tensors(out_ref, skip), _tensors(out, skip)
+    if set(ref_t) != set(got_t):
+        raise AssertionError(f"output fields differ: unsharded {sorted(ref_t)} vs sharded {sorted(got_t)}")
+    worst = 0.0
+    for key, expected in ref_t.items():
+        actual = got_t[key]
+        if actual.shape != expected.shape:
+            raise AssertionError(f"output {key!r}: shape {tuple(actual.shape)} != unsharded {tuple(expected.shape)}")
+        diff = (actual - expected).abs().max().item() if expected.numel() else 0.0
+        if not diff <= atol:
+            raise AssertionError(f"output {key!r}: max abs diff {diff:.3g} > {atol}")
+        worst = max(worst, diff)
+    return worst
+
+
+def _check_loss(loss: torch.Tensor, loss_ref: torch.Tensor, rtol: float, what: str = "loss") -> dict[str, float]:
+    """``loss`` against the unsharded ``loss_ref`` (relative ``rtol``); the report's loss entries."""
+    rel = abs(loss.item() - loss_ref.item()) / max(abs(loss_ref.item()), 1e-12)
+    if not rel <= rtol:
+        raise AssertionError(
+            f"{what} {loss.item():.9g} vs unsharded {loss_ref.item():.9g}: relative diff {rel:.3g} > {rtol}"
+        )
+    return {"loss": loss.item(), "loss_unsharded": loss_ref.item(), "loss_rel_diff": rel}
+
+
+def _grad_check(ref_grads: Mapping, rtol: float, floor: float, zero_grads: tuple[str, ...]) -> dict[str, Any]:
+    """The keyword arguments of :func:`_check_grads`: the scale is the largest reference gradient norm."""
+    scale = max((g.double().norm().item() for g in ref_grads.values() if g is not None), default=0.0)
+    return {"scale": scale, "rtol": rtol, "floor": floor, "zero_grads": zero_grads}
+
+
 def _declared_zero(name: str, zero_grads: tuple[str, ...]) -> bool:
     """Whether parameter ``name`` matches a ``zero_grads`` pattern (gradient zero in exact arithmetic)."""
     return any(fnmatch.fnmatchcase(name, pattern) for pattern in zero_grads)
@@ -186,3 +220,65 @@ def _check_local_params(
             )
         worst = max(worst, diff)
     return worst
+
+
+def _check_every_grad(model: nn.Module, ref_params: Mapping[str, nn.Parameter], check: dict, where: str) -> float:
+    """Every gradient of ``model``, gathered (under the reference's names) and as this rank's slice."""
+    import shardcore
+
+    ref_grads = {n: p.grad for n, p in ref_params.items()}
+    gathered = dict(shardcore.full_named_tensors(model, grads=True))
+    if set(gathered) != set(ref_params):
+        raise AssertionError(
+            f"parameters differ: missing {sorted(set(ref_params) - set(gathered))}, "
+            f"extra {sorted(set(gathered) - set(ref_params))}"
+        )
+    worst = _check_grads(((n, g, ref_grads[n]) for n, g in gathered.items()), where=where, **check)
+    return max(worst, _check_local_grads(model, ref_grads, **check))
+
+
+def _train_side_by_side(ref: nn.Module, model: nn.Module, step: Callable, ref_step: Callable, steps: int,
+                        first: Callable, **adamw) -> tuple:  # fmt: skip
+    """``max(steps, 1)`` rounds on both models: gradients zeroed, ``step()`` and ``ref_step()`` (each
+    runs a forward and its backward and returns the loss), ``first(loss, loss_ref)`` in the first
+    round (the gradients of the initial weights), then an AdamW step on both (none when ``steps`` is
+    0). Returns the two optimizers."""
+    opt_ref, opt = torch.optim.AdamW(ref.parameters(), **adamw), torch.optim.AdamW(model.parameters(), **adamw)
+    for round_ in range(max(steps, 1)):
+        opt_ref.zero_grad()
+        opt.zero_grad()
+        loss, loss_ref = step(), ref_step()
+        if round_ == 0:
+            first(loss, loss_ref)
+        if steps == 0:
+            break
+        opt_ref.step()
+        opt.step()
+    return opt_ref, opt
+
+
+def _backward_loss(model: nn.Module, inputs: Mapping[str, Any], loss_fn: Callable | None) -> torch.Tensor:
+    """One forward of ``model(**inputs)`` and the backward of its loss; returns the loss."""
+    loss = _loss(model(**inputs), loss_fn)
+    loss.backward()
+    return loss
+
+
+def _check_params_after(model: nn.Module, ref_params: Mapping, steps: int, atol_step: float, zero_grads=()) -> float:
+    """Every parameter after ``steps`` optimizer steps, gathered and as this rank's slice."""
+    worst = _check_gathered_params(model, ref_params, steps, atol_step, zero_grads)
+    return max(worst, _check_local_params(model, ref_params, steps, atol_step, zero_grads))
+
+
+def _build_pair(build, config, policy, seed: int, reference_config) -> tuple[nn.Module, nn.Module]:
+    """The unsharded reference and the sharded model, each built after ``torch.manual_seed(seed)``."""
+    import shardcore
+
+    torch.manual_seed(seed)
+    ref = build()
+    if reference_config is not None:
+        if reference_config.tensor_parallel_size != 1:
+            raise ValueError("reference_config must keep the reference unsharded: tensor_parallel_size=1")
+        ref = shardcore.optimize(ref, reference_config, policy=policy)
+    torch.manual_seed(seed)
+    return ref, shardcore.optimize(build(), config, policy=policy)

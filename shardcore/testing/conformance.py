@@ -44,12 +44,13 @@ import torch
 from torch import nn
 
 from .compare import (
-    _check_gathered_params,
-    _check_grads,
-    _check_local_grads,
-    _check_local_params,
+    _build_pair,
+    _check_every_grad,
+    _check_loss,
+    _check_outputs,
+    _check_params_after,
+    _grad_check,
     _loss,
-    _tensors,
 )
 from .structure import check_blocks, check_sharded_structure
 
@@ -78,7 +79,7 @@ def hidden_state_loss(*fields: str, seed: int = 1234) -> Callable[[Any], torch.T
     return loss
 
 
-def assert_sharded_matches(  # noqa: PLR0915
+def assert_sharded_matches(
     build: Callable[[], nn.Module],
     inputs: Mapping[str, Any],
     config=None,
@@ -103,42 +104,40 @@ def assert_sharded_matches(  # noqa: PLR0915
     """Check a sharded model against the unsharded one; run on every rank of the group.
 
     ``build()`` is called twice after ``torch.manual_seed(seed)``; one copy is sharded with
-    :func:`shardcore.optimize`. If sharding happened (TP > 1), the model must hold parallel
-    modules in every block of :meth:`~shardcore.Policy.blocks`, fewer parameter bytes per rank
-    than unsharded (at most ``max_param_fraction`` of them, if given), and on every rank each local
-    tensor must be exactly its :class:`~shardcore.tensor_parallel.ShardSpec` slice of the unsharded one. Both
-    models run ``model(**inputs)``: every floating-point output must match, at any depth, but the
-    top-level fields in ``skip_outputs`` (by default the loss, compared relatively, and
-    ``past_key_values``: each rank's KV cache holds its own heads; :func:`assert_generate_matches`
-    checks the cache through the tokens it produces); the loss (``output.loss`` or
-    ``loss_fn(output)``) too. Then every gradient, both gathered and as
-    this rank's slice (replica copies and zero padding rows included), must match by relative
-    norm, and every parameter after ``steps`` AdamW steps, gathered and local. The policy's
-    :meth:`~shardcore.Policy.blocks` are checked with :func:`check_blocks`. Returns the largest
-    differences seen.
-
-    Gradients whose norm is below ``grad_floor`` times the largest one are at the fp32 noise
-    floor and cannot be tested: the check fails, unless their names match a pattern of
-    ``zero_grads`` (``fnmatch``), parameters whose gradient is zero in exact arithmetic (a key
-    projection's bias: softmax ignores a constant shift), which must then stay that small.
-
-    ``sharded_output_fn(model, output)``, if given, maps the sharded output before it is
-    compared (e.g. to gather logits kept vocab-parallel by ``parallel_output=True``).
-
-    ``reference_config`` (a :class:`~shardcore.ShardConfig` with ``tensor_parallel_size=1``), if
-    given, is applied to the unsharded reference with :func:`shardcore.optimize`: the way to give
-    it the same kernels (``enable_flash_attention``, ...) as the sharded model.
+    :func:`shardcore.optimize` (and the other, given ``reference_config`` with TP=1, optimized with
+    it: the way to give it the same kernels). Checked, with the tolerances of the module docstring:
+    the structure (:func:`check_blocks`; for TP > 1 :func:`check_sharded_structure`: parallel
+    modules in every block, fewer bytes per rank, at most ``max_param_fraction``, each local
+    tensor exactly its ``ShardSpec`` slice); every floating-point output at any depth but the
+    top-level ``skip_outputs`` (each rank's KV cache holds its own heads: generation checks it),
+    after ``sharded_output_fn(model, output)`` if given; the loss (``output.loss`` or
+    ``loss_fn(output)``); every gradient, gathered and as this rank's slice, by relative norm
+    (below ``grad_floor`` x the largest it fails as untestable unless its name matches a
+    ``zero_grads`` pattern); every parameter after ``steps`` AdamW steps, gathered and local.
+    Returns the largest differences seen.
     """
+    ref, model = _build_pair(build, config, policy, seed, reference_config)
+    report = _structure(model, ref, policy, max_param_fraction)
+    out_ref, out = ref(**inputs), model(**inputs)
+    shown = out if sharded_output_fn is None else sharded_output_fn(model, out)
+    report["max_abs_diff_outputs"] = _check_outputs(out_ref, shown, skip_outputs, atol_out)
+    loss_ref, loss = _loss(out_ref, loss_fn), _loss(out, loss_fn)
+    report.update(_check_loss(loss, loss_ref, rtol_loss))
+    loss_ref.backward()
+    loss.backward()
+    ref_params = dict(ref.named_parameters())
+    check = _grad_check({n: p.grad for n, p in ref_params.items()}, grad_rtol, grad_floor, zero_grads)
+    report["max_rel_err_grads"] = _check_every_grad(model, ref_params, check, "gathered")
+    if steps:
+        _train_both(ref, model, lambda m: _loss(m(**inputs), loss_fn), steps, lr, adam_eps)
+        report["max_abs_diff_after_steps"] = _check_params_after(model, ref_params, steps, atol_step, zero_grads)
+    return report
+
+
+def _structure(model: nn.Module, ref: nn.Module, policy, max_param_fraction) -> dict[str, Any]:
+    """The policy's blocks, the kernels that run, and (TP > 1) the sharded structure."""
     import shardcore
 
-    torch.manual_seed(seed)
-    ref = build()
-    if reference_config is not None:
-        if reference_config.tensor_parallel_size != 1:
-            raise ValueError("reference_config must keep the reference unsharded: tensor_parallel_size=1")
-        ref = shardcore.optimize(ref, reference_config, policy=policy)
-    torch.manual_seed(seed)
-    model = shardcore.optimize(build(), config, policy=policy)
     info = getattr(model, "shardcore", None)
     used = info.policy if info is not None else shardcore.resolve_policy(model, policy)
     blocks = check_blocks(used, model)
@@ -147,61 +146,20 @@ def assert_sharded_matches(  # noqa: PLR0915
         report["kernels"] = dict(info.kernels)  # what each optimization switch runs
         if info.tp_size > 1:  # (TP=1 with Ulysses: the model is whole on every rank)
             report.update(check_sharded_structure(model, ref, blocks, max_param_fraction))
-
-    out_ref, out = ref(**inputs), model(**inputs)
-    ref_t = _tensors(out_ref, skip_outputs)
-    got_t = _tensors(out if sharded_output_fn is None else sharded_output_fn(model, out), skip_outputs)
-    if set(ref_t) != set(got_t):
-        raise AssertionError(f"output fields differ: unsharded {sorted(ref_t)} vs sharded {sorted(got_t)}")
-    worst = 0.0
-    for key, expected in ref_t.items():
-        actual = got_t[key]
-        if actual.shape != expected.shape:
-            raise AssertionError(f"output {key!r}: shape {tuple(actual.shape)} != unsharded {tuple(expected.shape)}")
-        diff = (actual - expected).abs().max().item() if expected.numel() else 0.0
-        if not diff <= atol_out:
-            raise AssertionError(f"output {key!r}: max abs diff {diff:.3g} > {atol_out}")
-        worst = max(worst, diff)
-    report["max_abs_diff_outputs"] = worst
-
-    loss_ref, loss = _loss(out_ref, loss_fn), _loss(out, loss_fn)
-    rel = abs(loss.item() - loss_ref.item()) / max(abs(loss_ref.item()), 1e-12)
-    if not rel <= rtol_loss:
-        raise AssertionError(
-            f"loss {loss.item():.9g} vs unsharded {loss_ref.item():.9g}: relative diff {rel:.3g} > {rtol_loss}"
-        )
-    report["loss"], report["loss_unsharded"], report["loss_rel_diff"] = loss.item(), loss_ref.item(), rel
-
-    loss_ref.backward()
-    loss.backward()
-    ref_params = dict(ref.named_parameters())
-    ref_grads = {n: p.grad for n, p in ref_params.items()}
-    scale = max((g.double().norm().item() for g in ref_grads.values() if g is not None), default=0.0)
-    gathered = dict(shardcore.full_named_tensors(model, grads=True))
-    if set(gathered) != set(ref_params):
-        raise AssertionError(
-            f"parameters differ: missing {sorted(set(ref_params) - set(gathered))}, "
-            f"extra {sorted(set(gathered) - set(ref_params))}"
-        )
-    check = {"scale": scale, "rtol": grad_rtol, "floor": grad_floor, "zero_grads": zero_grads}
-    worst = _check_grads(((n, g, ref_grads[n]) for n, g in gathered.items()), where="gathered", **check)
-    worst = max(worst, _check_local_grads(model, ref_grads, **check))
-    report["max_rel_err_grads"] = worst
-
-    if steps:
-        opt_ref = torch.optim.AdamW(ref.parameters(), lr=lr, eps=adam_eps)
-        opt = torch.optim.AdamW(model.parameters(), lr=lr, eps=adam_eps)
-        for step in range(steps):
-            if step:
-                for m, o in ((ref, opt_ref), (model, opt)):
-                    o.zero_grad()
-                    _loss(m(**inputs), loss_fn).backward()
-            opt_ref.step()
-            opt.step()
-        worst = _check_gathered_params(model, ref_params, steps, atol_step, zero_grads)
-        worst = max(worst, _check_local_params(model, ref_params, steps, atol_step, zero_grads))
-        report["max_abs_diff_after_steps"] = worst
     return report
+
+
+def _train_both(ref: nn.Module, model: nn.Module, loss_of: Callable, steps: int, lr: float, eps: float) -> None:
+    """``steps`` AdamW steps on both models, the first on the gradients they hold now."""
+    opt_ref = torch.optim.AdamW(ref.parameters(), lr=lr, eps=eps)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, eps=eps)
+    for step in range(steps):
+        if step:
+            for m, o in ((ref, opt_ref), (model, opt)):
+                o.zero_grad()
+                loss_of(m).backward()
+        opt_ref.step()
+        opt.step()
 
 
 #: The ``ShardConfig`` fields of each optimization switch, by short name (plugins' tests parametrize on them).

@@ -4,6 +4,7 @@ on the whole batch."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -11,7 +12,15 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .compare import _check_gathered_params, _check_grads, _check_local_grads, _check_local_params, _loss
+from .compare import (
+    _backward_loss,
+    _build_pair,
+    _check_every_grad,
+    _check_loss,
+    _check_params_after,
+    _grad_check,
+    _train_side_by_side,
+)
 
 __all__ = ["assert_data_parallel_matches", "dp_part", "state_bytes"]
 
@@ -42,7 +51,7 @@ def state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer | None = None
     return total
 
 
-def assert_data_parallel_matches(  # noqa: PLR0915
+def assert_data_parallel_matches(
     build: Callable[[], nn.Module],
     inputs: Mapping[str, Any],
     config,
@@ -73,13 +82,45 @@ def assert_data_parallel_matches(  # noqa: PLR0915
     must be the unsharded model's. Reports ``state_fraction``: this rank's bytes of parameters and
     AdamW state over the unsharded model's (at most ``max_state_fraction`` if given).
     """
-    import shardcore
-
-    torch.manual_seed(seed)
-    ref = build()
-    torch.manual_seed(seed)
-    model = shardcore.optimize(build(), config, policy=policy)
+    ref, model = _build_pair(build, config, policy, seed, None)
     info = model.shardcore
+    _check_wrapping(info, config)
+    layout = info.layout
+    dp_group = layout.group("dp")
+    mine = dp_part(inputs, layout.coordinates(dist.get_rank())["dp"], layout.dp)
+    ref_params = dict(ref.named_parameters())
+    _check_names(model, ref_params)
+    report: dict[str, Any] = {"dp": layout.dp, "tp": layout.tp, "data_parallel": info.data_parallel}
+
+    def first(loss, loss_ref):
+        mean = loss.detach().clone()
+        dist.all_reduce(mean, group=dp_group)
+        report.update(_check_loss(mean / layout.dp, loss_ref, rtol_loss, what="mean loss over the data-parallel ranks"))
+        check = _grad_check({n: p.grad for n, p in ref_params.items()}, grad_rtol, grad_floor, zero_grads)
+        report["max_rel_err_grads"] = _check_every_grad(model, ref_params, check, "gathered over dp and tp")
+
+    step = functools.partial(_backward_loss, model, mine, loss_fn)
+    ref_step = functools.partial(_backward_loss, ref, inputs, loss_fn)
+    opt_ref, opt = _train_side_by_side(ref, model, step, ref_step, steps, first, lr=lr, eps=adam_eps)
+    if steps:
+        report["max_abs_diff_after_steps"] = _check_params_after(model, ref_params, steps, atol_step, zero_grads)
+    if steps and info.data_parallel == "ddp":  # each replica holds its own copy: they must stay equal
+        _check_replicas_equal(model, dp_group, steps)
+    report.update(_state_fraction(model, ref, opt, opt_ref, max_state_fraction))
+    return report
+
+
+def _check_names(model: nn.Module, ref_params: Mapping) -> None:
+    names = {n for n, _ in model.named_parameters()}
+    if names != set(ref_params):
+        raise AssertionError(
+            f"parameter names differ from the unsharded model's: missing {sorted(set(ref_params) - names)}, "
+            f"extra {sorted(names - set(ref_params))}"
+        )
+
+
+def _check_wrapping(info, config) -> None:
+    """What ``optimize`` made is what ``config`` asked; under FSDP every block is its own unit."""
     if info.data_parallel != config.data_parallel:
         raise AssertionError(f"model.shardcore.data_parallel is {info.data_parallel!r}, asked {config.data_parallel!r}")
     if info.data_parallel == "fsdp":  # each block its own all-gather unit, as fully_shard per block makes it
@@ -88,70 +129,24 @@ def assert_data_parallel_matches(  # noqa: PLR0915
         loose = [name for name, block in info.policy.blocks() if not isinstance(block, FSDPModule)]
         if loose:
             raise AssertionError(f"blocks {loose} are not wrapped by fully_shard: the whole model is gathered at once")
-    layout = info.layout
-    dp_rank = layout.coordinates(dist.get_rank())["dp"]
-    dp_group = layout.group("dp")
-    mine = dp_part(inputs, dp_rank, layout.dp)
-    ref_params = dict(ref.named_parameters())
-    names = [n for n, _ in model.named_parameters()]
-    if set(names) != set(ref_params):
-        raise AssertionError(
-            f"parameter names differ from the unsharded model's: missing {sorted(set(ref_params) - set(names))}, "
-            f"extra {sorted(set(names) - set(ref_params))}"
-        )
-    report: dict[str, Any] = {"dp": layout.dp, "tp": layout.tp, "data_parallel": info.data_parallel}
 
-    opt_ref = torch.optim.AdamW(ref.parameters(), lr=lr, eps=adam_eps)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, eps=adam_eps)
-    for step in range(max(steps, 1)):
-        opt_ref.zero_grad()
-        opt.zero_grad()
-        loss_ref = _loss(ref(**inputs), loss_fn)
-        loss = _loss(model(**mine), loss_fn)
-        loss_ref.backward()
-        loss.backward()
-        if step == 0:
-            mean = loss.detach().clone()
-            dist.all_reduce(mean, group=dp_group)
-            mean = mean.item() / layout.dp
-            rel = abs(mean - loss_ref.item()) / max(abs(loss_ref.item()), 1e-12)
-            if not rel <= rtol_loss:
-                raise AssertionError(
-                    f"mean loss over the data-parallel ranks {mean:.9g} vs unsharded {loss_ref.item():.9g}: "
-                    f"relative diff {rel:.3g} > {rtol_loss}"
-                )
-            report["loss"], report["loss_unsharded"], report["loss_rel_diff"] = mean, loss_ref.item(), rel
-            ref_grads = {n: p.grad for n, p in ref_params.items()}
-            scale = max((g.double().norm().item() for g in ref_grads.values() if g is not None), default=0.0)
-            gathered = dict(shardcore.full_named_tensors(model, grads=True))
-            check = {"scale": scale, "rtol": grad_rtol, "floor": grad_floor, "zero_grads": zero_grads}
-            pairs = ((n, g, ref_grads[n]) for n, g in gathered.items())
-            worst = _check_grads(pairs, where="gathered over dp and tp", **check)
-            report["max_rel_err_grads"] = max(worst, _check_local_grads(model, ref_grads, **check))
-            if steps == 0:
-                break
-        opt_ref.step()
-        opt.step()
 
-    if steps:
-        worst = _check_gathered_params(model, ref_params, steps, atol_step, zero_grads)
-        report["max_abs_diff_after_steps"] = max(
-            worst, _check_local_params(model, ref_params, steps, atol_step, zero_grads)
-        )
-    if steps and info.data_parallel == "ddp":  # each replica holds its own copy: they must stay equal
-        for name, param in model.named_parameters():
-            local = param.detach()
-            first = local.clone()
-            dist.broadcast(first, group=dp_group, group_src=0)
-            if not torch.equal(first, local):
-                raise AssertionError(f"parameter {name}: the data-parallel replicas drifted apart after {steps} steps")
-    mine_bytes = state_bytes(model, opt)
-    full_bytes = state_bytes(ref, opt_ref)
-    report["state_bytes"], report["state_bytes_unsharded"] = mine_bytes, full_bytes
-    report["state_fraction"] = mine_bytes / full_bytes
-    if max_state_fraction is not None and not report["state_fraction"] <= max_state_fraction:
+def _check_replicas_equal(model: nn.Module, dp_group, steps: int) -> None:
+    for name, param in model.named_parameters():
+        local = param.detach()
+        first = local.clone()
+        dist.broadcast(first, group=dp_group, group_src=0)
+        if not torch.equal(first, local):
+            raise AssertionError(f"parameter {name}: the data-parallel replicas drifted apart after {steps} steps")
+
+
+def _state_fraction(model, ref, opt, opt_ref, max_state_fraction: float | None) -> dict[str, Any]:
+    """This rank's bytes of parameters and AdamW state over the unsharded model's."""
+    mine_bytes, full_bytes = state_bytes(model, opt), state_bytes(ref, opt_ref)
+    fraction = mine_bytes / full_bytes
+    if max_state_fraction is not None and not fraction <= max_state_fraction:
         raise AssertionError(
             f"this rank holds {mine_bytes} bytes of parameters and optimizer state, "
-            f"{report['state_fraction']:.3f} of the unsharded {full_bytes}, above {max_state_fraction}"
+            f"{fraction:.3f} of the unsharded {full_bytes}, above {max_state_fraction}"
         )
-    return report
+    return {"state_bytes": mine_bytes, "state_bytes_unsharded": full_bytes, "state_fraction": fraction}

@@ -3,6 +3,7 @@ pipelined (x tensor-parallel) model trains like the unsharded model on the whole
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -10,12 +11,20 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .compare import _check_gathered_params, _check_grads, _check_local_grads, _check_local_params
+from .compare import (
+    _build_pair,
+    _check_grads,
+    _check_local_grads,
+    _check_loss,
+    _check_params_after,
+    _grad_check,
+    _train_side_by_side,
+)
 
 __all__ = ["assert_pipeline_matches"]
 
 
-def assert_pipeline_matches(  # noqa: PLR0915
+def assert_pipeline_matches(
     build: Callable[[], nn.Module],
     batch: Mapping[str, Any],
     config,
@@ -48,14 +57,34 @@ def assert_pipeline_matches(  # noqa: PLR0915
     """
     import shardcore
 
-    torch.manual_seed(seed)
-    ref = build()
-    torch.manual_seed(seed)
-    model = shardcore.optimize(build(), config, policy=policy)
+    ref, model = _build_pair(build, config, policy, seed, None)
     info = model.shardcore.pipeline
     if info is None:
         raise AssertionError("the model has no pipeline: give the config pipeline_parallel_size > 1")
     ref_named = dict(ref.named_parameters(remove_duplicate=False))  # tied weights under each of their names
+    held = _check_names(model, ref_named)
+    report: dict[str, Any] = {"stages": info.stage_indices, "schedule": info.schedule_name, "held": len(held)}
+
+    def ref_step():
+        loss = reference_loss(ref, batch) if reference_loss is not None else ref(**batch).loss
+        loss.backward()
+        return loss
+
+    def first(loss, loss_ref):
+        report.update(_check_loss(loss, loss_ref, rtol_loss, what="pipeline_step loss"))
+        check = _grad_check({n: p.grad for n, p in ref_named.items()}, grad_rtol, grad_floor, zero_grads)
+        report["max_rel_err_grads"] = _check_held_grads(model, ref_named, held, check, grad_atol)
+
+    step = functools.partial(shardcore.pipeline_step, model, batch)  # forward and backward over the microbatches
+    _train_side_by_side(ref, model, step, ref_step, steps, first, lr=lr, eps=adam_eps)
+    if steps:  # no declared-zero allowance here: every parameter within atol_step
+        report["max_abs_diff_after_steps"] = _check_params_after(model, ref_named, steps, atol_step)
+    return report
+
+
+def _check_names(model: nn.Module, ref_named: Mapping[str, nn.Parameter]) -> list[str]:
+    """The parameter names this rank holds: every one a name of the unsharded model, and every
+    parameter of the unsharded model (under one of its tied names) held by some rank."""
     held = [n for n, _ in model.named_parameters()]
     unknown = sorted(set(held) - set(ref_named))
     if unknown:
@@ -69,41 +98,20 @@ def assert_pipeline_matches(  # noqa: PLR0915
     orphans = [names[0] for names in aliases.values() if not somewhere & set(names)]
     if orphans:
         raise AssertionError(f"no rank holds {orphans}")
-    report: dict[str, Any] = {"stages": info.stage_indices, "schedule": info.schedule_name, "held": len(held)}
+    return held
 
-    opt_ref = torch.optim.AdamW(ref.parameters(), lr=lr, eps=adam_eps)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, eps=adam_eps)
-    for step in range(max(steps, 1)):
-        opt_ref.zero_grad()
-        opt.zero_grad()
-        loss = shardcore.pipeline_step(model, batch)
-        loss_ref = reference_loss(ref, batch) if reference_loss is not None else ref(**batch).loss
-        loss_ref.backward()
-        if step == 0:
-            rel = abs(loss.item() - loss_ref.item()) / max(abs(loss_ref.item()), 1e-12)
-            if not rel <= rtol_loss:
-                raise AssertionError(
-                    f"pipeline_step loss {loss.item():.9g} vs unsharded {loss_ref.item():.9g}: "
-                    f"relative diff {rel:.3g} > {rtol_loss}"
-                )
-            report["loss"], report["loss_unsharded"], report["loss_rel_diff"] = loss.item(), loss_ref.item(), rel
-            ref_grads = {n: p.grad for n, p in ref_named.items()}
-            scale = max((g.double().norm().item() for g in ref_grads.values() if g is not None), default=0.0)
-            gathered = dict(shardcore.full_named_tensors(model, grads=True))
-            check = {"scale": scale, "rtol": grad_rtol, "floor": grad_floor, "zero_grads": zero_grads}
-            pairs = [(n, g, ref_grads[n]) for n, g in gathered.items()]
-            worst = _check_grads(pairs, where="held, gathered over tp", **check)
-            held_ref = {n: ref_named[n].grad for n in held}
-            report["max_rel_err_grads"] = max(worst, _check_local_grads(model, held_ref, **check))
-            for name, grad, expected in pairs:
-                if grad is not None and not torch.allclose(grad, expected, rtol=grad_rtol, atol=grad_atol):
-                    diff = (grad - expected).abs().max().item()
-                    raise AssertionError(f"gradient of {name}: not allclose (max abs diff {diff:.3g})")
-            if steps == 0:
-                break
-        opt_ref.step()
-        opt.step()
-    if steps:  # no declared-zero allowance here: every parameter within atol_step
-        worst = _check_gathered_params(model, ref_named, steps, atol_step)
-        report["max_abs_diff_after_steps"] = max(worst, _check_local_params(model, ref_named, steps, atol_step))
-    return report
+
+def _check_held_grads(model: nn.Module, ref_named: Mapping, held: list[str], check: dict, atol: float) -> float:
+    """Every gradient this rank holds, gathered over its tensor-parallel group (relative norm and
+    ``allclose(rtol, atol)``) and as its own slice."""
+    import shardcore
+
+    ref_grads = {n: p.grad for n, p in ref_named.items()}
+    pairs = [(n, g, ref_grads[n]) for n, g in shardcore.full_named_tensors(model, grads=True)]
+    worst = _check_grads(pairs, where="held, gathered over tp", **check)
+    worst = max(worst, _check_local_grads(model, {n: ref_grads[n] for n in held}, **check))
+    for name, grad, expected in pairs:
+        if grad is not None and not torch.allclose(grad, expected, rtol=check["rtol"], atol=atol):
+            diff = (grad - expected).abs().max().item()
+            raise AssertionError(f"gradient of {name}: not allclose (max abs diff {diff:.3g})")
+    return worst
