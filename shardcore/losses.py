@@ -167,30 +167,34 @@ def defer_logits_gather(model, head) -> bool:
         local = head.pending_logits
         if local is None:  # the head did not run (a pipeline stage before the last)
             return output
-        full = head.finish_gather()
-        # the logits the model returns: by key (or position) and the slice's shape
-        if isinstance(output, tuple):  # return_dict=False: (loss,) logits, ...
-            at = next((i for i, v in enumerate(output) if isinstance(v, torch.Tensor) and v.shape == local.shape), None)
-            value = None if at is None else output[at]
-        else:
-            at, value = "logits", output.get("logits")
-            if not (isinstance(value, torch.Tensor) and value.shape == local.shape):
-                value = None
-        if value is None:
-            raise RuntimeError(
-                f"{type(model).__name__}: its forward returned no logits of its head's shape {tuple(local.shape)}, "
-                "so shardcore cannot put the gathered full-vocabulary logits in their place; shard with "
-                "ShardConfig(parallel_output=True) to get the vocabulary slices"
-            )
-        same = value.data_ptr() == local.data_ptr() and value.stride() == local.stride()  # (a hook's alias)
-        if not same:  # the model changed its head's logits (a scale, a soft cap): gather what it returns
-            full = head.gather_slices(value)
-        if isinstance(output, tuple):
-            return (*output[:at], full, *output[at + 1 :])
-        output[at] = full
-        return output
+        return _put_full_logits(model, head, output, local, head.finish_gather())
 
     head.loss_on_slices = True
     model.loss_function = loss_function
     model.forward = forward
     return True
+
+
+def _put_full_logits(model, head, output, local: torch.Tensor, full: torch.Tensor):
+    """``output`` with the gathered ``full`` logits in place of the logits its forward returned
+    (found by key, or by position and the slice's shape)."""
+    if isinstance(output, tuple):  # return_dict=False: (loss,) logits, ...
+        at = next((i for i, v in enumerate(output) if isinstance(v, torch.Tensor) and v.shape == local.shape), None)
+        value = None if at is None else output[at]
+    else:
+        at, value = "logits", output.get("logits")
+        if not (isinstance(value, torch.Tensor) and value.shape == local.shape):
+            value = None
+    if value is None:
+        raise RuntimeError(
+            f"{type(model).__name__}: its forward returned no logits of its head's shape {tuple(local.shape)}, "
+            "so shardcore cannot put the gathered full-vocabulary logits in their place; shard with "
+            "ShardConfig(parallel_output=True) to get the vocabulary slices"
+        )
+    same = value.data_ptr() == local.data_ptr() and value.stride() == local.stride()  # (a hook's alias)
+    if not same:  # the model changed its head's logits (a scale, a soft cap): gather what it returns
+        full = head.gather_slices(value)
+    if isinstance(output, tuple):
+        return (*output[:at], full, *output[at + 1 :])
+    output[at] = full
+    return output

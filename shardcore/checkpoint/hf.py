@@ -70,7 +70,7 @@ def _full_shape(tensor: torch.Tensor, spec) -> tuple[int, ...]:
     return tuple(shape)
 
 
-def load_checkpoint(  # noqa: C901, PLR0912, PLR0915
+def load_checkpoint(
     model: nn.Module,
     path: str | os.PathLike,
     *,
@@ -97,11 +97,33 @@ def load_checkpoint(  # noqa: C901, PLR0912, PLR0915
     path = Path(path)
     files = weight_map(path)
     if device is None:
-        device = (
-            torch.device("cuda", torch.cuda.current_device())
-            if (dist.is_initialized() and dist.get_backend() == "nccl")
-            else torch.device("cpu")
-        )
+        nccl = dist.is_initialized() and dist.get_backend() == "nccl"
+        device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
+    plan, problems = _read_plan(model, files)
+    handles: dict[Path, SafetensorsFile] = {}
+    try:
+        zero_copy = zero_copy and torch.device(device).type == "cpu"
+        for file in sorted({files[p[3]] for p in plan}, key=str):
+            handles[file] = SafetensorsFile(file, zero_copy=zero_copy)
+        problems += _shape_problems(plan, files, handles)
+        if problems:
+            raise CheckpointError(f"checkpoint {path} does not fit {type(model).__name__}: " + "; ".join(problems))
+        if _materialize_dp_shards(model, device):  # FSDP over a meta build: allocate the shards, then fill them
+            now = {name: tensor for name, tensor, _ in model_tensors(model)}
+            plan = [(name, now[name], *rest) for name, _, *rest in plan]
+        replaced = _read_slices(plan, files, handles, device, progress)
+    finally:
+        for handle in handles.values():
+            handle.close()
+    replace_tensors(model, replaced)
+    materialize_buffers(model, device)
+    unguard_meta(model)
+    return model
+
+
+def _read_plan(model: nn.Module, files: dict) -> tuple[list[tuple], list[str]]:
+    """``(name, tensor, is_param, checkpoint key, spec, group)`` of every tensor the model needs,
+    and the names of those the checkpoint lacks (a tied tensor may be held under another name)."""
     specs = parameter_specs(reshard(model))
     prefix = getattr(model, "base_model_prefix", None)
     tensors = list(model_tensors(model))
@@ -117,50 +139,43 @@ def load_checkpoint(  # noqa: C901, PLR0912, PLR0915
             problems.append(f"missing tensor {name!r}")
             continue
         plan.append((name, tensor, is_param, key, spec, group))
-    handles: dict[Path, SafetensorsFile] = {}
-    try:
-        zero_copy = zero_copy and torch.device(device).type == "cpu"
-        for file in sorted({files[p[3]] for p in plan}, key=str):
-            handles[file] = SafetensorsFile(file, zero_copy=zero_copy)
-        for name, tensor, _, key, spec, _ in plan:
-            if key not in handles[files[key]].entries:
-                problems.append(f"tensor {name!r} is listed in the index but not in {files[key].name}")
-                continue
-            saved = handles[files[key]].shape(key)
-            if saved != _full_shape(tensor, spec):
-                problems.append(
-                    f"tensor {name!r} has shape {list(saved)} in the checkpoint, the model expects "
-                    f"{list(_full_shape(tensor, spec))}"
-                )
-        if problems:
-            raise CheckpointError(f"checkpoint {path} does not fit {type(model).__name__}: " + "; ".join(problems))
+    return plan, problems
 
-        if _materialize_dp_shards(model, device):  # FSDP over a meta build: allocate the shards, then fill them
-            now = {name: tensor for name, tensor, _ in model_tensors(model)}
-            plan = [(name, now[name], *rest) for name, _, *rest in plan]
-        total = sum(t.numel() * t.element_size() for _, t, *_ in plan)
-        bar = _progress(len(plan), total, progress)
-        replaced: dict[int, torch.Tensor] = {}
-        for _, tensor, is_param, key, spec, group in plan:
-            local = handles[files[key]].read(key, spec, group_rank(group) if spec else 0, tensor.dtype)
-            if tensor.device.type == "meta":
-                new = (
-                    nn.Parameter(local.to(device), requires_grad=tensor.requires_grad) if is_param else local.to(device)
-                )
-                replaced[id(tensor)] = new
-            else:
-                dp_assign(tensor, local)  # in place (FSDP: this rank's data-parallel shard of it)
-            if bar is not None:
-                bar.update(1)
+
+def _shape_problems(plan: list[tuple], files: dict, handles: dict) -> list[str]:
+    """Every planned tensor is in its file with the full (unsharded) shape the model expects."""
+    problems = []
+    for name, tensor, _, key, spec, _ in plan:
+        if key not in handles[files[key]].entries:
+            problems.append(f"tensor {name!r} is listed in the index but not in {files[key].name}")
+            continue
+        saved = handles[files[key]].shape(key)
+        if saved != _full_shape(tensor, spec):
+            problems.append(
+                f"tensor {name!r} has shape {list(saved)} in the checkpoint, the model expects "
+                f"{list(_full_shape(tensor, spec))}"
+            )
+    return problems
+
+
+def _read_slices(plan: list[tuple], files: dict, handles: dict, device, progress) -> dict[int, torch.Tensor]:
+    """Read this rank's slice of every planned tensor: meta tensors get new ones (returned by the
+    id of the meta tensor they replace), real ones are filled in place."""
+    total = sum(t.numel() * t.element_size() for _, t, *_ in plan)
+    bar = _progress(len(plan), total, progress)
+    replaced: dict[int, torch.Tensor] = {}
+    for _, tensor, is_param, key, spec, group in plan:
+        local = handles[files[key]].read(key, spec, group_rank(group) if spec else 0, tensor.dtype)
+        if tensor.device.type == "meta":
+            moved = local.to(device)
+            replaced[id(tensor)] = nn.Parameter(moved, requires_grad=tensor.requires_grad) if is_param else moved
+        else:
+            dp_assign(tensor, local)  # in place (FSDP: this rank's data-parallel shard of it)
         if bar is not None:
-            bar.close()
-    finally:
-        for handle in handles.values():
-            handle.close()
-    replace_tensors(model, replaced)
-    materialize_buffers(model, device)
-    unguard_meta(model)
-    return model
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+    return replaced
 
 
 def _materialize_dp_shards(model: nn.Module, device) -> bool:

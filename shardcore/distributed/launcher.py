@@ -51,6 +51,27 @@ class RankError(RuntimeError):
         self.tracebacks = dict(tracebacks or {})
 
 
+def _worker_env(rank: int, world: int, port: int, fd: int, backend: str, timeout_s: float, threads: int) -> dict:
+    """The environment of worker ``rank``: torch.distributed's rendezvous, shardcore's on this source tree."""
+    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    return dict(
+        os.environ,
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world),
+        PYTHONPATH=os.pathsep.join([here, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]),
+        SHARDCORE_RANK_FD=str(fd),
+        SHARDCORE_RANK_PARENT=str(os.getpid()),
+        SHARDCORE_RANK_BACKEND=backend,
+        SHARDCORE_RANK_TIMEOUT=str(timeout_s),
+        SHARDCORE_RANK_THREADS=str(threads),
+        **{WORKER_ENV: "1"},
+    )
+
+
 class RankPool:
     """``world_size`` worker processes in one process group, kept alive between calls.
 
@@ -89,28 +110,10 @@ class RankPool:
         setup = pickle.dumps(
             ([os.path.abspath(p) if p else os.getcwd() for p in sys.path], main_file and os.path.abspath(main_file))
         )
-        here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         try:
             for rank in range(world_size):
                 parent_sock, child_sock = socket.socketpair()
-                env = dict(
-                    os.environ,
-                    MASTER_ADDR="127.0.0.1",
-                    MASTER_PORT=str(port),
-                    RANK=str(rank),
-                    WORLD_SIZE=str(world_size),
-                    LOCAL_RANK=str(rank),
-                    LOCAL_WORLD_SIZE=str(world_size),
-                    PYTHONPATH=os.pathsep.join(
-                        [here, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
-                    ),
-                    SHARDCORE_RANK_FD=str(child_sock.fileno()),
-                    SHARDCORE_RANK_PARENT=str(os.getpid()),
-                    SHARDCORE_RANK_BACKEND=backend,
-                    SHARDCORE_RANK_TIMEOUT=str(timeout_s),
-                    SHARDCORE_RANK_THREADS=str(threads),
-                    **{WORKER_ENV: "1"},
-                )
+                env = _worker_env(rank, world_size, port, child_sock.fileno(), backend, timeout_s, threads)
                 proc = subprocess.Popen(
                     [sys.executable, "-c", "from shardcore.distributed.worker import main; main()"],
                     env=env,

@@ -140,38 +140,20 @@ def explain(
     message when the layout is impossible.
     """
     from .. import kernels
-    from ..optimize import PAPER_STEPS, Build, run_steps
 
     if not isinstance(model, nn.Module):
         model = load_for_explain(model, dtype)
     elif any(not p.is_meta for p in model.parameters()):
         raise ValueError("explain: pass a model built on the meta device (shardcore.init_empty()) or a spec")
     config = _paper_config(config or ShardConfig(), tp, pp, sp)
-    notes = _notes(config, pp, sp)
-    layout = ParallelLayout.from_config(config, world_size=tp * pp * sp)  # optimize's layout step, on paper
     full_bytes = _nbytes(model.parameters())
     itemsize = next((p.element_size() for p in model.parameters() if p.is_floating_point()), 4)
-    build = Build(model, config, policy, layout=layout, group=PaperGroup(0, tp))
-    run_steps(build, ("policy",))
-    policy = build.policy
-    valid = _valid_tp_sizes(policy, config)
-    policy.set_shard_config(config, tp)
-    block_names = [n for n, _ in policy.blocks()]
-    block_cls = {n: type(m).__name__ for n, m in policy.blocks()}
     attention = getattr(getattr(model, "config", None), "_attn_implementation", None)
-    try:  # optimize's own checks, in its order, then its sharding over the paper group
-        run_steps(build, tuple(s for s in PAPER_STEPS if s != "policy"))
-    except (ValueError, NotImplementedError) as err:
-        hint = f" (tensor_parallel_size values this model accepts, up to 64: {valid})" if valid else ""
-        raise ExplainError(f"{err}{hint}", valid) from err
-    model = build.model
-
-    rows = _module_rows(model)
+    build, valid, block_names, block_cls = _shard_on_paper(model, config, policy, tp, pp, sp)
+    model, policy = build.model, build.policy
     rank_bytes = _nbytes(model.parameters())
-
     per_block, outside, step = _collective_counts(build, block_names, block_cls)
     stages = _stage_bytes(model, block_names, pp) if pp > 1 else None
-
     return {
         "model": type(model).__name__,
         "policy": type(policy).__name__,
@@ -182,7 +164,7 @@ def explain(
         "fraction_per_rank": rank_bytes / full_bytes if full_bytes else 1.0,
         "pipeline_stage_bytes": stages,
         "largest_rank_bytes": max(stages) if stages else rank_bytes,
-        "modules": list(rows.values()),
+        "modules": list(_module_rows(model).values()),
         "blocks": len(block_names),
         "collectives_per_layer": {
             cls: {phase: dict(c) for phase, c in counts.items()} for cls, counts in per_block.items()
@@ -194,8 +176,28 @@ def explain(
             "enable_flash_attention": kernels.attention_backend(torch.device(device), _dtype_of(model)),
         },
         "valid_tensor_parallel_sizes": valid,
-        "notes": notes,
+        "notes": _notes(config, pp, sp),
     }
+
+
+def _shard_on_paper(model: nn.Module, config: ShardConfig, policy, tp: int, pp: int, sp: int):
+    """``optimize``'s policy, checks and sharding steps over a paper group: the build, the valid
+    tensor-parallel sizes, and the blocks' names and classes."""
+    from ..optimize import PAPER_STEPS, Build, run_steps
+
+    layout = ParallelLayout.from_config(config, world_size=tp * pp * sp)  # optimize's layout step, on paper
+    build = Build(model, config, policy, layout=layout, group=PaperGroup(0, tp))
+    run_steps(build, ("policy",))
+    valid = _valid_tp_sizes(build.policy, config)
+    build.policy.set_shard_config(config, tp)
+    block_names = [n for n, _ in build.policy.blocks()]
+    block_cls = {n: type(m).__name__ for n, m in build.policy.blocks()}
+    try:  # optimize's own checks, in its order, then its sharding over the paper group
+        run_steps(build, tuple(s for s in PAPER_STEPS if s != "policy"))
+    except (ValueError, NotImplementedError) as err:
+        hint = f" (tensor_parallel_size values this model accepts, up to 64: {valid})" if valid else ""
+        raise ExplainError(f"{err}{hint}", valid) from err
+    return build, valid, block_names, block_cls
 
 
 def _dtype_of(model: nn.Module) -> torch.dtype:

@@ -68,31 +68,7 @@ def parallelize(
     ``device``: ``None``/``"cpu"`` (gloo), or ``"cuda"`` (worker ``r`` on ``cuda:r``, nccl).
     ``timeout_s`` bounds each collective. Every argument is checked before a process starts.
     """
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        raise RuntimeError(
-            "parallelize starts its own worker processes and is meant for a plain process; this one is "
-            "already part of a process group (torchrun?): there, call shardcore.optimize on every rank"
-        )
-    if not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"parallelize: world_size must be a positive int, got {world_size!r}")
-    config = ShardConfig(tensor_parallel_size=world_size) if config is None else config
-    try:  # a layout that does not fit fails here, not in N workers
-        ParallelLayout.from_config(config, world_size)
-    except ValueError as err:
-        raise ValueError(
-            f"parallelize(world_size={world_size}): the config does not fit: {str(err).split(';')[0]}; "
-            "pass a world_size equal to the product of the config's parallel degrees"
-        ) from None
-    device = torch.device(device or "cpu")
-    if device.type == "cuda" and torch.cuda.device_count() < world_size:
-        raise ValueError(
-            f"parallelize: device='cuda' with world_size={world_size} needs {world_size} CUDA devices, "
-            f"this machine has {torch.cuda.device_count()}"
-        )
-    if device.type not in ("cpu", "cuda"):
-        raise ValueError(f"parallelize: device must be 'cpu' or 'cuda', got {str(device)!r}")
+    config, device = _check_arguments(world_size, config, device)
 
     start = time.perf_counter()
     if isinstance(model_or_path, nn.Module):
@@ -133,6 +109,36 @@ def parallelize(
             shutil.rmtree(cleanup, ignore_errors=True)
     logger.info("parallelize: %d workers ready in %.1f s", world_size, time.perf_counter() - start)
     return ParallelModel(pool, key, hf_config)
+
+
+def _check_arguments(world_size, config: ShardConfig | None, device) -> tuple[ShardConfig, torch.device]:
+    """Everything wrong with the arguments, before a process starts; the config and the device."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        raise RuntimeError(
+            "parallelize starts its own worker processes and is meant for a plain process; this one is "
+            "already part of a process group (torchrun?): there, call shardcore.optimize on every rank"
+        )
+    if not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"parallelize: world_size must be a positive int, got {world_size!r}")
+    config = ShardConfig(tensor_parallel_size=world_size) if config is None else config
+    try:  # a layout that does not fit fails here, not in N workers
+        ParallelLayout.from_config(config, world_size)
+    except ValueError as err:
+        raise ValueError(
+            f"parallelize(world_size={world_size}): the config does not fit: {str(err).split(';')[0]}; "
+            "pass a world_size equal to the product of the config's parallel degrees"
+        ) from None
+    device = torch.device(device or "cpu")
+    if device.type == "cuda" and torch.cuda.device_count() < world_size:
+        raise ValueError(
+            f"parallelize: device='cuda' with world_size={world_size} needs {world_size} CUDA devices, "
+            f"this machine has {torch.cuda.device_count()}"
+        )
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"parallelize: device must be 'cpu' or 'cuda', got {str(device)!r}")
+    return config, device
 
 
 class ParallelModel:
