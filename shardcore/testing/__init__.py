@@ -45,6 +45,7 @@ from .conformance import (
     switch_refusal,
 )
 from .data_parallel import assert_data_parallel_matches, dp_part, state_bytes
+from .examples import example_main
 from .explained import assert_explain_matches
 from .generation import assert_generate_matches
 from .pipeline import assert_pipeline_matches
@@ -74,6 +75,7 @@ __all__ = [
     "count_c10d_calls",
     "dp_part",
     "dropout_patterns",
+    "example_main",
     "flash_refused_here",
     "hidden_state_loss",
     "rank_zero_only",
