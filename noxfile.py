@@ -14,6 +14,8 @@ themselves are re-installed from this checkout, as wheels, at the start of every
     nox -s memory                       # loading a checkpoint: RSS and time vs HuggingFace
     nox -s bench-parallelize            # shardcore.parallelize start-up and RSS vs one unsharded process
     nox -s bench-kernels                # the optimization switches on/off at TP=2 (step-time ratios)
+    nox -s bench-consistency            # the cost of the rank-consistency guards at TP=2
+    nox -s bench-overlap                # can a gloo collective progress beside a matmul here
     nox -s bench-sequence               # sequence parallelism at 1024-4096 tokens: step time, activation memory
     nox -s convergence                  # BERT fine-tuning unsharded vs TP=2 vs TP=4
     nox -s mutants                      # mutation testing: each deliberate bug caught by its declared check
@@ -249,6 +251,20 @@ def bench_sequence(session: nox.Session) -> None:
     bin_dir = _install(session)
     session.run(str(bin_dir / "python"), "-m", "pip", "install", "--quiet", "matplotlib", external=True)  # the PNG
     _bench(session, bin_dir, "sequence", "benchmarks/bench_sequence.py")
+
+
+@nox.session(name="bench-consistency", default=False)
+def bench_consistency(session: nox.Session) -> None:
+    """Benchmark (not a test): the cost of the input check and of the sampling sync at TP=2."""
+    bin_dir = _install(session)
+    _bench(session, bin_dir, "consistency", "benchmarks/bench_consistency.py")
+
+
+@nox.session(name="bench-overlap", default=False)
+def bench_overlap(session: nox.Session) -> None:
+    """Benchmark (not a test): whether a gloo all-gather progresses beside a matmul on this machine."""
+    bin_dir = _install(session)
+    _bench(session, bin_dir, "overlap_probe", "benchmarks/bench_overlap_probe.py")
 
 
 @nox.session(name="bench-parallelize", default=False)

@@ -1,6 +1,6 @@
 """Benchmark (not a test): what the rank-consistency guards cost, at TP=2 on 2 gloo ranks.
 
-    python benchmarks/bench_consistency.py
+    python benchmarks/bench_consistency.py [--out bench-results/consistency.json]
 
 * the input check (``ShardConfig(check_inputs=True)``, the default): forward time of a Llama
   (hidden 512, 4 layers, vocab 8192; batch 4 x seq 256) and the per-token time of greedy
@@ -10,7 +10,8 @@
 
 Medians of repeated runs in one process pair, on and off interleaved, alternating which goes
 first (this machine is noisy).
-Writes ``bench-results/consistency.json``.
+Writes ``--out`` (default ``bench-results/consistency.json``; ``nox -s bench-consistency`` runs it 3
+times into ``benchmarks/results/consistency.json``).
 """
 
 from __future__ import annotations
@@ -78,7 +79,13 @@ def _measure() -> dict:
 
 
 def main() -> None:
+    import argparse
+
     from shardcore.testing import RankPool
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="bench-results/consistency.json")
+    args = parser.parse_args()
 
     with RankPool(2, threads=1) as pool:
         result = pool.run(_measure)[0]
@@ -92,7 +99,7 @@ def main() -> None:
         f"+{(g['check'] / g['no_check'] - 1) * 100:.1f}%"
     )
     print(f"random-state broadcast: {result['rng_sync_s'] * 1e3:.3f} ms per generate call")
-    out = pathlib.Path("bench-results/consistency.json")
+    out = pathlib.Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"config": CONFIG, **result}, indent=2))
 

@@ -1,13 +1,14 @@
 """Benchmark (not a test): can a gloo collective run beside a matmul on this machine?
 
-    python benchmarks/bench_overlap_probe.py [--rows 2048] [--hidden 512] [--out-features 1408] [--reps 20]
+    python benchmarks/bench_overlap_probe.py [--rows 2048] [--hidden 512] [--out-features 1408] [--reps 20] [--out F]
 
 Two gloo ranks, one thread each. ``serial``: all-gather this rank's ``rows x hidden`` slice,
 then one matmul of the gathered input (what ``split_gather`` does); ``overlapped``: start the
 all-gather, multiply this rank's slice meanwhile, wait, multiply the other slice (what an
 overlapping implementation does). Also the all-gather and the matmul alone. Prints the median
 of five rounds of ``--reps`` repetitions each, alternating the two, and their ratio: below 1
-means the collective progresses while the matmul runs.
+means the collective progresses while the matmul runs. ``--out`` also writes the figures as JSON
+(``nox -s bench-overlap`` runs it 3 times into ``benchmarks/results/overlap_probe.json``).
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--out-features", type=int, default=1408)
     parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--out", help="also write the figures (ms) to this JSON file")
     args = parser.parse_args()
     from shardcore.testing import RankPool
 
@@ -79,6 +81,13 @@ def main() -> None:
     for name, value in ms.items():
         print(f"  {name:12s} {value:8.1f}")
     print(f"  overlapped / serial = {ms['overlapped'] / ms['serial']:.2f}x")
+    if args.out:
+        import json
+        import pathlib
+
+        sizes = {"rows": args.rows, "hidden": args.hidden, "out_features": args.out_features, "reps": args.reps}
+        ratio = ms["overlapped"] / ms["serial"]
+        pathlib.Path(args.out).write_text(json.dumps({**sizes, "ms": ms, "overlapped_over_serial": ratio}, indent=2))
 
 
 if __name__ == "__main__":

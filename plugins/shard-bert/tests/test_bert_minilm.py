@@ -69,10 +69,9 @@ def test_the_sentence_embeddings_example_at_tp4_gives_the_unsharded_embeddings()
 
     from shardcore.testing import example_main, run_on_ranks
 
-    minilm_dir()  # skips, naming the package, where it is not installed
+    path = minilm_dir()  # skips, naming the package, where it is not installed
     got = run_on_ranks(4, _example_embeddings, 4)
-    sentences = example_main(EXAMPLE).__globals__["SENTENCES"]
-    path = minilm_dir()
+    sentences = example_main(EXAMPLE).__globals__["SENTENCES"]  # the example module's own sentences
     batch = dict(AutoTokenizer.from_pretrained(path)(sentences, padding=True, return_tensors="pt"))
     with torch.no_grad():
         want = mean_pooled(BertModel.from_pretrained(path).eval(), batch)
