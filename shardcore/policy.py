@@ -117,9 +117,10 @@ class Policy(SequenceHooks, PipelineHooks, DataParallelHooks):
         Decoder layers for a decoder; encoder then decoder layers for an encoder-decoder. The
         conformance kit checks it (:func:`shardcore.testing.check_blocks`; every block must hold a
         parallel module once sharded) and a policy takes its layer classes from it
-        (``self.block_type()``); ``data_parallel="fsdp"`` wraps each block in FSDP, and it is the
-        list pipeline stages and activation checkpointing are to be cut along (not built yet). Structural: read the model instance,
-        import nothing from the model library.
+        (``self.block_type()``); ``data_parallel="fsdp"`` wraps each block in FSDP, pipeline stages
+        are cut along it, and sequence parallelism (by default) splits at its first block and gathers after its
+        last. (Activation checkpointing is the model's own, HuggingFace's per-block checkpoint.)
+        Structural: read the model instance, import nothing from the model library.
         """
         raise NotImplementedError(f"{type(self).__name__} must implement blocks()")
 
