@@ -8,12 +8,11 @@ from collections import defaultdict
 
 import attrs
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from .config import ShardConfig
 from .distributed import ParallelLayout
-from .distributed.collectives import group_size
+from .distributed.collectives import all_gather_cat
 from .integrations.hf.peft import (
     is_lora_layer,
     shard_lora_layer,
@@ -195,8 +194,8 @@ def check_same_weights(model: nn.Module, group) -> None:
         return
     with torch.no_grad():
         stats = torch.stack([torch.stack([p.double().sum(), p.double().abs().sum()]) for p in params]).flatten()
-    gathered = [torch.empty_like(stats) for _ in range(group_size(group))]
-    dist.all_gather(gathered, stats, group=group)
+    where = "the same-weights check of optimize (every rank of the group calls optimize)"
+    gathered = all_gather_cat(stats.unsqueeze(0), group, 0, where=where)  # bounded and counted, as every collective
     if any(not torch.equal(g, gathered[0]) for g in gathered):
         raise RuntimeError(
             "the ranks hold different weights before sharding; build the model after seeding every rank "

@@ -102,6 +102,22 @@ def test_different_weights_on_ranks_are_detected():
     assert all("ranks hold different weights" in m for m in messages), messages
 
 
+def _optimize_counted() -> dict:
+    from shardcore.tensor_parallel import count_collectives
+
+    torch.manual_seed(0)
+    with count_collectives() as counts:
+        shardcore.optimize(ToyLM(), ShardConfig(tensor_parallel_size=2), policy=ToyPolicy)
+    return dict(counts)
+
+
+def test_the_same_weights_check_is_a_counted_bounded_collective():
+    """optimize's one collective (every rank's weights compared) goes through shardcore's bounded,
+    counted all-gather, not a raw c10d call that no bound and no count sees."""
+    for counts in run_on_ranks(2, _optimize_counted):
+        assert counts == {"all_gather": 1}, counts
+
+
 @pytest.mark.parametrize(
     ("world", "config", "expected"),
     [
