@@ -3,26 +3,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import pathlib
-import sys
 
 import pytest
 
-from shardcore.testing import run_on_ranks
+from shardcore.testing import example_main, run_on_ranks
 
 EXAMPLES = pathlib.Path(__file__).resolve().parents[3] / "examples"
 
 
 def _example(name: str):
-    module_name = f"shardcore_example_{name}"
-    if module_name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(module_name, EXAMPLES / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[module_name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[module_name].main
+    return example_main(EXAMPLES / f"{name}.py")
 
 
 def test_finetune_with_the_trainer_tp_x_dp(tmp_path):
