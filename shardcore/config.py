@@ -85,10 +85,12 @@ class ShardConfig:
             holds full logits.
         make_vocab_size_divisible_by: vocabularies are padded to a multiple of this times the
             TP size so every rank holds an equal slice; padding never shows in outputs.
-        check_inputs: ``True`` (default): every forward of the sharded model first compares
+        check_inputs: ``True`` (default): the sharded model's first forward, and each forward
+            whose inputs' names, shapes or dtypes differ from the previous one's, first compares
             a checksum of its tensor inputs across the tensor-parallel group (one all-gather of
-            two int64 per rank) and raises on every rank, naming the input, when they differ.
-            ``False`` skips it (for production loops that feed the group correctly).
+            two int64 per rank, one device-to-host read) and raises on every rank, naming the
+            input, when they differ; forwards with unchanged shapes (a training loop's steady
+            state) cost nothing. ``"always"``: every forward is checked. ``False``: none.
         collective_timeout: seconds one of shardcore's collectives may wait for the other ranks
             before raising an error that names it (layer, forward/backward, sequence number).
             ``None``: ``$SHARDCORE_COLLECTIVE_TIMEOUT``, else 300. Per process; also the timeout
@@ -124,7 +126,7 @@ class ShardConfig:
     enable_tensor_parallelism: bool = attrs.field(default=True, validator=v.instance_of(bool))
     parallel_output: bool = attrs.field(default=False, validator=v.instance_of(bool))
     make_vocab_size_divisible_by: int = attrs.field(default=64, validator=[v.instance_of(int), v.ge(1)])
-    check_inputs: bool = attrs.field(default=True, validator=v.instance_of(bool))
+    check_inputs: bool | str = attrs.field(default=True, validator=v.in_((True, False, "always")))
     collective_timeout: float | None = attrs.field(
         default=None, validator=v.optional([v.instance_of((int, float)), v.gt(0)])
     )

@@ -6,10 +6,13 @@
   pixel values, input features, masks: a position-weighted sum of their bytes, exact integer
   arithmetic, plus name, shape and dtype) and all-gathers one pair of int64 per rank over the
   group. Inputs that differ between ranks raise :class:`InputMismatch` on every rank, naming the
-  input and which ranks hold which version, before the model computes anything with them.
+  input and which ranks hold which version, before the model computes anything with them. By
+  default (:class:`InputGate`) the first forward is checked, and every forward whose inputs'
+  names, shapes or dtypes differ from the previous forward's: the steady state of a training loop
+  (same shapes each step) pays no collective and no host sync. ``check_inputs="always"`` checks
+  every forward (a device-to-host read and a small all-gather each); ``False`` never.
   ``generate`` checks its own arguments once at entry and not each step's forward (those inputs
-  derive from the checked ones and the synced draws). ``ShardConfig(check_inputs=False)`` turns
-  it off (one small all-gather per forward, or per ``generate`` call, saved).
+  derive from the checked ones and the synced draws).
 * **sampling**: ``generate`` first makes the group's random state equal to its first rank's
   (one broadcast of the generator state per ``generate`` call), so ``do_sample=True`` draws the
   same tokens on every rank whatever each rank was seeded with.
@@ -30,7 +33,7 @@ from torch import nn
 from .distributed.collectives import all_gather_cat, broadcast, current_scope, group_ranks
 from .tensor_parallel.parallel_module import ParallelModule
 
-__all__ = ["InputMismatch", "check_inputs", "input_digests", "install", "sync_random_state"]
+__all__ = ["InputGate", "InputMismatch", "check_inputs", "input_digests", "install", "sync_random_state"]
 
 _MASK = (1 << 63) - 1
 
@@ -111,6 +114,33 @@ def check_inputs(group, where: str, args: tuple, kwargs: dict) -> None:
     raise InputMismatch(_mismatch_message(where, tables, ranks))
 
 
+class InputGate:
+    """Which forwards check their inputs: every one with ``always``, else the first and each whose
+    tensor inputs' names, shapes, dtypes and devices (host metadata: reading them costs no sync)
+    differ from the last checked forward's. Ranks fed alike change shape together, so they agree
+    on which forwards check."""
+
+    def __init__(self, always: bool) -> None:
+        self.always = always
+        self.last: tuple | None = None
+
+    @staticmethod
+    def signature(args: tuple, kwargs: dict) -> tuple:
+        named = [(f"arg{i}", a) for i, a in enumerate(args)] + sorted(kwargs.items())
+        return tuple((n, tuple(t.shape), t.dtype, t.device) for n, t in named if isinstance(t, torch.Tensor))
+
+    def check(self, group, where: str, args: tuple, kwargs: dict) -> None:
+        """:func:`check_inputs` when due; a forward that passed sets the signature the next compare with."""
+        if self.always:
+            check_inputs(group, where, args, kwargs)
+            return
+        signature = self.signature(args, kwargs)
+        if signature != self.last:
+            self.last = None  # a failed check leaves the next forward due as well, on every rank
+            check_inputs(group, where, args, kwargs)
+            self.last = signature
+
+
 def sync_random_state(group, device: torch.device) -> None:
     """Make this process's random state (CPU, and ``device``'s if CUDA) equal to the group's first rank's."""
     states = [torch.get_rng_state()]
@@ -146,11 +176,12 @@ def install(model: nn.Module, group, config) -> None:
     model_name = type(model).__name__
     generating = [False]  # inside generate(): its inputs were checked once, at its entry
     if config.check_inputs:
+        gate = InputGate(config.check_inputs == "always")
 
         def hook(module, args, kwargs):
             # inside generate(): checked at its entry; inside a pipeline stage: pipeline_step checked the batch
             if not generating[0] and not getattr(module, "_shardcore_in_stage", False):
-                check_inputs(group, f"{model_name}.forward", args, kwargs)
+                gate.check(group, f"{model_name}.forward", args, kwargs)
 
         model.register_forward_pre_hook(hook, with_kwargs=True, prepend=True)
     generate = getattr(model, "generate", None)

@@ -162,9 +162,10 @@ def _sequence(b: Build) -> None:
         b.recompute.append(state)
         if b.config.check_inputs:  # the same batch on the sequence-parallel ranks
             name = type(b.model).__name__
+            gate = consistency.InputGate(b.config.check_inputs == "always")
 
             def same_inputs(module, args, kwargs):
-                consistency.check_inputs(group, f"{name}.forward (sequence-parallel group)", args, kwargs)
+                gate.check(group, f"{name}.forward (sequence-parallel group)", args, kwargs)
 
             b.model.register_forward_pre_hook(same_inputs, with_kwargs=True, prepend=True)
 

@@ -434,8 +434,8 @@ MUTANTS: dict[str, Mutant] = {
             "a backward collective waits with the bound of whatever runs now, not of the model that recorded it",
             "shardcore/distributed/collectives.py",
             (
-                "    scope = _scope(where)\n    if scope.timeout_s is None:",
-                "    scope = current_scope()\n    if scope.timeout_s is None:",
+                "    scope = _scope(where)\n    where = where or",
+                "    scope = current_scope()\n    where = where or",
             ),
             "tests/test_core_consistency.py::test_a_collective_only_some_ranks_call_raises_within_the_bound"
             "[backward-later-model-False-(backward of ]",
@@ -476,6 +476,34 @@ MUTANTS: dict[str, Mutant] = {
             ),
             "plugins/shard-llama/tests/test_llama_sequence.py::test_gradient_checkpointing_matches_unsharded",
             "must match the size of tensor b (12)",
+        ),
+        _m(
+            "nccl-wait-blocks-host",
+            "on NCCL every collective is waited for with a timeout again: a host sync per all-reduce",
+            "shardcore/distributed/collectives.py",
+            (
+                "            work.wait()  # a stream wait: with a timeout NCCL would block the host until it finishes",
+                "            work.wait(timeout=timedelta(seconds=scope.timeout_s))",
+            ),
+            f"{LLAMA}/test_llama_sync_audit.py::test_a_steady_training_step_makes_no_host_sync[default]",
+            "'wait(timeout)', 'shardcore/distributed/collectives.py', '_wait'",
+            fast=True,
+        ),
+        _m(
+            "watch-silent",
+            "a collective that outlives its bound on NCCL is never named (the watch does not report)",
+            "shardcore/distributed/watch.py",
+            ("        REPORTS.append(message)\n", ""),
+            "tests/test_core_sync.py::test_a_hang_on_a_watchdog_backend_is_named_at_the_bound",
+            "not enough values to unpack (expected 1, got 0)",
+        ),
+        _m(
+            "input-gate-never-rechecks",
+            "the input check runs on the first forward only, not again when the inputs' shapes change",
+            "shardcore/consistency.py",
+            ("        if signature != self.last:", "        if self.last is None:"),
+            "tests/test_core_consistency.py::test_the_check_runs_on_the_first_forward_and_on_new_shapes_or_always_or_never",
+            "input check's all-gathers per forward",
         ),
         # -- the kit itself (caught by the kit's self-tests) --------------------------------------
         _m(

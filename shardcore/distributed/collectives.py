@@ -10,6 +10,7 @@ of one rank, so code using them runs unchanged in a single process without ``tor
 
 from __future__ import annotations
 
+import functools
 from datetime import timedelta
 
 import attrs
@@ -35,6 +36,7 @@ from .scope import (
     resolve_timeout,
     set_collective_timeout,
 )
+from .watch import WATCH, blocks_host
 
 __all__ = [
     "COUNTS",
@@ -68,9 +70,10 @@ __all__ = [
 
 
 #: How many collectives of each kind this process has issued (forward and backward).
-def _likely_cause(kind: str, seq: int, where: str, group, what: str, err: Exception) -> str:
+def _likely_cause(kind: str, seq: int, where: str, group, what: str, err: Exception | None = None) -> str:
+    detail = f" ({err})" if err is not None else ""
     return (
-        f"shardcore: {kind} #{seq} ({where}) {what} of its tensor-parallel group {group_ranks(group)} ({err}). "
+        f"shardcore: {kind} #{seq} ({where}) {what} of its tensor-parallel group {group_ranks(group)}{detail}. "
         "Every rank of the tensor-parallel group must call the model the same number of times with the "
         "same shapes: a generate() or forward under `if rank == 0:` is the usual mistake (call it on "
         "every rank, print on one), or another rank failed or is stuck. The bound is "
@@ -82,21 +85,30 @@ def _likely_cause(kind: str, seq: int, where: str, group, what: str, err: Except
 _PEER_GONE = ("connection closed by peer", "connection reset", "broken pipe", "remote worker", "socket closed")
 
 
-def _wait(work, kind: str, group, where: str | None, seq: int | None = None) -> None:
-    """Wait for an async collective; past the bound, raise :class:`CollectiveTimeout` saying which,
-    and when a peer went away while waiting, :class:`CollectivePeerLost` with the same cause."""
+def _wait(work, kind: str, group, where: str | None, seq: int | None = None, *, device: torch.device) -> None:
+    """Wait for an async collective. On gloo, on the host within the bound: past it raise
+    :class:`CollectiveTimeout` saying which, and when a peer went away, :class:`CollectivePeerLost`
+    with the same cause. On a watchdog backend (NCCL), on the stream only, the host never blocked:
+    the :data:`~shardcore.distributed.watch.WATCH` names the collective if it outlives the bound."""
     scope = _scope(where)
-    if scope.timeout_s is None:
-        work.wait()
-        return
     where = where or "forward of " + scope.module
     seq = scope.seq if seq is None else seq
     try:
-        work.wait(timeout=timedelta(seconds=scope.timeout_s))
+        if scope.timeout_s is None:
+            work.wait()
+        elif not blocks_host(group, device):
+            entry = WATCH.enter(
+                work, device, scope.timeout_s, functools.partial(_likely_cause, kind, seq, where, group)
+            )
+            work.wait()  # a stream wait: with a timeout NCCL would block the host until it finishes
+            WATCH.on_stream(entry, device)
+        else:
+            work.wait(timeout=timedelta(seconds=scope.timeout_s))
     except RuntimeError as err:
         text = str(err).lower()
         if "timed out" in text:
-            what = f"waited more than {scope.timeout_s:g} s for the other ranks"
+            bound = f"more than {scope.timeout_s:g} s" if scope.timeout_s else "past the process group's timeout"
+            what = f"waited {bound} for the other ranks"
             raise CollectiveTimeout(_likely_cause(kind, seq, where, group, what, err)) from err
         if any(sign in text for sign in _PEER_GONE):
             what = "lost a peer (it left or gave up first) while waiting for the other ranks"
@@ -154,7 +166,7 @@ def all_reduce(x: torch.Tensor, group, op=dist.ReduceOp.SUM, *, where: str | Non
     """In-place all-reduce of a (contiguous) tensor; counted, bounded (see :func:`set_collective_timeout`)."""
     if group_size(group) > 1:
         _count("all_reduce", where)
-        _wait(dist.all_reduce(x, op=op, group=group, async_op=True), "all_reduce", group, where)
+        _wait(dist.all_reduce(x, op=op, group=group, async_op=True), "all_reduce", group, where, device=x.device)
     return x
 
 
@@ -162,42 +174,65 @@ class Pending:
     """A collective started now (counted, async) and waited for later, within the bound:
     :meth:`wait` returns its result. What overlaps communication with computation is built on it."""
 
-    def __init__(self, work, kind: str, group, where: str | None, result) -> None:
-        self.work, self.kind, self.group, self.result = work, kind, group, result
+    def __init__(self, work, kind: str, group, where: str | None, result, device: torch.device | None = None) -> None:
+        self.work, self.kind, self.group, self.result, self.device = work, kind, group, result, device
         scope = _scope(where)
         self.where, self.seq = _tagged(where or f"forward of {scope.module}", scope), scope.seq
 
     def wait(self):
         if self.work is not None:
-            _wait(self.work, self.kind, self.group, self.where, self.seq)
+            _wait(self.work, self.kind, self.group, self.where, self.seq, device=self.device)
             self.work = None
         return self.result()
 
 
+def _tensor_collective(new: str, old: str):
+    """The tensor collective (one flat buffer, no list of parts): ``*_single`` from PyTorch 2.14,
+    ``old`` before. Looked up at each call, as every ``dist`` function here (tests wrap them)."""
+    return getattr(dist, new, None) or getattr(dist, old)
+
+
+def _from_blocks(flat: torch.Tensor, world: int, dim: int) -> torch.Tensor:
+    """``world`` equal blocks stacked along dimension 0 of ``flat``, concatenated along ``dim``
+    instead (a view when ``dim`` is 0, else one copy: what ``torch.cat`` of the parts costs)."""
+    if dim == 0:
+        return flat
+    blocks = flat.unflatten(0, (world, -1))
+    return blocks.movedim(0, dim).flatten(dim, dim + 1)
+
+
 def start_all_gather(x: torch.Tensor, group, dim: int, *, where: str | None = None) -> Pending:
-    """Start the all-gather of equal-shaped tensors; ``wait()`` concatenates them along ``dim``."""
+    """Start the all-gather of equal-shaped tensors; ``wait()`` concatenates them along ``dim``
+    (one tensor collective into a flat buffer; along dimension 0 the buffer is the result)."""
     world = group_size(group)
     if world == 1:
         return Pending(None, "all_gather", group, where, lambda: x)
     _count("all_gather", where)
+    dim = dim % x.dim()
     x = x.contiguous()
-    parts = [torch.empty_like(x) for _ in range(world)]
-    work = dist.all_gather(parts, x, group=group, async_op=True)
-    return Pending(work, "all_gather", group, where, lambda: torch.cat(parts, dim=dim))
+    flat = x.new_empty((world * x.shape[0], *x.shape[1:]))
+    work = _tensor_collective("all_gather_single", "all_gather_into_tensor")(flat, x, group=group, async_op=True)
+    return Pending(work, "all_gather", group, where, lambda: _from_blocks(flat, world, dim), x.device)
 
 
 def start_reduce_scatter(x: torch.Tensor, group, dim: int, *, where: str | None = None) -> Pending:
-    """Start the reduce-scatter of ``x`` along ``dim``; ``wait()`` returns this rank's chunk of the sum."""
+    """Start the reduce-scatter of ``x`` along ``dim``; ``wait()`` returns this rank's chunk of the sum
+    (one tensor collective; along dimension 0 of a contiguous ``x`` no copy is made first)."""
     world = group_size(group)
     if world == 1:
         return Pending(None, "reduce_scatter", group, where, lambda: x)
+    dim = dim % x.dim()
     if x.shape[dim] % world:
         raise ValueError(f"cannot reduce-scatter dimension {dim} of size {x.shape[dim]} over {world} ranks")
     _count("reduce_scatter", where)
-    parts = [c.contiguous() for c in x.chunk(world, dim=dim)]
-    out = torch.empty_like(parts[0])
-    work = dist.reduce_scatter(out, parts, group=group, async_op=True)
-    return Pending(work, "reduce_scatter", group, where, lambda: out)
+    if dim == 0:
+        flat = x.contiguous()
+    else:  # the rank-ordered chunks along dim, stacked along dimension 0
+        flat = x.unflatten(dim, (world, -1)).movedim(dim, 0).flatten(0, 1).contiguous()  # one copy
+    out = flat.new_empty((flat.shape[0] // world, *flat.shape[1:]))
+    scatter = _tensor_collective("reduce_scatter_single", "reduce_scatter_tensor")
+    work = scatter(out, flat, group=group, async_op=True)
+    return Pending(work, "reduce_scatter", group, where, lambda: out, x.device)  # the chunk's own shape
 
 
 def all_gather_cat(x: torch.Tensor, group, dim: int, *, where: str | None = None) -> torch.Tensor:
@@ -221,7 +256,7 @@ def all_to_all_cat(x: torch.Tensor, group, scatter: int, gather: int, *, where: 
     _count("all_to_all", where)
     inputs = [c.contiguous() for c in x.chunk(world, dim=scatter)]
     outputs = [torch.empty_like(inputs[0]) for _ in range(world)]
-    _wait(dist.all_to_all(outputs, inputs, group=group, async_op=True), "all_to_all", group, where)
+    _wait(dist.all_to_all(outputs, inputs, group=group, async_op=True), "all_to_all", group, where, device=x.device)
     return torch.cat(outputs, dim=gather)
 
 
@@ -230,5 +265,5 @@ def broadcast(x: torch.Tensor, group, *, where: str) -> torch.Tensor:
     if group_size(group) > 1:
         _count("broadcast", where)
         src = dist.get_global_rank(group, 0) if group is not None else 0
-        _wait(dist.broadcast(x, src=src, group=group, async_op=True), "broadcast", group, where)
+        _wait(dist.broadcast(x, src=src, group=group, async_op=True), "broadcast", group, where, device=x.device)
     return x

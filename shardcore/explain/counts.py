@@ -135,7 +135,7 @@ def _collective_counts(build, block_names: list[str], block_cls: dict[str, str])
             target["backward"]["all_reduce"] += len(desc.enter_tp_region)
         for block, counts in counts_by_block.items():
             per_block.setdefault(block_cls[block], counts)
-        if config.check_inputs:
+        if config.check_inputs == "always":  # by default only the first forward and shape changes check
             outside["forward"]["all_gather"] += 1  # the input check (ShardConfig.check_inputs)
     step = {"forward": Counter(outside["forward"]), "backward": Counter(outside["backward"])}
     for counts in counts_by_block.values():

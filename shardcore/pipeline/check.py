@@ -28,6 +28,7 @@ class PipelineInfo:
     num_items: Any = None  # the loss terms of the batch in flight (pipeline_step sets it)
     shapes: Any = None  # the input shapes the stages were built for
     rebuild: Any = None
+    input_gates: dict = attrs.field(factory=dict)  # per group dimension: which steps check the batch
     #: ``{name: [other names]}`` of parameters the unsharded model holds under several names (tied
     #: embeddings): a stage may hold one under a name a checkpoint stores under another.
     aliases: dict = attrs.field(factory=dict)

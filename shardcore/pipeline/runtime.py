@@ -120,13 +120,15 @@ def pipeline_step(model: nn.Module, batch: Mapping[str, Any]) -> torch.Tensor:
             f"pipeline_step: batch size {size} is not divisible by num_microbatches={info.num_microbatches}; "
             "give a batch whose size is a multiple of it (or change num_microbatches)"
         )
-    if model.shardcore.config.check_inputs:  # every rank of a pipeline (and of its TP groups) gets the same batch
-        from ..consistency import check_inputs
+    check = model.shardcore.config.check_inputs
+    if check:  # every rank of a pipeline (and of its TP groups) gets the same batch
+        from ..consistency import InputGate
 
         layout = model.shardcore.layout
         for dim in ("pp", "tp"):
             if layout.degrees[dim] > 1:
-                check_inputs(layout.group(dim), "pipeline_step", (), dict(batch))
+                gate = info.input_gates.setdefault(dim, InputGate(check == "always"))
+                gate.check(layout.group(dim), "pipeline_step", (), dict(batch))
     info.num_items = policy.pipeline_num_items(labels)
     shapes = tuple(tuple(a.shape) for a in args)
     device = next(model.parameters()).device

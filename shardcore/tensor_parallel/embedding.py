@@ -57,13 +57,13 @@ class VocabParallelEmbedding1D(ParallelModule):
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:
             return F.embedding(ids, self.weight, self._local_padding_idx)
-        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.num_embeddings):
-            # every rank masks ids outside its slice: without this an unknown id would embed as zeros
-            bad = ids[(ids < 0) | (ids >= self.num_embeddings)]
-            raise IndexError(
-                f"token id {int(bad[0])} is outside the vocabulary [0, {self.num_embeddings}) "
-                f"({bad.numel()} such ids); the unsharded embedding raises 'index out of range' too"
-            )
+        # every rank masks ids outside its slice: unchecked, an unknown id would embed as zeros. A
+        # device-side assert (no host sync: on CUDA it fails like the unsharded embedding's index check)
+        torch._assert_async(
+            ((ids >= 0) & (ids < self.num_embeddings)).all(),
+            f"a token id is outside the vocabulary [0, {self.num_embeddings}); "
+            "the unsharded embedding raises 'index out of range' too",
+        )
         outside = (ids < self.vocab_start) | (ids >= self.vocab_end)
         local = (ids - self.vocab_start).masked_fill(outside, 0)
         out = F.embedding(local, self.weight, self._local_padding_idx)

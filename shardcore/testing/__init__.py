@@ -19,7 +19,9 @@
 * ``explained.py``: :func:`assert_explain_matches` (``shardcore explain`` predicts a real step);
 * ``refusals.py``: :func:`refusal_message` (bad input fails on every rank before any collective,
   nobody hangs), :func:`count_c10d_calls`, :func:`rank_zero_only` (the ``if rank == 0:`` mistake
-  ends in a named error on rank 0).
+  ends in a named error on rank 0);
+* ``syncs.py``: :func:`record_syncs` with :func:`as_watchdog_backend` (the sync audit: the host
+  syncs shardcore's code makes in a step, its collectives on their GPU path).
 
 A typical plugin test::
 
@@ -53,12 +55,15 @@ from .refusals import count_c10d_calls, rank_zero_only, refusal_message
 from .saving import assert_save_pretrained_matches
 from .sequence import dropout_patterns
 from .structure import check_blocks
+from .syncs import Sync, as_watchdog_backend, record_syncs
 
 __all__ = [
     "CLIP_CALLS",
     "SWITCHES",
     "RankError",
     "RankPool",
+    "Sync",
+    "as_watchdog_backend",
     "assert_clipping_matches",
     "assert_data_parallel_matches",
     "assert_explain_matches",
@@ -79,6 +84,7 @@ __all__ = [
     "flash_refused_here",
     "hidden_state_loss",
     "rank_zero_only",
+    "record_syncs",
     "refusal_message",
     "run_on_ranks",
     "state_bytes",

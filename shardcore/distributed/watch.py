@@ -1,0 +1,128 @@
+"""How a collective is waited for: bounded on the host on gloo, never blocking the host on a GPU backend.
+
+On **gloo** (CPU) shardcore waits with ``work.wait(timeout=bound)``: the host thread blocks, which
+costs nothing there (the host does the work), and a collective the other ranks never join raises
+:class:`~shardcore.distributed.scope.CollectiveTimeout` naming its module at the bound.
+
+On **NCCL** (and the other device backends with their own watchdog, :data:`WATCHDOG_BACKENDS`)
+a ``wait`` with a timeout blocks the host thread until the collective completes (PyTorch's
+``WorkNCCL::wait``), so every tensor-parallel all-reduce would become a host sync and the host
+could no longer queue kernels ahead of the GPU. There shardcore calls ``work.wait()`` without a
+timeout (the current stream waits for the collective's; the host goes on) and records each
+collective in a :class:`Watch`: its kind, sequence number, module and group, the time it was
+entered and a CUDA event marking its end. A daemon thread polls the oldest unfinished record;
+once one is older than the bound it reports the named cause (the same text as the gloo error) on
+stderr and in :data:`REPORTS`. The process group's own watchdog then ends the process at the
+group's timeout (``init_from_env`` makes that twice the bound), so the hang is still bounded and
+its cause named first. PyTorch's flight recorder (``TORCH_NCCL_TRACE_BUFFER_SIZE``) adds the
+per-rank collective history when it is on.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import sys
+import threading
+import time
+
+import attrs
+import torch
+import torch.distributed as dist
+
+__all__ = ["REPORTS", "WATCH", "WATCHDOG_BACKENDS", "Watch", "backend_of", "blocks_host"]
+
+#: backends whose process groups have their own watchdog, where shardcore never blocks the host
+WATCHDOG_BACKENDS = frozenset({"nccl", "xccl", "hccl"})
+#: the named causes the watch reported in this process (newest last)
+REPORTS: list[str] = []
+_LOG = logging.getLogger("shardcore")
+
+
+def backend_of(group, device: torch.device) -> str:
+    """The backend that runs a collective of ``group`` on a tensor on ``device`` (``"gloo"``, ``"nccl"``...);
+    a group with a backend per device (``"cpu:gloo,cuda:nccl"``) answers for ``device``'s type."""
+    name = str(dist.get_backend(group))
+    if ":" not in name:
+        return name
+    per_device = dict(part.split(":", 1) for part in name.split(","))
+    return per_device.get(device.type, next(iter(per_device.values())))
+
+
+def blocks_host(group, device: torch.device) -> bool:
+    """Whether shardcore bounds a collective with a host-blocking ``wait(timeout)`` (gloo and any
+    backend without a watchdog) rather than a stream wait plus the :class:`Watch`."""
+    return backend_of(group, device) not in WATCHDOG_BACKENDS
+
+
+@attrs.define
+class _Entry:
+    started: float
+    bound: float
+    marker: object  # a CUDA event recorded after the collective, or the work itself; None: not yet
+    cause: object  # callable(what) -> the named cause
+
+
+def _done(marker) -> bool:
+    if marker is None:  # entered, its end not marked yet
+        return False
+    return bool(marker.query()) if isinstance(marker, torch.cuda.Event) else bool(marker.is_completed())
+
+
+class Watch:
+    """The collectives entered on a watchdog backend and not yet seen finished, oldest first; a
+    daemon thread reports the oldest once it outlives its bound (see the module docstring)."""
+
+    def __init__(self, period_s: float = 0.5) -> None:
+        self.period_s = period_s
+        self._pending: collections.deque[_Entry] = collections.deque()
+        self._thread: threading.Thread | None = None
+        self._reported: _Entry | None = None
+
+    def enter(self, work, device: torch.device, bound: float, cause) -> _Entry:
+        """Record a collective about to be waited for; on CUDA :meth:`on_stream` then marks its end."""
+        entry = _Entry(time.monotonic(), bound, None if device.type == "cuda" else work, cause)
+        self._pending.append(entry)
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._run, name="shardcore-watch", daemon=True)
+            self._thread.start()
+        return entry
+
+    @staticmethod
+    def on_stream(entry: _Entry, device: torch.device) -> None:
+        """After ``work.wait()`` made the current stream wait: an event there marks the end (holding
+        the work instead would keep its tensors alive until the next poll)."""
+        if device.type == "cuda":
+            event = torch.cuda.Event()
+            event.record()
+            entry.marker = event
+
+    def check(self) -> str | None:
+        """Drop the finished records; report the oldest unfinished one once past its bound."""
+        pending = self._pending
+        while pending and _done(pending[0].marker):
+            pending.popleft()
+        if not pending:
+            return None
+        oldest = pending[0]
+        waited = time.monotonic() - oldest.started
+        if waited <= oldest.bound or oldest is self._reported:
+            return None
+        self._reported = oldest
+        message = oldest.cause(f"has not finished after {waited:.0f} s (the bound is {oldest.bound:g} s)")
+        REPORTS.append(message)
+        _LOG.error(message)
+        print(message, file=sys.stderr, flush=True)
+        return message
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(self.period_s)
+            try:
+                self.check()
+            except Exception as err:  # the watch must never take the process down
+                _LOG.debug("shardcore watch: %s", err)
+
+
+#: this process's watch
+WATCH = Watch()
