@@ -17,6 +17,7 @@ themselves are re-installed from this checkout, as wheels, at the start of every
     nox -s bench-consistency            # the cost of the rank-consistency guards at TP=2
     nox -s bench-overlap                # can a gloo collective progress beside a matmul here
     nox -s bench-sequence               # sequence parallelism at 1024-4096 tokens: step time, activation memory
+    nox -s bench-gpu                    # Llama-3-8B layers on the GPUs at hand: tokens/s, MFU, memory vs PyTorch TP, HF tp_plan
     nox -s convergence                  # BERT fine-tuning unsharded vs TP=2 vs TP=4
     nox -s mutants                      # mutation testing: each deliberate bug caught by its declared check
     nox -s compat                       # each plugin under the oldest and the newest transformers/timm
@@ -230,6 +231,15 @@ def bench_kernels(session: nox.Session) -> None:
     """Benchmark (not a test): each optimization switch on/off at TP=2; writes bench-results/kernels.json."""
     bin_dir = _install(session)
     _bench(session, bin_dir, "kernels", "benchmarks/bench_kernels.py")
+
+
+@nox.session(name="bench-gpu", default=False)
+def bench_gpu(session: nox.Session) -> None:
+    """Benchmark (not a test): Llama-3-8B-shaped layers at TP 1/2/4/8 as the GPUs allow, shardcore vs
+    PyTorch TP vs HF tp_plan (tokens/s, MFU, peak memory); ``-- --tiny`` runs it on CPU at tiny size."""
+    bin_dir = _install(session)
+    session.run(str(bin_dir / "python"), "-m", "pip", "install", "--quiet", "accelerate", external=True)  # HF tp_plan
+    _bench(session, bin_dir, "gpu", "benchmarks/bench_gpu.py")
 
 
 @nox.session(name="bench-dp", default=False)
