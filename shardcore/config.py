@@ -92,7 +92,9 @@ class ShardConfig:
             input, when they differ; forwards with unchanged shapes (a training loop's steady
             state) cost nothing. ``"always"``: every forward is checked. ``False``: none.
         collective_timeout: seconds one of shardcore's collectives may wait for the other ranks
-            before raising an error that names it (layer, forward/backward, sequence number).
+            before raising an error that names it (layer, forward/backward, sequence number); on
+            NCCL the host never waits on it: a watch reports the named cause at the bound and
+            the process group's watchdog ends the process at the group's timeout.
             ``None``: ``$SHARDCORE_COLLECTIVE_TIMEOUT``, else 300. Per process; also the timeout
             of the process group :func:`shardcore.optimize` creates from torchrun's environment.
         enable_flash_attention: attention on ``flash_attn`` 2 when it is installed and the model

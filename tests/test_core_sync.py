@@ -72,7 +72,10 @@ def test_a_hang_on_a_watchdog_backend_is_named_at_the_bound():
     assert re.search(
         r"\(forward of embed \(VocabParallelEmbedding1D\)\) has not finished after \d+ s \(the bound is 2 s\)", report
     )
-    assert "of its tensor-parallel group [0, 1]" in report and "`if rank == 0:` is the usual mistake" in report
+    assert (
+        "still waiting for the other ranks of its tensor-parallel group [0, 1]" in report
+        and "`if rank == 0:` is the usual mistake" in report
+    )
     assert other.startswith("barrier: ")
 
 
@@ -97,3 +100,37 @@ def test_the_watch_reports_the_oldest_unfinished_collective_once():
     assert w.check().startswith("second has not finished")
     second.done = True
     assert w.check() is None and not w._pending
+
+
+def _collectives_along_every_dim() -> str:
+    from shardcore.distributed.collectives import all_gather_cat, all_to_all_cat, reduce_scatter_cat
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    xs = [torch.randn(2, world * 3, world * 2, 5) for _ in range(world)]
+    for dim in range(4):
+        assert torch.equal(all_gather_cat(xs[rank], None, dim), torch.cat(xs, dim)), f"all-gather along {dim}"
+        if xs[rank].shape[dim] % world == 0:
+            got, want = reduce_scatter_cat(xs[rank], None, dim), sum(xs).chunk(world, dim)[rank]
+            assert got.shape == want.shape and torch.allclose(got, want, atol=1e-6), f"reduce-scatter along {dim}"
+    for scatter, gather in [(1, 2), (2, 1), (1, 0), (-2, -3), (2, 3)]:
+        want = torch.cat([x.chunk(world, scatter)[rank] for x in xs], gather)
+        assert torch.equal(all_to_all_cat(xs[rank], None, scatter, gather), want), f"all-to-all {scatter}->{gather}"
+    return "ok"
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_tensor_collectives_match_lists_and_cat_along_every_dimension(world):
+    assert run_on_ranks(world, _collectives_along_every_dim) == ["ok"] * world
+
+
+def test_a_gather_along_the_sequence_of_one_sequence_is_a_view_of_the_buffer():
+    """One flat buffer per collective: gathering along dimension 0, or along the sequence of a
+    batch of one (the long-sequence case), returns the buffer the collective wrote, not a copy."""
+    from shardcore.distributed.collectives import _from_blocks
+
+    flat = torch.arange(2 * 3 * 4.0).view(2, 3, 4)  # two ranks' [1, 3, 4] blocks
+    assert _from_blocks(flat, 2, 0).data_ptr() == flat.data_ptr()
+    seq = _from_blocks(flat, 2, 1)  # [batch 1, 3 positions per rank, 4] gathered along the sequence
+    assert seq.shape == (1, 6, 4) and seq._base is not None and seq.data_ptr() == flat.data_ptr()
+    assert torch.equal(seq, torch.cat([flat[0:1], flat[1:2]], dim=1))

@@ -1,9 +1,10 @@
 """Bounded, counted collectives: every collective shardcore issues goes through here.
 
-Each waits at most the bound of its model's :class:`~shardcore.distributed.scope.Scope` (its
+On gloo each waits at most the bound of its model's :class:`~shardcore.distributed.scope.Scope` (its
 ``ShardConfig(collective_timeout=...)``; outside any model, :func:`set_collective_timeout`) and then raises
 :class:`CollectiveTimeout` (or :class:`CollectivePeerLost`) naming the collective, the module it
-came from and the likely cause; each is counted in :data:`COUNTS` (see :func:`count_collectives`),
+came from and the likely cause; on NCCL it never blocks the host: the stream waits, and the watch
+(:mod:`shardcore.distributed.watch`) names a collective that outlives the bound; each is counted in :data:`COUNTS` (see :func:`count_collectives`),
 which is how tests prove the communication budget of a layer. Each is the identity on a group
 of one rank, so code using them runs unchanged in a single process without ``torch.distributed``.
 """
@@ -254,10 +255,12 @@ def all_to_all_cat(x: torch.Tensor, group, scatter: int, gather: int, *, where: 
     if x.shape[scatter] % world:
         raise ValueError(f"cannot split dimension {scatter} of size {x.shape[scatter]} over {world} ranks")
     _count("all_to_all", where)
-    inputs = [c.contiguous() for c in x.chunk(world, dim=scatter)]
-    outputs = [torch.empty_like(inputs[0]) for _ in range(world)]
-    _wait(dist.all_to_all(outputs, inputs, group=group, async_op=True), "all_to_all", group, where, device=x.device)
-    return torch.cat(outputs, dim=gather)
+    scatter, gather = scatter % x.dim(), gather % x.dim()
+    send = x.unflatten(scatter, (world, -1)).movedim(scatter, 0).contiguous()  # [rank, *chunk]: one flat buffer
+    received = torch.empty_like(send)
+    work = dist.all_to_all_single(received, send, group=group, async_op=True)
+    _wait(work, "all_to_all", group, where, device=x.device)
+    return received.movedim(0, gather).flatten(gather, gather + 1)  # the ranks' chunks along ``gather``
 
 
 def broadcast(x: torch.Tensor, group, *, where: str) -> torch.Tensor:

@@ -109,7 +109,9 @@ class Watch:
         if waited <= oldest.bound or oldest is self._reported:
             return None
         self._reported = oldest
-        message = oldest.cause(f"has not finished after {waited:.0f} s (the bound is {oldest.bound:g} s)")
+        message = oldest.cause(
+            f"has not finished after {waited:.0f} s (the bound is {oldest.bound:g} s), still waiting for the other ranks"
+        )
         REPORTS.append(message)
         _LOG.error(message)
         print(message, file=sys.stderr, flush=True)
