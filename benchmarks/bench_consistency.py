@@ -2,9 +2,11 @@
 
     python benchmarks/bench_consistency.py [--out bench-results/consistency.json]
 
-* the input check (``ShardConfig(check_inputs=True)``, the default): forward time of a Llama
-  (hidden 512, 4 layers, vocab 8192; batch 4 x seq 256) and the per-token time of greedy
-  ``generate`` (32 new tokens, batch 1) with the check on and off;
+* the input check: forward time of a Llama (hidden 512, 4 layers, vocab 8192; batch 4 x seq 256)
+  in steady state (same shapes each call) with ``check_inputs=True`` (the default: checked on the
+  first forward and on new shapes only), ``"always"`` (every forward) and ``False``; and the
+  per-token time of greedy ``generate`` (32 new tokens, batch 1; checked once per call) with the
+  check on and off;
 * the sampling sync: the time of the one broadcast of the random state per ``generate`` call
   (measured alone, 200 times).
 
@@ -39,32 +41,34 @@ def _measure() -> dict:
     import shardcore
     from shardcore.consistency import sync_random_state
 
+    settings = {"default": True, "always": "always", "off": False}
     models = {}
-    for check in (True, False):
+    for name, check in settings.items():
         torch.manual_seed(0)
         model = LlamaForCausalLM(LlamaConfig(**CONFIG)).eval()
-        models[check] = shardcore.optimize(model, shardcore.ShardConfig(tensor_parallel_size=2, check_inputs=check))
+        models[name] = shardcore.optimize(model, shardcore.ShardConfig(tensor_parallel_size=2, check_inputs=check))
     ids = torch.randint(0, 8192, (4, 256), generator=torch.Generator().manual_seed(1))
     prompt = ids[:1, :16]
-    forward = {True: [], False: []}
-    generate = {True: [], False: []}
+    forward = {name: [] for name in settings}
+    generate = {"default": [], "off": []}
+    names = list(settings)
     with torch.no_grad():
-        for _ in range(2):  # warm-up
-            for check in (True, False):
-                models[check](input_ids=ids)
-                models[check].generate(prompt, max_new_tokens=4, do_sample=False)
-        for i in range(10):
-            for check in (True, False) if i % 2 else (False, True):  # alternate which runs first
+        for _ in range(2):  # warm-up (the default's first forward checks)
+            for name in names:
+                models[name](input_ids=ids)
+                models[name].generate(prompt, max_new_tokens=4, do_sample=False)
+        for i in range(12):
+            for name in names[i % 3 :] + names[: i % 3]:  # rotate which runs first
                 dist.barrier()
                 start = time.perf_counter()
-                models[check](input_ids=ids)
-                forward[check].append(time.perf_counter() - start)
+                models[name](input_ids=ids)
+                forward[name].append(time.perf_counter() - start)
         for i in range(6):
-            for check in (True, False) if i % 2 else (False, True):
+            for name in ("default", "off") if i % 2 else ("off", "default"):
                 dist.barrier()
                 start = time.perf_counter()
-                models[check].generate(prompt, max_new_tokens=32, min_new_tokens=32, do_sample=False)
-                generate[check].append((time.perf_counter() - start) / 32)
+                models[name].generate(prompt, max_new_tokens=32, min_new_tokens=32, do_sample=False)
+                generate[name].append((time.perf_counter() - start) / 32)
         sync = []
         for _ in range(200):
             start = time.perf_counter()
@@ -72,8 +76,8 @@ def _measure() -> dict:
             sync.append(time.perf_counter() - start)
     med = statistics.median
     return {
-        "forward_s": {"check": med(forward[True]), "no_check": med(forward[False])},
-        "generate_s_per_token": {"check": med(generate[True]), "no_check": med(generate[False])},
+        "forward_s": {name: med(times) for name, times in forward.items()},
+        "generate_s_per_token": {"check": med(generate["default"]), "no_check": med(generate["off"])},
         "rng_sync_s": med(sync),
     }
 
@@ -91,8 +95,8 @@ def main() -> None:
         result = pool.run(_measure)[0]
     f, g = result["forward_s"], result["generate_s_per_token"]
     print(
-        f"forward (4 x 256):      check {f['check'] * 1e3:8.2f} ms   off {f['no_check'] * 1e3:8.2f} ms   "
-        f"+{(f['check'] / f['no_check'] - 1) * 100:.1f}%"
+        f"forward (4 x 256):      default {f['default'] * 1e3:8.2f} ms ({f['default'] / f['off']:.3f}x)   "
+        f"always {f['always'] * 1e3:8.2f} ms ({f['always'] / f['off']:.3f}x)   off {f['off'] * 1e3:8.2f} ms"
     )
     print(
         f"generate, per token:    check {g['check'] * 1e3:8.2f} ms   off {g['no_check'] * 1e3:8.2f} ms   "
