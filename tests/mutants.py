@@ -482,8 +482,8 @@ MUTANTS: dict[str, Mutant] = {
             "on NCCL every collective is waited for with a timeout again: a host sync per all-reduce",
             "shardcore/distributed/collectives.py",
             (
-                "            work.wait()  # a stream wait: with a timeout NCCL would block the host until it finishes",
-                "            work.wait(timeout=timedelta(seconds=scope.timeout_s))",
+                "        work.wait()  # a stream wait: with a timeout NCCL would block the host until it finishes",
+                "        work.wait(timeout=timedelta(seconds=bound))",
             ),
             f"{LLAMA}/test_llama_sync_audit.py::test_a_steady_training_step_makes_no_host_sync[default]",
             "'wait(timeout)', 'shardcore/distributed/collectives.py', '_wait'",

@@ -134,3 +134,36 @@ def test_a_gather_along_the_sequence_of_one_sequence_is_a_view_of_the_buffer():
     seq = _from_blocks(flat, 2, 1)  # [batch 1, 3 positions per rank, 4] gathered along the sequence
     assert seq.shape == (1, 6, 4) and seq._base is not None and seq.data_ptr() == flat.data_ptr()
     assert torch.equal(seq, torch.cat([flat[0:1], flat[1:2]], dim=1))
+
+
+class _ReadsInBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad.sum().item()  # a host read in a backward
+        return grad * 2
+
+
+def _reads_of(fn) -> list[tuple[str, str]]:
+    with record_syncs(packages=(__name__.split(".")[0],)) as found:
+        fn()
+    return [(s.kind, s.site.rsplit(" ", 1)[1]) for s in found]
+
+
+def test_the_audit_sees_reads_in_the_forward_and_in_the_backward_of_the_packages_it_audits():
+    x = torch.ones(3, requires_grad=True)
+
+    def step():
+        y = _ReadsInBackward.apply(x)
+        bool(y.sum() > 0)
+        y.tolist()
+        y.sum().backward()
+
+    assert _reads_of(step) == [("__bool__", "(step)"), ("tolist", "(step)"), ("_local_scalar_dense", "(backward)")]
+    assert _reads_of(lambda: torch.ones(2).sum().item()) == [("item", "(<lambda>)")]
+    with record_syncs(packages=("elsewhere",)) as found:  # code of other packages is not counted
+        step()
+    assert found == []

@@ -37,7 +37,7 @@ from .scope import (
     resolve_timeout,
     set_collective_timeout,
 )
-from .watch import WATCH, blocks_host
+from .watch import WATCH, blocks_host, watched
 
 __all__ = [
     "COUNTS",
@@ -86,6 +86,20 @@ def _likely_cause(kind: str, seq: int, where: str, group, what: str, err: Except
 _PEER_GONE = ("connection closed by peer", "connection reset", "broken pipe", "remote worker", "socket closed")
 
 
+def _wait_on_stream(work, device: torch.device, bound: float, cause) -> None:
+    """NCCL's wait: the stream waits, the host goes on; the watch names it if it outlives ``bound``."""
+    if not watched(device):
+        work.wait()
+        return
+    entry = WATCH.enter(work, device, bound, cause)
+    try:
+        work.wait()  # a stream wait: with a timeout NCCL would block the host until it finishes
+    except BaseException:
+        WATCH.failed(entry)
+        raise
+    WATCH.on_stream(entry)
+
+
 def _wait(work, kind: str, group, where: str | None, seq: int | None = None, *, device: torch.device) -> None:
     """Wait for an async collective. On gloo, on the host within the bound: past it raise
     :class:`CollectiveTimeout` saying which, and when a peer went away, :class:`CollectivePeerLost`
@@ -98,11 +112,7 @@ def _wait(work, kind: str, group, where: str | None, seq: int | None = None, *, 
         if scope.timeout_s is None:
             work.wait()
         elif not blocks_host(group, device):
-            entry = WATCH.enter(
-                work, device, scope.timeout_s, functools.partial(_likely_cause, kind, seq, where, group)
-            )
-            work.wait()  # a stream wait: with a timeout NCCL would block the host until it finishes
-            WATCH.on_stream(entry, device)
+            _wait_on_stream(work, device, scope.timeout_s, functools.partial(_likely_cause, kind, seq, where, group))
         else:
             work.wait(timeout=timedelta(seconds=scope.timeout_s))
     except RuntimeError as err:
@@ -188,8 +198,9 @@ class Pending:
 
 
 def _tensor_collective(new: str, old: str):
-    """The tensor collective (one flat buffer, no list of parts): ``*_single`` from PyTorch 2.14,
-    ``old`` before. Looked up at each call, as every ``dist`` function here (tests wrap them)."""
+    """The tensor collective (one flat buffer, no list of parts): ``*_single`` where PyTorch has it
+    (2.14 deprecates the ``old`` names), ``old`` before. Looked up at each call, as every ``dist``
+    function here (tests wrap them)."""
     return getattr(dist, new, None) or getattr(dist, old)
 
 
@@ -198,7 +209,7 @@ def _from_blocks(flat: torch.Tensor, world: int, dim: int) -> torch.Tensor:
     instead (a view when ``dim`` is 0, else one copy: what ``torch.cat`` of the parts costs)."""
     if dim == 0:
         return flat
-    blocks = flat.unflatten(0, (world, -1))
+    blocks = flat.unflatten(0, (world, flat.shape[0] // world))
     return blocks.movedim(0, dim).flatten(dim, dim + 1)
 
 
@@ -229,7 +240,7 @@ def start_reduce_scatter(x: torch.Tensor, group, dim: int, *, where: str | None 
     if dim == 0:
         flat = x.contiguous()
     else:  # the rank-ordered chunks along dim, stacked along dimension 0
-        flat = x.unflatten(dim, (world, -1)).movedim(dim, 0).flatten(0, 1).contiguous()  # one copy
+        flat = x.unflatten(dim, (world, x.shape[dim] // world)).movedim(dim, 0).flatten(0, 1).contiguous()  # one copy
     out = flat.new_empty((flat.shape[0] // world, *flat.shape[1:]))
     scatter = _tensor_collective("reduce_scatter_single", "reduce_scatter_tensor")
     work = scatter(out, flat, group=group, async_op=True)
@@ -256,7 +267,7 @@ def all_to_all_cat(x: torch.Tensor, group, scatter: int, gather: int, *, where: 
         raise ValueError(f"cannot split dimension {scatter} of size {x.shape[scatter]} over {world} ranks")
     _count("all_to_all", where)
     scatter, gather = scatter % x.dim(), gather % x.dim()
-    send = x.unflatten(scatter, (world, -1)).movedim(scatter, 0).contiguous()  # [rank, *chunk]: one flat buffer
+    send = x.unflatten(scatter, (world, x.shape[scatter] // world)).movedim(scatter, 0).contiguous()  # [rank, *chunk]
     received = torch.empty_like(send)
     work = dist.all_to_all_single(received, send, group=group, async_op=True)
     _wait(work, "all_to_all", group, where, device=x.device)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import pathlib
 import sys
 import threading
 import time
@@ -30,7 +31,7 @@ import attrs
 import torch
 import torch.distributed as dist
 
-__all__ = ["REPORTS", "WATCH", "WATCHDOG_BACKENDS", "Watch", "backend_of", "blocks_host"]
+__all__ = ["REPORTS", "WATCH", "WATCHDOG_BACKENDS", "Watch", "backend_of", "blocks_host", "watched"]
 
 #: backends whose process groups have their own watchdog, where shardcore never blocks the host
 WATCHDOG_BACKENDS = frozenset({"nccl", "xccl", "hccl"})
@@ -41,8 +42,9 @@ _LOG = logging.getLogger("shardcore")
 
 def backend_of(group, device: torch.device) -> str:
     """The backend that runs a collective of ``group`` on a tensor on ``device`` (``"gloo"``, ``"nccl"``...);
-    a group with a backend per device (``"cpu:gloo,cuda:nccl"``) answers for ``device``'s type."""
-    name = str(dist.get_backend(group))
+    a group with a backend per device (``"cpu:gloo,cuda:nccl"``, also what a group created without
+    naming a backend has) answers for ``device``'s type."""
+    name = str(dist.get_backend_config(group))
     if ":" not in name:
         return name
     per_device = dict(part.split(":", 1) for part in name.split(","))
@@ -55,18 +57,51 @@ def blocks_host(group, device: torch.device) -> bool:
     return backend_of(group, device) not in WATCHDOG_BACKENDS
 
 
-@attrs.define
+def watched(device: torch.device) -> bool:
+    """Whether a collective on ``device`` is recorded: not while this thread captures a CUDA graph
+    (an event recorded in a capture never completes; the graph replays without shardcore)."""
+    return not (device.type == "cuda" and torch.cuda.is_current_stream_capturing())
+
+
+#: a marker for a record whose wait raised: nothing to wait for any more
+_DONE = object()
+
+
+@attrs.define(eq=False)
 class _Entry:
     started: float
     bound: float
-    marker: object  # a CUDA event recorded after the collective, or the work itself; None: not yet
+    device: torch.device
+    marker: object  # a CUDA event recorded after the collective, the work itself, _DONE; None: not yet
     cause: object  # callable(what) -> the named cause
 
 
 def _done(marker) -> bool:
     if marker is None:  # entered, its end not marked yet
         return False
+    if marker is _DONE:
+        return True
     return bool(marker.query()) if isinstance(marker, torch.cuda.Event) else bool(marker.is_completed())
+
+
+def _thread_local_capture_mode() -> None:
+    """Let this (the watch's) thread query events while another thread captures a CUDA graph in
+    the global capture mode, as PyTorch's NCCL watchdog does (``cudaThreadExchangeStreamCaptureMode``
+    to thread-local); best effort: where the runtime is not found the default mode stays."""
+    import ctypes
+
+    maps = pathlib.Path("/proc/self/maps")
+    paths = (
+        {line.split()[-1] for line in maps.read_text().splitlines() if "libcudart" in line} if maps.exists() else set()
+    )
+    for path in sorted(paths) or ["libcudart.so"]:
+        try:
+            mode = ctypes.c_int(1)  # cudaStreamCaptureModeThreadLocal
+            ctypes.CDLL(path).cudaThreadExchangeStreamCaptureMode(ctypes.byref(mode))
+            return
+        except (OSError, AttributeError):
+            continue
+    _LOG.debug("shardcore watch: the CUDA runtime was not found; the thread's capture mode is the default")
 
 
 class Watch:
@@ -78,10 +113,12 @@ class Watch:
         self._pending: collections.deque[_Entry] = collections.deque()
         self._thread: threading.Thread | None = None
         self._reported: _Entry | None = None
+        self._cuda_ready = False
 
     def enter(self, work, device: torch.device, bound: float, cause) -> _Entry:
-        """Record a collective about to be waited for; on CUDA :meth:`on_stream` then marks its end."""
-        entry = _Entry(time.monotonic(), bound, None if device.type == "cuda" else work, cause)
+        """Record a collective about to be waited for; on CUDA :meth:`on_stream` then marks its end,
+        and :meth:`failed` drops a record whose wait raised."""
+        entry = _Entry(time.monotonic(), bound, device, None if device.type == "cuda" else work, cause)
         self._pending.append(entry)
         if self._thread is None or not self._thread.is_alive():
             self._thread = threading.Thread(target=self._run, name="shardcore-watch", daemon=True)
@@ -89,18 +126,22 @@ class Watch:
         return entry
 
     @staticmethod
-    def on_stream(entry: _Entry, device: torch.device) -> None:
-        """After ``work.wait()`` made the current stream wait: an event there marks the end (holding
-        the work instead would keep its tensors alive until the next poll)."""
-        if device.type == "cuda":
+    def on_stream(entry: _Entry) -> None:
+        """After ``work.wait()`` made the device's current stream wait: an event there marks the
+        end (holding the work instead would keep its tensors alive until the next poll)."""
+        if entry.device.type == "cuda":
             event = torch.cuda.Event()
-            event.record()
+            event.record(torch.cuda.current_stream(entry.device))
             entry.marker = event
+
+    @staticmethod
+    def failed(entry: _Entry) -> None:
+        entry.marker = _DONE  # the error itself names the collective; nothing left to watch
 
     def check(self) -> str | None:
         """Drop the finished records; report the oldest unfinished one once past its bound."""
         pending = self._pending
-        while pending and _done(pending[0].marker):
+        while pending and self._finished(pending[0]):
             pending.popleft()
         if not pending:
             return None
@@ -116,6 +157,13 @@ class Watch:
         _LOG.error(message)
         print(message, file=sys.stderr, flush=True)
         return message
+
+    def _finished(self, entry: _Entry) -> bool:
+        if isinstance(entry.marker, torch.cuda.Event) and not self._cuda_ready:
+            torch.cuda.set_device(entry.device)  # a new thread starts on device 0: use the rank's own
+            _thread_local_capture_mode()
+            self._cuda_ready = True
+        return _done(entry.marker)
 
     def _run(self) -> None:
         while True:

@@ -14,7 +14,6 @@ code does on a GPU.
 from __future__ import annotations
 
 import contextlib
-import pathlib
 import sys
 from collections.abc import Iterator
 
@@ -22,6 +21,7 @@ import attrs
 import torch
 import torch.distributed as dist
 from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..distributed import watch
 
@@ -30,6 +30,7 @@ __all__ = ["Sync", "as_watchdog_backend", "record_syncs"]
 #: tensor methods and torch functions that read a device tensor's value on the host
 READS = frozenset(
     {"item", "tolist", "__bool__", "__int__", "__float__", "__index__", "equal", "allclose", "cpu", "numpy"}
+    | {"nonzero", "masked_select", "unique"}  # the output's size depends on the values
 )
 #: torch.distributed calls that block the host whatever the backend (barrier, pickled objects)
 BLOCKING_CALLS = (
@@ -41,8 +42,6 @@ BLOCKING_CALLS = (
     "send_object_list",
     "recv_object_list",
 )
-_TORCH = pathlib.Path(torch.__file__).resolve().parent
-_HERE = pathlib.Path(__file__).resolve()
 
 
 @attrs.frozen
@@ -58,34 +57,66 @@ class Sync:
 
 
 def _caller(packages: tuple[str, ...]) -> str | None:
-    """``package/…/file.py:line (function)`` of the nearest frame outside torch and this module,
-    if it belongs to one of ``packages``; else ``None``."""
+    """``module/file.py:line (function)`` of the nearest frame outside torch, this module and
+    contextlib, if its module (by name: ``shardcore.…``, ``shard_llama.…``) is one of ``packages``
+    (a name ending in ``_`` is a prefix); else ``None``."""
     frame = sys._getframe(1)
     while frame is not None:
-        path = pathlib.Path(frame.f_code.co_filename)
-        if path.is_relative_to(_TORCH) or path == _HERE or "contextlib" in path.name:
+        module = frame.f_globals.get("__name__", "")
+        root = module.split(".")[0]
+        if root in ("torch", "contextlib") or module == __name__:
             frame = frame.f_back
             continue
-        for part in reversed(path.parts[:-1]):
-            if part in packages or any(part.startswith(p) for p in packages if p.endswith("_")):
-                rel = path.parts[path.parts.index(part) :]
-                return f"{'/'.join(rel)}:{frame.f_lineno} ({frame.f_code.co_name})"
+        if root in packages or any(root.startswith(p) for p in packages if p.endswith("_")):
+            return f"{module.replace('.', '/')}.py:{frame.f_lineno} ({frame.f_code.co_name})"
         return None
     return None
 
 
+#: the aten ops behind a device-to-host read (``item``, ``bool``/``int``/``float`` of a tensor, ...)
+ATEN_READS = frozenset(
+    {"_local_scalar_dense", "equal", "is_nonzero", "nonzero", "masked_select", "_unique2", "unique_dim"}
+)
+
+
 class _Reads(TorchFunctionMode):
+    """The reads a forward makes, at the Python API (``tolist``, ``.cpu()`` included). A backward
+    started inside (``loss.backward()``) runs while this mode is off (its handler pops it): the
+    reads there are :class:`_AtenReads`', which stays on the stack through the autograd engine."""
+
     def __init__(self, found: list[Sync], packages: tuple[str, ...]) -> None:
         super().__init__()
         self.found, self.packages = found, packages
+        self.backward_depth = 0
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
         name = getattr(func, "__name__", "")
-        is_read = name in READS or (name == "to" and _to_host(args, kwargs or {}))
-        if is_read:
+        if name in READS or (name == "to" and _to_host(args, kwargs)):
             site = _caller(self.packages)
             if site is not None:
                 self.found.append(Sync(name, site))
+        if name not in ("backward", "grad"):
+            return func(*args, **kwargs)
+        self.backward_depth += 1
+        try:
+            return func(*args, **kwargs)
+        finally:
+            self.backward_depth -= 1
+
+
+class _AtenReads(TorchDispatchMode):
+    """The reads of the backward (autograd Functions' backward, gradient hooks), by their aten op."""
+
+    def __init__(self, reads: _Reads) -> None:
+        super().__init__()
+        self.reads = reads
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if self.reads.backward_depth and func.__name__.split(".")[0] in ATEN_READS:
+            site = _caller(self.reads.packages)
+            if site is not None:
+                self.reads.found.append(Sync(func.__name__.split(".")[0], site))
         return func(*args, **(kwargs or {}))
 
 
@@ -139,7 +170,8 @@ def record_syncs(packages: tuple[str, ...] = ("shardcore", "shard_")) -> Iterato
     for name, real in saved.items():
         setattr(dist, name, blocking(name, real))
     try:
-        with _Reads(found, packages):
+        reads = _Reads(found, packages)
+        with _AtenReads(reads), reads:
             yield found
     finally:
         work_cls.wait = real_wait
