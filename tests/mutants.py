@@ -486,7 +486,7 @@ MUTANTS: dict[str, Mutant] = {
                 "        work.wait(timeout=timedelta(seconds=bound))",
             ),
             f"{LLAMA}/test_llama_sync_audit.py::test_a_steady_training_step_makes_no_host_sync[default]",
-            "'wait(timeout)', 'shardcore/distributed/collectives.py', '_wait'",
+            "'wait(timeout)', 'shardcore/distributed/collectives.py', '_wait_on_stream'",
             fast=True,
         ),
         _m(
