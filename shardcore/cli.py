@@ -1,5 +1,5 @@
 """``shardcore`` command line: ``shardcore plugins [--json]``, ``shardcore explain MODEL --tp N``,
-``shardcore plan MODEL [--out FILE]``."""
+``shardcore plan MODEL [--out FILE]``, ``shardcore calibrate [--world N ...] [--out FILE] [--force]``."""
 
 from __future__ import annotations
 
@@ -114,6 +114,32 @@ def _plan(args) -> int:
     return 0
 
 
+def _calibrate(args) -> int:
+    from .cost import load_profile
+
+    try:
+        profile = load_profile(args.out, force=args.force, group_sizes=tuple(args.world))
+    except ValueError as err:
+        print(f"shardcore calibrate: {err}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(profile, indent=2))
+        return 0
+    print(
+        f"profile: {profile['path']} ({profile['device_name']}, {profile['backend']}, measured in {profile['seconds']:.1f} s)"
+    )
+    for dtype, flops in profile["matmul_flops"].items():
+        print(f"  matmul {dtype:<9} {flops / 1e9:10.1f} GFLOP/s")
+    print(f"  memory per rank {profile['memory_bytes_per_rank'] / 2**30:.1f} GiB")
+    for kind, by_size in profile["collectives"].items():
+        for size, fit in by_size.items():
+            print(
+                f"  {kind:<15} {size} ranks: latency {fit['latency_s'] * 1e6:8.1f} us, "
+                f"{fit['bytes_per_s'] / 1e9:7.3f} GB/s (bytes per rank)"
+            )
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="shardcore", description="shardcore command line")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -138,7 +164,17 @@ def main(argv: list[str] | None = None) -> int:
     pl = sub.add_parser("plan", help="write the sharding plan a HuggingFace model ships, as a YAML plan to edit")
     pl.add_argument("model", help="a directory with a HuggingFace config.json, or module:Class")
     pl.add_argument("--out", default=None, help="write the YAML here instead of printing it")
+    c = sub.add_parser(
+        "calibrate",
+        help="measure this machine once (matmul FLOP/s, collective latency and bandwidth, memory): a cached JSON profile",
+    )
+    c.add_argument("--world", type=int, nargs="+", default=[2], help="group sizes to measure collectives on")
+    c.add_argument("--out", default=None, help="the profile's path (default: the cache, by machine)")
+    c.add_argument("--force", action="store_true", help="measure again even if a profile is cached")
+    c.add_argument("--json", action="store_true", help="print the profile as JSON")
     args = parser.parse_args(argv)
+    if args.command == "calibrate":
+        return _calibrate(args)
     if args.command == "plan":
         return _plan(args)
     if args.command == "plugins":

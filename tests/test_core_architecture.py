@@ -23,7 +23,7 @@ TIERS = [
     ["integrations"],
     ["plan"],
     ["sharder", "optimize"],
-    ["inference"],
+    ["inference", "cost"],  # cost: the machine's measured profile (shardcore calibrate)
     ["explain", "testing", "cli", "hf", "__main__", ""],  # "": the package itself (the public API)
 ]
 

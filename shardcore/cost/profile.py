@@ -1,0 +1,205 @@
+"""``shardcore calibrate``: measure this machine once, for the cost model to predict step times.
+
+A profile holds, for the device the ranks run on (CUDA when available, else the CPU) and the
+backend that joins them (NCCL, gloo):
+
+* ``matmul_flops``: the throughput of a square matmul per dtype (FLOP/s, one device);
+* ``collectives``: for each kind (``all_reduce``, ``all_gather``, ``reduce_scatter``,
+  ``all_to_all``) and group size, the seconds at a few message sizes and their least-squares fit
+  ``seconds = latency_s + bytes / bytes_per_s`` (bytes: what one rank contributes);
+* ``memory_bytes_per_rank``: what a rank may hold (free device memory; on the CPU the available
+  memory shared by the ranks of the largest group measured).
+
+Measured in seconds (a few sizes, a few repeats, median), written as JSON and cached under
+``$SHARDCORE_CACHE`` (default ``~/.cache/shardcore``) by machine, device and backend:
+:func:`load_profile` measures only when no profile is cached (or ``force``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pathlib
+import platform
+import statistics
+import time
+
+import torch
+
+__all__ = ["KINDS", "calibrate", "fit_line", "load_profile", "profile_path"]
+
+KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
+#: bytes one rank contributes, per measured point
+SIZES = (1 << 12, 1 << 16, 1 << 20, 1 << 22)
+VERSION = 1
+
+
+def _device() -> tuple[torch.device, str]:
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device()), "nccl"
+    return torch.device("cpu"), "gloo"
+
+
+def profile_path(device: torch.device | None = None, backend: str | None = None) -> pathlib.Path:
+    """Where this machine's profile for ``device``/``backend`` is cached."""
+    if device is None:
+        device, backend = _device()
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
+    key = f"{platform.node()}|{name}|{os.cpu_count()}|{torch.__version__}|{device.type}|{backend}"
+    digest = hashlib.sha1(key.encode()).hexdigest()[:12]
+    root = pathlib.Path(os.environ.get("SHARDCORE_CACHE", pathlib.Path.home() / ".cache" / "shardcore"))
+    return root / f"profile-{device.type}-{backend}-{digest}.json"
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _timed(fn, device: torch.device, repeats: int) -> float:
+    fn()  # warm-up
+    _sync(device)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def matmul_flops(device: torch.device, dtype: torch.dtype, n: int = 1024, repeats: int = 5) -> float:
+    """FLOP/s of an ``n x n`` matmul on ``device`` in ``dtype``."""
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+    return 2 * n**3 / _timed(lambda: a @ b, device, repeats)
+
+
+def fit_line(points: list[tuple[int, float]]) -> tuple[float, float]:
+    """Least-squares ``seconds = latency + bytes / bandwidth`` over ``(bytes, seconds)`` points:
+    ``(latency_s, bytes_per_s)``, each clamped to be positive."""
+    xs, ys = [p[0] for p in points], [p[1] for p in points]
+    mean_x, mean_y = statistics.fmean(xs), statistics.fmean(ys)
+    var = sum((x - mean_x) ** 2 for x in xs)
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / var if var else 0.0
+    slope = max(slope, 1e-15)
+    latency = max(mean_y - slope * mean_x, 0.0)
+    return latency, 1.0 / slope
+
+
+def _collective(kind: str, nbytes: int, group_size: int, device: torch.device):
+    """A call doing one ``kind`` collective where each rank contributes ``nbytes``, over the world."""
+    import torch.distributed as dist
+
+    numel = max(group_size, nbytes // 4 // group_size * group_size)
+    x = torch.ones(numel, device=device)
+    if kind == "all_reduce":
+        return lambda: dist.all_reduce(x)
+    if kind == "all_gather":
+        out = torch.empty(numel * group_size, device=device)
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        return lambda: gather(out, x)
+    if kind == "reduce_scatter":
+        out = torch.empty(numel // group_size, device=device)
+        scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+        return lambda: scatter(out, x)
+    out = torch.empty_like(x)
+    return lambda: dist.all_to_all_single(out, x)
+
+
+def _measure_collectives(sizes: tuple[int, ...], repeats: int) -> dict:
+    """Run on every rank of a world: each kind at each size; rank 0's timings."""
+    import torch.distributed as dist
+
+    device, _ = _device()
+    world = dist.get_world_size()
+    out = {}
+    for kind in KINDS:
+        points = []
+        for nbytes in sizes:
+            call = _collective(kind, nbytes, world, device)
+
+            def timed(call=call):
+                dist.barrier()
+                start = time.perf_counter()
+                call()
+                _sync(device)
+                return time.perf_counter() - start
+
+            timed()
+            points.append((nbytes, statistics.median(timed() for _ in range(repeats))))
+        latency, bandwidth = fit_line(points)
+        out[kind] = {"latency_s": latency, "bytes_per_s": bandwidth, "points": points}
+    return out
+
+
+def _memory_per_rank(device: torch.device, ranks: int) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    meminfo = pathlib.Path("/proc/meminfo")
+    if meminfo.exists():
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024 // max(ranks, 1)
+    return 0
+
+
+def calibrate(
+    group_sizes: tuple[int, ...] = (2,),
+    *,
+    dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16),
+    sizes: tuple[int, ...] = SIZES,
+    repeats: int = 5,
+    out: str | pathlib.Path | None = None,
+) -> dict:
+    """Measure this machine (see the module docstring) and write the profile to ``out`` (default
+    :func:`profile_path`); returns it. Collectives run on ``group_sizes`` fresh local ranks each."""
+    from ..distributed.launcher import RankPool
+
+    device, backend = _device()
+    devices = torch.cuda.device_count() if device.type == "cuda" else None
+    for n in group_sizes:
+        if n < 2 or (devices is not None and n > devices):
+            raise ValueError(f"calibrate: group size {n} must be at least 2 (and at most the {devices} GPUs here)")
+    start = time.perf_counter()
+    profile = {
+        "version": VERSION,
+        "device": str(device),
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
+        "backend": backend,
+        "torch": torch.__version__,
+        "cpu_count": os.cpu_count(),
+        "matmul_flops": {str(d).removeprefix("torch."): matmul_flops(device, d, repeats=repeats) for d in dtypes},
+        "collectives": {kind: {} for kind in KINDS},
+    }
+    threads = max(1, (os.cpu_count() or 1) // max(group_sizes))
+    for n in group_sizes:
+        pool = RankPool(n, timeout_s=120, threads=threads, backend=backend)
+        try:
+            measured = pool.run(_measure_collectives, sizes, repeats)[0]
+        finally:
+            pool.close()
+        for kind, fit in measured.items():
+            profile["collectives"][kind][str(n)] = fit
+    profile["memory_bytes_per_rank"] = _memory_per_rank(device, max(group_sizes))
+    profile["seconds"] = time.perf_counter() - start
+    path = pathlib.Path(out) if out else profile_path(device, backend)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(profile, indent=2))
+    profile["path"] = str(path)
+    return profile
+
+
+def load_profile(
+    path: str | pathlib.Path | None = None, *, force: bool = False, group_sizes: tuple[int, ...] = (2,)
+) -> dict:
+    """The cached profile at ``path`` (default :func:`profile_path`); measured first when there is
+    none, when it is of another version, or with ``force``."""
+    target = pathlib.Path(path) if path else profile_path()
+    if not force and target.exists():
+        cached = json.loads(target.read_text())
+        if cached.get("version") == VERSION:
+            cached["path"] = str(target)
+            return cached
+    return calibrate(group_sizes, out=target)
