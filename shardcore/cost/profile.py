@@ -3,14 +3,16 @@
 A profile holds, for the device the ranks run on (CUDA when available, else the CPU) and the
 backend that joins them (NCCL, gloo):
 
-* ``matmul_flops``: the throughput of a square matmul per dtype (FLOP/s, one device);
+* ``matmul_flops``: the throughput of a square matmul per dtype (FLOP/s, one device; on the CPU
+  with the calling process's ``matmul_threads``);
 * ``collectives``: for each kind (``all_reduce``, ``all_gather``, ``reduce_scatter``,
-  ``all_to_all``) and group size, the seconds at a few message sizes and their least-squares fit
+  ``all_to_all``) and group size, the seconds at a few message sizes (the fastest of ``repeats``:
+  the run least disturbed by the rest of the machine) and their least-squares fit
   ``seconds = latency_s + bytes / bytes_per_s`` (bytes: what one rank contributes);
 * ``memory_bytes_per_rank``: what a rank may hold (free device memory; on the CPU the available
   memory shared by the ranks of the largest group measured).
 
-Measured in seconds (a few sizes, a few repeats, median), written as JSON and cached under
+Measured in seconds (a few sizes, a few repeats; matmuls: the median), written as JSON and cached under
 ``$SHARDCORE_CACHE`` (default ``~/.cache/shardcore``) by machine, device and backend:
 :func:`load_profile` measures only when no profile is cached (or ``force``).
 """
@@ -128,7 +130,7 @@ def _measure_collectives(sizes: tuple[int, ...], repeats: int) -> dict:
                 return time.perf_counter() - start
 
             timed()
-            points.append((nbytes, statistics.median(timed() for _ in range(repeats))))
+            points.append((nbytes, min(timed() for _ in range(repeats))))  # the least disturbed run
         latency, bandwidth = fit_line(points)
         out[kind] = {"latency_s": latency, "bytes_per_s": bandwidth, "points": points}
     return out
@@ -150,7 +152,7 @@ def calibrate(
     *,
     dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16),
     sizes: tuple[int, ...] = SIZES,
-    repeats: int = 5,
+    repeats: int = 9,
     out: str | pathlib.Path | None = None,
 ) -> dict:
     """Measure this machine (see the module docstring) and write the profile to ``out`` (default
@@ -171,6 +173,7 @@ def calibrate(
         "torch": torch.__version__,
         "cpu_count": os.cpu_count(),
         "matmul_flops": {str(d).removeprefix("torch."): matmul_flops(device, d, repeats=repeats) for d in dtypes},
+        "matmul_threads": torch.get_num_threads(),
         "collectives": {kind: {} for kind in KINDS},
     }
     threads = max(1, (os.cpu_count() or 1) // max(group_sizes))
