@@ -16,8 +16,9 @@ def rss_kb(field: str) -> int:
     raise RuntimeError(field)
 
 
-def slowest(seconds: float) -> float:
-    """The largest of the ranks' ``seconds``: a parallel step ends when its slowest rank does."""
-    t = torch.tensor([seconds])
+def slowest(seconds: float, device: torch.device | str = "cpu") -> float:
+    """The largest of the ranks' ``seconds``: a parallel step ends when its slowest rank does
+    (``device``: where the backend takes tensors, a GPU for NCCL)."""
+    t = torch.tensor([seconds], device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return t.item()

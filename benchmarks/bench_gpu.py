@@ -33,11 +33,16 @@ import json
 import pathlib
 import resource
 import statistics
+import sys
 import tempfile
 import time
 
 import torch
 import torch.distributed as dist
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+from bench_common import slowest
+from bench_llama_tp import pytorch_tp  # PyTorch's TP following base_model_tp_plan
 
 LLAMA3_8B = {
     "hidden_size": 4096,
@@ -68,18 +73,6 @@ def build(args):
 
     torch.manual_seed(0)
     return LlamaForCausalLM(config(args)).to(args.dtype)
-
-
-def pytorch_tp(model, mesh):
-    """PyTorch's tensor parallel following ``config.base_model_tp_plan`` (``*`` = every layer)."""
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
-
-    styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
-    plan = {}
-    for pattern, style in model.config.base_model_tp_plan.items():
-        for i in range(model.config.num_hidden_layers):
-            plan["model." + pattern.replace("*", str(i))] = styles[style]()
-    return parallelize_module(model, mesh, plan)
 
 
 def make(name: str, args, tp: int, device: torch.device):
@@ -122,12 +115,11 @@ def time_steps(model, batch, args, device) -> tuple[float, float]:
         loss = model(**batch).loss
         loss.backward()
         _sync(device)
-        step = torch.tensor([time.perf_counter() - start], device=device)
-        dist.all_reduce(step, op=dist.ReduceOp.MAX)
+        step = slowest(time.perf_counter() - start, device)
         if loss0 is None:
             loss0 = loss.detach().float().item()
         if i >= args.warmup:
-            times.append(step.item())
+            times.append(step)
     return loss0, statistics.median(times)
 
 

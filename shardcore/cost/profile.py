@@ -91,23 +91,19 @@ def fit_line(points: list[tuple[int, float]]) -> tuple[float, float]:
 
 
 def _collective(kind: str, nbytes: int, group_size: int, device: torch.device):
-    """A call doing one ``kind`` collective where each rank contributes ``nbytes``, over the world."""
-    import torch.distributed as dist
+    """A call doing one ``kind`` collective over the world where each rank contributes ``nbytes``:
+    shardcore's own (:mod:`shardcore.distributed.collectives`), as a sharded model issues them."""
+    from ..distributed import collectives as c
 
     numel = max(group_size, nbytes // 4 // group_size * group_size)
     x = torch.ones(numel, device=device)
-    if kind == "all_reduce":
-        return lambda: dist.all_reduce(x)
-    if kind == "all_gather":
-        out = torch.empty(numel * group_size, device=device)
-        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-        return lambda: gather(out, x)
-    if kind == "reduce_scatter":
-        out = torch.empty(numel // group_size, device=device)
-        scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-        return lambda: scatter(out, x)
-    out = torch.empty_like(x)
-    return lambda: dist.all_to_all_single(out, x)
+    calls = {
+        "all_reduce": lambda: c.all_reduce(x, None, where="calibrate"),
+        "all_gather": lambda: c.all_gather_cat(x, None, 0, where="calibrate"),
+        "reduce_scatter": lambda: c.reduce_scatter_cat(x, None, 0, where="calibrate"),
+        "all_to_all": lambda: c.all_to_all_cat(x, None, 0, 0, where="calibrate"),
+    }
+    return calls[kind]
 
 
 def _measure_collectives(sizes: tuple[int, ...], repeats: int) -> dict:
