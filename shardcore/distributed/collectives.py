@@ -108,17 +108,18 @@ def _wait(work, kind: str, group, where: str | None, seq: int | None = None, *, 
     scope = _scope(where)
     where = where or "forward of " + scope.module
     seq = scope.seq if seq is None else seq
+    host_bound = scope.timeout_s if scope.timeout_s is not None and blocks_host(group, device) else None
     try:
-        if scope.timeout_s is None:
-            work.wait()
-        elif not blocks_host(group, device):
+        if host_bound is not None:
+            work.wait(timeout=timedelta(seconds=host_bound))
+        elif scope.timeout_s is not None:
             _wait_on_stream(work, device, scope.timeout_s, functools.partial(_likely_cause, kind, seq, where, group))
         else:
-            work.wait(timeout=timedelta(seconds=scope.timeout_s))
+            work.wait()
     except RuntimeError as err:
         text = str(err).lower()
-        if "timed out" in text:
-            bound = f"more than {scope.timeout_s:g} s" if scope.timeout_s else "past the process group's timeout"
+        if "timed out" in text:  # the host bound, or (stream wait, no bound) the process group's own timeout
+            bound = f"more than {host_bound:g} s" if host_bound else "past the process group's timeout"
             what = f"waited {bound} for the other ranks"
             raise CollectiveTimeout(_likely_cause(kind, seq, where, group, what, err)) from err
         if any(sign in text for sign in _PEER_GONE):
