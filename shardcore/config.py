@@ -115,8 +115,8 @@ class ShardConfig:
             the tensor-parallel group (norms, residuals and dropout on each rank's slice of the
             sequence; all-gather / reduce-scatter instead of the all-reduces). ``"all_to_all"``
             (DeepSpeed-Ulysses) over ``sequence_parallel_size`` ranks, alone or with TP.
-            ``"ring_attn"``: context parallelism over them (zigzag-balanced queries, keys and
-            values all-gathered).
+            ``"ring_attn"``: context parallelism over them (zigzag-balanced queries; key/value
+            blocks passed around the ring, merged by log-sum-exp).
         enable_sequence_overlap: overlap ``split_gather``'s communication with the matmuls
             (row-parallel matmuls in chunks, each reduce-scattered as it ends; gathers started
             early in the backward). Without sequence parallelism: ``ValueError``; with another

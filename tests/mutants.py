@@ -505,6 +505,28 @@ MUTANTS: dict[str, Mutant] = {
             "tests/test_core_consistency.py::test_the_check_runs_on_the_first_forward_and_on_new_shapes_or_always_or_never",
             "input check's all-gathers per forward",
         ),
+        _m(
+            "ring-merge-not-rescaled",
+            "ring attention adds each block's output without rescaling the running result to the new log-sum-exp",
+            "shardcore/sequence/ring.py",
+            (
+                "            out = out * torch.exp(lse - safe).unsqueeze(-1) + block_out",
+                "            out = out + block_out",
+            ),
+            "tests/test_core_ring.py::test_ring_attention_equals_full_attention[causal-2]",
+            "ring attention differs from full attention",
+        ),
+        _m(
+            "ring-gradients-not-home",
+            "ring attention's key/value gradients stop one hop short of their owner (the last shift skipped)",
+            "shardcore/sequence/ring.py",
+            (
+                "            if world > 1:  # after the last step the block goes home with every rank's gradients",
+                "            if world > 1 and step < world - 1:",
+            ),
+            "tests/test_core_ring.py::test_ring_attention_equals_full_attention[padded-4]",
+            "ring shifts (3, 3)",
+        ),
         # -- the kit itself (caught by the kit's self-tests) --------------------------------------
         _m(
             "kit-gradient-tolerance-loosened",

@@ -29,7 +29,8 @@ token) runs without the split: plain tensor parallelism, the same numbers.
 mesh's ``sp`` dim instead (:func:`apply_ulysses`): the same split of the hidden states, every
 rank holding the whole model (or its TP slice); around attention Ulysses exchanges the sequence
 split for a head split and back, while ``ring_attn`` keeps the heads and lets each rank's queries
-(two zigzag chunks, for causal balance) attend to all-gathered keys and values.
+(two zigzag chunks, for causal balance) attend to every rank's keys and values, passed around
+the ring one block at a time.
 """
 
 from __future__ import annotations

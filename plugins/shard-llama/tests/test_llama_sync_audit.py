@@ -25,7 +25,7 @@ CONFIGS = {
 }
 #: the collective that shows the feature ran in the audited step (default: TP's all-reduce)
 EXCHANGE = {"split_gather": "reduce_scatter", "split_gather_overlap": "reduce_scatter"}
-EXCHANGE |= {"ulysses": "all_to_all", "ring_attn": "all_gather"}
+EXCHANGE |= {"ulysses": "all_to_all", "ring_attn": "ring_shift"}
 #: the syncs a feature needs, by (kind, file, function), with why
 NEEDED = {
     "check_inputs_always": {
