@@ -11,7 +11,7 @@ the longest sequence) with AdamW on one batch of random tokens, for each sequenc
 * ``TP=2 + split_gather``: ``enable_sequence_parallelism=True`` (Megatron-LM sequence parallelism);
 * ``TP=2 + split_gather + overlap``: the same with ``enable_sequence_overlap=True``;
 * ``SP=2 all_to_all (TP=1)``: DeepSpeed-Ulysses over 2 ranks, each holding the whole model;
-* ``SP=2 ring_attn (TP=1)``: context parallelism over 2 ranks (zigzag, keys and values all-gathered).
+* ``SP=2 ring_attn (TP=1)``: context parallelism over 2 ranks (zigzag; key/value blocks passed around the ring).
 
 Per contestant and length: step time (median; a step ends when the slowest rank does) and the
 activation memory per rank: the growth of the process's resident memory from before the forward

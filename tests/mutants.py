@@ -348,7 +348,7 @@ MUTANTS: dict[str, Mutant] = {
             "ring-mask-offset",
             "ring_attn: every rank masks its queries as if it held the first chunks (mask offset lost)",
             "shardcore/sequence/ring.py",
-            ("        mine = positions[rank * local : (rank + 1) * local]", "        mine = positions[:local]"),
+            ("        mine = positions[group_rank(group)]", "        mine = positions[0]"),
             f"{LLAMA}/test_llama_sequence.py::test_ring_attn_matches_unsharded[gqa-padded-sp2]",
             "output 'logits': max abs diff",
         ),

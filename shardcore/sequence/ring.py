@@ -9,12 +9,14 @@ than two key/value blocks (its own and the one arriving), not the whole sequence
 from __future__ import annotations
 
 import functools
+import logging
 
 import torch
 
 from ..distributed.collectives import group_rank
 from ..distributed.ring import start_ring_shift
 from ..distributed.scope import backward_of
+from ..tensor_parallel.regions import gather_seq
 
 
 def _zigzag(t: torch.Tensor, size: int, dim: int) -> torch.Tensor:
@@ -117,16 +119,32 @@ class _RingAttention(torch.autograd.Function):
         return dq.flatten(1, 2).to(q.dtype), travelling[2].to(k.dtype), travelling[3].to(v.dtype), None, None, None
 
 
-#: attention features the ring does not compute: refused by name rather than silently ignored
+#: attention features the ring does not compute: with them the keys and values are gathered instead
 _UNSUPPORTED = ("sliding_window", "softcap", "s_aux")
+_LOG = logging.getLogger("shardcore")
+_TOLD: set[str] = set()
+
+
+def _gathered(base, module, query, key, value, mask, state, mine, positions, kwargs):
+    """What the ring does not compute (attention dropout, sliding windows, soft-capping, sinks):
+    the model's own attention over every rank's keys and values, all-gathered along the sequence
+    (the backward reduce-scatters their gradients), the mask at global positions."""
+    key, value = (gather_seq(t, state.group, 2) for t in (key, value))  # zigzag order, every rank's
+    if mask is None and getattr(module, "is_causal", True):
+        mask = positions[None, None, None, :] <= mine[None, None, :, None]
+    elif mask is not None:
+        mask = mask[:, :, mine][:, :, :, positions]
+    return base(module, query, key, value, mask, **kwargs)
 
 
 def ring_attention(base):
     """An attention function for a registry that runs ``base``'s attention under ``ring_attn``
     context parallelism: this rank's queries (two zigzag chunks of the sequence) attend to every
     rank's keys and values passed around the ring (:class:`_RingAttention`), with the model's
-    mask taken at the queries' and keys' global positions (causal and padding). Outside an active
-    split ``base`` runs as is."""
+    mask taken at the queries' and keys' global positions (causal and padding). What the ring does
+    not compute (attention dropout in training, sliding windows, soft-capping, sinks) runs
+    ``base`` over all-gathered keys and values instead, logged once. Outside an active split
+    ``base`` runs as is."""
 
     @functools.wraps(base)
     def attention(module, query, key, value, attention_mask, **kwargs):
@@ -134,18 +152,19 @@ def ring_attention(base):
         if state is None or not state.active:
             return base(module, query, key, value, attention_mask, **kwargs)
         state.attention_calls += 1
-        used = [name for name in _UNSUPPORTED if kwargs.get(name) is not None]
-        dropout = kwargs.get("dropout", 0.0) if module.training else 0.0
-        if used or dropout:
-            what = ", ".join(used) + (f"attention dropout {dropout}" if dropout else "")
-            raise NotImplementedError(
-                f"sequence_parallelism_mode='ring_attn' computes plain softmax attention; {type(module).__name__} "
-                f"asks for {what}: use sequence_parallelism_mode='all_to_all' for this model"
-            )
         group, size = state.group, state.size
         local = query.shape[2]
         positions = zigzag_positions(local * size, size).to(query.device).view(size, local)
         mine = positions[group_rank(group)]
+        used = [name for name in _UNSUPPORTED if kwargs.get(name) is not None]
+        if module.training and kwargs.get("dropout"):
+            used.append("attention dropout")
+        if used:
+            reason = f"{type(module).__name__} uses {', '.join(used)}"
+            if reason not in _TOLD:
+                _TOLD.add(reason)
+                _LOG.info("ring_attn: %s, which the ring does not compute: its keys and values are gathered", reason)
+            return _gathered(base, module, query, key, value, attention_mask, state, mine, positions.flatten(), kwargs)
         if attention_mask is None and getattr(module, "is_causal", True):  # causal, at global positions
             masks = [theirs[None, None, None, :] <= mine[None, None, :, None] for theirs in positions]
         elif attention_mask is not None:

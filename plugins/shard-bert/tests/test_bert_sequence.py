@@ -118,8 +118,43 @@ def _check_over_sp(mode: str, tp: int, sp: int, cls_name: str, pad: bool) -> dic
         report = assert_sharded_matches(
             lambda: build(cls_name), batch, _over_sp(mode, tp, sp), zero_grads=("*.self.key.bias",)
         )
-    report["exchanges"] = counts.get("all_to_all" if mode == "all_to_all" else "all_gather", 0)
+    report["exchanges"] = counts.get("all_to_all" if mode == "all_to_all" else "ring_shift", 0)
     return report
+
+
+def _ring_with_attention_dropout() -> dict:
+    """Attention dropout in training is what the ring does not compute: keys and values gathered
+    instead (the model's own attention draws the dropout); in eval the ring runs."""
+    import shardcore
+
+    torch.manual_seed(0)
+    model = shardcore.optimize(build("BertForMaskedLM", dropout=0.1), _over_sp("ring_attn", 1, 2))
+    batch = _batch("BertForMaskedLM", seq=16)
+    with count_collectives() as training:
+        loss = model(**batch).loss
+        loss.backward()
+    model.eval()
+    with count_collectives() as evaluating, torch.no_grad():
+        model(**batch)
+    grads_finite = all(p.grad is None or bool(torch.isfinite(p.grad).all()) for p in model.parameters())
+    return {
+        "loss": loss.item(),
+        "grads_finite": grads_finite,
+        "train_ring_shifts": training.get("ring_shift", 0),
+        "train_gathers": training.get("all_gather", 0),
+        "eval_ring_shifts": evaluating.get("ring_shift", 0),
+    }
+
+
+def test_ring_attn_gathers_keys_and_values_for_attention_dropout():
+    import transformers
+
+    if int(transformers.__version__.split(".")[0]) < 5:
+        pytest.skip("transformers 4.x: ring_attn is refused for BERT (test_over_the_sp_dim_matches_unsharded)")
+    for report in run_on_ranks(2, _ring_with_attention_dropout):
+        assert report["train_ring_shifts"] == 0 and report["train_gathers"] > 0, report
+        assert report["eval_ring_shifts"] > 0, report
+        assert report["grads_finite"] and report["loss"] == report["loss"], report
 
 
 @pytest.mark.parametrize(
