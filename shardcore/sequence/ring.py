@@ -125,16 +125,23 @@ _LOG = logging.getLogger("shardcore")
 _TOLD: set[str] = set()
 
 
+def _mask_at(module, mask, mine: torch.Tensor, theirs: torch.Tensor):
+    """The model's mask for queries at global positions ``mine`` against keys at ``theirs``: the
+    causal rule when the model gives none and is causal, else its mask at those positions (``None``:
+    a bidirectional model without padding sees every key)."""
+    if mask is None and getattr(module, "is_causal", True):
+        return theirs[None, None, None, :] <= mine[None, None, :, None]
+    if mask is None:
+        return None
+    return mask[:, :, mine][:, :, :, theirs]
+
+
 def _gathered(base, module, query, key, value, mask, state, mine, positions, kwargs):
     """What the ring does not compute (attention dropout, sliding windows, soft-capping, sinks):
     the model's own attention over every rank's keys and values, all-gathered along the sequence
     (the backward reduce-scatters their gradients), the mask at global positions."""
     key, value = (gather_seq(t, state.group, 2) for t in (key, value))  # zigzag order, every rank's
-    if mask is None and getattr(module, "is_causal", True):
-        mask = positions[None, None, None, :] <= mine[None, None, :, None]
-    elif mask is not None:
-        mask = mask[:, :, mine][:, :, :, positions]
-    return base(module, query, key, value, mask, **kwargs)
+    return base(module, query, key, value, _mask_at(module, mask, mine, positions), **kwargs)
 
 
 def ring_attention(base):
@@ -165,13 +172,7 @@ def ring_attention(base):
                 _TOLD.add(reason)
                 _LOG.info("ring_attn: %s, which the ring does not compute: its keys and values are gathered", reason)
             return _gathered(base, module, query, key, value, attention_mask, state, mine, positions.flatten(), kwargs)
-        if attention_mask is None and getattr(module, "is_causal", True):  # causal, at global positions
-            masks = [theirs[None, None, None, :] <= mine[None, None, :, None] for theirs in positions]
-        elif attention_mask is not None:
-            rows = attention_mask[:, :, mine]
-            masks = [rows[:, :, :, theirs] for theirs in positions]
-        else:  # a bidirectional model without padding: every key
-            masks = [None] * size
+        masks = [_mask_at(module, attention_mask, mine, theirs) for theirs in positions]  # one per key block
         scale = kwargs.get("scaling") or query.shape[-1] ** -0.5
         out = _RingAttention.apply(query, key, value, masks, group, scale)
         return out.transpose(1, 2).contiguous(), None
