@@ -31,7 +31,9 @@ def _refuse_unbuilt(name: str, value: Any) -> None:
 
 
 #: Every sequence_parallelism_mode (built or not: see shardcore.sequence).
-SEQUENCE_MODES = ("split_gather", "all_to_all", "ring_attn")
+SEQUENCE_MODES = ("split_gather", "all_to_all", "ring_attn", "all_gather_kv")
+#: the modes that run over the mesh's sp dim, through the attention registry
+OVER_SP_MODES = ("all_to_all", "ring_attn", "all_gather_kv")
 
 
 def _sequence_mode(instance: ShardConfig, attribute: attrs.Attribute, value: Any) -> None:
@@ -65,7 +67,8 @@ class ShardConfig:
             (``Interleaved1F1B``, ``LoopedBFS``, ``InterleavedZeroBubble``: default 2;
             ``ZBVZeroBubble``, ``DualPipeV``: 2); one-stage schedules refuse another value.
         sequence_parallel_size: the Ulysses / context-parallel group (``sequence_parallelism_mode=
-            "all_to_all"`` or ``"ring_attn"``): the mesh's ``sp`` dim (``1`` otherwise).
+            "all_to_all"``, ``"ring_attn"`` or ``"all_gather_kv"``): the mesh's ``sp`` dim (``1``
+            otherwise).
         data_parallel: what runs on the data-parallel dim (``dp`` of the mesh, see
             :mod:`shardcore.data_parallel`): ``"fsdp"`` (FSDP2's ``fully_shard`` on each
             block of :meth:`~shardcore.Policy.blocks` and on the model: parameters, gradients and
@@ -116,7 +119,11 @@ class ShardConfig:
             sequence; all-gather / reduce-scatter instead of the all-reduces). ``"all_to_all"``
             (DeepSpeed-Ulysses) over ``sequence_parallel_size`` ranks, alone or with TP.
             ``"ring_attn"``: context parallelism over them (zigzag-balanced queries; key/value
-            blocks passed around the ring, merged by log-sum-exp).
+            blocks passed around the ring, merged by log-sum-exp: a rank holds two blocks, never the
+            whole sequence's). ``"all_gather_kv"``: the same split, but each attention all-gathers
+            every rank's keys and values and runs the model's own attention over them (one
+            collective instead of ``sp - 1`` ring steps; the whole sequence's keys and values on
+            every rank). A policy that supports ``"ring_attn"`` supports it.
         enable_sequence_overlap: overlap ``split_gather``'s communication with the matmuls
             (row-parallel matmuls in chunks, each reduce-scattered as it ends; gathers started
             early in the backward). Without sequence parallelism: ``ValueError``; with another

@@ -187,9 +187,12 @@ def use_ulysses_attention(model: torch.nn.Module, mode: str = "all_to_all") -> s
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     base_name = model.config._attn_implementation
-    wrap = ring_attention if mode == "ring_attn" else ulysses_attention
-    name = f"shardcore_{'ring' if mode == 'ring_attn' else 'ulysses'}_{base_name}"
-    AttentionInterface.register(name, wrap(ALL_ATTENTION_FUNCTIONS[base_name]))
+    base = ALL_ATTENTION_FUNCTIONS[base_name]
+    if mode == "all_to_all":
+        wrapped, name = ulysses_attention(base), f"shardcore_ulysses_{base_name}"
+    else:  # ring_attn, all_gather_kv
+        wrapped, name = ring_attention(base, gather=mode == "all_gather_kv"), f"shardcore_{mode}_{base_name}"
+    AttentionInterface.register(name, wrapped)
     AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[base_name])
     setter = getattr(model, "set_attn_implementation", None)
     if setter is not None:

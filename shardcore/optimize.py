@@ -22,7 +22,7 @@ import torch.distributed as dist
 from torch import nn
 
 from . import consistency, distributed, kernels
-from .config import ShardConfig
+from .config import OVER_SP_MODES, ShardConfig
 from .data_parallel import apply_data_parallel, check_data_parallel
 from .distributed import ParallelLayout
 from .distributed.collectives import Scope, enter_scope_per_forward, group_size, resolve_timeout, set_collective_timeout
@@ -155,7 +155,7 @@ def _shard(b: Build) -> None:
 def _sequence(b: Build) -> None:
     if b.sharder is not None and b.sharder.sequence is not None:
         apply_sequence_parallel(b.model, b.policy, b.sharder.sequence)
-    if b.sequence_mode in ("all_to_all", "ring_attn"):
+    if b.sequence_mode in OVER_SP_MODES:
         group = b.layout.group("sp")
         state = SequenceParallel(group, b.layout.sp, b.sequence_mode)
         apply_ulysses(b.model, b.policy, state)

@@ -31,7 +31,9 @@ def test_config_is_frozen_and_keyword_only():
 
 
 def test_sequence_parallel_flags_are_checked_in_the_constructor():
-    with pytest.raises(ValueError, match="'ring' is not a mode; choose one of split_gather, all_to_all, ring_attn"):
+    with pytest.raises(
+        ValueError, match="'ring' is not a mode; choose one of split_gather, all_to_all, ring_attn, all_gather_kv"
+    ):
         ShardConfig(enable_sequence_parallelism=True, sequence_parallelism_mode="ring")
     with pytest.raises(ValueError, match=r"enable_sequence_overlap=True.*enable_sequence_parallelism=False"):
         ShardConfig(enable_sequence_overlap=True)

@@ -30,7 +30,8 @@ mesh's ``sp`` dim instead (:func:`apply_ulysses`): the same split of the hidden 
 rank holding the whole model (or its TP slice); around attention Ulysses exchanges the sequence
 split for a head split and back, while ``ring_attn`` keeps the heads and lets each rank's queries
 (two zigzag chunks, for causal balance) attend to every rank's keys and values, passed around
-the ring one block at a time.
+the ring one block at a time. ``"all_gather_kv"`` splits as ``ring_attn`` but all-gathers the
+keys and values in each attention and runs the model's own attention kernel over them.
 """
 
 from __future__ import annotations

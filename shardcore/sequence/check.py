@@ -6,7 +6,7 @@ from torch import nn
 
 from ..tensor_parallel.recompute import checkpointing
 
-_BUILT = ("split_gather", "all_to_all", "ring_attn")
+_BUILT = ("split_gather", "all_to_all", "ring_attn", "all_gather_kv")
 
 
 def check_sequence_parallel(model: nn.Module, policy, config, layout) -> str | None:
@@ -25,6 +25,8 @@ def check_sequence_parallel(model: nn.Module, policy, config, layout) -> str | N
             f"sequence_parallelism_mode='split_gather'; with {mode!r} leave it False"
         )
     supported = tuple(policy.sequence_parallelism_modes)
+    if "ring_attn" in supported:  # the same split and registry, the keys and values gathered
+        supported += ("all_gather_kv",)
     if mode not in supported:
         raise NotImplementedError(
             f"{type(model).__name__}: {type(policy).__name__} does not support sequence_parallelism_mode={mode!r}"
@@ -58,13 +60,14 @@ def _check_split_gather(model: nn.Module, policy, config, layout) -> None:
 
 
 def _check_over_sp(model: nn.Module, policy, config, layout, mode: str) -> None:
-    """``all_to_all`` and ``ring_attn``: over the mesh's sp dim, through the attention registry."""
+    """``all_to_all``, ``ring_attn`` and ``all_gather_kv``: over the mesh's sp dim, through the
+    attention registry."""
     if layout.sp == 1:
         raise ValueError(
             f"sequence_parallelism_mode={mode!r} runs over sequence_parallel_size ranks, but it is 1; give "
             "sequence_parallel_size > 1"
         )
-    problem = policy.sequence_attention_problem(mode)
+    problem = policy.sequence_attention_problem("ring_attn" if mode == "all_gather_kv" else mode)
     if problem:
         raise NotImplementedError(f"{type(model).__name__}: {problem}")
     if mode != "all_to_all":

@@ -13,7 +13,7 @@ import logging
 
 import torch
 
-from ..distributed.collectives import group_rank
+from ..distributed.collectives import group_rank, group_size
 from ..distributed.ring import start_ring_shift
 from ..distributed.scope import backward_of
 from ..tensor_parallel.regions import gather_seq
@@ -70,8 +70,8 @@ class _RingAttention(torch.autograd.Function):
     """softmax(q k^T * scale + mask) v over the whole ring's keys, one key/value block at a time."""
 
     @staticmethod
-    def forward(ctx, q, k, v, masks, group, scale):
-        heads_kv, world = k.shape[1], len(masks)
+    def forward(ctx, q, k, v, mask_of, group, scale):
+        heads_kv, world = k.shape[1], group_size(group)
         acc = torch.promote_types(q.dtype, torch.float32)  # accumulate in float32 at least
         qg = q.to(acc).unflatten(1, (heads_kv, q.shape[1] // heads_kv))
         out = torch.zeros_like(qg)
@@ -80,7 +80,7 @@ class _RingAttention(torch.autograd.Function):
         rank = group_rank(group)
         for step in range(world):
             pending = start_ring_shift(kv, group, where="ring attention: keys and values") if step < world - 1 else None
-            mask = _grouped_mask(masks[(rank - step) % world], heads_kv)
+            mask = _grouped_mask(mask_of((rank - step) % world), heads_kv)
             s = _scores(qg, kv[0].to(acc), mask, scale)
             block_lse = torch.logsumexp(s, dim=-1)
             block_out = _weights(s, block_lse) @ kv[1].to(acc).unsqueeze(2)
@@ -91,14 +91,14 @@ class _RingAttention(torch.autograd.Function):
             if pending is not None:
                 kv = pending.wait()
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.masks, ctx.group, ctx.scale, ctx.rank = masks, group, scale, rank
+        ctx.mask_of, ctx.group, ctx.scale, ctx.rank, ctx.world = mask_of, group, scale, rank, world
         ctx.where = backward_of(" (ring attention: key/value gradients)")
         return out.flatten(1, 2).to(q.dtype)
 
     @staticmethod
     def backward(ctx, grad):
         q, k, v, out, lse = ctx.saved_tensors
-        heads_kv, world, scale = k.shape[1], len(ctx.masks), ctx.scale
+        heads_kv, world, scale = k.shape[1], ctx.world, ctx.scale
         acc = out.dtype
         qg = q.to(acc).unflatten(1, (heads_kv, q.shape[1] // heads_kv))
         dout = grad.to(acc).unflatten(1, (heads_kv, q.shape[1] // heads_kv))
@@ -108,7 +108,7 @@ class _RingAttention(torch.autograd.Function):
         travelling = torch.stack([k.to(acc), v.to(acc), torch.zeros_like(k, dtype=acc), torch.zeros_like(v, dtype=acc)])
         for step in range(world):
             kb, vb = travelling[0], travelling[1]
-            mask = _grouped_mask(ctx.masks[(ctx.rank - step) % world], heads_kv)
+            mask = _grouped_mask(ctx.mask_of((ctx.rank - step) % world), heads_kv)
             p = _weights(_scores(qg, kb, mask, scale), lse)
             ds = p * (dout @ vb.unsqueeze(2).transpose(-1, -2) - delta)
             dq += (ds @ kb.unsqueeze(2)) * scale
@@ -144,14 +144,14 @@ def _gathered(base, module, query, key, value, mask, state, mine, positions, kwa
     return base(module, query, key, value, _mask_at(module, mask, mine, positions), **kwargs)
 
 
-def ring_attention(base):
+def ring_attention(base, *, gather: bool = False):
     """An attention function for a registry that runs ``base``'s attention under ``ring_attn``
     context parallelism: this rank's queries (two zigzag chunks of the sequence) attend to every
     rank's keys and values passed around the ring (:class:`_RingAttention`), with the model's
     mask taken at the queries' and keys' global positions (causal and padding). What the ring does
     not compute (attention dropout in training, sliding windows, soft-capping, sinks) runs
-    ``base`` over all-gathered keys and values instead, logged once. Outside an active split
-    ``base`` runs as is."""
+    ``base`` over all-gathered keys and values instead, logged once. ``gather=True``
+    (``all_gather_kv``): always that way. Outside an active split ``base`` runs as is."""
 
     @functools.wraps(base)
     def attention(module, query, key, value, attention_mask, **kwargs):
@@ -166,15 +166,19 @@ def ring_attention(base):
         used = [name for name in _UNSUPPORTED if kwargs.get(name) is not None]
         if module.training and kwargs.get("dropout"):
             used.append("attention dropout")
-        if used:
+        if used and not gather:
             reason = f"{type(module).__name__} uses {', '.join(used)}"
             if reason not in _TOLD:
                 _TOLD.add(reason)
                 _LOG.info("ring_attn: %s, which the ring does not compute: its keys and values are gathered", reason)
+        if used or gather:
             return _gathered(base, module, query, key, value, attention_mask, state, mine, positions.flatten(), kwargs)
-        masks = [_mask_at(module, attention_mask, mine, theirs) for theirs in positions]  # one per key block
+
+        def mask_of(block: int):  # built when needed (forward, then backward): never all blocks' at once
+            return _mask_at(module, attention_mask, mine, positions[block])
+
         scale = kwargs.get("scaling") or query.shape[-1] ** -0.5
-        out = _RingAttention.apply(query, key, value, masks, group, scale)
+        out = _RingAttention.apply(query, key, value, mask_of, group, scale)
         return out.transpose(1, 2).contiguous(), None
 
     return attention

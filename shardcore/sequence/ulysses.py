@@ -50,7 +50,7 @@ class _SplitHooks:
 
     def __init__(self, state: SequenceParallel, split_kwargs: tuple[str, ...], blocks: int) -> None:
         self.state, self.split_kwargs, self.blocks = state, split_kwargs, blocks
-        self.ring = state.mode == "ring_attn"
+        self.ring = state.mode in ("ring_attn", "all_gather_kv")
         self.parts = 2 * state.size if self.ring else state.size
 
     def split(self, t: torch.Tensor) -> torch.Tensor:
