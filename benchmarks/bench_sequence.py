@@ -1,7 +1,7 @@
 """Benchmark (not a test): sequence parallelism on 2 gloo ranks, long sequences.
 
     python benchmarks/bench_sequence.py [--seqs 1024 2048 4096] [--batch 1] [--steps 2] [--png docs/sequence_parallel.png]
-        [--only CONTESTANT ...] [--set intermediate_size=256 ...] [--no-tp4]
+        [--only CONTESTANT ...] [--set intermediate_size=256 ...] [--no-tp4] [--sp4-seqs 2048 4096 8192 | --no-sp4]
 
 Trains the Llama bench model of ``bench_llama_tp.py`` (4 blocks, hidden 512; positions raised to
 the longest sequence) with AdamW on one batch of random tokens, for each sequence length, as:
@@ -11,7 +11,8 @@ the longest sequence) with AdamW on one batch of random tokens, for each sequenc
 * ``TP=2 + split_gather``: ``enable_sequence_parallelism=True`` (Megatron-LM sequence parallelism);
 * ``TP=2 + split_gather + overlap``: the same with ``enable_sequence_overlap=True``;
 * ``SP=2 all_to_all (TP=1)``: DeepSpeed-Ulysses over 2 ranks, each holding the whole model;
-* ``SP=2 ring_attn (TP=1)``: context parallelism over 2 ranks (zigzag; key/value blocks passed around the ring).
+* ``SP=2 ring_attn (TP=1)``: context parallelism over 2 ranks (zigzag; key/value blocks passed around the ring);
+* ``SP=2 all_gather_kv (TP=1)``: the same split, each attention all-gathering every rank's keys and values.
 
 Per contestant and length: step time (median; a step ends when the slowest rank does) and the
 activation memory per rank: the growth of the process's resident memory from before the forward
@@ -22,7 +23,13 @@ resident size follows the live tensors; also the peak over the whole step (``VmH
 before each step) above the resident size before it. The first loss of every contestant must
 equal the unsharded one (relative 1e-5) or the run stops. Then, on 4 ranks, ``TP=4`` and
 ``TP=4 + split_gather`` for their activation memory only (4 processes on 2 cores: no step times;
-``--no-tp4`` skips them). Writes ``bench-results/sequence.json``
+``--no-tp4`` skips them). Then, on 4 ranks at ``--sp4-seqs`` (2048 to 8192 tokens), context parallelism
+over 4 ranks, ``ring_attn`` against ``all_gather_kv`` (and the unsharded model on rank 0), with
+step times (4 processes on 2 cores: each rank's share of the compute runs at about half speed),
+and the **attention memory per rank**: the resident memory the model's attention function (the
+registry's, after the projections and rotary embedding) leaves behind, summed over the layers
+(what it keeps for the backward: the gathered or local keys and values, the outputs, the
+log-sum-exp). ``--no-sp4`` skips them. Writes ``bench-results/sequence.json``
 and, with ``--png``, a plot of both against the sequence length.
 """
 
@@ -73,6 +80,15 @@ CONTESTANTS = [
             "sequence_parallelism_mode": "ring_attn",
         },
     ),
+    (
+        "SP=2 all_gather_kv (TP=1)",
+        {
+            "tensor_parallel_size": 1,
+            "sequence_parallel_size": 2,
+            "enable_sequence_parallelism": True,
+            "sequence_parallelism_mode": "all_gather_kv",
+        },
+    ),
 ]
 
 
@@ -84,6 +100,49 @@ CONTESTANTS_TP4 = [
 ]
 
 
+#: Context parallelism over 4 ranks at long sequences: the ring against the all-gather variant.
+CONTESTANTS_SP4 = [("unsharded", None)] + [
+    (
+        f"SP=4 {mode} (TP=1)",
+        {
+            "tensor_parallel_size": 1,
+            "sequence_parallel_size": 4,
+            "enable_sequence_parallelism": True,
+            "sequence_parallelism_mode": mode,
+        },
+    )
+    for mode in ("ring_attn", "all_gather_kv")
+]
+
+
+class AttentionMemory:
+    """The resident memory each call of the model's attention function (the registry's) leaves
+    behind, summed over the calls since :meth:`reset`: what attention keeps for the backward."""
+
+    def __init__(self) -> None:
+        self.kb, self.wrapped = 0, set()
+
+    def reset(self) -> None:
+        self.kb = 0
+
+    def watch(self, model) -> None:
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+        name = model.config._attn_implementation
+        base = ALL_ATTENTION_FUNCTIONS[name]
+        if id(base) in self.wrapped:
+            return
+
+        def measured(*args, **kwargs):
+            before = rss_kb("VmRSS")
+            out = base(*args, **kwargs)
+            self.kb += rss_kb("VmRSS") - before
+            return out
+
+        self.wrapped.add(id(measured))
+        ALL_ATTENTION_FUNCTIONS.register(name, measured)
+
+
 def build(max_positions: int, overrides: dict | None = None):
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -93,70 +152,72 @@ def build(max_positions: int, overrides: dict | None = None):
     return LlamaForCausalLM(cfg)
 
 
-def worker(args, checkpoint: str, contestants: list) -> list[dict]:
+def _train(args, checkpoint: str, layout: dict | None, batch: dict, longest: int, attention) -> dict:
+    """Warm-up and measured steps of one contestant on this rank: the first loss and the lists of
+    measured step times and memory figures."""
     import gc
 
     import shardcore
 
+    with shardcore.init_empty():
+        model = build(longest, args.set)
+    if layout is not None:
+        model = shardcore.optimize(model, shardcore.ShardConfig(**layout))
+    shardcore.load_checkpoint(model, checkpoint)
+    attention.watch(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    layers, marks = model.model.layers, {}
+    layers[0].register_forward_pre_hook(lambda m, a: marks.__setitem__("in", rss_kb("VmRSS")))
+    layers[-1].register_forward_hook(lambda m, a, o: marks.__setitem__("out", rss_kb("VmRSS")))
+    got = {"loss": 0.0, "step_s": [], "activation_mb": [], "blocks_mb": [], "step_peak_mb": [], "attention_mb": []}
+    for step in range(args.warmup + args.steps):
+        opt.zero_grad(set_to_none=True)
+        gc.collect()
+        if layout is not None:
+            dist.barrier()
+        pathlib.Path("/proc/self/clear_refs").write_text("5")
+        attention.reset()
+        before = rss_kb("VmRSS")
+        start = time.perf_counter()
+        loss = model(**batch).loss
+        held = rss_kb("VmRSS") - before
+        loss.backward()
+        opt.step()
+        elapsed = time.perf_counter() - start
+        if step >= args.warmup:
+            got["step_s"].append(elapsed)
+            got["activation_mb"].append(held / 1024)
+            got["blocks_mb"].append((marks["out"] - marks["in"]) / 1024)
+            got["step_peak_mb"].append((rss_kb("VmHWM") - before) / 1024)
+            got["attention_mb"].append(attention.kb / 1024)
+        if step == 0:
+            got["loss"] = loss.item()
+    return got
+
+
+def worker(args, checkpoint: str, contestants: list, seqs: list[int]) -> list[dict]:
+    import gc
+
     rank = dist.get_rank()
     torch.set_num_threads(1)
-    results = []
-    for seq in args.seqs:
+    results, attention = [], AttentionMemory()
+    longest = max([*args.seqs, *([] if args.no_sp4 else args.sp4_seqs)])
+    for seq in seqs:
         g = torch.Generator().manual_seed(seq)
         ids = torch.randint(0, {**CONFIG, **args.set}["vocab_size"], (args.batch, seq), generator=g)
         batch = {"input_ids": ids, "labels": ids}
         for name, layout in contestants:
             gc.collect()
             dist.barrier()
-            active = layout is not None or rank == 0
-            times, first, activation, peak, blocks = [], 0.0, [], [], []
-            if active:
-                with shardcore.init_empty():
-                    model = build(max(args.seqs), args.set)
-                if layout is not None:
-                    model = shardcore.optimize(model, shardcore.ShardConfig(**layout))
-                shardcore.load_checkpoint(model, checkpoint)
-                opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-                layers, marks = model.model.layers, {}
-                layers[0].register_forward_pre_hook(lambda m, a, marks=marks: marks.__setitem__("in", rss_kb("VmRSS")))
-                layers[-1].register_forward_hook(lambda m, a, o, marks=marks: marks.__setitem__("out", rss_kb("VmRSS")))
-                for step in range(args.warmup + args.steps):
-                    opt.zero_grad(set_to_none=True)
-                    gc.collect()
-                    if layout is not None:
-                        dist.barrier()
-                    pathlib.Path("/proc/self/clear_refs").write_text("5")
-                    before = rss_kb("VmRSS")
-                    start = time.perf_counter()
-                    loss = model(**batch).loss
-                    held = rss_kb("VmRSS") - before
-                    loss.backward()
-                    opt.step()
-                    elapsed = time.perf_counter() - start
-                    if step >= args.warmup:
-                        times.append(elapsed)
-                        activation.append(held / 1024)
-                        blocks.append((marks["out"] - marks["in"]) / 1024)
-                        peak.append((rss_kb("VmHWM") - before) / 1024)
-                    if step == 0:
-                        first = loss.item()
-                    del loss
-                del model, opt
-            step_s = statistics.median(times) if times else 0.0
+            got = {"loss": 0.0}
+            if layout is not None or rank == 0:  # the unsharded model runs on rank 0
+                got = _train(args, checkpoint, layout, batch, longest, attention)
+            row = {"name": name, "seq": seq, "rank": rank, "loss": got["loss"]}
+            for key in ("step_s", "activation_mb", "blocks_mb", "step_peak_mb", "attention_mb"):
+                row[key] = statistics.median(got[key]) if got.get(key) else 0.0
             if layout is not None:
-                step_s = slowest(step_s)
-            results.append(
-                {
-                    "name": name,
-                    "seq": seq,
-                    "rank": rank,
-                    "loss": first,
-                    "step_s": step_s,
-                    "activation_mb": statistics.median(activation) if activation else 0.0,
-                    "blocks_mb": statistics.median(blocks) if blocks else 0.0,
-                    "step_peak_mb": statistics.median(peak) if peak else 0.0,
-                }
-            )
+                row["step_s"] = slowest(row["step_s"])
+            results.append(row)
     gathered = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, results)
     return [r for rows in gathered for r in rows] if rank == 0 else []
@@ -179,7 +240,8 @@ def report(results: list[dict], args, out: pathlib.Path) -> list[dict]:
         "of it in the blocks MB | vs TP=2 | step peak MB/rank (max) |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|")
-    table = []
+    table, everything = [], results
+    results = [r for r in results if r.get("pool") != "sp4"]
     for seq in args.seqs:
         rows = [r for r in results if r["seq"] == seq]
         ref = next(r for r in rows if r["name"] == "unsharded" and r["rank"] == 0)
@@ -232,6 +294,7 @@ def report(results: list[dict], args, out: pathlib.Path) -> list[dict]:
                     f"| {seq} | {name} | {entry['activation_mb']:.0f} | {entry['activation_vs_tp4']:.2f}x | "
                     f"{entry['blocks_mb']:.0f} | {entry['blocks_vs_tp4']:.2f}x |"
                 )
+    table += _report_sp4(everything, args)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(
         json.dumps(
@@ -242,28 +305,77 @@ def report(results: list[dict], args, out: pathlib.Path) -> list[dict]:
     return table
 
 
+def _report_sp4(results: list[dict], args) -> list[dict]:
+    rows_sp4 = [r for r in results if r["name"].startswith("SP=4")]
+    if not rows_sp4:
+        return []
+    print("\n4 ranks, context parallelism (4 processes on 2 cores: step times at about half speed per rank)\n")
+    print(
+        "| seq | contestant | step s | vs unsharded | activation MB/rank (max) | attention MB/rank (max) | "
+        "attention vs all_gather_kv |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    table = []
+    for seq in sorted({r["seq"] for r in rows_sp4}):
+        rows = [r for r in results if r["seq"] == seq and r.get("pool") == "sp4"]
+        ref = next(r for r in rows if r["name"] == "unsharded" and r["rank"] == 0)
+        gathered = max(r["attention_mb"] for r in rows if r["name"] == "SP=4 all_gather_kv (TP=1)")
+        for name, _ in CONTESTANTS_SP4:
+            mine = [r for r in rows if r["name"] == name and (name != "unsharded" or r["rank"] == 0)]
+            _same_first_loss(mine, ref, name, seq)
+            entry = {
+                "seq": seq,
+                "name": name,
+                "ranks": 4,
+                "step_s": mine[0]["step_s"],
+                "vs_unsharded": mine[0]["step_s"] / ref["step_s"],
+                "activation_mb": max(r["activation_mb"] for r in mine),
+                "attention_mb": max(r["attention_mb"] for r in mine),
+            }
+            entry["attention_vs_all_gather_kv"] = _ratio(entry["attention_mb"], gathered)
+            table.append(entry)
+            print(
+                f"| {seq} | {name} | {entry['step_s']:.3f} | {entry['vs_unsharded']:.2f}x | "
+                f"{entry['activation_mb']:.0f} | {entry['attention_mb']:.0f} | "
+                f"{entry['attention_vs_all_gather_kv']:.2f}x |"
+            )
+    return table
+
+
 def draw(table: list[dict], png: pathlib.Path) -> None:
-    """Activation memory per rank and step time against the sequence length, one line per mode."""
+    """Activation memory per rank and step time against the sequence length, one line per mode
+    (2 ranks); with the 4-rank rows, a third panel: attention memory per rank, ring against gather."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (mem, step) = plt.subplots(1, 2, figsize=(11, 4))
+    sp4 = [e for e in table if e.get("ranks") == 4]
+    fig, axes = plt.subplots(1, 3 if sp4 else 2, figsize=(16 if sp4 else 11, 4))
+    mem, step = axes[0], axes[1]
     for name, _ in CONTESTANTS:
-        rows = [e for e in table if e["name"] == name]
-        seqs = [e["seq"] for e in rows]
-        mem.plot(seqs, [e["activation_mb"] for e in rows], marker="o", label=name)
-        step.plot(seqs, [e["step_s"] for e in rows], marker="o", label=name)
-    for ax, label in ((mem, "activation memory per rank (MB)"), (step, "training step (s)")):
+        rows = [e for e in table if e["name"] == name and "ranks" not in e]
+        mem.plot([e["seq"] for e in rows], [e["activation_mb"] for e in rows], marker="o", label=name)
+        step.plot([e["seq"] for e in rows], [e["step_s"] for e in rows], marker="o", label=name)
+    two = [e for e in table if "ranks" not in e]
+    panels = [(mem, "activation memory per rank (MB)", two), (step, "training step (s)", two)]
+    if sp4:
+        attn = axes[2]
+        for name, _ in CONTESTANTS_SP4:
+            rows = [e for e in sp4 if e["name"] == name]
+            attn.plot([e["seq"] for e in rows], [e["attention_mb"] for e in rows], marker="o", label=name)
+        attn.set_yscale("log")
+        attn.legend()
+        panels.append((attn, "attention memory per rank (MB), 4 ranks", sp4))
+    for ax, label, rows in panels:
         ax.set_xscale("log", base=2)
-        ax.set_xticks([e["seq"] for e in table if e["name"] == "unsharded"])
+        ax.set_xticks(sorted({e["seq"] for e in rows if e["name"] == "unsharded"}))
         ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
         ax.set_xlabel("sequence length (tokens)")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
     mem.legend()
-    fig.suptitle("Llama bench model (4 blocks, hidden 512), batch 1, 2 gloo ranks", fontsize=10)
+    fig.suptitle("Llama bench model (4 blocks, hidden 512), batch 1, 2 gloo ranks (and 4, right)", fontsize=10)
     fig.tight_layout()
     png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(png, dpi=110)
@@ -272,13 +384,23 @@ def draw(table: list[dict], png: pathlib.Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seqs", type=int, nargs="+", default=[1024, 2048, 4096])
+    parser.add_argument(
+        "--seqs", type=int, nargs="*", default=[1024, 2048, 4096], help="2-rank lengths (none: the 4-rank rows only)"
+    )
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--out", default="bench-results/sequence.json")
     parser.add_argument("--png", default="docs/sequence_parallel.png")
     parser.add_argument("--no-tp4", action="store_true", help="skip the 4-rank memory rows")
+    parser.add_argument(
+        "--sp4-seqs",
+        type=int,
+        nargs="+",
+        default=[2048, 4096, 8192],
+        help="lengths of the 4-rank ring_attn vs all_gather_kv rows",
+    )
+    parser.add_argument("--no-sp4", action="store_true", help="skip the 4-rank context-parallel rows")
     parser.add_argument(
         "--timing",
         action="store_true",
@@ -300,21 +422,31 @@ def main() -> None:
     from shardcore.testing import RankPool
 
     with tempfile.TemporaryDirectory() as tmp:
-        build(max(args.seqs), args.set).save_pretrained(tmp)
+        build(max([*args.seqs, *([] if args.no_sp4 else args.sp4_seqs)]), args.set).save_pretrained(tmp)
         if args.only:
             unknown = set(args.only) - {name for name, _ in CONTESTANTS}
             if unknown:
                 parser.error(f"--only: no contestant {sorted(unknown)}; they are {[n for n, _ in CONTESTANTS]}")
             CONTESTANTS[:] = [(n, c) for n, c in CONTESTANTS if n in {"unsharded", "TP=2", *args.only}]
-        pool = RankPool(2, timeout_s=7200, threads=1)
-        try:
-            results = pool.run(worker, args, tmp, CONTESTANTS)[0]
-        finally:
-            pool.close()
-        if not args.no_tp4:
+        results = []
+        if args.seqs:
+            pool = RankPool(2, timeout_s=7200, threads=1)
+            try:
+                results = pool.run(worker, args, tmp, CONTESTANTS, args.seqs)[0]
+            finally:
+                pool.close()
+        if args.seqs and not args.no_tp4:
             pool = RankPool(4, timeout_s=7200, threads=1)
             try:
-                results += pool.run(worker, args, tmp, CONTESTANTS_TP4)[0]
+                results += pool.run(worker, args, tmp, CONTESTANTS_TP4, args.seqs)[0]
+            finally:
+                pool.close()
+        if not args.no_sp4:
+            pool = RankPool(4, timeout_s=7200, threads=1)
+            try:
+                results += [
+                    {**r, "pool": "sp4"} for r in pool.run(worker, args, tmp, CONTESTANTS_SP4, args.sp4_seqs)[0]
+                ]
             finally:
                 pool.close()
     table = report(results, args, pathlib.Path(args.out))
