@@ -508,12 +508,31 @@ MUTANTS: dict[str, Mutant] = {
         _m(
             "ring-merge-not-rescaled",
             "ring attention adds each block's output without rescaling the running result to the new log-sum-exp",
-            "shardcore/sequence/ring.py",
+            "shardcore/sequence/blocks.py",
             (
-                "            out = out * torch.exp(lse - safe).unsqueeze(-1) + block_out",
-                "            out = out + block_out",
+                "    out[:, :, rows] = now_out * torch.exp(now_lse - safe).unsqueeze(-1) + piece_out",
+                "    out[:, :, rows] = now_out + piece_out",
             ),
-            "tests/test_core_ring.py::test_ring_attention_equals_full_attention[causal-2]",
+            "tests/test_core_ring.py::test_ring_attention_equals_full_attention[causal-2-fused]",
+            "ring attention differs from full attention",
+        ),
+        _m(
+            "ring-diagonal-chunk-unmasked",
+            "ring attention: a query chunk sees its own key chunk whole, later tokens included (causal flag lost)",
+            "shardcore/sequence/blocks.py",
+            (
+                "(j + 1) * half), None, theirs == mine)",
+                "(j + 1) * half), None, False)",
+            ),
+            "tests/test_core_ring.py::test_ring_attention_equals_full_attention[zigzag-4-fused]",
+            "ring attention differs from full attention",
+        ),
+        _m(
+            "ring-masked-row-counted",
+            "ring attention: a row that sees no key of a block keeps the fused kernel's log-sum-exp (0, not -inf)",
+            "shardcore/sequence/blocks.py",
+            ('        lse = lse.masked_fill(_sees_nothing(piece.mask), float("-inf"))', "        pass"),
+            "tests/test_core_ring.py::test_ring_attention_equals_full_attention[padded-2-fused]",
             "ring attention differs from full attention",
         ),
         _m(
@@ -524,7 +543,7 @@ MUTANTS: dict[str, Mutant] = {
                 "            if world > 1:  # after the last step the block goes home with every rank's gradients",
                 "            if world > 1 and step < world - 1:",
             ),
-            "tests/test_core_ring.py::test_ring_attention_equals_full_attention[padded-4]",
+            "tests/test_core_ring.py::test_ring_attention_equals_full_attention[padded-4-math]",
             "ring shifts (3, 3)",
         ),
         # -- the kit itself (caught by the kit's self-tests) --------------------------------------

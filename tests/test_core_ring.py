@@ -20,12 +20,27 @@ def _full_attention(q, k, v, mask, scale):
     return p @ v
 
 
-def _ring_vs_full(kind: str) -> dict:
-    from shardcore.sequence.ring import _RingAttention
+def _ring_vs_full(kind: str, fused: bool) -> dict:
+    from shardcore.sequence import blocks
+
+    saved = blocks._fused
+    if not fused:  # the arithmetic written out, as on devices without the fused CPU kernel
+        blocks._fused = lambda q: False
+    try:
+        return _compare(kind, fused)
+    finally:
+        blocks._fused = saved
+
+
+def _compare(kind: str, fused: bool) -> dict:
+    from shardcore.sequence import blocks
+    from shardcore.sequence.ring import _RingAttention, zigzag_positions
+
+    assert blocks._fused(torch.empty(0)) == fused
 
     world, rank = dist.get_world_size(), dist.get_rank()
     g = torch.Generator().manual_seed(0)
-    b, heads, heads_kv, length, dim = 2, 4, 2, 4 * world, 8
+    b, heads, heads_kv, length, dim = 2, 6, 2, 4 * world, 8  # 3 query heads per key/value head
     q = torch.randn(b, heads, length, dim, generator=g, dtype=torch.float64)
     k, v = (torch.randn(b, heads_kv, length, dim, generator=g, dtype=torch.float64) for _ in range(2))
     weights = torch.randn(b, heads, length, dim, generator=g, dtype=torch.float64)
@@ -41,12 +56,15 @@ def _ring_vs_full(kind: str) -> dict:
     (_full_attention(*full, mask, dim**-0.5) * weights).sum().backward()
 
     local = length // world
-    mine = slice(rank * local, (rank + 1) * local)
+    if kind == "zigzag":  # the causal rule alone, no mask: each block cut into its zigzag chunks
+        mine = zigzag_positions(length, world).view(world, local)[rank]
+    else:
+        mine = torch.arange(rank * local, (rank + 1) * local)
     part = [t[:, :, mine].clone().requires_grad_() for t in (q, k, v)]
     masks = [mask[:, :, mine][:, :, :, r * local : (r + 1) * local] for r in range(world)]
     with count_collectives() as forward:
-        mask_of = masks.__getitem__ if kind != "none" else lambda block: None
-        out = _RingAttention.apply(*part, mask_of, None, dim**-0.5)
+        mask_of = masks.__getitem__ if kind not in ("none", "zigzag") else lambda block: None
+        out = _RingAttention.apply(*part, mask_of, kind == "zigzag", None, dim**-0.5)
     with count_collectives() as backward:
         (out * weights[:, :, mine]).sum().backward()
     want = _full_attention(q, k, v, mask, dim**-0.5)[:, :, mine]
@@ -56,10 +74,11 @@ def _ring_vs_full(kind: str) -> dict:
     return report
 
 
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "math"])
 @pytest.mark.parametrize("world", [2, 4])
-@pytest.mark.parametrize("kind", ["causal", "padded", "additive", "none"])
-def test_ring_attention_equals_full_attention(world, kind):
-    for report in run_on_ranks(world, _ring_vs_full, kind):
+@pytest.mark.parametrize("kind", ["causal", "padded", "additive", "none", "zigzag"])
+def test_ring_attention_equals_full_attention(world, kind, fused):
+    for report in run_on_ranks(world, _ring_vs_full, kind, fused):
         assert report["shifts"] == (world - 1, world), f"ring shifts {report['shifts']} (forward, backward)"
         worst = max(report[key] for key in ("out", "dq", "dk", "dv"))
         assert worst < 1e-12, f"ring attention differs from full attention: {report}"

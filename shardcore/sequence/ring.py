@@ -17,6 +17,7 @@ from ..distributed.collectives import group_rank, group_size
 from ..distributed.ring import start_ring_shift
 from ..distributed.scope import backward_of
 from ..tensor_parallel.regions import gather_seq
+from .blocks import attend, attend_backward, merge, pieces
 
 
 def _zigzag(t: torch.Tensor, size: int, dim: int) -> torch.Tensor:
@@ -41,82 +42,50 @@ def zigzag_positions(length: int, size: int) -> torch.Tensor:
     return _zigzag(torch.arange(length), size, 0)
 
 
-def _scores(qg: torch.Tensor, kb: torch.Tensor, mask, scale: float) -> torch.Tensor:
-    """Scaled scores of grouped queries ``[B, Hkv, G, Sq, D]`` against one key block
-    ``[B, Hkv, Sk, D]`` (grouped-query heads share it: never repeated), with the block's mask."""
-    s = (qg @ kb.unsqueeze(2).transpose(-1, -2)) * scale
-    if mask is None:
-        return s
-    if mask.dtype == torch.bool:
-        return s.masked_fill(~mask, float("-inf"))
-    return s + mask
-
-
-def _weights(s: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
-    """``exp(s - lse)``, 0 (not NaN) on rows that see no key (``lse`` = -inf)."""
-    return torch.exp(s - lse.masked_fill(torch.isinf(lse), 0.0).unsqueeze(-1))
-
-
-def _grouped_mask(mask, heads_kv: int):
-    """A mask broadcastable to ``[B, H, Sq, Sk]`` as ``[B, Hkv or 1, G or 1, Sq, Sk]``."""
-    if mask is None:
-        return None
-    if mask.shape[1] == 1:
-        return mask.unsqueeze(2)
-    return mask.unflatten(1, (heads_kv, mask.shape[1] // heads_kv))
-
-
 class _RingAttention(torch.autograd.Function):
-    """softmax(q k^T * scale + mask) v over the whole ring's keys, one key/value block at a time."""
+    """softmax(q k^T * scale + mask) v over the whole ring's keys, one key/value block at a time,
+    each block in :func:`~.blocks.pieces` (``mask_of(block)``: the model's mask for it;
+    ``causal_only``: the causal rule alone, cut by zigzag chunks)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, mask_of, group, scale):
-        heads_kv, world = k.shape[1], group_size(group)
-        acc = torch.promote_types(q.dtype, torch.float32)  # accumulate in float32 at least
-        qg = q.to(acc).unflatten(1, (heads_kv, q.shape[1] // heads_kv))
-        out = torch.zeros_like(qg)
-        lse = torch.full(qg.shape[:-1], float("-inf"), dtype=qg.dtype, device=q.device)
+    def forward(ctx, q, k, v, mask_of, causal_only, group, scale):
+        world, rank, local = group_size(group), group_rank(group), q.shape[2]
+        acc = torch.promote_types(q.dtype, torch.float32)  # merge in float32 at least
+        out = torch.zeros(q.shape, dtype=acc, device=q.device)
+        lse = torch.full(q.shape[:-1], float("-inf"), dtype=acc, device=q.device)
         kv = torch.stack([k, v])
-        rank = group_rank(group)
         for step in range(world):
             pending = start_ring_shift(kv, group, where="ring attention: keys and values") if step < world - 1 else None
-            mask = _grouped_mask(mask_of((rank - step) % world), heads_kv)
-            s = _scores(qg, kv[0].to(acc), mask, scale)
-            block_lse = torch.logsumexp(s, dim=-1)
-            block_out = _weights(s, block_lse) @ kv[1].to(acc).unsqueeze(2)
-            merged = torch.logaddexp(lse, block_lse)
-            safe = merged.masked_fill(torch.isinf(merged), 0.0)
-            out = out * torch.exp(lse - safe).unsqueeze(-1) + block_out * torch.exp(block_lse - safe).unsqueeze(-1)
-            lse = merged
+            for piece in pieces(mask_of, (rank - step) % world, rank, world, local, causal_only):
+                merge(out, lse, piece.rows, *attend(q, kv[0], kv[1], piece, scale, acc))
             if pending is not None:
                 kv = pending.wait()
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.mask_of, ctx.group, ctx.scale, ctx.rank, ctx.world = mask_of, group, scale, rank, world
+        ctx.mask_of, ctx.causal_only, ctx.group, ctx.scale = mask_of, causal_only, group, scale
+        ctx.rank, ctx.world = rank, world
         ctx.where = backward_of(" (ring attention: key/value gradients)")
-        return out.flatten(1, 2).to(q.dtype)
+        return out.to(q.dtype)
 
     @staticmethod
     def backward(ctx, grad):
         q, k, v, out, lse = ctx.saved_tensors
-        heads_kv, world, scale = k.shape[1], ctx.world, ctx.scale
-        acc = out.dtype
-        qg = q.to(acc).unflatten(1, (heads_kv, q.shape[1] // heads_kv))
-        dout = grad.to(acc).unflatten(1, (heads_kv, q.shape[1] // heads_kv))
-        delta = (dout * out).sum(-1, keepdim=True)
-        dq = torch.zeros_like(qg)
+        world, acc = ctx.world, out.dtype
+        dq = torch.zeros(q.shape, dtype=acc, device=q.device)
         # the block in hand and its gradients so far, travelling together: [k, v, dk, dv]
         travelling = torch.stack([k.to(acc), v.to(acc), torch.zeros_like(k, dtype=acc), torch.zeros_like(v, dtype=acc)])
         for step in range(world):
-            kb, vb = travelling[0], travelling[1]
-            mask = _grouped_mask(ctx.mask_of((ctx.rank - step) % world), heads_kv)
-            p = _weights(_scores(qg, kb, mask, scale), lse)
-            ds = p * (dout @ vb.unsqueeze(2).transpose(-1, -2) - delta)
-            dq += (ds @ kb.unsqueeze(2)) * scale
-            travelling[2] += (ds.transpose(-1, -2) @ qg).sum(2) * scale
-            travelling[3] += (p.transpose(-1, -2) @ dout).sum(2)
+            block = (ctx.rank - step) % world
+            for piece in pieces(ctx.mask_of, block, ctx.rank, world, q.shape[2], ctx.causal_only):
+                dq_piece, dk_piece, dv_piece = attend_backward(
+                    grad, q, travelling[0], travelling[1], out, lse, piece, ctx.scale
+                )
+                dq[:, :, piece.rows] += dq_piece
+                travelling[2][:, :, piece.cols] += dk_piece
+                travelling[3][:, :, piece.cols] += dv_piece
             if world > 1:  # after the last step the block goes home with every rank's gradients
                 travelling = start_ring_shift(travelling, ctx.group, where=ctx.where).wait()
-        return dq.flatten(1, 2).to(q.dtype), travelling[2].to(k.dtype), travelling[3].to(v.dtype), None, None, None
+        grads = (dq.to(q.dtype), travelling[2].to(k.dtype), travelling[3].to(v.dtype))
+        return (*grads, None, None, None, None)
 
 
 #: attention features the ring does not compute: with them the keys and values are gathered instead
@@ -177,8 +146,9 @@ def ring_attention(base, *, gather: bool = False):
         def mask_of(block: int):  # built when needed (forward, then backward): never all blocks' at once
             return _mask_at(module, attention_mask, mine, positions[block])
 
+        causal_only = attention_mask is None and getattr(module, "is_causal", True)
         scale = kwargs.get("scaling") or query.shape[-1] ** -0.5
-        out = _RingAttention.apply(query, key, value, mask_of, group, scale)
+        out = _RingAttention.apply(query, key, value, mask_of, causal_only, group, scale)
         return out.transpose(1, 2).contiguous(), None
 
     return attention
