@@ -16,7 +16,8 @@ themselves are re-installed from this checkout, as wheels, at the start of every
     nox -s bench-kernels                # the optimization switches on/off at TP=2 (step-time ratios)
     nox -s bench-consistency            # the cost of the rank-consistency guards at TP=2
     nox -s bench-overlap                # can a gloo collective progress beside a matmul here
-    nox -s bench-sequence               # sequence parallelism at 1024-4096 tokens: step time, activation memory
+    nox -s bench-sequence               # sequence parallelism at 1024-4096 tokens (2 ranks), ring vs all-gather at 2048-8192 (4)
+    nox -s long-sequence                # 32768 tokens: one process out of memory under a cap, SP=4 ring_attn trains under it
     nox -s bench-gpu                    # Llama-3-8B layers on the GPUs at hand: tokens/s, MFU, memory vs PyTorch TP, HF tp_plan
     nox -s convergence                  # BERT fine-tuning unsharded vs TP=2 vs TP=4
     nox -s mutants                      # mutation testing: each deliberate bug caught by its declared check
@@ -263,6 +264,14 @@ def bench_sequence(session: nox.Session) -> None:
     bin_dir = _install(session)
     session.run(str(bin_dir / "python"), "-m", "pip", "install", "--quiet", "matplotlib", external=True)  # the PNG
     _bench(session, bin_dir, "sequence", "benchmarks/bench_sequence.py")
+
+
+@nox.session(name="long-sequence", default=False)
+def long_sequence(session: nox.Session) -> None:
+    """Demonstration (not a test): a sequence one process cannot train under a memory cap, trained
+    with ring_attn over 4 ranks under the same cap per rank, losses equal; bench-results/long_sequence.json."""
+    bin_dir = _install(session)
+    _run(session, bin_dir, "python", "benchmarks/long_sequence.py", *session.posargs)
 
 
 @nox.session(name="bench-consistency", default=False)
