@@ -62,8 +62,21 @@ def _explain(args) -> int:
     try:
         from .config import ShardConfig
 
-        config = ShardConfig(plan=args.plan) if args.plan else None
-        report = explain(args.model, args.tp, pp=args.pp, sp=args.sp, dtype=dtype, device=args.device, config=config)
+        settings = {"plan": args.plan} if args.plan else {}
+        if args.sp_mode:
+            settings |= {"enable_sequence_parallelism": True, "sequence_parallelism_mode": args.sp_mode}
+        config = ShardConfig(**settings) if settings else None
+        report = explain(
+            args.model,
+            args.tp,
+            pp=args.pp,
+            sp=args.sp,
+            dtype=dtype,
+            device=args.device,
+            config=config,
+            seq=args.seq,
+            batch=args.batch,
+        )
     except ExplainError as err:
         if args.json:
             print(json.dumps({"error": str(err), "valid_tensor_parallel_sizes": err.valid_tp}, indent=2))
@@ -156,7 +169,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     e.add_argument("--tp", type=int, required=True, help="tensor_parallel_size")
     e.add_argument("--pp", type=int, default=1, help="pipeline_parallel_size (planned: stage bytes)")
-    e.add_argument("--sp", type=int, default=1, help="sequence_parallel_size (planned: heads checked over tp x sp)")
+    e.add_argument("--sp", type=int, default=1, help="sequence_parallel_size (its mode: --sp-mode)")
+    e.add_argument(
+        "--sp-mode",
+        default=None,
+        choices=("split_gather", "all_to_all", "ring_attn", "all_gather_kv"),
+        help="sequence_parallelism_mode (default with --sp > 1: all_to_all)",
+    )
+    e.add_argument("--seq", type=int, default=None, help="tokens per sequence: attention keys/values held and sent")
+    e.add_argument("--batch", type=int, default=1, help="sequences per batch (with --seq)")
     e.add_argument("--dtype", default=None, help="parameter dtype (default: the config's dtype, else float32)")
     e.add_argument("--device", default="cpu", help="device the model would run on (picks the attention backend)")
     e.add_argument("--plan", default=None, help="a YAML sharding plan to explain instead of the plugin's policy")

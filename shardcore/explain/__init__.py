@@ -24,6 +24,7 @@ from ..distributed import ParallelLayout
 from ..distributed.collectives import PaperGroup
 from .counts import _collective_counts, _module_rows, _nbytes, _stage_bytes, _valid_tp_sizes
 from .report import format_report, to_json
+from .sequence import add_sequence_counts, sequence_bytes
 
 __all__ = ["ExplainError", "explain", "format_report", "load_for_explain", "to_json"]
 
@@ -104,10 +105,19 @@ def _notes(config: ShardConfig, pp: int, sp: int) -> list[str]:
             f"pipeline_parallel_size={pp}: one stage per rank, Policy.blocks() split evenly as optimize cuts them "
             "by default (earlier stages take one more); pipeline_layers= chooses another split"
         )
+    mode = config.sequence_parallelism_mode
     if sp > 1:
+        what = {
+            "all_to_all": "Ulysses: heads checked over tp x sp; 4 all-to-alls per attention forward, 4 backward",
+            "ring_attn": f"context parallelism: {sp - 1} ring shifts of the keys and values per attention forward, "
+            f"{sp} of them with their gradients backward",
+            "all_gather_kv": "keys and values all-gathered per attention (2 all-gathers forward, 2 reduce-scatters "
+            "backward)",
+        }[mode]
         notes.append(
-            f"sequence_parallel_size={sp}: Ulysses (sequence_parallelism_mode='all_to_all'): heads checked over "
-            "tp x sp; its all-to-alls around attention (4 per block forward, 4 backward) are not in the counts below"
+            f"sequence_parallel_size={sp}, sequence_parallelism_mode={mode!r}: {what}; each block parameter's "
+            "gradient all-reduced over sp; the sequence all-gathered after the last block (and its gradient at the "
+            "first); counted below with one attention per block"
         )
     if config.enable_sequence_parallelism and config.sequence_parallelism_mode == "split_gather":
         notes.append(
@@ -132,12 +142,16 @@ def explain(
     policy=None,
     dtype: torch.dtype | None = None,
     device: str = "cpu",
+    seq: int | None = None,
+    batch: int = 1,
 ) -> dict[str, Any]:
     """The sharding plan of ``model`` at ``tp`` (x ``pp`` x ``sp``) as a JSON-able dict.
 
     ``model`` is a module built on the meta device (``shardcore.init_empty()``; it is sharded in
     place) or a spec for :func:`load_for_explain`. Raises :class:`ExplainError` with ``optimize``'s
-    message when the layout is impossible.
+    message when the layout is impossible. With ``sp > 1`` the mode is ``config``'s
+    (``all_to_all`` when it gives none); ``seq`` (and ``batch``) add the keys and values each
+    rank holds and sends per layer under it (``"sequence"``).
     """
     from .. import kernels
 
@@ -153,6 +167,7 @@ def explain(
     model, policy = build.model, build.policy
     rank_bytes = _nbytes(model.parameters())
     per_block, outside, step = _collective_counts(build, block_names, block_cls)
+    add_sequence_counts(build, build.policy.blocks(), block_cls, per_block, outside, step)
     stages = _stage_bytes(model, block_names, pp) if pp > 1 else None
     return {
         "model": type(model).__name__,
@@ -176,6 +191,7 @@ def explain(
             "enable_flash_attention": kernels.attention_backend(torch.device(device), _dtype_of(model)),
         },
         "valid_tensor_parallel_sizes": valid,
+        "sequence": sequence_bytes(build, seq, batch, itemsize) if seq else None,
         "notes": _notes(config, pp, sp),
     }
 

@@ -66,6 +66,15 @@ def format_report(report: dict[str, Any]) -> str:
         f"attention: {att['model'] or 'the model library default'} as built; with enable_flash_attention: "
         f"{att['enable_flash_attention']}"
     )
+    seq = report.get("sequence")
+    if seq:
+        sent = seq["bytes_sent_per_layer"]
+        lines.append(
+            f"attention keys/values per rank ({seq['mode']}, {seq['seq']} tokens x {seq['batch']}): kept for the "
+            f"backward {_fmt_bytes(seq['kv_bytes_kept_per_layer'])} per layer; in flight "
+            f"{_fmt_bytes(seq['kv_bytes_in_flight'])} (one layer at a time); sent per layer forward "
+            f"{_fmt_bytes(sent['forward'])}, backward {_fmt_bytes(sent['backward'])}"
+        )
     lines.append(f"valid tensor_parallel_size (up to 64): {report['valid_tensor_parallel_sizes']}")
     lines += [f"note: {n}" for n in report["notes"]]
     return "\n".join(lines)

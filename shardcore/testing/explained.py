@@ -30,10 +30,15 @@ def assert_explain_matches(
     from shardcore.distributed.collectives import count_collectives, group_rank
     from shardcore.explain import explain
 
-    tp = config.tensor_parallel_size
     with shardcore.init_empty():
         meta = build_fn()
-    report = explain(meta, tp, config=config)
+    report = explain(
+        meta,
+        config.tensor_parallel_size,
+        pp=config.pipeline_parallel_size,
+        sp=config.sequence_parallel_size,
+        config=config,
+    )
 
     torch.manual_seed(seed)
     model = shardcore.optimize(build_fn(), config)

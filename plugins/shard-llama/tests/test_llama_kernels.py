@@ -112,6 +112,27 @@ def test_explain_table_and_bad_spec(llama_7b):
     assert "Traceback" not in proc.stderr
 
 
+def test_explain_ring_against_all_gather_kv(llama_7b):
+    """explain --sp 4 --seq 8192: the ring keeps a block of keys and values per layer, the gathered
+    variant the whole sequence's (sp times more); shifts counted per layer."""
+    from shardcore.explain import explain
+
+    proc, _, _ = _cli("explain", str(llama_7b), "--tp", "1", "--sp", "4", "--sp-mode", "ring_attn", "--seq", "8192")
+    assert proc.returncode == 0, proc.stderr
+    assert "attention keys/values per rank (ring_attn, 8192 tokens x 1): kept for the backward 16.0 MB" in proc.stdout
+    kept, sent = {}, {}
+    for mode in ("ring_attn", "all_gather_kv"):  # in this process: the same report as the command's --json
+        config = ShardConfig(enable_sequence_parallelism=True, sequence_parallelism_mode=mode)
+        report = explain(str(llama_7b), 1, sp=4, config=config, seq=8192)
+        kept[mode] = report["sequence"]["kv_bytes_kept_per_layer"]
+        sent[mode] = report["sequence"]["bytes_sent_per_layer"]
+        per_layer = report["collectives_per_layer"]["LlamaDecoderLayer"]
+    block = 8 * 2048 * 128 * 4  # one rank's keys: 8 kv heads x 8192 / 4 tokens x 128 x float32
+    assert kept == {"ring_attn": 2 * block, "all_gather_kv": 2 * 4 * block}, kept
+    assert sent["ring_attn"] == {"forward": 3 * 2 * block, "backward": 4 * 4 * block}, sent
+    assert per_layer["forward"] == {"all_gather": 2} and per_layer["backward"]["reduce_scatter"] == 2, per_layer
+
+
 def _flag(tp: int, flag: str, kv: int) -> dict:
     # that the kernels equal the model's own eager path: test_kernels_match_eager
     return assert_switch_matches(lambda: build("LlamaForCausalLM", kv=kv), lm_batch(), flag, tp)
