@@ -546,6 +546,22 @@ MUTANTS: dict[str, Mutant] = {
             "tests/test_core_ring.py::test_ring_attention_equals_full_attention[padded-4-math]",
             "ring shifts (3, 3)",
         ),
+        _m(
+            "moe-expert-shares-not-summed",
+            "shard-moe: each rank returns its own experts' share of the tokens (the all-reduce dropped)",
+            "plugins/shard-moe/shard_moe/experts.py",
+            ("        return reduce_from_tp(out, group)", "        return out"),
+            "plugins/shard-moe/tests/test_moe_tp.py::test_matches_unsharded[mixtral-tp2]",
+            "max abs diff",
+        ),
+        _m(
+            "moe-router-gradient-partial",
+            "shard-moe: the routing weights' gradient left at this rank's experts' share (router trains apart)",
+            "plugins/shard-moe/shard_moe/experts.py",
+            ("torch.where(mine, copy_to_tp(top_k_weights, group), 0.0)", "torch.where(mine, top_k_weights, 0.0)"),
+            "plugins/shard-moe/tests/test_moe_tp.py::test_matches_unsharded[mixtral-tp2]",
+            "gradient of model.",
+        ),
         # -- the kit itself (caught by the kit's self-tests) --------------------------------------
         _m(
             "kit-gradient-tolerance-loosened",

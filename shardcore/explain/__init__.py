@@ -149,15 +149,13 @@ def explain(
 
     ``model`` is a module built on the meta device (``shardcore.init_empty()``; it is sharded in
     place) or a spec for :func:`load_for_explain`. Raises :class:`ExplainError` with ``optimize``'s
-    message when the layout is impossible. With ``sp > 1`` the mode is ``config``'s
-    (``all_to_all`` when it gives none); ``seq`` (and ``batch``) add the keys and values each
-    rank holds and sends per layer under it (``"sequence"``).
+    message when the layout is impossible. ``sp > 1``: ``config``'s mode (else ``all_to_all``);
+    ``seq`` (``batch``): the attention keys and values a rank holds and sends (``"sequence"``).
     """
     from .. import kernels
 
-    if not isinstance(model, nn.Module):
-        model = load_for_explain(model, dtype)
-    elif any(not p.is_meta for p in model.parameters()):
+    model = model if isinstance(model, nn.Module) else load_for_explain(model, dtype)
+    if any(not p.is_meta for p in model.parameters()):
         raise ValueError("explain: pass a model built on the meta device (shardcore.init_empty()) or a spec")
     config = _paper_config(config or ShardConfig(), tp, pp, sp)
     full_bytes = _nbytes(model.parameters())

@@ -1,0 +1,148 @@
+"""Tensor-parallel policies for mixture-of-experts decoders (Mixtral, Qwen2-MoE, Qwen3-MoE).
+
+Per decoder layer:
+
+* attention as Llama's (Megatron-LM's layout): ``q_proj``/``k_proj``/``v_proj`` column parallel by
+  heads (key/value heads replicated when fewer than the ranks), ``o_proj`` row parallel; Qwen3's
+  per-head ``q_norm``/``k_norm`` need nothing;
+* the sparse MLP: the router (``gate``) replicated, the experts split over the ranks, each rank
+  holding ``E / tp`` whole experts (:class:`~shard_moe.experts.ExpertsTP`: each rank adds its
+  experts' share of every token, one all-reduce sums them). Splitting each expert's MLP instead
+  (Megatron's expert tensor parallelism) is not built: with whole experts a rank runs fewer,
+  larger matmuls and the checkpoint reads whole experts;
+* a shared expert (Qwen2-MoE) and the dense MLP of layers without experts: column / row parallel
+  like Llama's MLP; the shared expert's sigmoid gate (``hidden -> 1``) replicated.
+
+``embed_tokens`` is vocab parallel, ``lm_head`` a vocab-parallel head gathering the logits.
+The load-balancing loss (``output_router_logits=True``) is computed from the replicated
+router's logits: the unsharded model's.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from shardcore import ModulePolicyDescription, Policy
+from shardcore.builders import attention, mlp, vocab_embedding, vocab_head
+from shardcore.policy import SubModuleReplacementDescription as Sub
+
+from .experts import ExpertsTP
+
+__all__ = ["MoeForCausalLMPolicy", "MoeModelPolicy", "MoePolicy"]
+
+
+def _optional(subs: list[Sub]) -> list[Sub]:
+    """A layer has either a sparse MLP or a dense one (Qwen's ``mlp_only_layers``): each rule
+    applies where its module exists."""
+    return [attrs.evolve(s, ignore_if_not_exist=True) for s in subs]
+
+
+class MoePolicy(Policy):
+    """Shared by every head: shards the base model (``model.base_model``)."""
+
+    @property
+    def base(self):
+        return self.model.base_model
+
+    def blocks(self):
+        return self.blocks_in(self.base.layers)
+
+    def _dims(self):
+        cfg = self.model.config
+        heads, kv = cfg.num_attention_heads, cfg.num_key_value_heads or cfg.num_attention_heads
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+        return heads, kv, head_dim
+
+    def config_sanity_check(self) -> None:
+        cfg, tp = self.model.config, self.tp_size
+        name = type(self.model).__name__
+        heads, kv, _ = self._dims()
+        self.require_divisible(heads, tp, "num_attention_heads", name)
+        if kv % tp and tp % kv:
+            raise ValueError(
+                f"{name}: num_key_value_heads={kv} can neither be split over nor replicated on "
+                f"tensor_parallel_size={tp}; use a tensor_parallel_size that divides {kv} or is a multiple of it"
+            )
+        layouts = {type(m).__name__ for n, m in self.model.named_modules() if n.endswith(".experts")}
+        unfused = [
+            m for n, m in self.model.named_modules() if n.endswith(".experts") and not hasattr(m, "gate_up_proj")
+        ]
+        if unfused:
+            import transformers
+
+            raise NotImplementedError(
+                f"{name}: shard-moe shards the fused expert weights of transformers 5 (experts.gate_up_proj "
+                f"[experts, 2 x intermediate, hidden]); transformers {transformers.__version__} keeps the experts "
+                f"as {', '.join(sorted(layouts))} (one module per expert), which is not built: use transformers >= 5"
+            )
+        experts = getattr(cfg, "num_local_experts", None) or getattr(cfg, "num_experts", None)
+        self.require_divisible(experts, tp, "num_experts", name)
+        for field in ("intermediate_size", "shared_expert_intermediate_size"):
+            size = getattr(cfg, field, None)
+            if size:
+                self.require_divisible(size, tp, field, name)
+        if getattr(cfg, "router_jitter_noise", 0.0):
+            raise NotImplementedError(
+                f"{name}: router_jitter_noise={cfg.router_jitter_noise} draws the router's noise per rank; "
+                "set it to 0 to shard"
+            )
+
+    def module_policy(self):
+        heads, kv, head_dim = self._dims()
+        tp = self.tp_size
+        local_kv = kv // tp if kv >= tp else 1
+        experts = Sub(suffix="mlp.experts", target_module=ExpertsTP)
+        dense = mlp("mlp", ("gate_proj", "up_proj"), "down_proj")  # each column layer copies its input
+        shared = mlp("mlp.shared_expert", ("gate_proj", "up_proj"), "down_proj")
+        return {
+            self.block_type(): ModulePolicyDescription(
+                attribute_replacement={"self_attn.num_key_value_groups": (heads // tp) // local_kv},
+                sub_module_replacement=attention("self_attn", heads, head_dim, kv_heads=kv)
+                + _optional([experts, *dense, *shared]),
+                enter_tp_region=["self_attn"],
+                per_rank_rng=["self_attn"],
+            ),
+            type(self.base): ModulePolicyDescription(
+                sub_module_replacement=[vocab_embedding("embed_tokens", self.shard_config)]
+            ),
+        }
+
+    @property
+    def grad_sum_parameters(self) -> list[str]:
+        """Replicated weights that each rank applies to its own heads only (Qwen3's per-head
+        ``q_norm`` / ``k_norm``): each rank's gradient is its heads' share, summed over the group."""
+        norms = ("self_attn.q_norm.weight", "self_attn.k_norm.weight")
+        return [n for n, _ in self.model.named_parameters() if n.endswith(norms)]
+
+    def postprocess(self):
+        from shardcore.distributed.collectives import all_reduce
+        from shardcore.tensor_parallel import ParallelModule
+
+        group = next(m.process_group for m in self.model.modules() if isinstance(m, ParallelModule))
+        params = dict(self.model.named_parameters())
+        for name in self.grad_sum_parameters:
+            where = f"backward of {name} (gradient summed over the group)"
+            params[name].register_hook(lambda g, where=where: all_reduce(g.contiguous().clone(), group, where=where))
+        return self.model
+
+
+class MoeModelPolicy(MoePolicy):
+    """``MixtralModel`` / ``Qwen2MoeModel`` / ``Qwen3MoeModel``: the decoder stack alone."""
+
+
+class MoeForCausalLMPolicy(MoePolicy):
+    """``*ForCausalLM``: the base model plus a vocab-parallel ``lm_head`` gathering the logits."""
+
+    def module_policy(self):
+        policy = super().module_policy()
+        policy[type(self.model)] = ModulePolicyDescription(
+            sub_module_replacement=[vocab_head("lm_head", self.shard_config)],
+        )
+        return policy
+
+    def postprocess(self):
+        from shardcore.losses import defer_logits_gather
+
+        model = super().postprocess()
+        defer_logits_gather(model, model.lm_head)  # the loss on the vocabulary slices, the logits gathered
+        return model
