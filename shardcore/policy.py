@@ -219,6 +219,13 @@ class Policy(SequenceHooks, PipelineHooks, DataParallelHooks):
         """
         return {}
 
+    def checkpoint_parts(self, names: list[str]) -> dict:
+        """``{model tensor name: StackedParts}`` for tensors the library's checkpoint format keeps
+        in pieces (:class:`shardcore.checkpoint.parts.StackedParts`: transformers 5 writes fused
+        expert weights one tensor per expert); :func:`shardcore.load_checkpoint` reads them from
+        their pieces, each rank only its slice's. Default: none."""
+        return {}
+
     @staticmethod
     def require_divisible(value: int, tp_size: int, field: str, model: str) -> None:
         """Raise ``ValueError`` naming ``field`` if ``tp_size`` does not divide ``value``."""

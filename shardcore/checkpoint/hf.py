@@ -29,6 +29,7 @@ from ..meta import unguard_meta
 from ..pipeline import tensor_aliases
 from ..sharded_state import parameter_specs
 from .materialize import checkpoint_policy, materialize_buffers, replace_tensors
+from .parts import StackedParts
 from .safetensors_io import (
     CheckpointError,
     SafetensorsFile,
@@ -103,7 +104,7 @@ def load_checkpoint(
     handles: dict[Path, SafetensorsFile] = {}
     try:
         zero_copy = zero_copy and torch.device(device).type == "cpu"
-        for file in sorted({files[p[3]] for p in plan}, key=str):
+        for file in sorted({files[k] for p in plan for k in _keys(p[3])}, key=str):
             handles[file] = SafetensorsFile(file, zero_copy=zero_copy)
         problems += _shape_problems(plan, files, handles)
         if problems:
@@ -127,13 +128,17 @@ def _read_plan(model: nn.Module, files: dict) -> tuple[list[tuple], list[str]]:
     specs = parameter_specs(reshard(model))
     prefix = getattr(model, "base_model_prefix", None)
     tensors = list(model_tensors(model))
-    renamed = checkpoint_policy(model).checkpoint_names([name for name, _, _ in tensors])
+    policy = checkpoint_policy(model)
+    renamed = policy.checkpoint_names([name for name, _, _ in tensors])
+    parts = policy.checkpoint_parts([name for name, _, _ in tensors])
     aliases = tensor_aliases(model)
     plan, problems = [], []
     for name, tensor, is_param in tensors:
         key = _resolve_key(name, files, prefix, renamed)
         for alias in aliases.get(name, []) if key is None else []:  # tied, held under another name
             key = key or _resolve_key(alias, files, prefix, renamed)
+        if key is None and name in parts and all(k in files for k in parts[name].all_keys()):
+            key = parts[name]  # kept in pieces by the library's format
         spec, group = specs.get(name, (None, None))
         if key is None:
             problems.append(f"missing tensor {name!r}")
@@ -142,10 +147,24 @@ def _read_plan(model: nn.Module, files: dict) -> tuple[list[tuple], list[str]]:
     return plan, problems
 
 
+def _keys(key) -> list[str]:
+    return key.all_keys() if isinstance(key, StackedParts) else [key]
+
+
 def _shape_problems(plan: list[tuple], files: dict, handles: dict) -> list[str]:
     """Every planned tensor is in its file with the full (unsharded) shape the model expects."""
     problems = []
     for name, tensor, _, key, spec, _ in plan:
+        if isinstance(key, StackedParts):
+            absent = [k for k in key.all_keys() if k not in handles[files[k]].entries]
+            saved = None if absent else key.full_shape(lambda k: handles[files[k]].shape(k))
+            if absent or saved != _full_shape(tensor, spec):
+                problems.append(
+                    f"tensor {name!r}: its checkpoint pieces ({key.keys[0]}, ...) "
+                    + (f"are not all in their files ({absent[0]!r} missing)" if absent else f"stack to {saved}")
+                    + f", the model expects {list(_full_shape(tensor, spec))}"
+                )
+            continue
         if key not in handles[files[key]].entries:
             problems.append(f"tensor {name!r} is listed in the index but not in {files[key].name}")
             continue
@@ -165,7 +184,11 @@ def _read_slices(plan: list[tuple], files: dict, handles: dict, device, progress
     bar = _progress(len(plan), total, progress)
     replaced: dict[int, torch.Tensor] = {}
     for _, tensor, is_param, key, spec, group in plan:
-        local = handles[files[key]].read(key, spec, group_rank(group) if spec else 0, tensor.dtype)
+        rank = group_rank(group) if spec else 0
+        if isinstance(key, StackedParts):  # this rank's entries, from their pieces only
+            local = key.read(lambda k, t=tensor: handles[files[k]].read(k, None, 0, t.dtype), spec, rank)
+        else:
+            local = handles[files[key]].read(key, spec, rank, tensor.dtype)
         if tensor.device.type == "meta":
             moved = local.to(device)
             replaced[id(tensor)] = nn.Parameter(moved, requires_grad=tensor.requires_grad) if is_param else moved

@@ -107,6 +107,40 @@ class MoePolicy(Policy):
             ),
         }
 
+    def checkpoint_names(self, names: list[str]) -> dict[str, str]:
+        """Mixtral's checkpoints keep the sparse block under its original name, ``block_sparse_moe``."""
+        if type(self.model).__name__.startswith("Mixtral"):
+            return {n: n.replace(".mlp.gate.", ".block_sparse_moe.gate.") for n in names if ".mlp.gate." in n}
+        return {}
+
+    def checkpoint_parts(self, names: list[str]) -> dict:
+        """transformers 5 writes the fused experts one tensor per expert (Mixtral: ``w1`` the gate,
+        ``w3`` the up projection, ``w2`` the down projection under ``block_sparse_moe``; Qwen:
+        ``gate_proj`` / ``up_proj`` / ``down_proj`` under ``mlp.experts.<e>``) and fuses them when
+        loading: shard-on-read reads each rank's experts from those pieces."""
+        from shardcore.checkpoint.parts import StackedParts
+
+        cfg = self.model.config
+        experts = getattr(cfg, "num_local_experts", None) or cfg.num_experts
+        mixtral = type(self.model).__name__.startswith("Mixtral")
+        pieces = (
+            {"gate_up_proj": ("w1", "w3"), "down_proj": ("w2",)}
+            if mixtral
+            else {
+                "gate_up_proj": ("gate_proj", "up_proj"),
+                "down_proj": ("down_proj",),
+            }
+        )
+        out = {}
+        for name in names:
+            layer, sep, weight = name.rpartition(".mlp.experts.")
+            if sep and weight in pieces:
+                block = f"{layer}.block_sparse_moe.experts" if mixtral else f"{layer}.mlp.experts"
+                out[name] = StackedParts(
+                    tuple(tuple(f"{block}.{e}.{piece}.weight" for piece in pieces[weight]) for e in range(experts))
+                )
+        return out
+
     @property
     def grad_sum_parameters(self) -> list[str]:
         """Replicated weights that each rank applies to its own heads only (Qwen3's per-head

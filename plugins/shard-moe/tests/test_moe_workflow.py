@@ -1,6 +1,6 @@
 """The user's own lines on a sharded mixture-of-experts model: clip_grad_norm_, save_pretrained /
-from_pretrained, greedy generate with a KV cache, explain's counts against a real step; and the
-checkpoint layout shard-on-read does not read yet, refused by name."""
+from_pretrained, a checkpoint in transformers 5's per-expert layout read shard by shard onto the
+meta-built model, greedy generate with a KV cache, explain's counts against a real step."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from shardcore.testing import (
     assert_clipping_matches,
     assert_explain_matches,
     assert_generate_matches,
+    assert_lazy_load_matches,
     assert_save_pretrained_matches,
     run_on_ranks,
 )
@@ -50,25 +51,55 @@ def test_save_pretrained_then_from_pretrained(tmp_path):
     run_on_ranks(2, _saved, str(tmp_path / "saved"))
 
 
-def _load(ckpt: str) -> str:
+def _lazy(family: str, ckpt: str, out: str) -> float:
+    return assert_lazy_load_matches(lambda: build(family), lm_batch(), ckpt, TP2, save_to=out)
+
+
+def _read_bytes(family: str, ckpt: str) -> dict:
+    """The checkpoint bytes this rank reads for its experts (positioned reads, counted)."""
     import shardcore
+    from shardcore.checkpoint import safetensors_io
 
     with shardcore.init_empty():
-        model = build("mixtral")
+        model = build(family)
     model = shardcore.optimize(model, TP2)
-    with pytest.raises(shardcore.CheckpointError) as err:
+    read, original = [], safetensors_io.SafetensorsFile.read
+
+    def counting(self, key, spec, rank, dtype):
+        out = original(self, key, spec, rank, dtype)
+        read.append((key, out.numel() * out.element_size()))
+        return out
+
+    safetensors_io.SafetensorsFile.read = counting
+    try:
         shardcore.load_checkpoint(model, ckpt)
-    return str(err.value)
+    finally:
+        safetensors_io.SafetensorsFile.read = original
+    experts = [(k, n) for k, n in read if ".experts." in k]
+    return {
+        "keys": sorted({k.split(".experts.")[1].split(".")[0] for k, _ in experts}),
+        "bytes": sum(n for _, n in experts),
+    }
 
 
-def test_checkpoint_in_per_expert_layout_refused_by_name(tmp_path):
-    """transformers 5 writes Mixtral's experts one tensor each (``block_sparse_moe.experts.0.w1``) and
-    fuses them when loading; shardcore's shard-on-read loader reads tensors by the model's names and
-    does not fuse yet: it refuses, naming the fused tensors it did not find (never a half-loaded model)."""
+@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe"])
+def test_checkpoint_in_per_expert_layout_read_on_shard(family, tmp_path):
+    """transformers 5 writes the experts one tensor each and fuses them when loading; shard-on-read
+    reads each rank's experts from those pieces only (half the experts' bytes at TP=2) onto the
+    meta-built sharded model, equal outputs; save_checkpoint writes the fused tensors (the model's
+    names), which from_pretrained reads back to the same model."""
     torch.manual_seed(0)
-    build("mixtral").save_pretrained(tmp_path / "ckpt")
-    for message in run_on_ranks(2, _load, str(tmp_path / "ckpt")):
-        assert "missing tensor 'model.layers.0.mlp.experts.gate_up_proj'" in message, message
+    build(family).save_pretrained(tmp_path / "ckpt")
+    run_on_ranks(2, _lazy, family, str(tmp_path / "ckpt"), str(tmp_path / "out"))
+    reads = run_on_ranks(2, _read_bytes, family, str(tmp_path / "ckpt"))
+    assert [r["keys"] for r in reads] == [["0", "1"], ["2", "3"]], reads
+    per_expert = {"mixtral": 3 * 96 * 64, "qwen2_moe": 3 * 48 * 64}[family] * 4  # gate, up, down in fp32
+    assert all(r["bytes"] == 2 * 2 * per_expert for r in reads), reads  # 2 layers x 2 experts
+    torch.manual_seed(0)
+    ref = build(family).eval()
+    back = type(ref).from_pretrained(tmp_path / "out").eval()  # what save_checkpoint wrote (fused)
+    with torch.no_grad():
+        assert torch.allclose(back(**lm_batch()).logits, ref(**lm_batch()).logits, atol=1e-6)
 
 
 def _generate() -> list:
@@ -101,3 +132,24 @@ def test_explain_predicts_a_step():
     experts = rows["model.layers.*.mlp.experts"]
     assert experts["collectives"] == {"forward": ["all_reduce"], "backward": ["all_reduce", "all_reduce"]}
     assert experts["bytes_per_rank"] == 2 * 2 * (2 * 48 * 64 + 64 * 48) * 4  # 2 layers x 2 of 4 experts, fp32
+
+
+def _mismatch(ckpt: str) -> str:
+    import shardcore
+
+    with shardcore.init_empty():
+        model = build("mixtral", intermediate_size=48)
+    model = shardcore.optimize(model, TP2)
+    with pytest.raises(shardcore.CheckpointError) as err:
+        shardcore.load_checkpoint(model, ckpt)
+    return str(err.value)
+
+
+def test_checkpoint_pieces_of_another_shape_refused(tmp_path):
+    """Experts of another size in the checkpoint: refused on every rank before any read, naming
+    the fused tensor, the shape its pieces stack to and the one the model expects."""
+    torch.manual_seed(0)
+    build("mixtral").save_pretrained(tmp_path / "ckpt")  # intermediate 96
+    for message in run_on_ranks(2, _mismatch, str(tmp_path / "ckpt")):
+        assert "tensor 'model.layers.0.mlp.experts.gate_up_proj': its checkpoint pieces" in message, message
+        assert "stack to (4, 192, 64), the model expects [4, 96, 64]" in message, message
