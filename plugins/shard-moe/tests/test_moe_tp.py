@@ -100,3 +100,22 @@ def test_refused_on_every_rank_before_any_collective(cfg, expected):
         pytest.skip("transformers 4.x: refused by name (test_transformers_4_refused_by_name)")
     for message in run_on_ranks(2, _refused, 2, cfg):
         assert expected in message, message
+
+
+def _layout_refused(config: dict) -> str:
+    return refusal_message(lambda: build("mixtral"), ShardConfig(**config))
+
+
+@pytest.mark.parametrize(
+    ("config", "expected"),
+    [
+        ({"tensor_parallel_size": 1, "pipeline_parallel_size": 2}, "does not support pipeline parallelism"),
+        ({"tensor_parallel_size": 2, "enable_sequence_parallelism": True}, "(no sequence parallelism)"),
+    ],
+    ids=["pipeline", "sequence"],
+)
+def test_layouts_not_built_refused_by_name(config, expected):
+    if not _fused_experts():
+        pytest.skip("transformers 4.x: refused by name (test_transformers_4_refused_by_name)")
+    for message in run_on_ranks(2, _layout_refused, config):
+        assert expected in message, message
