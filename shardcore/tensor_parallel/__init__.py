@@ -11,6 +11,7 @@ from .parallel_module import ParallelModule
 from .regions import enter_tp_region
 from .rng import fork_tp_rng, run_in_shared_rng, run_in_tp_rng
 from .shard_spec import Segment, ShardSpec
+from .split_norm import SplitRMSNorm
 
 __all__ = [
     "Conv1D_Col",
@@ -24,6 +25,7 @@ __all__ = [
     "ParallelModule",
     "Segment",
     "ShardSpec",
+    "SplitRMSNorm",
     "VocabParallelEmbedding1D",
     "VocabParallelLMHead1D",
     "copy_to_tp",

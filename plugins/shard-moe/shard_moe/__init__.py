@@ -1,4 +1,4 @@
-"""shardcore plugin for mixture-of-experts decoders: Mixtral, Qwen2-MoE and Qwen3-MoE
+"""shardcore plugin for mixture-of-experts decoders: Mixtral, Qwen2-MoE, Qwen3-MoE and OLMoE
 (HuggingFace transformers 5).
 
 Importing this module is cheap: it registers policy *locations*; ``shard_moe.policy`` (and
@@ -10,7 +10,7 @@ from shardcore import hookimpl
 __version__ = "0.1.0"
 
 #: transformers module name -> class-name prefix
-FAMILIES = {"mixtral": "Mixtral", "qwen2_moe": "Qwen2Moe", "qwen3_moe": "Qwen3Moe"}
+FAMILIES = {"mixtral": "Mixtral", "qwen2_moe": "Qwen2Moe", "qwen3_moe": "Qwen3Moe", "olmoe": "Olmoe"}
 #: class-name suffix -> policy class in shard_moe.policy
 HEADS = {"Model": "MoeModelPolicy", "ForCausalLM": "MoeForCausalLMPolicy"}
 #: model class -> policy location

@@ -1,10 +1,12 @@
-"""Tensor-parallel policies for mixture-of-experts decoders (Mixtral, Qwen2-MoE, Qwen3-MoE).
+"""Tensor-parallel policies for mixture-of-experts decoders (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE).
 
 Per decoder layer:
 
 * attention as Llama's (Megatron-LM's layout): ``q_proj``/``k_proj``/``v_proj`` column parallel by
   heads (key/value heads replicated when fewer than the ranks), ``o_proj`` row parallel; Qwen3's
-  per-head ``q_norm``/``k_norm`` need nothing;
+  per-head ``q_norm``/``k_norm`` replicated, their gradients (each rank's heads' share) summed;
+  OLMoE's, over every head, split with the heads (:class:`~shardcore.tensor_parallel.SplitRMSNorm`:
+  the sum of squares all-reduced);
 * the sparse MLP: the router (``gate``) replicated, the experts split over the ranks, each rank
   holding ``E / tp`` whole experts (:class:`~shard_moe.experts.ExpertsTP`: each rank adds its
   experts' share of every token, one all-reduce sums them). Splitting each expert's MLP instead
@@ -25,6 +27,7 @@ import attrs
 from shardcore import ModulePolicyDescription, Policy
 from shardcore.builders import attention, mlp, vocab_embedding, vocab_head
 from shardcore.policy import SubModuleReplacementDescription as Sub
+from shardcore.tensor_parallel import SplitRMSNorm
 
 from .experts import ExpertsTP
 
@@ -46,6 +49,11 @@ class MoePolicy(Policy):
 
     def blocks(self):
         return self.blocks_in(self.base.layers)
+
+    def _norms_span_heads(self) -> bool:
+        """OLMoE's ``q_norm`` / ``k_norm`` normalize the projection over every head (Qwen3's: each head)."""
+        norm = getattr(self.blocks()[0][1].self_attn, "q_norm", None)
+        return norm is not None and norm.weight.shape[0] > self._dims()[2]
 
     def _dims(self):
         cfg = self.model.config
@@ -81,6 +89,11 @@ class MoePolicy(Policy):
             size = getattr(cfg, field, None)
             if size:
                 self.require_divisible(size, tp, field, name)
+        if self._norms_span_heads() and kv % tp:
+            raise ValueError(
+                f"{name}: k_norm normalizes the keys over every key/value head, which are not replicated across "
+                f"ranks; num_key_value_heads={kv} must be divisible by tensor_parallel_size={tp}"
+            )
         if getattr(cfg, "router_jitter_noise", 0.0):
             raise NotImplementedError(
                 f"{name}: router_jitter_noise={cfg.router_jitter_noise} draws the router's noise per rank; "
@@ -94,10 +107,12 @@ class MoePolicy(Policy):
         experts = Sub(suffix="mlp.experts", target_module=ExpertsTP)
         dense = mlp("mlp", ("gate_proj", "up_proj"), "down_proj")  # each column layer copies its input
         shared = mlp("mlp.shared_expert", ("gate_proj", "up_proj"), "down_proj")
+        norms = [Sub(suffix=f"self_attn.{n}", target_module=SplitRMSNorm) for n in ("q_norm", "k_norm")]
         return {
             self.block_type(): ModulePolicyDescription(
                 attribute_replacement={"self_attn.num_key_value_groups": (heads // tp) // local_kv},
                 sub_module_replacement=attention("self_attn", heads, head_dim, kv_heads=kv)
+                + (norms if self._norms_span_heads() else [])
                 + _optional([experts, *dense, *shared]),
                 enter_tp_region=["self_attn"],
                 per_rank_rng=["self_attn"],
@@ -145,6 +160,8 @@ class MoePolicy(Policy):
     def grad_sum_parameters(self) -> list[str]:
         """Replicated weights that each rank applies to its own heads only (Qwen3's per-head
         ``q_norm`` / ``k_norm``): each rank's gradient is its heads' share, summed over the group."""
+        if self._norms_span_heads():  # split with the heads (SplitRMSNorm), not replicated
+            return []
         norms = ("self_attn.q_norm.weight", "self_attn.k_norm.weight")
         return [n for n, _ in self.model.named_parameters() if n.endswith(norms)]
 

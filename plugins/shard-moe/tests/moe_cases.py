@@ -37,6 +37,8 @@ def moe_config(family: str = "mixtral", *, experts: int = 4, top_k: int = 2, hea
             norm_topk_prob=False,
             **common,
         )
+    elif family == "olmoe":
+        cfg = transformers.OlmoeConfig(intermediate_size=48, num_experts=experts, num_experts_per_tok=top_k, **common)
     else:
         cfg = transformers.Qwen3MoeConfig(
             intermediate_size=96,
@@ -57,7 +59,7 @@ def build(family: str = "mixtral", **cfg):
 
     config = moe_config(family, **cfg)
     config._attn_implementation = "sdpa"
-    prefix = {"mixtral": "Mixtral", "qwen2_moe": "Qwen2Moe", "qwen3_moe": "Qwen3Moe"}[family]
+    prefix = {"mixtral": "Mixtral", "qwen2_moe": "Qwen2Moe", "qwen3_moe": "Qwen3Moe", "olmoe": "Olmoe"}[family]
     return getattr(transformers, f"{prefix}ForCausalLM")(config).float()
 
 

@@ -52,9 +52,19 @@ def _check(tp: int, family: str, cfg: dict) -> dict:
         ("mixtral", 4, {"experts": 8, "heads": 8, "kv": 4}),
         ("qwen2_moe", 2, {}),
         ("qwen3_moe", 2, {"kv": 1}),  # one key/value head, replicated on both ranks
+        ("olmoe", 2, {}),  # q_norm / k_norm over every head: split with them
+        ("olmoe", 4, {"heads": 8, "kv": 4, "experts": 8}),
         ("mixtral", 2, {"experts": 8, "top_k": 1}),  # 8 experts for 24 tokens: some get none
     ],
-    ids=["mixtral-tp2", "mixtral-tp4", "qwen2-moe-tp2", "qwen3-moe-tp2-kv1", "mixtral-top1-uneven"],
+    ids=[
+        "mixtral-tp2",
+        "mixtral-tp4",
+        "qwen2-moe-tp2",
+        "qwen3-moe-tp2-kv1",
+        "olmoe-tp2",
+        "olmoe-tp4",
+        "mixtral-top1-uneven",
+    ],
 )
 def test_matches_unsharded(family, tp, cfg):
     if not _fused_experts():

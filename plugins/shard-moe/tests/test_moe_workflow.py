@@ -82,7 +82,7 @@ def _read_bytes(family: str, ckpt: str) -> dict:
     }
 
 
-@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe"])
+@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe", "olmoe"])
 def test_checkpoint_in_per_expert_layout_read_on_shard(family, tmp_path):
     """transformers 5 writes the experts one tensor each and fuses them when loading; shard-on-read
     reads each rank's experts from those pieces only (half the experts' bytes at TP=2) onto the
@@ -93,7 +93,7 @@ def test_checkpoint_in_per_expert_layout_read_on_shard(family, tmp_path):
     run_on_ranks(2, _lazy, family, str(tmp_path / "ckpt"), str(tmp_path / "out"))
     reads = run_on_ranks(2, _read_bytes, family, str(tmp_path / "ckpt"))
     assert [r["keys"] for r in reads] == [["0", "1"], ["2", "3"]], reads
-    per_expert = {"mixtral": 3 * 96 * 64, "qwen2_moe": 3 * 48 * 64}[family] * 4  # gate, up, down in fp32
+    per_expert = {"mixtral": 3 * 96 * 64, "qwen2_moe": 3 * 48 * 64, "olmoe": 3 * 48 * 64}[family] * 4  # fp32
     assert all(r["bytes"] == 2 * 2 * per_expert for r in reads), reads  # 2 layers x 2 experts
     torch.manual_seed(0)
     ref = build(family).eval()
