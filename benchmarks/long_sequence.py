@@ -1,7 +1,7 @@
 """Demonstration (not a test): a sequence one process cannot train under a memory cap, trained
 with context parallelism over 4 ranks under the same cap per rank.
 
-    python benchmarks/long_sequence.py [--seq 32768] [--cap-mb 1400] [--steps 3] [--out benchmarks/results/long_sequence.json]
+    python benchmarks/long_sequence.py [--seq 32768] [--cap-mb 900] [--steps 3] [--out benchmarks/results/long_sequence.json]
 
 A small Llama (``CONFIG``, causal, no padding) trains with AdamW on one batch of ``--seq`` random
 tokens:
@@ -133,7 +133,7 @@ def run(args, checkpoint: str, ranks: int, layout: dict | None, cap_mb: int | No
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seq", type=int, default=32768)
-    parser.add_argument("--cap-mb", type=int, default=1400)
+    parser.add_argument("--cap-mb", type=int, default=900)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--out", default="benchmarks/results/long_sequence.json")
     args = parser.parse_args()
