@@ -42,15 +42,15 @@ __all__ = ["load_checkpoint", "model_tensors"]
 def _resolve_key(name: str, available: dict, prefix: str | None, renamed: dict[str, str]) -> str | None:
     """The checkpoint key for model tensor ``name``: as is, in the library's checkpoint naming, or
     with the base-model prefix added or stripped."""
-    if name in available:
-        return name
-    if renamed.get(name) in available:
-        return renamed[name]
-    if prefix:
-        if name.startswith(prefix + ".") and name[len(prefix) + 1 :] in available:
-            return name[len(prefix) + 1 :]
-        if f"{prefix}.{name}" in available:
-            return f"{prefix}.{name}"
+    for candidate in (name, renamed.get(name)):
+        if candidate is None:
+            continue
+        if candidate in available:
+            return candidate
+        if prefix and candidate.startswith(prefix + ".") and candidate[len(prefix) + 1 :] in available:
+            return candidate[len(prefix) + 1 :]
+        if prefix and f"{prefix}.{candidate}" in available:
+            return f"{prefix}.{candidate}"
     return None
 
 
@@ -137,8 +137,8 @@ def _read_plan(model: nn.Module, files: dict) -> tuple[list[tuple], list[str]]:
         key = _resolve_key(name, files, prefix, renamed)
         for alias in aliases.get(name, []) if key is None else []:  # tied, held under another name
             key = key or _resolve_key(alias, files, prefix, renamed)
-        if key is None and name in parts and all(k in files for k in parts[name].all_keys()):
-            key = parts[name]  # kept in pieces by the library's format
+        if key is None and name in parts:  # kept in pieces by the library's format
+            key = parts[name].renamed(lambda k: _resolve_key(k, files, prefix, {}))
         spec, group = specs.get(name, (None, None))
         if key is None:
             problems.append(f"missing tensor {name!r}")
@@ -155,6 +155,9 @@ def _shape_problems(plan: list[tuple], files: dict, handles: dict) -> list[str]:
     """Every planned tensor is in its file with the full (unsharded) shape the model expects."""
     problems = []
     for name, tensor, _, key, spec, _ in plan:
+        if isinstance(key, StackedParts) and not key.readable(spec):
+            problems.append(f"tensor {name!r} is kept in pieces, which are read split along dim 0 only ({spec})")
+            continue
         if isinstance(key, StackedParts):
             absent = [k for k in key.all_keys() if k not in handles[files[k]].entries]
             saved = None if absent else key.full_shape(lambda k: handles[files[k]].shape(k))

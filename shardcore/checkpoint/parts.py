@@ -37,11 +37,21 @@ class StackedParts:
             whole[self.cat_dim] += piece[self.cat_dim]
         return (len(self.keys), *whole)
 
+    def renamed(self, rename: Callable[[str], str | None]) -> StackedParts | None:
+        """The same pieces under ``rename(key)`` (``None`` when a piece has no such name)."""
+        keys = tuple(tuple(rename(k) for k in entry) for entry in self.keys)
+        return None if any(k is None for entry in keys for k in entry) else attrs.evolve(self, keys=keys)
+
+    @staticmethod
+    def readable(spec) -> bool:
+        """Whether a slice under ``spec`` can be read from pieces: whole entries along dim 0."""
+        return spec is None or (spec.dim == 0 and len(spec.segments) == 1 and not spec.is_replicated)
+
     def read(self, read: Callable[[str], torch.Tensor], spec, rank: int) -> torch.Tensor:
         """This rank's slice (``spec`` along dimension 0; ``None``: every entry) from its pieces."""
         if spec is None:
             rows = range(len(self.keys))
-        elif spec.dim != 0 or len(spec.segments) != 1 or spec.is_replicated:
+        elif not self.readable(spec):
             raise NotImplementedError(
                 f"a tensor stacked from checkpoint pieces is read split along dim 0 only ({spec})"
             )

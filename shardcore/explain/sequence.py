@@ -69,7 +69,7 @@ def sequence_bytes(build, seq: int, batch: int, itemsize: int) -> dict[str, Any]
     dim = _head_dim(build.model, heads)
     if dim is None:
         return None
-    kv_block = batch * (heads_kv // tp) * (seq // sp) * dim * itemsize  # one rank's keys (or values)
+    kv_block = batch * max(1, heads_kv // tp) * (seq // sp) * dim * itemsize  # one rank's keys (or values)
     widen = max(itemsize, 4) // itemsize  # the ring's backward travels in float32 at least
     if mode == "ring_attn":
         kept = 2 * kv_block  # its own keys and values
@@ -79,7 +79,7 @@ def sequence_bytes(build, seq: int, batch: int, itemsize: int) -> dict[str, Any]
         kept = flight = 2 * sp * kv_block  # every rank's keys and values
         sent = {"forward": 2 * (sp - 1) * kv_block, "backward": 2 * (sp - 1) * kv_block}
     else:
-        q_block = batch * (heads // tp) * (seq // sp) * dim * itemsize
+        q_block = batch * max(1, heads // tp) * (seq // sp) * dim * itemsize
         kept = flight = 2 * kv_block  # keys and values of heads / sp over the whole sequence
         sent = {phase: (sp - 1) * (2 * q_block + 2 * kv_block) // sp for phase in ("forward", "backward")}
     return {

@@ -2,8 +2,10 @@
 zigzag chunks of the sequence, for causal balance) and its keys and values; the key/value blocks
 travel around the ``sp`` group, one block in hand and the next in flight, and each block's partial
 attention is merged into the running result by the log-sum-exp rule. Backward: the same ring,
-each block's key/value gradients travelling with it back to their owner. A rank never holds more
-than two key/value blocks (its own and the one arriving), not the whole sequence's.
+each block's key/value gradients travelling with it back to their owner. A rank holds a few
+blocks' worth of keys and values at a time (its own, kept for the backward; the one in hand and
+the one arriving; in the backward both with their gradients, in float32), never the whole
+sequence's.
 """
 
 from __future__ import annotations

@@ -25,8 +25,9 @@ _CLASSES: dict[type, type] = {}
 
 def _tp_class(native: type) -> type:
     """``ExpertsTP`` over ``native`` (``MixtralExperts``...): the native class's methods (the
-    kernels its forward dispatches to call them) and ``isinstance`` checks hold; named in this
-    module, so a pickled model finds it."""
+    kernels its forward dispatches to call them) and ``isinstance`` checks hold. Made once per
+    native class and named in this module (``shard_moe.experts.<Native>TP``); pickling a sharded
+    model is not tested (save its weights: ``save_checkpoint``, ``save_pretrained``)."""
     cls = _CLASSES.get(native)
     if cls is None:
         cls = type(f"{native.__name__}TP", (ExpertsTP, native), {"__module__": __name__})

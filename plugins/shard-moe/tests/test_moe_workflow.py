@@ -153,3 +153,27 @@ def test_checkpoint_pieces_of_another_shape_refused(tmp_path):
     for message in run_on_ranks(2, _mismatch, str(tmp_path / "ckpt")):
         assert "tensor 'model.layers.0.mlp.experts.gate_up_proj': its checkpoint pieces" in message, message
         assert "stack to (4, 192, 64), the model expects [4, 96, 64]" in message, message
+
+
+def _mixtral_base():
+    import transformers
+    from moe_cases import moe_config
+
+    config = moe_config("mixtral")
+    config._attn_implementation = "sdpa"
+    return transformers.MixtralModel(config).float()
+
+
+def _base_from_causal_lm(ckpt: str) -> float:
+    return assert_lazy_load_matches(_mixtral_base, {"input_ids": lm_batch()["input_ids"]}, ckpt, TP2)
+
+
+def test_base_model_reads_the_causal_lm_checkpoint(tmp_path):
+    """MixtralModel from a MixtralForCausalLM checkpoint: the pieces and the renamed router found
+    under the ``model.`` prefix, as for every other tensor."""
+    torch.manual_seed(0)
+    base = _mixtral_base()  # the weights the ranks build again (same seed)
+    causal_lm = build("mixtral")
+    causal_lm.model = base
+    causal_lm.save_pretrained(tmp_path / "ckpt")
+    run_on_ranks(2, _base_from_causal_lm, str(tmp_path / "ckpt"))
