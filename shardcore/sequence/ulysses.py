@@ -67,7 +67,8 @@ class _SplitHooks:
         in_kwargs = "hidden_states" in kwargs
         x = kwargs["hidden_states"] if in_kwargs else args[0]
         length = x.shape[state.dim]
-        cached = kwargs.get("past_key_values") is not None and not module.training
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))  # transformers >= 5.24 names it ``cache``
+        cached = cache is not None and not module.training
         # a KV cache would keep only this rank's part of the sequence: inference with one runs unsplit
         state.active = length % self.parts == 0 and length >= self.parts and not cached
         if not state.active:

@@ -96,7 +96,7 @@ def assert_sharded_matches(
     grad_floor: float = 1e-5,
     zero_grads: tuple[str, ...] = (),
     atol_step: float = 1e-5,
-    skip_outputs: tuple[str, ...] = ("loss", "past_key_values"),
+    skip_outputs: tuple[str, ...] = ("loss", "past_key_values", "cache"),
     sharded_output_fn: Callable[[nn.Module, Any], Any] | None = None,
     max_param_fraction: float | None = None,
     reference_config=None,

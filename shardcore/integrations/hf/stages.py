@@ -71,6 +71,7 @@ class HFStages:
     stage_ignored: dict[str, bool] = {
         "use_cache": True,
         "past_key_values": True,
+        "cache": True,  # transformers >= 5.24's name for past_key_values
         "token_type_ids": True,
         "cache_position": False,
         "return_dict": False,
