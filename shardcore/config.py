@@ -76,6 +76,12 @@ class ShardConfig:
             tensor-parallel slices on each replica, gradients all-reduced). ``None`` (default):
             nothing; the ``dp`` replicas are the caller's to synchronize. Each data-parallel rank
             feeds its own part of the global batch; gradients are averaged over them.
+        expert_parallel_size: the experts of each mixture-of-experts layer split over this many
+            data-parallel ranks (carved from ``dp``, see :mod:`shardcore.expert_parallel`): tokens
+            travel to their experts' ranks and back by all-to-all, the dense weights stay
+            data-parallel (``data_parallel="ddp"`` or ``"fsdp"`` required). ``1``: none.
+        global_batch_balance: the router's load-balancing loss from the routing statistics of the
+            whole global batch (summed over the data-parallel ranks) instead of each rank's part.
         plan: a sharding plan (torchprime's syntax), a YAML path or a dict: shards by it instead of
             a plugin's policy (see :mod:`shardcore.plan`); refused together with ``policy=``.
         tensor_parallel_process_group: an existing process group to use instead of building one;
@@ -163,6 +169,8 @@ class ShardConfig:
     )
     sequence_parallel_size: int = attrs.field(default=1, validator=[v.instance_of(int), v.ge(1)])
     data_parallel: str | None = attrs.field(default=None, validator=v.optional(v.in_(("ddp", "fsdp"))))
+    expert_parallel_size: int = attrs.field(default=1, validator=[v.instance_of(int), v.ge(1)])
+    global_batch_balance: bool = attrs.field(default=False, validator=v.instance_of(bool))
     plan: Any = attrs.field(default=None, validator=v.optional(v.instance_of((str, os.PathLike, Mapping))))
 
     def __attrs_post_init__(self) -> None:

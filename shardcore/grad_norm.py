@@ -42,7 +42,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .data_parallel import reshard
-from .distributed.collectives import all_reduce, group_rank, group_size
+from .distributed.collectives import all_reduce, group_key, group_rank, group_size
 from .sharded_state import parameter_specs
 
 __all__ = ["clip_grad_norm_", "grad_norm", "install_torch_hook", "register_model", "sharded_models"]
@@ -114,12 +114,14 @@ def _entry_sum(grad: torch.Tensor, weights, scale: float, dim: int, norm_type: f
     return (per_row * weights).sum()
 
 
-def _replica_groups(info) -> list:
-    """The groups whose ranks hold disjoint parts of one model replica (size > 1 only)."""
+def _replica_groups(info, group, *, main: bool) -> list:
+    """The groups whose ranks hold disjoint parts of one model replica (size > 1 only): ``group``
+    (the tensor-parallel one, or the experts'), sp, pp and, for the main sums under FSDP, dp (expert
+    parameters stay whole under FSDP: the experts' group spans their data-parallel ranks)."""
     layout = info.layout
-    groups = [info.process_group]
+    groups = [group]
     groups += [layout.group(d) for d in ("sp", "pp") if getattr(layout, d) > 1]
-    if info.data_parallel == "fsdp" and layout.dp > 1:
+    if main and info.data_parallel == "fsdp" and layout.dp > 1:
         groups.append(layout.group("dp"))
     return [g for g in groups if group_size(g) > 1]
 
@@ -141,27 +143,37 @@ def grad_norm(
         raise ValueError(f"clip_grad_norm_: norm_type={norm_type:g} is not supported; use a p > 0 or inf")
     chosen = None if parameters is None else {id(p) for p in parameters}
     specs = parameter_specs(reshard(model))
-    tp_rank, tp = group_rank(info.process_group), group_size(info.process_group)
+    tp = group_size(info.process_group)
     copies = float(tp * info.layout.sp)
     tied = {id(p): group_size(g) for p, g in getattr(info.pipeline, "tied", [])}
-    sums, device = [], None
+    # the sums per group whose ranks hold disjoint parts: the tensor-parallel one, and the experts'
+    # (expert parallelism: ep x tp ranks hold one copy of every expert, the data-parallel ranks the rest)
+    buckets = {group_key(info.process_group): (info.process_group, [])}
+    for spec, group in specs.values():
+        buckets.setdefault(group_key(group), (group, []))
+    device = None
     for name, p in model.named_parameters():
         if p.grad is None or (chosen is not None and id(p) not in chosen):
             continue
-        spec = specs[name][0] if name in specs else None
+        spec, group = specs.get(name, (None, info.process_group))
         n = (copies / tp if spec is not None else copies) * tied.get(id(p), 1)  # copies besides the spec's
-        weights = _row_weights(spec, tp_rank, n, p.grad) if spec is not None else None
+        weights = _row_weights(spec, group_rank(group), n, p.grad) if spec is not None else None
         dim = spec.dim if spec is not None else 0
         local, weights = _local(p.grad, weights, dim)
-        sums.append(_entry_sum(local, weights, 1.0 / n, dim, norm_type))
+        buckets[group_key(group)][1].append(_entry_sum(local, weights, 1.0 / n, dim, norm_type))
         device = local.device
     if device is None:  # no gradient here: still take part in the collectives
         device = next((p.device for p in model.parameters() if p.device.type != "meta"), torch.device("cpu"))
     inf = norm_type == math.inf
-    total = torch.stack(sums).amax() if inf and sums else torch.stack(sums).sum() if sums else None
-    total = torch.zeros((), device=device) if total is None else total.to(device)
-    for group in _replica_groups(info):
-        all_reduce(total, group, dist.ReduceOp.MAX if inf else dist.ReduceOp.SUM, where=_WHERE)
+    op = dist.ReduceOp.MAX if inf else dist.ReduceOp.SUM
+    totals = []
+    for i, (group, sums) in enumerate(buckets.values()):
+        total = torch.stack(sums).amax() if inf and sums else torch.stack(sums).sum() if sums else None
+        total = torch.zeros((), device=device) if total is None else total.to(device)
+        for g in _replica_groups(info, group, main=i == 0):
+            all_reduce(total, g, op, where=_WHERE)
+        totals.append(total)
+    total = torch.stack(totals).amax() if inf else torch.stack(totals).sum()
     total = total if inf else total.pow(1.0 / norm_type)
     if error_if_nonfinite and torch.logical_or(total.isnan(), total.isinf()):
         raise RuntimeError(

@@ -27,6 +27,8 @@ from .data_parallel import apply_data_parallel, check_data_parallel
 from .distributed import ParallelLayout
 from .distributed.collectives import Scope, enter_scope_per_forward, group_size, resolve_timeout, set_collective_timeout
 from .distributed.groups import prepare_replica_groups
+from .expert_parallel import check_expert_parallel
+from .expert_parallel import install as install_expert_parallel
 from .grad_norm import register_model
 from .integrations.hf import install_save_pretrained
 from .integrations.hf.checkpointing import carry_into_checkpoints
@@ -76,6 +78,10 @@ class Build:
         return self.layout.tp > 1 and self.config.enable_tensor_parallelism
 
     @property
+    def expert_parallel(self) -> bool:
+        return self.layout.ep > 1
+
+    @property
     def whole_world(self) -> bool:
         """With data, pipeline or sequence parallelism every rank of the world starts from the same weights."""
         layout = self.layout
@@ -115,7 +121,8 @@ def _checks(b: Build) -> None:
     check_data_parallel(model, policy, config, layout)
     b.stages = check_pipeline(model, policy, config, layout) if layout.pp > 1 else None
     b.sequence_mode = check_sequence_parallel(model, policy, config, layout)
-    if b.tensor_parallel:
+    check_expert_parallel(model, policy, config, layout)
+    if b.tensor_parallel or b.expert_parallel:
         b.model = policy.preprocess()
         b.sharder = ModelSharder(b.model, policy, None)
         b.plan = b.sharder.plan()  # module_policy and its structural checks
@@ -138,7 +145,7 @@ def _tp_group(b: Build):
 
 def _shard(b: Build) -> None:
     b.group = (b.group or _tp_group(b)) if b.sharded else None
-    if not b.tensor_parallel:
+    if not (b.tensor_parallel or b.expert_parallel):
         return
     b.sharder.process_group = b.group
     # the replica sub-groups layers with replicated heads use: made now, on every rank, not in a constructor
@@ -195,6 +202,7 @@ def _data_parallel(b: Build) -> None:
     if not b.sharded:
         return
     b.data_parallel = apply_data_parallel(b.model, b.policy, b.config, b.layout)  # wraps the sharded model
+    install_expert_parallel(b.model, b.policy, b.config, b.layout)  # expert gradients averaged as DDP's
     if b.data_parallel is None and b.tensor_parallel:
         # a DDP over the whole world (accelerate's prepare) leaves the slices alone
         b.model._ddp_params_and_buffers_to_ignore = sorted(parameter_specs(b.model))

@@ -16,6 +16,7 @@ from torch import nn
 
 from .config import ShardConfig
 from .data_parallel.hooks import DataParallelHooks
+from .expert_parallel.hooks import ExpertParallelHooks
 from .pipeline.hooks import PipelineHooks
 from .sequence.hooks import SequenceHooks
 
@@ -65,14 +66,15 @@ class ModulePolicyDescription:
     shared_rng: list[str] = attrs.field(factory=list)
 
 
-class Policy(SequenceHooks, PipelineHooks, DataParallelHooks):
+class Policy(SequenceHooks, PipelineHooks, DataParallelHooks, ExpertParallelHooks):
     """Base class of a model family's sharding policy.
 
     The sharder sets ``model``, ``shard_config`` and ``tp_size`` before calling, in this order,
     :meth:`config_sanity_check`, :meth:`preprocess`, :meth:`module_policy`, :meth:`postprocess`.
     :meth:`blocks` says which repeated blocks the model is made of. What it says about sequence,
     pipeline and data parallelism lives beside each (:class:`~shardcore.sequence.hooks.SequenceHooks`,
-    :class:`~shardcore.pipeline.hooks.PipelineHooks`, :class:`~shardcore.data_parallel.hooks.DataParallelHooks`):
+    :class:`~shardcore.pipeline.hooks.PipelineHooks`, :class:`~shardcore.data_parallel.hooks.DataParallelHooks`,
+    :class:`~shardcore.expert_parallel.hooks.ExpertParallelHooks`):
     a new parallelism adds its own hooks class here, not an edit in every plugin.
     """
 

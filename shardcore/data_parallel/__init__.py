@@ -144,6 +144,9 @@ def apply_data_parallel(model: nn.Module, policy, config, layout) -> str | None:
         log.info("shardcore: data_parallel=%r with data_parallel_size=1: nothing to shard or synchronize", mode)
         return None
     mesh = layout.mesh()["dp"]
+    from ..expert_parallel import expert_modules
+
+    experts = expert_modules(model)  # split over the expert-parallel ranks: averaged by their own hooks
     if mode == "fsdp":
         from torch.distributed.fsdp import fully_shard
         from torch.distributed.tensor import Shard
@@ -151,12 +154,14 @@ def apply_data_parallel(model: nn.Module, policy, config, layout) -> str | None:
         dims = policy.data_parallel_shard_dims()
         placement = {id(p): Shard(dims[n]) for n, p in model.named_parameters(remove_duplicate=False) if n in dims}
         kwargs = {"shard_placement_fn": (lambda p: placement.get(id(p)))} if placement else {}
+        if experts:
+            kwargs["ignored_params"] = {p for m in experts for p in m.parameters()}
         for _, block in policy.blocks():
             fully_shard(block, mesh=mesh, **kwargs)
         fully_shard(model, mesh=mesh, **kwargs)
     else:
         from torch.distributed._composable.replicate import replicate
 
-        replicate(model, process_group=mesh.get_group())
+        replicate(model, process_group=mesh.get_group(), ignored_modules=experts or None)
     log.info("shardcore: %s over %d data-parallel ranks", mode, layout.dp)
     return mode

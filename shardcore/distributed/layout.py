@@ -7,6 +7,10 @@ Four degrees, ``dp x pp x sp x tp == world size``:
 * ``pp``: pipeline stages;
 * ``dp``: data-parallel replicas (outermost).
 
+Expert parallelism (``ep``) is carved from ``dp``, as in Megatron-LM and torchtitan: ``ep`` consecutive
+data-parallel ranks (each training on its own data) hold the experts between them, the dense
+weights stay data-parallel over all of ``dp``; ``dp / ep`` such groups replicate the experts.
+
 The :class:`~torch.distributed.device_mesh.DeviceMesh` has the named dims ``("dp", "pp", "sp",
 "tp")`` in that order, so **TP is innermost: a TP group is consecutive ranks** (rank
 ``((dp·PP + pp)·SP + sp)·TP + tp``), which keeps the most talkative group on one host. Meshes are
@@ -48,17 +52,26 @@ class ParallelLayout:
     sp: int = attrs.field(default=1, validator=_positive)
     tp: int = attrs.field(default=1, validator=_positive)
     world_size: int = attrs.field(default=1, validator=_positive)
+    #: expert-parallel ranks, carved from ``dp`` (not a factor of the world size)
+    ep: int = attrs.field(default=1, validator=_positive)
 
     def __attrs_post_init__(self) -> None:
         if math.prod(self.degrees.values()) != self.world_size:
             raise ValueError(self._mismatch(f"{self.describe()} uses {math.prod(self.degrees.values())} ranks"))
+        if self.dp % self.ep:
+            raise ValueError(
+                f"parallel layout: ep={self.ep} does not divide the data-parallel degree ({self.describe()}, "
+                f"world size {self.world_size}); the expert-parallel ranks are carved from the data-parallel "
+                f"ones, so choose an expert_parallel_size that divides dp={self.dp} (or more data-parallel ranks)"
+            )
 
     @property
     def degrees(self) -> dict[str, int]:
         return {d: getattr(self, d) for d in DIMS}
 
     def describe(self) -> str:
-        return ", ".join(f"{d}={n}" for d, n in self.degrees.items())
+        text = ", ".join(f"{d}={n}" for d, n in self.degrees.items())
+        return text + (f" (ep={self.ep} of dp)" if self.ep > 1 else "")
 
     def _mismatch(self, what: str) -> str:
         return f"parallel layout does not fit the world: {what}, but the world size is {self.world_size}"
@@ -106,7 +119,15 @@ class ParallelLayout:
                 f"parallel layout does not fit the world: dp={dp}, pp={pp}, sp={sp}, tp={tp} uses "
                 f"{dp * pp * sp * tp} ranks, but the world size is {world}; make the product of the degrees equal it."
             )
-        return cls(dp=dp, pp=pp, sp=sp, tp=tp, world_size=world)
+        ep = config.expert_parallel_size
+        if dp % ep and given["tp"] is None:
+            raise ValueError(
+                f"parallel layout: expert_parallel_size={ep} is carved from the data-parallel ranks, but "
+                f"tensor_parallel_size=None took every rank left (tp={tp}, dp={dp}, world size {world}); set "
+                f"tensor_parallel_size (e.g. tensor_parallel_size={max(1, world // (pp * sp * ep))}) so that "
+                f"dp = world / (pp x sp x tp) is a multiple of {ep}"
+            )
+        return cls(dp=dp, pp=pp, sp=sp, tp=tp, world_size=world, ep=ep)
 
     # ---- the mesh and its groups ----------------------------------------------------------------
     def mesh(self) -> DeviceMesh:
@@ -128,6 +149,41 @@ class ParallelLayout:
         if dim not in DIMS:
             raise KeyError(f"unknown mesh dimension {dim!r}; the dimensions are {DIMS}")
         return self.mesh().get_group(dim)
+
+    def expert_groups(self) -> tuple:
+        """``(ep, experts, replicas)``: this rank's process groups for expert parallelism. ``ep``: the
+        ``ep`` data-parallel ranks sharing one set of experts (same pp, sp, tp coordinates); ``experts``:
+        those ranks with their tensor-parallel peers, ``ep x tp`` ranks holding one copy of every expert
+        (group rank ``e * tp + t``); ``replicas``: the ``dp / ep`` ranks holding the same experts.
+        Built once per layout (every rank creates every group, in the same order: collective)."""
+        key = ("ep", *self.degrees.values(), self.ep)
+        if _MESHES.get(key, (None,))[0] is not dist.group.WORLD:
+            rank, built = dist.get_rank(), {}
+            for kind, ranks in self._expert_rank_lists():
+                group = dist.new_group(ranks)
+                if rank in ranks:
+                    built[kind] = group
+            _MESHES[key] = (dist.group.WORLD, (built["ep"], built["experts"], built["replicas"]))
+        return _MESHES[key][1]
+
+    def _expert_rank_lists(self):
+        """Every expert-parallel group's ranks, tagged with their kind, in one order on every rank."""
+        ep, rep = self.ep, self.dp // self.ep
+
+        def rank(d, p, s, t):
+            return ((d * self.pp + p) * self.sp + s) * self.tp + t
+
+        for r in range(rep):
+            for p in range(self.pp):
+                for s in range(self.sp):
+                    for t in range(self.tp):
+                        yield ("ep", [rank(r * ep + e, p, s, t) for e in range(ep)])
+                    yield ("experts", [rank(r * ep + e, p, s, t) for e in range(ep) for t in range(self.tp)])
+        for e in range(ep):
+            for p in range(self.pp):
+                for s in range(self.sp):
+                    for t in range(self.tp):
+                        yield ("replicas", [rank(r * ep + e, p, s, t) for r in range(rep)])
 
     def coordinates(self, rank: int) -> dict[str, int]:
         """``{dim: index}`` of global ``rank`` on the mesh (TP innermost)."""

@@ -16,7 +16,10 @@ from ..config import ShardConfig
 from ..distributed.worker import loads_payload
 
 _MODELS: dict[str, nn.Module] = {}  # in each worker: the sharded models of the handles it serves
-_STRIPPED = ("past_key_values", "cache")  # output fields that hold one worker's heads only (``cache``: transformers >= 5.24)
+_STRIPPED = (
+    "past_key_values",
+    "cache",
+)  # output fields that hold one worker's heads only (``cache``: transformers >= 5.24)
 
 
 class _MetaPickler(pickle.Pickler):

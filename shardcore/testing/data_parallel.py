@@ -68,6 +68,7 @@ def assert_data_parallel_matches(
     zero_grads: tuple[str, ...] = (),
     atol_step: float = 1e-5,
     max_state_fraction: float | None = None,
+    reference_on_parts: bool = False,
 ) -> dict[str, Any]:
     """Check a data-parallel (x tensor-parallel) model against the unsharded one; run on every rank.
 
@@ -81,6 +82,12 @@ def assert_data_parallel_matches(
     that), and so does every parameter after ``steps`` AdamW steps (``atol_step``), gathered and local. The parameter names
     must be the unsharded model's. Reports ``state_fraction``: this rank's bytes of parameters and
     AdamW state over the unsharded model's (at most ``max_state_fraction`` if given).
+
+    ``reference_on_parts=True``: the unsharded model's loss is the mean of its losses on the ranks'
+    parts, each part a forward of its own (what DDP over the unsharded model trains: a loss with a
+    term over the whole batch, such as a router's load-balancing loss, counts each part's). Under
+    expert parallelism each expert must equal its unsharded slice on the ranks holding it, and
+    its copies over the data-parallel ranks holding the same experts must stay equal.
     """
     ref, model = _build_pair(build, config, policy, seed, None)
     info = model.shardcore
@@ -101,11 +108,13 @@ def assert_data_parallel_matches(
 
     step = functools.partial(_backward_loss, model, mine, loss_fn)
     ref_step = functools.partial(_backward_loss, ref, inputs, loss_fn)
+    if reference_on_parts:
+        ref_step = functools.partial(_backward_mean_of_parts, ref, inputs, loss_fn, layout.dp)
     opt_ref, opt = _train_side_by_side(ref, model, step, ref_step, steps, first, lr=lr, eps=adam_eps)
     if steps:
         report["max_abs_diff_after_steps"] = _check_params_after(model, ref_params, steps, atol_step, zero_grads)
     if steps and info.data_parallel == "ddp":  # each replica holds its own copy: they must stay equal
-        _check_replicas_equal(model, dp_group, steps)
+        _check_replicas_equal(model, layout, steps)
     report.update(_state_fraction(model, ref, opt, opt_ref, max_state_fraction))
     return report
 
@@ -131,11 +140,29 @@ def _check_wrapping(info, config) -> None:
             raise AssertionError(f"blocks {loose} are not wrapped by fully_shard: the whole model is gathered at once")
 
 
-def _check_replicas_equal(model: nn.Module, dp_group, steps: int) -> None:
+def _backward_mean_of_parts(model: nn.Module, inputs: Mapping[str, Any], loss_fn, parts: int) -> torch.Tensor:
+    """The mean of ``model``'s losses on the ``parts`` parts of ``inputs``, each its own forward; backward."""
+    from .compare import _loss
+
+    loss = sum(_loss(model(**dp_part(inputs, i, parts)), loss_fn) for i in range(parts)) / parts
+    loss.backward()
+    return loss
+
+
+def _check_replicas_equal(model: nn.Module, layout, steps: int) -> None:
+    """Every data-parallel replica holds the same parameters; an expert-parallel expert is compared
+    over the ranks holding the same experts (``dp / ep`` of them) instead."""
+    from ..expert_parallel import expert_modules
+
+    experts = {id(p) for m in expert_modules(model) for p in m.parameters()}
+    groups = {False: layout.group("dp"), True: layout.expert_groups()[2] if layout.ep > 1 else None}
     for name, param in model.named_parameters():
+        group = groups[id(param) in experts]
+        if group is None or dist.get_world_size(group) == 1:
+            continue
         local = param.detach()
         first = local.clone()
-        dist.broadcast(first, group=dp_group, group_src=0)
+        dist.broadcast(first, group=group, group_src=0)
         if not torch.equal(first, local):
             raise AssertionError(f"parameter {name}: the data-parallel replicas drifted apart after {steps} steps")
 

@@ -35,7 +35,9 @@ def test_forward_and_generate_match_unsharded(reference, source):
         # split matmuls sum in another order: a few ulps of O(1-10) logits
         torch.testing.assert_close(out.logits, want.logits, rtol=0, atol=1e-5)
         torch.testing.assert_close(out.loss, want.loss, rtol=1e-6, atol=0)
-        assert getattr(out, "cache", getattr(out, "past_key_values", None)) is None  # each worker's cache holds its own KV heads only
+        assert (
+            getattr(out, "cache", getattr(out, "past_key_values", None)) is None
+        )  # each worker's cache holds its own KV heads only
         for beams in (1, 4):  # greedy and beam search: the same tokens, step by step the same scores
             ids = dict(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
             tokens = assert_generate_matches(model, handle, **ids, num_beams=beams, **GEN)

@@ -16,23 +16,44 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from shardcore.distributed.collectives import group_rank, group_size
+from shardcore.expert_parallel import route
 from shardcore.tensor_parallel import ParallelModule, copy_to_tp, reduce_from_tp
 from shardcore.tensor_parallel.shard_spec import ShardSpec
 
 _KEEP_OUT = {"_parameters", "_buffers", "_modules", "training"}
-_CLASSES: dict[type, type] = {}
+_CLASSES: dict[tuple[type, type], type] = {}
 
 
-def _tp_class(native: type) -> type:
-    """``ExpertsTP`` over ``native`` (``MixtralExperts``...): the native class's methods (the
-    kernels its forward dispatches to call them) and ``isinstance`` checks hold. Made once per
-    native class and named in this module (``shard_moe.experts.<Native>TP``); pickling a sharded
-    model is not tested (save its weights: ``save_checkpoint``, ``save_pretrained``)."""
-    cls = _CLASSES.get(native)
+def _over(native: type, base: type) -> type:
+    """``base`` (``ExpertsTP``, ``ExpertsEP``) over ``native`` (``MixtralExperts``...): the native
+    class's methods (the kernels its forward dispatches to call them) and ``isinstance`` checks
+    hold. Made once per pair and named in this module (``shard_moe.experts.<Native>TP``, ``...EP``);
+    pickling a sharded model is not tested (save its weights: ``save_checkpoint``, ``save_pretrained``)."""
+    cls = _CLASSES.get((native, base))
     if cls is None:
-        cls = type(f"{native.__name__}TP", (ExpertsTP, native), {"__module__": __name__})
-        _CLASSES[native] = globals()[cls.__name__] = cls
+        suffix = base.__name__.removeprefix("Experts")
+        cls = type(f"{native.__name__}{suffix}", (base, native), {"__module__": __name__})
+        _CLASSES[native, base] = globals()[cls.__name__] = cls
     return cls
+
+
+def _take(new: nn.Module, module: nn.Module, parts: int, why: str) -> None:
+    """``new`` takes ``module``'s attributes and its ``E / parts`` experts of rank ``new.tp_rank``."""
+    experts = module.num_experts
+    if experts % parts:
+        raise ValueError(f"{type(module).__name__}: {experts} experts do not split over {why}")
+    for key, value in vars(module).items():  # the native forward's attributes (act_fn, config, flags)
+        if key not in _KEEP_OUT:
+            new.__dict__[key] = value
+    new._modules.update(module._modules)
+    new.native = type(module)
+    new.train(module.training)
+    for name in ("gate_up_proj", "down_proj"):
+        full = getattr(module, name)
+        new._shard_param(name, full, ShardSpec.even(experts, parts, dim=0, what=f"{name} experts"))
+    new.num_experts = experts // parts
+    new.total_experts = experts
 
 
 class ExpertsTP(ParallelModule):
@@ -40,24 +61,9 @@ class ExpertsTP(ParallelModule):
 
     @classmethod
     def from_native_module(cls, module: nn.Module, process_group=None, **kwargs) -> ExpertsTP:
-        new = _tp_class(type(module))(process_group)
-        experts, tp = module.num_experts, new.tp_size
-        if experts % tp:
-            raise ValueError(
-                f"{type(module).__name__}: {experts} experts do not split over tensor_parallel_size={tp}; "
-                f"use a tensor_parallel_size that divides {experts}"
-            )
-        for key, value in vars(module).items():  # the native forward's attributes (act_fn, config, flags)
-            if key not in _KEEP_OUT:
-                new.__dict__[key] = value
-        new._modules.update(module._modules)
-        new.native = type(module)
-        new.train(module.training)
-        for name in ("gate_up_proj", "down_proj"):
-            full = getattr(module, name)
-            new._shard_param(name, full, ShardSpec.even(experts, tp, dim=0, what=f"{name} experts"))
-        new.num_experts = experts // tp
-        new.total_experts = experts
+        new = _over(type(module), ExpertsTP)(process_group)
+        tp = new.tp_size
+        _take(new, module, tp, f"tensor_parallel_size={tp}; use a tensor_parallel_size that divides them")
         new._is_expert_parallel = True  # transformers' batched kernels then mask the sentinel too
         return new
 
@@ -75,3 +81,59 @@ class ExpertsTP(ParallelModule):
 
     def extra_repr(self) -> str:
         return f"experts {self.tp_rank * self.num_experts}..{(self.tp_rank + 1) * self.num_experts - 1} of {self.total_experts}"
+
+
+class ExpertsEP(ParallelModule):
+    """This rank's experts under expert parallelism (``ShardConfig(expert_parallel_size=E)``).
+
+    The ``E x tp`` ranks of the experts' group hold ``E_total / (E x tp)`` whole experts each (rank
+    ``e * tp + t``: expert-parallel rank ``e``, tensor-parallel rank ``t``). Each tensor-parallel
+    rank routes the choices of its own tokens whose experts sit on tensor-parallel rank ``t`` of
+    some expert-parallel rank to that rank (:func:`shardcore.expert_parallel.route`, all-to-all over
+    the ``E`` ranks); there the native forward runs the received tokens through their experts
+    (weight 1), the outputs come back, are weighted by the router and summed per token, and one
+    all-reduce over the tensor-parallel group adds the shares its ranks computed (as ``ExpertsTP``).
+    """
+
+    expert_parallel = True
+
+    @classmethod
+    def from_native_module(cls, module: nn.Module, process_group=None, *, layout=None, **kwargs) -> ExpertsEP:
+        ep_group, experts_group, _ = layout.expert_groups()
+        new = _over(type(module), ExpertsEP)(experts_group)  # the specs' group: one copy of every expert
+        parts = new.tp_size
+        _take(
+            new,
+            module,
+            parts,
+            f"expert_parallel_size={layout.ep} x tensor_parallel_size={layout.tp} ranks; "
+            "choose sizes whose product divides them",
+        )
+        new.tp_group, new.ep_group = process_group, ep_group
+        new.inner_tp, new.inner_rank = group_size(process_group), group_rank(process_group)
+        return new
+
+    def collectives(self) -> dict[str, list[str]]:
+        tp = ["all_reduce"] if self.inner_tp > 1 else []
+        return {"forward": ["all_to_all"] * 3 + tp, "backward": ["all_to_all"] * 2 + tp * 2}
+
+    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor, **kwargs):
+        group, per, tp = self.tp_group, self.num_experts, self.inner_tp
+        x, weights = copy_to_tp(hidden_states, group), copy_to_tp(top_k_weights, group)
+        top_k = top_k_index.shape[-1]
+        block = (top_k_index // per).flatten()  # the experts' group rank holding each choice's expert
+        ep_rank, mine = block // tp, block % tp == self.inner_rank
+        outside = group_size(self.ep_group) * per  # another tensor-parallel rank's choice: left unrouted
+        key = torch.where(mine, ep_rank * per + top_k_index.flatten() % per, outside)
+        received, expert, back = route(x, key, per, self.ep_group, fanout=top_k)
+        ones = received.new_ones((received.shape[0], 1))
+        out = self.native.forward(self, received, expert[:, None], ones, **kwargs)
+        # a rank none of whose experts was chosen still has (zero) gradients, as the fused unsharded weights do
+        out = out + sum(p.reshape(-1)[:0].sum() for p in (self.gate_up_proj, self.down_proj))
+        mixed = back(out) * weights.reshape(-1, 1).to(out.dtype)
+        y = mixed.view(-1, top_k, mixed.shape[-1]).sum(1).to(hidden_states.dtype)
+        return reduce_from_tp(y, group)
+
+    def extra_repr(self) -> str:
+        first = self.tp_rank * self.num_experts
+        return f"experts {first}..{first + self.num_experts - 1} of {self.total_experts} (expert parallel)"

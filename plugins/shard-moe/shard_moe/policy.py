@@ -18,6 +18,13 @@ Per decoder layer:
 ``embed_tokens`` is vocab parallel, ``lm_head`` a vocab-parallel head gathering the logits.
 The load-balancing loss (``output_router_logits=True``) is computed from the replicated
 router's logits: the unsharded model's.
+
+Under expert parallelism (``ShardConfig(expert_parallel_size=E)``, over the data-parallel ranks)
+the experts are split over ``E x tp`` ranks (:class:`~shard_moe.experts.ExpertsEP`: tokens travel
+to their experts by all-to-all), everything else as above, data-parallel. With
+``global_batch_balance=True`` the load-balancing loss is computed from every data-parallel rank's
+router logits (:func:`~shard_moe.balance.over_global_batch`). These models have no router z-loss
+in transformers.
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ from shardcore.builders import attention, mlp, vocab_embedding, vocab_head
 from shardcore.policy import SubModuleReplacementDescription as Sub
 from shardcore.tensor_parallel import SplitRMSNorm
 
-from .experts import ExpertsTP
+from .experts import ExpertsEP, ExpertsTP
 
 __all__ = ["MoeForCausalLMPolicy", "MoeModelPolicy", "MoePolicy"]
 
@@ -42,6 +49,14 @@ def _optional(subs: list[Sub]) -> list[Sub]:
 
 class MoePolicy(Policy):
     """Shared by every head: shards the base model (``model.base_model``)."""
+
+    supports_expert_parallel = True
+
+    @property
+    def layout(self):
+        from shardcore import ParallelLayout
+
+        return ParallelLayout.from_config(self.shard_config)
 
     @property
     def base(self):
@@ -84,7 +99,13 @@ class MoePolicy(Policy):
                 f"as {', '.join(sorted(layouts))} (one module per expert), which is not built: use transformers >= 5"
             )
         experts = getattr(cfg, "num_local_experts", None) or getattr(cfg, "num_experts", None)
+        ep = self.shard_config.expert_parallel_size
         self.require_divisible(experts, tp, "num_experts", name)
+        if experts % (ep * tp):
+            raise ValueError(
+                f"{name}: num_experts={experts} do not split over expert_parallel_size={ep} x "
+                f"tensor_parallel_size={tp} = {ep * tp} ranks; choose sizes whose product divides {experts}"
+            )
         for field in ("intermediate_size", "shared_expert_intermediate_size"):
             size = getattr(cfg, field, None)
             if size:
@@ -94,6 +115,10 @@ class MoePolicy(Policy):
                 f"{name}: k_norm normalizes the keys over every key/value head, which are not replicated across "
                 f"ranks; num_key_value_heads={kv} must be divisible by tensor_parallel_size={tp}"
             )
+        if self.shard_config.global_batch_balance:
+            from .balance import loss_module
+
+            loss_module(self.model)
         if getattr(cfg, "router_jitter_noise", 0.0):
             raise NotImplementedError(
                 f"{name}: router_jitter_noise={cfg.router_jitter_noise} draws the router's noise per rank; "
@@ -104,7 +129,12 @@ class MoePolicy(Policy):
         heads, kv, head_dim = self._dims()
         tp = self.tp_size
         local_kv = kv // tp if kv >= tp else 1
-        experts = Sub(suffix="mlp.experts", target_module=ExpertsTP)
+        if self.shard_config.expert_parallel_size > 1:
+            experts = Sub(suffix="mlp.experts", target_module=ExpertsEP, kwargs={"layout": self.layout})
+            if tp == 1:  # the experts alone: the rest stays whole, data-parallel
+                return {self.block_type(): ModulePolicyDescription(sub_module_replacement=_optional([experts]))}
+        else:
+            experts = Sub(suffix="mlp.experts", target_module=ExpertsTP)
         dense = mlp("mlp", ("gate_proj", "up_proj"), "down_proj")  # each column layer copies its input
         shared = mlp("mlp.shared_expert", ("gate_proj", "up_proj"), "down_proj")
         norms = [Sub(suffix=f"self_attn.{n}", target_module=SplitRMSNorm) for n in ("q_norm", "k_norm")]
@@ -165,11 +195,19 @@ class MoePolicy(Policy):
         norms = ("self_attn.q_norm.weight", "self_attn.k_norm.weight")
         return [n for n, _ in self.model.named_parameters() if n.endswith(norms)]
 
+    def balance_over_global_batch(self, gather) -> None:
+        from .balance import over_global_batch
+
+        over_global_batch(self.model, gather)
+
     def postprocess(self):
         from shardcore.distributed.collectives import all_reduce
         from shardcore.tensor_parallel import ParallelModule
 
-        group = next(m.process_group for m in self.model.modules() if isinstance(m, ParallelModule))
+        if self.tp_size == 1:  # expert parallelism alone: nothing tensor-parallel
+            return self.model
+        tp_layers = (m for m in self.model.modules() if isinstance(m, ParallelModule) and not isinstance(m, ExpertsEP))
+        group = next(m.process_group for m in tp_layers)
         params = dict(self.model.named_parameters())
         for name in self.grad_sum_parameters:
             where = f"backward of {name} (gradient summed over the group)"
@@ -186,6 +224,8 @@ class MoeForCausalLMPolicy(MoePolicy):
 
     def module_policy(self):
         policy = super().module_policy()
+        if self.tp_size == 1:
+            return policy
         policy[type(self.model)] = ModulePolicyDescription(
             sub_module_replacement=[vocab_head("lm_head", self.shard_config)],
         )
@@ -195,5 +235,7 @@ class MoeForCausalLMPolicy(MoePolicy):
         from shardcore.losses import defer_logits_gather
 
         model = super().postprocess()
+        if self.tp_size == 1:
+            return model
         defer_logits_gather(model, model.lm_head)  # the loss on the vocabulary slices, the logits gathered
         return model
