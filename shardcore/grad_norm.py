@@ -149,7 +149,7 @@ def grad_norm(
     # the sums per group whose ranks hold disjoint parts: the tensor-parallel one, and the experts'
     # (expert parallelism: ep x tp ranks hold one copy of every expert, the data-parallel ranks the rest)
     buckets = {group_key(info.process_group): (info.process_group, [])}
-    for spec, group in specs.values():
+    for _spec, group in specs.values():
         buckets.setdefault(group_key(group), (group, []))
     device = None
     for name, p in model.named_parameters():
