@@ -18,6 +18,7 @@ themselves are re-installed from this checkout, as wheels, at the start of every
     nox -s bench-overlap                # can a gloo collective progress beside a matmul here
     nox -s bench-sequence               # sequence parallelism at 1024-4096 tokens (2 ranks), ring vs all-gather at 2048-8192 (4)
     nox -s long-sequence                # 32768 tokens: one process out of memory under a cap, SP=4 ring_attn trains under it
+    nox -s bench-moe                    # a small Mixtral unsharded, TP=2, EP=2: step, memory, all-to-alls vs explain
     nox -s bench-gpu                    # Llama-3-8B layers on the GPUs at hand: tokens/s, MFU, memory vs PyTorch TP, HF tp_plan
     nox -s convergence                  # BERT fine-tuning unsharded vs TP=2 vs TP=4
     nox -s mutants                      # mutation testing: each deliberate bug caught by its declared check
@@ -264,6 +265,13 @@ def bench_sequence(session: nox.Session) -> None:
     bin_dir = _install(session)
     session.run(str(bin_dir / "python"), "-m", "pip", "install", "--quiet", "matplotlib", external=True)  # the PNG
     _bench(session, bin_dir, "sequence", "benchmarks/bench_sequence.py")
+
+
+@nox.session(name="bench-moe", default=False)
+def bench_moe(session: nox.Session) -> None:
+    """Benchmark (not a test): a small Mixtral unsharded, at TP=2 and at EP=2 (2 ranks)."""
+    bin_dir = _install(session)
+    _bench(session, bin_dir, "moe", "benchmarks/bench_moe.py")
 
 
 @nox.session(name="long-sequence", default=False)

@@ -71,6 +71,7 @@ def _explain(args) -> int:
             args.tp,
             pp=args.pp,
             sp=args.sp,
+            ep=args.ep,
             dtype=dtype,
             device=args.device,
             config=config,
@@ -170,6 +171,12 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--tp", type=int, required=True, help="tensor_parallel_size")
     e.add_argument("--pp", type=int, default=1, help="pipeline_parallel_size (planned: stage bytes)")
     e.add_argument("--sp", type=int, default=1, help="sequence_parallel_size (its mode: --sp-mode)")
+    e.add_argument(
+        "--ep",
+        type=int,
+        default=1,
+        help="expert_parallel_size (as many data-parallel ranks; mixture-of-experts models)",
+    )
     e.add_argument(
         "--sp-mode",
         default=None,

@@ -111,6 +111,7 @@ def _policy(b: Build) -> None:
         b.policy = PlanPolicy(b.config.plan)  # reads and checks the plan's syntax: no collective
     b.policy = resolve_policy(b.model, b.policy)
     b.policy.set_shard_config(b.config, b.layout.tp)
+    b.policy.layout = b.layout  # every degree (the experts' groups come from it)
 
 
 def _checks(b: Build) -> None:

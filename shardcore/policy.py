@@ -81,6 +81,8 @@ class Policy(SequenceHooks, PipelineHooks, DataParallelHooks, ExpertParallelHook
     model: nn.Module
     shard_config: ShardConfig
     tp_size: int
+    #: every parallel degree of the run (:class:`~shardcore.ParallelLayout`), set by ``optimize``
+    layout: Any = None
 
     #: Whether the policy honours ``ShardConfig(parallel_output=True)`` (keeps logits split over the
     #: vocabulary and computes the loss from them). ``optimize`` refuses the flag otherwise, rather

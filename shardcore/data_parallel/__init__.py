@@ -87,12 +87,12 @@ def local_nbytes(tensor: torch.Tensor) -> int:
 
 
 def native_class(model: nn.Module) -> type:
-    """The model's own class: FSDP2 swaps a module's class for a subclass named ``FSDP<Class>``."""
-    try:
-        from torch.distributed.fsdp import FSDPModule
-    except ImportError:  # pragma: no cover - torch 2.13+ has it
-        return type(model)
-    return next(c for c in type(model).__mro__ if not issubclass(c, FSDPModule))
+    """The model's own class: FSDP2 and DDP's composable ``replicate`` swap a module's class for a
+    subclass named ``FSDP<Class>`` / ``DDP<Class>``."""
+    from torch.distributed._composable.replicate import DDP
+    from torch.distributed.fsdp import FSDPModule
+
+    return next(c for c in type(model).__mro__ if not issubclass(c, (FSDPModule, DDP)))
 
 
 def check_data_parallel(model: nn.Module, policy, config, layout) -> None:

@@ -53,6 +53,7 @@ __all__ = [
     "all_gather_cat",
     "all_reduce",
     "all_to_all_cat",
+    "all_to_all_v",
     "backward_of",
     "broadcast",
     "count_collectives",
@@ -273,6 +274,18 @@ def all_to_all_cat(x: torch.Tensor, group, scatter: int, gather: int, *, where: 
     work = dist.all_to_all_single(received, send, group=group, async_op=True)
     _wait(work, "all_to_all", group, where, device=x.device)
     return received.movedim(0, gather).flatten(gather, gather + 1)  # the ranks' chunks along ``gather``
+
+
+def all_to_all_v(x: torch.Tensor, group, send: list[int], recv: list[int], *, where: str) -> torch.Tensor:
+    """Rows ``x[sum(send[:i]) : sum(send[:i + 1])]`` to rank ``i``; returns the rows received, rank
+    by rank (``recv[i]`` from rank ``i``): the all-to-all of unequal parts. Counted, bounded."""
+    if group_size(group) == 1:
+        return x
+    _count("all_to_all", where)
+    out = x.new_empty((sum(recv), *x.shape[1:]))
+    work = dist.all_to_all_single(out, x.contiguous(), recv, send, group=group, async_op=True)
+    _wait(work, "all_to_all", group, where, device=x.device)
+    return out
 
 
 def broadcast(x: torch.Tensor, group, *, where: str) -> torch.Tensor:

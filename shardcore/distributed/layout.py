@@ -156,6 +156,10 @@ class ParallelLayout:
         those ranks with their tensor-parallel peers, ``ep x tp`` ranks holding one copy of every expert
         (group rank ``e * tp + t``); ``replicas``: the ``dp / ep`` ranks holding the same experts.
         Built once per layout (every rank creates every group, in the same order: collective)."""
+        if not dist.is_initialized():  # explain: this process plays rank 0 of each group, on paper
+            from .collectives import PaperGroup
+
+            return PaperGroup(0, self.ep), PaperGroup(0, self.ep * self.tp), PaperGroup(0, self.dp // self.ep)
         key = ("ep", *self.degrees.values(), self.ep)
         if _MESHES.get(key, (None,))[0] is not dist.group.WORLD:
             rank, built = dist.get_rank(), {}

@@ -25,13 +25,12 @@ from __future__ import annotations
 import functools
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
-from ..distributed.collectives import _count, _wait, group_size
+from ..distributed.collectives import all_to_all_cat, all_to_all_v, group_size
 from ..distributed.scope import backward_of
 
-__all__ = ["all_to_all_v", "check_expert_parallel", "expert_modules", "gather_over", "install", "route"]
+__all__ = ["check_expert_parallel", "expert_modules", "gather_over", "install", "route"]
 
 _WHERE = "expert dispatch"
 
@@ -74,20 +73,6 @@ class _AllToAllV(torch.autograd.Function):
         return all_to_all_v(grad.contiguous(), ctx.group, ctx.recv, ctx.send, where=ctx.back), None, None, None, None
 
 
-def all_to_all_v(x: torch.Tensor, group, send: list[int], recv: list[int], *, where: str = _WHERE) -> torch.Tensor:
-    """Rows ``x[sum(send[:i]) : sum(send[:i+1])]`` to rank ``i``; returns the rows received, rank by
-    rank (``recv[i]`` from rank ``i``). Counted, bounded; not differentiable (see :func:`route`)."""
-    if group_size(group) == 1:
-        return x
-    out = x.new_empty((sum(recv), *x.shape[1:]))
-    _count("all_to_all", where)
-    work = dist.all_to_all_single(
-        out, x.contiguous(), output_split_sizes=recv, input_split_sizes=send, group=group, async_op=True
-    )
-    _wait(work, "all_to_all", group, where, device=x.device)
-    return out
-
-
 def route(rows: torch.Tensor, key: torch.Tensor, experts_per_rank: int, group, *, fanout: int = 1):
     """Send rows to the ranks of the group holding their experts and receive the rows other ranks
     send here. ``key`` holds ``fanout`` entries per row (a token's ``top_k`` choices): ``key[i]`` is
@@ -104,16 +89,7 @@ def route(rows: torch.Tensor, key: torch.Tensor, experts_per_rank: int, group, *
     slots = world * per
     order = torch.argsort(key, stable=True)
     counts = torch.bincount(key.clamp(max=slots), minlength=slots + 1)[:slots]
-    got = counts.clone()
-    if world > 1:
-        _count("all_to_all", _WHERE)
-        _wait(
-            dist.all_to_all_single(got, counts, group=group, async_op=True),
-            "all_to_all",
-            group,
-            _WHERE,
-            device=counts.device,
-        )
+    got = all_to_all_cat(counts.view(world, per), group, 0, 0, where=_WHERE).reshape(-1)  # rank i's, my experts
     sizes = torch.stack([counts.view(world, per).sum(1), got.view(world, per).sum(1)]).tolist()
     send, recv = sizes
     sent = order[: sum(send)]

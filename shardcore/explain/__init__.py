@@ -23,6 +23,7 @@ from ..config import ShardConfig
 from ..distributed import ParallelLayout
 from ..distributed.collectives import PaperGroup
 from .counts import _collective_counts, _module_rows, _nbytes, _stage_bytes, _valid_tp_sizes
+from .experts import expert_traffic
 from .report import format_report, to_json
 from .sequence import add_sequence_counts, sequence_bytes
 
@@ -88,11 +89,14 @@ def load_for_explain(spec: str | Path, dtype: torch.dtype | None = None) -> nn.M
     return model
 
 
-def _paper_config(config: ShardConfig, tp: int, pp: int, sp: int) -> ShardConfig:
-    """``config`` at the layout explained; ``sp > 1`` without a mode is Ulysses (``all_to_all``)."""
+def _paper_config(config: ShardConfig, tp: int, pp: int, sp: int, ep: int = 1) -> ShardConfig:
+    """``config`` at the layout explained; ``sp > 1`` without a mode is Ulysses (``all_to_all``);
+    ``ep > 1``: as many data-parallel ranks (DDP unless ``config`` says FSDP), the experts over them."""
     config = attrs.evolve(
-        config, tensor_parallel_size=tp, pipeline_parallel_size=pp, sequence_parallel_size=sp, data_parallel_size=1
+        config, tensor_parallel_size=tp, pipeline_parallel_size=pp, sequence_parallel_size=sp, data_parallel_size=ep
     )
+    if ep > 1:
+        config = attrs.evolve(config, expert_parallel_size=ep, data_parallel=config.data_parallel or "ddp")
     if sp > 1 and not config.enable_sequence_parallelism:
         config = attrs.evolve(config, enable_sequence_parallelism=True, sequence_parallelism_mode="all_to_all")
     return config
@@ -138,6 +142,7 @@ def explain(
     *,
     pp: int = 1,
     sp: int = 1,
+    ep: int = 1,
     config: ShardConfig | None = None,
     policy=None,
     dtype: torch.dtype | None = None,
@@ -151,17 +156,17 @@ def explain(
     place) or a spec for :func:`load_for_explain`. Raises :class:`ExplainError` with ``optimize``'s
     message when the layout is impossible. ``sp > 1``: ``config``'s mode (else ``all_to_all``);
     ``seq`` (``batch``): the attention keys and values a rank holds and sends (``"sequence"``).
+    ``ep > 1``: expert parallelism over ``ep`` data-parallel ranks (``"experts"``: the expert bytes per
+    rank and, with ``seq``, the tokens' all-to-all bytes per layer under even routing).
     """
-    from .. import kernels
-
     model = model if isinstance(model, nn.Module) else load_for_explain(model, dtype)
     if any(not p.is_meta for p in model.parameters()):
         raise ValueError("explain: pass a model built on the meta device (shardcore.init_empty()) or a spec")
-    config = _paper_config(config or ShardConfig(), tp, pp, sp)
+    config = _paper_config(config or ShardConfig(), tp, pp, sp, ep)
     full_bytes = _nbytes(model.parameters())
     itemsize = next((p.element_size() for p in model.parameters() if p.is_floating_point()), 4)
     attention = getattr(getattr(model, "config", None), "_attn_implementation", None)
-    build, valid, block_names, block_cls = _shard_on_paper(model, config, policy, tp, pp, sp)
+    build, valid, block_names, block_cls = _shard_on_paper(model, config, policy, tp, pp, sp * ep)
     model, policy = build.model, build.policy
     rank_bytes = _nbytes(model.parameters())
     per_block, outside, step = _collective_counts(build, block_names, block_cls)
@@ -170,7 +175,7 @@ def explain(
     return {
         "model": type(model).__name__,
         "policy": type(policy).__name__,
-        "layout": {"tp": tp, "pp": pp, "sp": sp},
+        "layout": {"tp": tp, "pp": pp, "sp": sp, "ep": ep},
         "dtype_bytes": itemsize,
         "bytes_unsharded": full_bytes,
         "bytes_per_rank": rank_bytes,
@@ -180,26 +185,24 @@ def explain(
         "modules": list(_module_rows(model).values()),
         "blocks": len(block_names),
         "collectives_per_layer": {
-            cls: {phase: dict(c) for phase, c in counts.items()} for cls, counts in per_block.items()
+            cls: {phase: dict(+c) for phase, c in counts.items()} for cls, counts in per_block.items()
         },
-        "collectives_outside_layers": {phase: dict(c) for phase, c in outside.items()},
-        "collectives_per_step": {phase: dict(c) for phase, c in step.items()},
-        "attention": {
-            "model": attention,
-            "enable_flash_attention": kernels.attention_backend(torch.device(device), _dtype_of(model)),
-        },
+        "collectives_outside_layers": {phase: dict(+c) for phase, c in outside.items()},
+        "collectives_per_step": {phase: dict(+c) for phase, c in step.items()},
+        "attention": {"model": attention, "enable_flash_attention": _backend(model, device)},
         "valid_tensor_parallel_sizes": valid,
         "sequence": sequence_bytes(build, seq, batch, itemsize) if seq else None,
+        "experts": expert_traffic(model, seq * batch if seq else None, itemsize) if ep > 1 else None,
         "notes": _notes(config, pp, sp),
     }
 
 
-def _shard_on_paper(model: nn.Module, config: ShardConfig, policy, tp: int, pp: int, sp: int):
+def _shard_on_paper(model: nn.Module, config: ShardConfig, policy, tp: int, pp: int, ranks_beside: int):
     """``optimize``'s policy, checks and sharding steps over a paper group: the build, the valid
-    tensor-parallel sizes, and the blocks' names and classes."""
+    tensor-parallel sizes, and the blocks' names and classes (``ranks_beside``: sp x ep)."""
     from ..optimize import PAPER_STEPS, Build, run_steps
 
-    layout = ParallelLayout.from_config(config, world_size=tp * pp * sp)  # optimize's layout step, on paper
+    layout = ParallelLayout.from_config(config, world_size=tp * pp * ranks_beside)  # optimize's layout step, on paper
     build = Build(model, config, policy, layout=layout, group=PaperGroup(0, tp))
     run_steps(build, ("policy",))
     valid = _valid_tp_sizes(build.policy, config)
@@ -212,6 +215,12 @@ def _shard_on_paper(model: nn.Module, config: ShardConfig, policy, tp: int, pp: 
         hint = f" (tensor_parallel_size values this model accepts, up to 64: {valid})" if valid else ""
         raise ExplainError(f"{err}{hint}", valid) from err
     return build, valid, block_names, block_cls
+
+
+def _backend(model: nn.Module, device: str) -> str:
+    from .. import kernels
+
+    return kernels.attention_backend(torch.device(device), _dtype_of(model))
 
 
 def _dtype_of(model: nn.Module) -> torch.dtype:

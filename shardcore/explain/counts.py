@@ -93,7 +93,8 @@ def _module_rows(model: nn.Module) -> dict[tuple[str, str], dict[str, Any]]:
 
 def _collective_counts(build, block_names: list[str], block_cls: dict[str, str]):
     """Collectives per block class, outside the blocks, and per training step (forward, backward)."""
-    model, policy, config, sharded_by_tp = build.model, build.policy, build.config, build.tensor_parallel
+    model, policy, config = build.model, build.policy, build.config
+    sharded_by_tp = build.tensor_parallel or build.expert_parallel
     entries = [(name, desc) for name, _, desc in build.plan or []]
 
     def inside(name: str) -> str | None:

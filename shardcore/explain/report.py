@@ -25,7 +25,8 @@ def format_report(report: dict[str, Any]) -> str:
     """The report as the table ``shardcore explain`` prints."""
     lay = report["layout"]
     lines = [
-        f"{report['model']} ({report['policy']}), tp={lay['tp']} pp={lay['pp']} sp={lay['sp']}",
+        f"{report['model']} ({report['policy']}), tp={lay['tp']} pp={lay['pp']} sp={lay['sp']}"
+        + (f" ep={lay['ep']}" if lay.get("ep", 1) > 1 else ""),
         f"parameters: {_fmt_bytes(report['bytes_unsharded'])} unsharded, {_fmt_bytes(report['bytes_per_rank'])} "
         f"per tensor-parallel rank ({report['fraction_per_rank']:.4f} of the model)",
     ]
@@ -66,6 +67,14 @@ def format_report(report: dict[str, Any]) -> str:
         f"attention: {att['model'] or 'the model library default'} as built; with enable_flash_attention: "
         f"{att['enable_flash_attention']}"
     )
+    lines += _sequence_and_experts(report)
+    lines.append(f"valid tensor_parallel_size (up to 64): {report['valid_tensor_parallel_sizes']}")
+    lines += [f"note: {n}" for n in report["notes"]]
+    return "\n".join(lines)
+
+
+def _sequence_and_experts(report: dict[str, Any]) -> list[str]:
+    lines = []
     seq = report.get("sequence")
     if seq:
         sent = seq["bytes_sent_per_layer"]
@@ -75,9 +84,14 @@ def format_report(report: dict[str, Any]) -> str:
             f"{_fmt_bytes(seq['kv_bytes_in_flight'])} (one layer at a time); sent per layer forward "
             f"{_fmt_bytes(sent['forward'])}, backward {_fmt_bytes(sent['backward'])}"
         )
-    lines.append(f"valid tensor_parallel_size (up to 64): {report['valid_tensor_parallel_sizes']}")
-    lines += [f"note: {n}" for n in report["notes"]]
-    return "\n".join(lines)
+    experts = report.get("experts")
+    if experts:
+        line = f"experts: {_fmt_bytes(experts['expert_bytes_per_rank'])} per rank over {experts['layers']} layers"
+        sent = experts.get("all_to_all_bytes_per_layer")
+        if sent:
+            line += f"; all-to-all sent per layer forward {_fmt_bytes(sent['forward'])}, backward {_fmt_bytes(sent['backward'])}"
+        lines += [line, f"note: {experts['note']}"]
+    return lines
 
 
 def to_json(report: dict[str, Any]) -> str:

@@ -74,20 +74,16 @@ def assert_data_parallel_matches(
 
     ``build()`` is called twice after ``torch.manual_seed(seed)``; one copy is optimized with
     ``config`` (``data_parallel="fsdp"`` or ``"ddp"``, ``data_parallel_size > 1``). The unsharded
-    model runs the whole ``inputs``; each data-parallel rank runs its part (:func:`dp_part`). Then:
-    the mean of the ranks' losses equals the unsharded loss (relative ``rtol_loss``; the batch
-    must give every part the same number of loss terms), every gradient gathered over dp and tp
-    equals the unsharded one (relative norm, as :func:`~shardcore.testing.assert_sharded_matches`),
-    and so does each rank's own part of it (its tensor-parallel slice, under FSDP its shard of
-    that), and so does every parameter after ``steps`` AdamW steps (``atol_step``), gathered and local. The parameter names
-    must be the unsharded model's. Reports ``state_fraction``: this rank's bytes of parameters and
+    model runs the whole ``inputs``; each data-parallel rank its part (:func:`dp_part`). Then: the
+    mean of the ranks' losses equals the unsharded loss (``rtol_loss``; every part the same number
+    of loss terms), every gradient gathered over dp and tp equals the unsharded one (relative norm)
+    and so does each rank's part of it (its slice, its FSDP shard), and every parameter after
+    ``steps`` AdamW steps (``atol_step``), gathered and local. Names must be the unsharded model's. Reports ``state_fraction``: this rank's bytes of parameters and
     AdamW state over the unsharded model's (at most ``max_state_fraction`` if given).
 
-    ``reference_on_parts=True``: the unsharded model's loss is the mean of its losses on the ranks'
-    parts, each part a forward of its own (what DDP over the unsharded model trains: a loss with a
-    term over the whole batch, such as a router's load-balancing loss, counts each part's). Under
-    expert parallelism each expert must equal its unsharded slice on the ranks holding it, and
-    its copies over the data-parallel ranks holding the same experts must stay equal.
+    ``reference_on_parts=True``: the unsharded loss is the mean of its losses on the ranks' parts,
+    each its own forward (DDP over the unsharded model: a router's load-balancing loss per part).
+    Under expert parallelism, copies of an expert are compared over the ranks holding it.
     """
     ref, model = _build_pair(build, config, policy, seed, None)
     info = model.shardcore
@@ -107,9 +103,7 @@ def assert_data_parallel_matches(
         report["max_rel_err_grads"] = _check_every_grad(model, ref_params, check, "gathered over dp and tp")
 
     step = functools.partial(_backward_loss, model, mine, loss_fn)
-    ref_step = functools.partial(_backward_loss, ref, inputs, loss_fn)
-    if reference_on_parts:
-        ref_step = functools.partial(_backward_mean_of_parts, ref, inputs, loss_fn, layout.dp)
+    ref_step = _reference_step(ref, inputs, loss_fn, layout.dp if reference_on_parts else 0)
     opt_ref, opt = _train_side_by_side(ref, model, step, ref_step, steps, first, lr=lr, eps=adam_eps)
     if steps:
         report["max_abs_diff_after_steps"] = _check_params_after(model, ref_params, steps, atol_step, zero_grads)
@@ -138,6 +132,13 @@ def _check_wrapping(info, config) -> None:
         loose = [name for name, block in info.policy.blocks() if not isinstance(block, FSDPModule)]
         if loose:
             raise AssertionError(f"blocks {loose} are not wrapped by fully_shard: the whole model is gathered at once")
+
+
+def _reference_step(ref: nn.Module, inputs: Mapping[str, Any], loss_fn, parts: int):
+    """The unsharded model's step: on the whole batch, or (``parts``) the mean over the parts."""
+    if parts:
+        return functools.partial(_backward_mean_of_parts, ref, inputs, loss_fn, parts)
+    return functools.partial(_backward_loss, ref, inputs, loss_fn)
 
 
 def _backward_mean_of_parts(model: nn.Module, inputs: Mapping[str, Any], loss_fn, parts: int) -> torch.Tensor:

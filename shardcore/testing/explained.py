@@ -37,6 +37,7 @@ def assert_explain_matches(
         config.tensor_parallel_size,
         pp=config.pipeline_parallel_size,
         sp=config.sequence_parallel_size,
+        ep=config.expert_parallel_size,
         config=config,
     )
 

@@ -98,7 +98,9 @@ class ExpertsEP(ParallelModule):
     expert_parallel = True
 
     @classmethod
-    def from_native_module(cls, module: nn.Module, process_group=None, *, layout=None, **kwargs) -> ExpertsEP:
+    def from_native_module(
+        cls, module: nn.Module, process_group=None, *, layout=None, top_k: int = 2, **kwargs
+    ) -> ExpertsEP:
         ep_group, experts_group, _ = layout.expert_groups()
         new = _over(type(module), ExpertsEP)(experts_group)  # the specs' group: one copy of every expert
         parts = new.tp_size
@@ -111,7 +113,17 @@ class ExpertsEP(ParallelModule):
         )
         new.tp_group, new.ep_group = process_group, ep_group
         new.inner_tp, new.inner_rank = group_size(process_group), group_rank(process_group)
+        new.ep_size, new.top_k = layout.ep, top_k
         return new
+
+    def traffic(self, tokens: int, itemsize: int) -> dict[str, int]:
+        """Bytes one forward / backward of this layer sends from a rank, for ``tokens`` tokens on its
+        data-parallel rank, the choices spread evenly: of this tensor-parallel rank's share of the
+        ``tokens x top_k`` choices, ``(ep - 1) / ep`` leave, and as many come back."""
+        hidden = self.gate_up_proj.shape[-1]
+        rows = tokens * self.top_k // self.inner_tp * (self.ep_size - 1) // self.ep_size
+        counts = self.ep_size * self.num_experts * 8
+        return {"forward": 2 * rows * hidden * itemsize + counts, "backward": 2 * rows * hidden * itemsize}
 
     def collectives(self) -> dict[str, list[str]]:
         tp = ["all_reduce"] if self.inner_tp > 1 else []

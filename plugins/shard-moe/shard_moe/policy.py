@@ -33,6 +33,7 @@ import attrs
 
 from shardcore import ModulePolicyDescription, Policy
 from shardcore.builders import attention, mlp, vocab_embedding, vocab_head
+from shardcore.data_parallel import native_class
 from shardcore.policy import SubModuleReplacementDescription as Sub
 from shardcore.tensor_parallel import SplitRMSNorm
 
@@ -51,12 +52,6 @@ class MoePolicy(Policy):
     """Shared by every head: shards the base model (``model.base_model``)."""
 
     supports_expert_parallel = True
-
-    @property
-    def layout(self):
-        from shardcore import ParallelLayout
-
-        return ParallelLayout.from_config(self.shard_config)
 
     @property
     def base(self):
@@ -130,7 +125,8 @@ class MoePolicy(Policy):
         tp = self.tp_size
         local_kv = kv // tp if kv >= tp else 1
         if self.shard_config.expert_parallel_size > 1:
-            experts = Sub(suffix="mlp.experts", target_module=ExpertsEP, kwargs={"layout": self.layout})
+            top_k = self.model.config.num_experts_per_tok
+            experts = Sub(suffix="mlp.experts", target_module=ExpertsEP, kwargs={"layout": self.layout, "top_k": top_k})
             if tp == 1:  # the experts alone: the rest stays whole, data-parallel
                 return {self.block_type(): ModulePolicyDescription(sub_module_replacement=_optional([experts]))}
         else:
@@ -154,7 +150,7 @@ class MoePolicy(Policy):
 
     def checkpoint_names(self, names: list[str]) -> dict[str, str]:
         """Mixtral's checkpoints keep the sparse block under its original name, ``block_sparse_moe``."""
-        if type(self.model).__name__.startswith("Mixtral"):
+        if native_class(self.model).__name__.startswith("Mixtral"):
             return {n: n.replace(".mlp.gate.", ".block_sparse_moe.gate.") for n in names if ".mlp.gate." in n}
         return {}
 
@@ -167,7 +163,7 @@ class MoePolicy(Policy):
 
         cfg = self.model.config
         experts = getattr(cfg, "num_local_experts", None) or cfg.num_experts
-        mixtral = type(self.model).__name__.startswith("Mixtral")
+        mixtral = native_class(self.model).__name__.startswith("Mixtral")
         pieces = (
             {"gate_up_proj": ("w1", "w3"), "down_proj": ("w2",)}
             if mixtral

@@ -16,6 +16,8 @@ from shardcore import ShardConfig
 from shardcore.testing import (
     assert_clipping_matches,
     assert_data_parallel_matches,
+    assert_explain_matches,
+    assert_lazy_load_matches,
     assert_save_pretrained_matches,
     refusal_message,
     run_on_ranks,
@@ -163,6 +165,48 @@ def test_generate_matches_unsharded():
     """Greedy generate with a KV cache at EP=2, each rank its own prompts and length of output."""
     tokens = run_on_ranks(2, _generate)
     assert tokens[0] != tokens[1]
+
+
+def _lazy_ep(ckpt: str) -> dict:
+    """Meta build, EP=2, load_checkpoint from transformers 5's per-expert layout: equal outputs, and
+    the expert pieces this rank read (positioned reads, counted)."""
+    from shardcore.checkpoint import safetensors_io
+
+    read, original = [], safetensors_io.SafetensorsFile.read
+
+    def counting(self, key, spec, rank, dtype):
+        out = original(self, key, spec, rank, dtype)
+        read.append(key)
+        return out
+
+    safetensors_io.SafetensorsFile.read = counting
+    try:
+        assert_lazy_load_matches(lambda: build("mixtral"), lm_batch(), ckpt, _ep(2, 1))
+    finally:
+        safetensors_io.SafetensorsFile.read = original
+    return {"experts": sorted({k.split(".experts.")[1].split(".")[0] for k in read if ".experts." in k})}
+
+
+def test_checkpoint_read_on_shard_under_expert_parallelism(tmp_path):
+    """Each expert-parallel rank reads its own experts' pieces only, onto the meta-built model."""
+    torch.manual_seed(0)
+    build("mixtral").save_pretrained(tmp_path / "ckpt")
+    reads = run_on_ranks(2, _lazy_ep, str(tmp_path / "ckpt"))
+    assert [r["experts"] for r in reads] == [["0", "1"], ["2", "3"]], reads
+
+
+def _explain(ep: int, tp: int) -> dict:
+    return assert_explain_matches(lambda: build("mixtral"), lm_batch(), _ep(ep, tp))
+
+
+@pytest.mark.parametrize(("ranks", "ep", "tp"), [(2, 2, 1), (4, 2, 2)])
+def test_explain_predicts_a_step(ranks, ep, tp):
+    """explain --ep: the all-to-alls (3 forward, 2 backward per layer) and the tensor-parallel
+    collectives a real step issues, and rank 0's bytes (its share of the experts)."""
+    report = run_on_ranks(ranks, _explain, ep, tp)[0]
+    per_layer = report["collectives_per_layer"]["MixtralDecoderLayer"]
+    assert per_layer["forward"]["all_to_all"] == 3 and per_layer["backward"]["all_to_all"] == 2, per_layer
+    assert report["experts"]["layers"] == 2 and report["experts"]["expert_bytes_per_rank"] > 0
 
 
 def _refused(config: dict, cfg: dict, model: str = "causal") -> str:
