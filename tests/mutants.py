@@ -631,7 +631,7 @@ MUTANTS: dict[str, Mutant] = {
             "shardcore/expert_parallel/__init__.py",
             (
                 "        return reduce_scatter_cat(grad.contiguous(), ctx.group, 0, where=ctx.back), None",
-                "        return grad.chunk(group_size(ctx.group))[dist.get_rank(ctx.group)], None",
+                "        return grad.chunk(group_size(ctx.group))[torch.distributed.get_rank(ctx.group)], None",
             ),
             "plugins/shard-moe/tests/test_moe_expert_parallel.py::test_matches_unsharded[mixtral-ep2-global-balance]",
             "gradient of model.",
