@@ -23,7 +23,7 @@ from ..config import ShardConfig
 from ..distributed import ParallelLayout
 from ..distributed.collectives import PaperGroup
 from .counts import _collective_counts, _module_rows, _nbytes, _stage_bytes, _valid_tp_sizes
-from .experts import expert_traffic
+from .experts import add_balance_counts, expert_traffic
 from .report import format_report, to_json
 from .sequence import add_sequence_counts, sequence_bytes
 
@@ -171,6 +171,7 @@ def explain(
     rank_bytes = _nbytes(model.parameters())
     per_block, outside, step = _collective_counts(build, block_names, block_cls)
     add_sequence_counts(build, build.policy.blocks(), block_cls, per_block, outside, step)
+    add_balance_counts(build, outside, step)
     stages = _stage_bytes(model, block_names, pp) if pp > 1 else None
     return {
         "model": type(model).__name__,
