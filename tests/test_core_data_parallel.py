@@ -62,8 +62,22 @@ FSDP = {"tensor_parallel_size": 2, "data_parallel_size": 2, "data_parallel": "fs
         (FSDP, _NoBlocks, "wraps each block of _NoBlocks.blocks(), which this policy does not implement"),
         ({**FSDP, "data_parallel": "ddp", "inference_only": True}, ToyPolicy, "an inference-only model has none"),
         ({**FSDP, "tensor_parallel_process_group": True}, ToyPolicy, "runs on shardcore's device mesh"),
+        ({**FSDP, "expert_parallel_size": 2}, ToyPolicy, "has no experts to split or route"),
+        ({**FSDP, "global_batch_balance": True}, ToyPolicy, "has no experts to split or route"),
+        (
+            {**FSDP, "expert_parallel_size": 2, "pipeline_parallel_size": 2, "data_parallel_size": None},
+            ToyPolicy,
+            "ep=2 does not divide the data-parallel degree (dp=1, pp=2, sp=1, tp=2",
+        ),
     ],
-    ids=["fsdp-without-blocks", "ddp-inference-only", "own-tp-group"],
+    ids=[
+        "fsdp-without-blocks",
+        "ddp-inference-only",
+        "own-tp-group",
+        "ep-without-experts",
+        "balance-without-experts",
+        "ep-not-dividing-dp",
+    ],
 )
 def test_refused_before_any_collective_on_every_rank(config, policy, expected):
     messages = run_on_ranks(4, _refused, config, policy)

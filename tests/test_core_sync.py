@@ -56,6 +56,7 @@ def _hang_named_by_the_watch() -> str:
         (report,) = watch.REPORTS[reports:]
         assert "waited past the process group's timeout" in str(err.value), err.value  # not the 1 s bound
         return report
+    time.sleep(2)  # rank 0's group timeout (4 s) ends first: not a peer that gave up before it
     try:
         dist.barrier()
     except RuntimeError as err:

@@ -94,7 +94,7 @@ def route(rows: torch.Tensor, key: torch.Tensor, experts_per_rank: int, group, *
     send, recv = sizes
     sent = order[: sum(send)]
     received = _AllToAllV.apply(rows[sent // fanout], group, send, recv, _WHERE)
-    expert = torch.arange(per, device=key.device).repeat(world).repeat_interleave(got)
+    expert = torch.arange(per, device=key.device).repeat(world).repeat_interleave(got, output_size=sum(recv))
 
     def back(out: torch.Tensor) -> torch.Tensor:
         returned = _AllToAllV.apply(out, group, recv, send, _WHERE + " (back)")

@@ -18,9 +18,11 @@ from shardcore.testing import (
     assert_data_parallel_matches,
     assert_explain_matches,
     assert_lazy_load_matches,
+    assert_resume_matches,
     assert_save_pretrained_matches,
     refusal_message,
     run_on_ranks,
+    train_and_save,
 )
 
 
@@ -69,6 +71,9 @@ CASES = {
     "mixtral-ep2xtp2": ("mixtral", {}, 4, _ep(2, 2), {}),
     "mixtral-ep2xtp2-global-top1": ("mixtral", {"experts": 8, "top_k": 1}, 4, _ep(2, 2, global_batch_balance=True), {}),
     "mixtral-ep2-dp4": ("mixtral", {}, 4, _ep(2, 1), {}),  # two copies of each expert: summed over them
+    "qwen2-moe-ep2xtp2": ("qwen2_moe", {}, 4, _ep(2, 2), {}),
+    "qwen3-moe-ep2xtp2": ("qwen3_moe", {}, 4, _ep(2, 2), {}),
+    "olmoe-ep2xtp2": ("olmoe", {}, 4, _ep(2, 2), {}),
 }
 
 
@@ -167,7 +172,7 @@ def test_generate_matches_unsharded():
     assert tokens[0] != tokens[1]
 
 
-def _lazy_ep(ckpt: str) -> dict:
+def _lazy_ep(ckpt: str, out: str) -> dict:
     """Meta build, EP=2, load_checkpoint from transformers 5's per-expert layout: equal outputs, and
     the expert pieces this rank read (positioned reads, counted)."""
     from shardcore.checkpoint import safetensors_io
@@ -181,18 +186,45 @@ def _lazy_ep(ckpt: str) -> dict:
 
     safetensors_io.SafetensorsFile.read = counting
     try:
-        assert_lazy_load_matches(lambda: build("mixtral"), lm_batch(), ckpt, _ep(2, 1))
+        assert_lazy_load_matches(lambda: build("mixtral"), lm_batch(), ckpt, _ep(2, 1), save_to=out)
     finally:
         safetensors_io.SafetensorsFile.read = original
     return {"experts": sorted({k.split(".experts.")[1].split(".")[0] for k in read if ".experts." in k})}
 
 
 def test_checkpoint_read_on_shard_under_expert_parallelism(tmp_path):
-    """Each expert-parallel rank reads its own experts' pieces only, onto the meta-built model."""
+    """Each expert-parallel rank reads its own experts' pieces only, onto the meta-built model;
+    save_checkpoint then gathers every expert from its owner (from_pretrained reads the same model)."""
     torch.manual_seed(0)
     build("mixtral").save_pretrained(tmp_path / "ckpt")
-    reads = run_on_ranks(2, _lazy_ep, str(tmp_path / "ckpt"))
+    reads = run_on_ranks(2, _lazy_ep, str(tmp_path / "ckpt"), str(tmp_path / "out"))
     assert [r["experts"] for r in reads] == [["0", "1"], ["2", "3"]], reads
+    torch.manual_seed(0)
+    ref = build("mixtral").eval()
+    back = type(ref).from_pretrained(tmp_path / "out").eval()
+    with torch.no_grad():
+        assert torch.allclose(back(**lm_batch()).logits, ref(**lm_batch()).logits, atol=1e-6)
+
+
+def _dcp(path: str, resume: dict) -> float:
+    batches = [lm_batch(batch=4, pad=False, seed=s) for s in (1, 2, 3)]
+    build_fn = lambda: build("mixtral")  # noqa: E731
+    train_and_save(build_fn, batches[:2], _ep(2, 1, global_batch_balance=True), path)
+    return assert_resume_matches(build_fn, batches[:2], batches[2:], ShardConfig(**resume), path)
+
+
+@pytest.mark.parametrize(
+    "resume",
+    [
+        {"tensor_parallel_size": 1, "expert_parallel_size": 2, "data_parallel": "ddp", "global_batch_balance": True},
+        {"tensor_parallel_size": 2},
+    ],
+    ids=["ep2-to-ep2", "ep2-to-tp2"],
+)
+def test_distributed_checkpoint_resumes(resume, tmp_path):
+    """save_distributed at EP=2 (model and AdamW state), load_distributed at EP=2 and at TP=2 (the
+    experts regrouped), training on as the unsharded model trained without interruption."""
+    run_on_ranks(2, _dcp, str(tmp_path / "dcp"), resume)
 
 
 def _explain(ep: int, tp: int) -> dict:
