@@ -244,6 +244,18 @@ def test_explain_predicts_a_step(ranks, ep, tp):
     assert report["experts"]["layers"] == 2 and report["experts"]["expert_bytes_per_rank"] > 0
 
 
+def test_the_example_loop_equals_the_unsharded_loop():
+    """examples/expert_parallel_training.py (the docs include its loop) on 2 real ranks."""
+    import pathlib
+
+    from shardcore.testing import example_main
+
+    example = example_main(pathlib.Path(__file__).resolve().parents[3] / "examples" / "expert_parallel_training.py")
+    unsharded = example(["--unsharded"])
+    for got in run_on_ranks(2, example, []):
+        assert all(abs(a - b) <= 1e-5 * abs(b) for a, b in zip(got, unsharded, strict=True)), (got, unsharded)
+
+
 def _refused(config: dict, cfg: dict, model: str = "causal") -> str:
     import transformers
     from moe_cases import moe_config
