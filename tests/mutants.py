@@ -585,6 +585,17 @@ MUTANTS: dict[str, Mutant] = {
             "gradient of model.",
         ),
         _m(
+            "explain-row-bytes-of-its-slice",
+            "explain: a row-parallel layer's all-reduce counted at its input slice's width, not its output's",
+            "shardcore/tensor_parallel/linear.py",
+            (
+                '        return {"forward": [tokens * self.out_features * itemsize], "backward": backward}',
+                '        return {"forward": [tokens * self.spec.local_size * itemsize], "backward": backward}',
+            ),
+            f"{LLAMA}/test_llama_kernels.py::test_explain_predicts_a_step[gqa]",
+            "bytes per step, this rank put",
+        ),
+        _m(
             "ep-token-returned-to-wrong-row",
             "expert parallelism: the experts' outputs come back to the rows in send order, not the tokens' order",
             "shardcore/expert_parallel/__init__.py",

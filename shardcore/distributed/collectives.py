@@ -31,6 +31,7 @@ from .scope import (
     _scope,
     _tagged,
     backward_of,
+    count_collective_bytes,
     count_collectives,
     current_scope,
     enter_scope_per_forward,
@@ -56,6 +57,7 @@ __all__ = [
     "all_to_all_v",
     "backward_of",
     "broadcast",
+    "count_collective_bytes",
     "count_collectives",
     "current_scope",
     "enter_scope_per_forward",
@@ -178,7 +180,7 @@ def group_rank(group: dist.ProcessGroup | None) -> int:
 def all_reduce(x: torch.Tensor, group, op=dist.ReduceOp.SUM, *, where: str | None = None) -> torch.Tensor:
     """In-place all-reduce of a (contiguous) tensor; counted, bounded (see :func:`set_collective_timeout`)."""
     if group_size(group) > 1:
-        _count("all_reduce", where)
+        _count("all_reduce", where, x)
         _wait(dist.all_reduce(x, op=op, group=group, async_op=True), "all_reduce", group, where, device=x.device)
     return x
 
@@ -221,7 +223,7 @@ def start_all_gather(x: torch.Tensor, group, dim: int, *, where: str | None = No
     world = group_size(group)
     if world == 1:
         return Pending(None, "all_gather", group, where, lambda: x)
-    _count("all_gather", where)
+    _count("all_gather", where, x)
     dim = dim % x.dim()
     x = x.contiguous()
     flat = x.new_empty((world * x.shape[0], *x.shape[1:]))
@@ -238,7 +240,7 @@ def start_reduce_scatter(x: torch.Tensor, group, dim: int, *, where: str | None 
     dim = dim % x.dim()
     if x.shape[dim] % world:
         raise ValueError(f"cannot reduce-scatter dimension {dim} of size {x.shape[dim]} over {world} ranks")
-    _count("reduce_scatter", where)
+    _count("reduce_scatter", where, x)
     if dim == 0:
         flat = x.contiguous()
     else:  # the rank-ordered chunks along dim, stacked along dimension 0
@@ -267,7 +269,7 @@ def all_to_all_cat(x: torch.Tensor, group, scatter: int, gather: int, *, where: 
         return x
     if x.shape[scatter] % world:
         raise ValueError(f"cannot split dimension {scatter} of size {x.shape[scatter]} over {world} ranks")
-    _count("all_to_all", where)
+    _count("all_to_all", where, x)
     scatter, gather = scatter % x.dim(), gather % x.dim()
     send = x.unflatten(scatter, (world, x.shape[scatter] // world)).movedim(scatter, 0).contiguous()  # [rank, *chunk]
     received = torch.empty_like(send)
@@ -281,7 +283,7 @@ def all_to_all_v(x: torch.Tensor, group, send: list[int], recv: list[int], *, wh
     by rank (``recv[i]`` from rank ``i``): the all-to-all of unequal parts. Counted, bounded."""
     if group_size(group) == 1:
         return x
-    _count("all_to_all", where)
+    _count("all_to_all", where, x)
     out = x.new_empty((sum(recv), *x.shape[1:]))
     work = dist.all_to_all_single(out, x.contiguous(), recv, send, group=group, async_op=True)
     _wait(work, "all_to_all", group, where, device=x.device)
@@ -291,7 +293,7 @@ def all_to_all_v(x: torch.Tensor, group, send: list[int], recv: list[int], *, wh
 def broadcast(x: torch.Tensor, group, *, where: str) -> torch.Tensor:
     """In place, from the group's first rank; counted, bounded."""
     if group_size(group) > 1:
-        _count("broadcast", where)
+        _count("broadcast", where, x)
         src = dist.get_global_rank(group, 0) if group is not None else 0
         _wait(dist.broadcast(x, src=src, group=group, async_op=True), "broadcast", group, where, device=x.device)
     return x

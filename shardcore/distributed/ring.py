@@ -36,7 +36,7 @@ def start_ring_shift(x: torch.Tensor, group, *, where: str | None = None) -> Pen
     world = group_size(group)
     if world == 1:
         return Pending(None, "ring_shift", group, where, lambda: x)
-    _count("ring_shift", where)
+    _count("ring_shift", where, x)
     rank = group_rank(group)
 
     def peer(r: int) -> int:

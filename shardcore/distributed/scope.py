@@ -4,7 +4,8 @@ Each sharded model has a :class:`Scope`: the bound its collectives wait at most 
 ``ShardConfig(collective_timeout=...)``), how many of each kind it issued, and the parallel module
 its forward entered last (named when a collective times out). Collectives outside any model's
 forward (clipping, saving) run in :data:`DEFAULT_SCOPE`. :data:`COUNTS` counts every collective of
-the process (:func:`count_collectives`).
+the process (:func:`count_collectives`), :data:`BYTES` the bytes this rank put into each kind
+(:func:`count_collective_bytes`).
 """
 
 from __future__ import annotations
@@ -19,17 +20,33 @@ import attrs
 import torch
 
 COUNTS: Counter[str] = Counter()
+#: Bytes this process put into its collectives, by kind: what this rank contributes (the tensor an
+#: all-reduce sums, its part of an all-gather, the whole input of a reduce-scatter, what it sends).
+BYTES: Counter[str] = Counter()
 
 
 @contextlib.contextmanager
 def count_collectives() -> Iterator[Counter[str]]:
     """Count the collectives issued inside the ``with`` block: ``{"all_reduce": n, ...}``."""
-    before = COUNTS.copy()
+    with _delta(COUNTS) as delta:
+        yield delta
+
+
+@contextlib.contextmanager
+def count_collective_bytes() -> Iterator[Counter[str]]:
+    """The bytes this rank put into the collectives inside the ``with`` block, by kind (:data:`BYTES`)."""
+    with _delta(BYTES) as delta:
+        yield delta
+
+
+@contextlib.contextmanager
+def _delta(counter: Counter[str]) -> Iterator[Counter[str]]:
+    before = counter.copy()
     delta: Counter[str] = Counter()
     try:
         yield delta
     finally:
-        delta.update(COUNTS)
+        delta.update(counter)
         delta.subtract(before)
         for key in [k for k, n in delta.items() if n == 0]:
             del delta[key]
@@ -112,9 +129,11 @@ def _scope(where) -> Scope:
     return getattr(where, "scope", None) or current_scope()
 
 
-def _count(kind: str, where) -> None:
+def _count(kind: str, where, tensor: torch.Tensor | None = None) -> None:
     scope = _scope(where)
     COUNTS[kind] += 1
+    if tensor is not None:
+        BYTES[kind] += tensor.numel() * tensor.element_size()
     if scope is not DEFAULT_SCOPE:
         scope.counts[kind] += 1
     scope.seq += 1

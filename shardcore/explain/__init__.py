@@ -26,6 +26,7 @@ from .counts import _collective_counts, _module_rows, _nbytes, _stage_bytes, _va
 from .experts import add_balance_counts, expert_traffic
 from .report import format_report, to_json
 from .sequence import add_sequence_counts, sequence_bytes
+from .traffic import collective_bytes_per_step
 
 __all__ = ["ExplainError", "explain", "format_report", "load_for_explain", "to_json"]
 
@@ -155,9 +156,9 @@ def explain(
     ``model`` is a module built on the meta device (``shardcore.init_empty()``; it is sharded in
     place) or a spec for :func:`load_for_explain`. Raises :class:`ExplainError` with ``optimize``'s
     message when the layout is impossible. ``sp > 1``: ``config``'s mode (else ``all_to_all``);
-    ``seq`` (``batch``): the attention keys and values a rank holds and sends (``"sequence"``).
-    ``ep > 1``: expert parallelism over ``ep`` data-parallel ranks (``"experts"``: the expert bytes per
-    rank and, with ``seq``, the tokens' all-to-all bytes per layer under even routing).
+    ``seq`` (``batch``): the keys and values a rank holds and sends (``"sequence"``), the bytes it puts
+    into each kind of collective per step (``"collective_bytes_per_step"``). ``ep > 1``: experts over
+    ``ep`` data-parallel ranks (``"experts"``: bytes per rank, all-to-all bytes per layer).
     """
     model = model if isinstance(model, nn.Module) else load_for_explain(model, dtype)
     if any(not p.is_meta for p in model.parameters()):
@@ -172,6 +173,7 @@ def explain(
     per_block, outside, step = _collective_counts(build, block_names, block_cls)
     add_sequence_counts(build, build.policy.blocks(), block_cls, per_block, outside, step)
     add_balance_counts(build, outside, step)
+    traffic, why = collective_bytes_per_step(build, seq * batch, itemsize) if seq else (None, None)
     stages = _stage_bytes(model, block_names, pp) if pp > 1 else None
     return {
         "model": type(model).__name__,
@@ -185,16 +187,15 @@ def explain(
         "largest_rank_bytes": max(stages) if stages else rank_bytes,
         "modules": list(_module_rows(model).values()),
         "blocks": len(block_names),
-        "collectives_per_layer": {
-            cls: {phase: dict(+c) for phase, c in counts.items()} for cls, counts in per_block.items()
-        },
-        "collectives_outside_layers": {phase: dict(+c) for phase, c in outside.items()},
-        "collectives_per_step": {phase: dict(+c) for phase, c in step.items()},
+        "collectives_per_layer": {cls: _plain(counts) for cls, counts in per_block.items()},
+        "collectives_outside_layers": _plain(outside),
+        "collectives_per_step": _plain(step),
+        "collective_bytes_per_step": traffic,
         "attention": {"model": attention, "enable_flash_attention": _backend(model, device)},
         "valid_tensor_parallel_sizes": valid,
         "sequence": sequence_bytes(build, seq, batch, itemsize) if seq else None,
         "experts": expert_traffic(model, seq * batch if seq else None, itemsize) if ep > 1 else None,
-        "notes": _notes(config, pp, sp),
+        "notes": _notes(config, pp, sp) + ([f"collective bytes per step not predicted: {why}"] if why else []),
     }
 
 
@@ -216,6 +217,11 @@ def _shard_on_paper(model: nn.Module, config: ShardConfig, policy, tp: int, pp: 
         hint = f" (tensor_parallel_size values this model accepts, up to 64: {valid})" if valid else ""
         raise ExplainError(f"{err}{hint}", valid) from err
     return build, valid, block_names, block_cls
+
+
+def _plain(counts) -> dict:
+    """``{phase: {kind: n}}`` without kinds counted zero."""
+    return {phase: dict(+c) for phase, c in counts.items()}
 
 
 def _backend(model: nn.Module, device: str) -> str:

@@ -75,6 +75,12 @@ def format_report(report: dict[str, Any]) -> str:
 
 def _sequence_and_experts(report: dict[str, Any]) -> list[str]:
     lines = []
+    traffic = report.get("collective_bytes_per_step")
+    if traffic:
+        fwd, bwd = (
+            ", ".join(f"{_fmt_bytes(n)} {k}" for k, n in traffic[p].items()) or "-" for p in ("forward", "backward")
+        )
+        lines.append(f"collective bytes per training step (this rank): forward {fwd}; backward {bwd}")
     seq = report.get("sequence")
     if seq:
         sent = seq["bytes_sent_per_layer"]

@@ -73,6 +73,9 @@ class VocabParallelEmbedding1D(ParallelModule):
     def collectives(self) -> dict[str, list[str]]:
         return {"forward": ["all_reduce"] if self.tp_size > 1 else [], "backward": []}
 
+    def collective_bytes(self, tokens: int, itemsize: int) -> dict[str, list[int]]:
+        return {"forward": [tokens * self.embedding_dim * itemsize] if self.tp_size > 1 else [], "backward": []}
+
     def extra_repr(self) -> str:
         return (
             f"{self.num_embeddings}, {self.embedding_dim}, rank {self.tp_rank}/{self.tp_size} holds ids "
@@ -158,6 +161,12 @@ class VocabParallelLMHead1D(ParallelModule):
         if self.loss_on_slices:  # a step with labels: the vocab-parallel cross entropy's one all-gather
             forward.append("all_gather")
         return {"forward": forward, "backward": ["all_reduce"]}
+
+    def collective_bytes(self, tokens: int, itemsize: int) -> dict[str, list[int]]:
+        forward = [tokens * self.spec.local_size * itemsize] if self.gather_output else []
+        if self.loss_on_slices:  # max, sum of exponentials, target logit per token, in float32
+            forward.append(3 * tokens * 4)
+        return {"forward": forward, "backward": [tokens * self.in_features * itemsize]}
 
     def extra_repr(self) -> str:
         return (

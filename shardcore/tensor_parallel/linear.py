@@ -162,6 +162,17 @@ class Linear1D_Col(FromLinear, ParallelModule, nn.Linear):
             backward += ["all_reduce"] * per * (2 if self.bias is not None else 1)
         return {"forward": ["all_gather"] if self.gather_output else [], "backward": backward}
 
+    def collective_bytes(self, tokens: int, itemsize: int) -> dict[str, list[int]]:
+        backward = [tokens * self.in_features * itemsize] if self.copy_input else []
+        if self._replica_groups is not None:  # each replicated segment's rows of the weight (and bias) gradient
+            rows = [seg.shard_len for seg, g in zip(self.spec.segments, self._replica_groups, strict=True) if g]
+            size = self.weight.element_size()
+            backward += [n * self.in_features * size for n in rows]
+            if self.bias is not None:
+                backward += [n * size for n in rows]
+        gathered = [tokens * self.spec.local_size * itemsize] if self.gather_output else []
+        return {"forward": gathered, "backward": backward}
+
     def extra_repr(self) -> str:
         return (
             f"in_features={self.in_features}, out_features={self.out_features} "
@@ -253,6 +264,10 @@ class Linear1D_Row(FromLinear, ParallelModule, nn.Linear):
 
     def collectives(self) -> dict[str, list[str]]:
         return {"forward": ["all_reduce"], "backward": [] if self.input_is_parallel else ["all_gather"]}
+
+    def collective_bytes(self, tokens: int, itemsize: int) -> dict[str, list[int]]:
+        backward = [] if self.input_is_parallel else [tokens * self.spec.local_size * itemsize]
+        return {"forward": [tokens * self.out_features * itemsize], "backward": backward}
 
     def extra_repr(self) -> str:
         return (

@@ -36,6 +36,12 @@ class ParallelModule(nn.Module):
         plugins' collective-count tests check it against what a real step issues."""
         return {"forward": [], "backward": []}
 
+    def collective_bytes(self, tokens: int, itemsize: int) -> dict[str, list[int]] | None:
+        """The bytes this rank puts into each of :meth:`collectives` (same order) when the layer
+        runs on ``tokens`` tokens of ``itemsize``-byte activations; ``None``: not known ahead (it
+        depends on the data, or the layer does not say). Read by ``shardcore explain --seq``."""
+        return None
+
     @classmethod
     def from_native_module(cls, module: nn.Module, process_group=None, **kwargs) -> ParallelModule:
         raise NotImplementedError(f"{cls.__name__} does not implement from_native_module")

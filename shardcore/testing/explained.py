@@ -27,11 +27,13 @@ def assert_explain_matches(
     by kind: the second step, as the first also checks the inputs unless ``check_inputs="always"``,
     which explain then counts) and rank 0's parameter bytes. Returns the report."""
     import shardcore
-    from shardcore.distributed.collectives import count_collectives, group_rank
+    from shardcore.distributed.collectives import count_collective_bytes, count_collectives, group_rank
     from shardcore.explain import explain
 
     with shardcore.init_empty():
         meta = build_fn()
+    ids = inputs.get("input_ids")
+    shape = {"seq": ids.shape[-1], "batch": ids.numel() // ids.shape[-1]} if isinstance(ids, torch.Tensor) else {}
     report = explain(
         meta,
         config.tensor_parallel_size,
@@ -39,17 +41,22 @@ def assert_explain_matches(
         sp=config.sequence_parallel_size,
         ep=config.expert_parallel_size,
         config=config,
+        **shape,
     )
 
     torch.manual_seed(seed)
     model = shardcore.optimize(build_fn(), config)
     _loss(model(**inputs), loss_fn).backward()  # the first step: the input check's forward
     model.zero_grad(set_to_none=True)
-    with count_collectives() as fwd:
+    with count_collectives() as fwd, count_collective_bytes() as fwd_bytes:
         out = model(**inputs)
-    with count_collectives() as bwd:
+    with count_collectives() as bwd, count_collective_bytes() as bwd_bytes:
         _loss(out, loss_fn).backward()
     measured = {"forward": dict(fwd), "backward": dict(bwd)}
+    traffic = report.get("collective_bytes_per_step")
+    if traffic is not None:  # predicted (tensor parallelism, token inputs): must be what the step sent
+        sent = {"forward": dict(fwd_bytes), "backward": dict(bwd_bytes)}
+        assert traffic == sent, f"explain predicts {traffic} bytes per step, this rank put {sent} into its collectives"
     assert report["collectives_per_step"] == measured, (
         f"explain predicts {report['collectives_per_step']}, a step issued {measured}"
     )

@@ -27,6 +27,9 @@ def test_explain_predicts_a_step(cls_name):
         "forward": {"all_reduce": 2},
         "backward": {"all_reduce": 2},
     }
+    assert reports[0]["collective_bytes_per_step"]["forward"]["all_reduce"] > 0, reports[0][
+        "notes"
+    ]  # compared by the kit
 
 
 def _flag(tp: int, flag: str) -> dict:

@@ -25,6 +25,7 @@ def test_explain_predicts_a_step():
     """explain (meta device) predicts a real step's collectives by kind and rank 0's bytes."""
     (report, _) = run_on_ranks(2, _explain, 2)
     assert report["collectives_per_layer"]["GPT2Block"] == {"forward": {"all_reduce": 2}, "backward": {"all_reduce": 2}}
+    assert report["collective_bytes_per_step"]["forward"]["all_reduce"] > 0, report["notes"]  # compared by the kit
 
 
 def _flag(tp: int, flag: str) -> dict:

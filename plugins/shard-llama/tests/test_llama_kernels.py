@@ -30,6 +30,8 @@ def test_explain_predicts_a_step(tp, kv, layers):
     per_layer = reports[0]["collectives_per_layer"]["LlamaDecoderLayer"]
     assert per_layer["forward"] == {"all_reduce": 2}
     assert per_layer["backward"]["all_reduce"] == (2 if tp <= kv else 2 + 2)
+    # the bytes each rank put into its collectives were predicted too (the kit compared them)
+    assert reports[0]["collective_bytes_per_step"]["forward"]["all_reduce"] > 0, reports[0]["notes"]
 
 
 LLAMA_7B = {

@@ -70,6 +70,11 @@ class ExpertsTP(ParallelModule):
     def collectives(self) -> dict[str, list[str]]:
         return {"forward": ["all_reduce"], "backward": ["all_reduce", "all_reduce"]}
 
+    def collective_bytes(self, tokens: int, itemsize: int) -> dict[str, list[int]]:
+        hidden = tokens * self.gate_up_proj.shape[-1] * itemsize
+        top_k = self.config.num_experts_per_tok
+        return {"forward": [hidden], "backward": [hidden, tokens * top_k * itemsize]}  # the routing weights' too
+
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor, **kwargs):
         group, local = self.process_group, self.num_experts
         index = top_k_index - self.tp_rank * local

@@ -131,6 +131,7 @@ def test_explain_predicts_a_step():
     rows = {r["pattern"]: r for r in report["modules"]}
     experts = rows["model.layers.*.mlp.experts"]
     assert experts["collectives"] == {"forward": ["all_reduce"], "backward": ["all_reduce", "all_reduce"]}
+    assert report["collective_bytes_per_step"]["backward"]["all_reduce"] > 0, report["notes"]  # compared by the kit
     assert experts["bytes_per_rank"] == 2 * 2 * (2 * 48 * 64 + 64 * 48) * 4  # 2 layers x 2 of 4 experts, fp32
 
 
