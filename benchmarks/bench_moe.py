@@ -182,11 +182,8 @@ def main() -> None:
 
     results = []
     for name, layout in LAYOUTS.items():  # fresh processes per layout: the peaks are the layout's own
-        pool = RankPool(2 if layout is not None else 1, timeout_s=3600, threads=1)
-        try:
+        with RankPool(2 if layout is not None else 1, timeout_s=3600, threads=1) as pool:
             results += pool.run(worker, args, name)
-        finally:
-            pool.close()
         print(f"{name}: done", flush=True)
     report(results, args, pathlib.Path(args.out))
 
