@@ -91,6 +91,18 @@ def _module_rows(model: nn.Module) -> dict[tuple[str, str], dict[str, Any]]:
     return rows
 
 
+def shares_parent_copy(policy, name: str, module, copied: set[str]) -> bool:
+    """Under ``share_tp_copies``, whether column layer ``name`` reads the input an earlier column layer
+    of its parent already copied into the region (one shared copy: its backward all-reduce counted
+    once, not again here); records the parent in ``copied``."""
+    if not (policy.share_tp_copies and isinstance(module, Linear1D_Col) and module.copy_input):
+        return False
+    parent = name.rpartition(".")[0]
+    shared = parent in copied
+    copied.add(parent)
+    return shared
+
+
 def _collective_counts(build, block_names: list[str], block_cls: dict[str, str]):
     """Collectives per block class, outside the blocks, and per training step (forward, backward)."""
     model, policy, config = build.model, build.policy, build.config
@@ -114,12 +126,8 @@ def _collective_counts(build, block_names: list[str], block_cls: dict[str, str])
                     else outside
                 )
                 counts = module.collectives()
-                if policy.share_tp_copies and isinstance(module, Linear1D_Col) and module.copy_input:
-                    # column layers of one module read one input: one shared copy, one all-reduce
-                    parent = mod_name.rpartition(".")[0]
-                    if parent in copied:
-                        counts = {**counts, "backward": counts["backward"][1:]}
-                    copied.add(parent)
+                if shares_parent_copy(policy, mod_name, module, copied):
+                    counts = {**counts, "backward": counts["backward"][1:]}
                 for phase, kinds in counts.items():
                     target[phase].update(kinds)
         for name in getattr(policy, "grad_sum_parameters", ()):  # replicated, gradient summed

@@ -7,6 +7,7 @@ from typing import Any
 
 from ..tensor_parallel.linear import Linear1D_Col
 from ..tensor_parallel.parallel_module import ParallelModule
+from .counts import shares_parent_copy
 
 
 def _region_width(module) -> int | None:
@@ -36,14 +37,8 @@ def collective_bytes_per_step(build, tokens: int, itemsize: int) -> tuple[dict[s
         if sizes is None:
             return None, f"{type(module).__name__} ({name}) does not say its bytes ahead"
         kinds = module.collectives()
-        if policy.share_tp_copies and isinstance(module, Linear1D_Col) and module.copy_input:
-            parent = name.rpartition(".")[0]
-            if parent in copied:  # one shared copy per parent: its all-reduce counted once
-                kinds, sizes = (
-                    {**kinds, "backward": kinds["backward"][1:]},
-                    {**sizes, "backward": sizes["backward"][1:]},
-                )
-            copied.add(parent)
+        if shares_parent_copy(policy, name, module, copied):  # the parent's one copy: counted once
+            kinds, sizes = {**kinds, "backward": kinds["backward"][1:]}, {**sizes, "backward": sizes["backward"][1:]}
         for phase in step:
             for kind, n in zip(kinds[phase], sizes[phase], strict=True):
                 step[phase][kind] += n

@@ -103,9 +103,7 @@ class ExpertsEP(ParallelModule):
     expert_parallel = True
 
     @classmethod
-    def from_native_module(
-        cls, module: nn.Module, process_group=None, *, layout=None, top_k: int = 2, **kwargs
-    ) -> ExpertsEP:
+    def from_native_module(cls, module: nn.Module, process_group=None, *, layout=None, **kwargs) -> ExpertsEP:
         ep_group, experts_group, _ = layout.expert_groups()
         new = _over(type(module), ExpertsEP)(experts_group)  # the specs' group: one copy of every expert
         parts = new.tp_size
@@ -118,16 +116,15 @@ class ExpertsEP(ParallelModule):
         )
         new.tp_group, new.ep_group = process_group, ep_group
         new.inner_tp, new.inner_rank = group_size(process_group), group_rank(process_group)
-        new.ep_size, new.top_k = layout.ep, top_k
         return new
 
     def traffic(self, tokens: int, itemsize: int) -> dict[str, int]:
         """Bytes one forward / backward of this layer sends from a rank, for ``tokens`` tokens on its
         data-parallel rank, the choices spread evenly: of this tensor-parallel rank's share of the
         ``tokens x top_k`` choices, ``(ep - 1) / ep`` leave, and as many come back."""
-        hidden = self.gate_up_proj.shape[-1]
-        rows = tokens * self.top_k // self.inner_tp * (self.ep_size - 1) // self.ep_size
-        counts = self.ep_size * self.num_experts * 8
+        hidden, ep = self.gate_up_proj.shape[-1], group_size(self.ep_group)
+        rows = tokens * self.config.num_experts_per_tok // self.inner_tp * (ep - 1) // ep
+        counts = ep * self.num_experts * 8
         return {"forward": 2 * rows * hidden * itemsize + counts, "backward": 2 * rows * hidden * itemsize}
 
     def collectives(self) -> dict[str, list[str]]:

@@ -125,8 +125,7 @@ class MoePolicy(Policy):
         tp = self.tp_size
         local_kv = kv // tp if kv >= tp else 1
         if self.shard_config.expert_parallel_size > 1:
-            top_k = self.model.config.num_experts_per_tok
-            experts = Sub(suffix="mlp.experts", target_module=ExpertsEP, kwargs={"layout": self.layout, "top_k": top_k})
+            experts = Sub(suffix="mlp.experts", target_module=ExpertsEP, kwargs={"layout": self.layout})
             if tp == 1:  # the experts alone: the rest stays whole, data-parallel
                 return {self.block_type(): ModulePolicyDescription(sub_module_replacement=_optional([experts]))}
         else:
