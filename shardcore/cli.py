@@ -59,6 +59,8 @@ def _explain(args) -> int:
             f"shardcore explain: --dtype {args.dtype!r} is not a torch dtype (float32, bfloat16, ...)", file=sys.stderr
         )
         return 2
+    if args.auto:
+        return _auto(args, dtype)
     try:
         from .config import ShardConfig
 
@@ -89,6 +91,29 @@ def _explain(args) -> int:
         return 1
     print(to_json(report) if args.json else format_report(report))
     return 0
+
+
+def _auto(args, dtype) -> int:
+    from .cost import load_profile, search
+    from .cost.report import format_search
+    from .explain import load_for_explain
+
+    if args.world is None or args.seq is None:
+        print(
+            "shardcore explain --auto: give the ranks and the workload: --world N --seq L [--batch B]", file=sys.stderr
+        )
+        return 2
+    try:
+        model = load_for_explain(args.model, dtype)
+        profile = load_profile(args.profile, group_sizes=tuple(sorted({2, min(args.world, 4)} - {1})) or (2,))
+        memory = args.memory * 2**30 if args.memory is not None else None
+        kw = dict(seq=args.seq, batch=args.batch, memory=memory, optimizer=args.optimizer)
+        result = search(model, args.world, profile, **kw)
+    except (ValueError, TypeError, NotImplementedError, FileNotFoundError, LookupError) as err:
+        print(f"shardcore explain --auto: {err}", file=sys.stderr)
+        return 1
+    print(json.dumps(result, indent=2, default=str) if args.json else format_search(result, args.top))
+    return 0 if result["best"] is not None else 1
 
 
 def _plan(args) -> int:
@@ -154,11 +179,7 @@ def _calibrate(args) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="shardcore", description="shardcore command line")
-    sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("plugins", help="list installed plugins and the model classes they cover")
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+def _explain_parser(sub) -> None:
     e = sub.add_parser(
         "explain",
         help="show how a model would be sharded (on the meta device: no weights, no processes)",
@@ -168,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument(
         "model", help="a directory with a HuggingFace config.json, or module:Class (e.g. transformers:LlamaForCausalLM)"
     )
-    e.add_argument("--tp", type=int, required=True, help="tensor_parallel_size")
+    e.add_argument("--tp", type=int, default=None, help="tensor_parallel_size (required unless --auto)")
     e.add_argument("--pp", type=int, default=1, help="pipeline_parallel_size (planned: stage bytes)")
     e.add_argument("--sp", type=int, default=1, help="sequence_parallel_size (its mode: --sp-mode)")
     e.add_argument(
@@ -189,6 +210,21 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--device", default="cpu", help="device the model would run on (picks the attention backend)")
     e.add_argument("--plan", default=None, help="a YAML sharding plan to explain instead of the plugin's policy")
     e.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    a = e.add_argument_group("--auto: choose the layout (the cost model over this machine's calibrate profile)")
+    a.add_argument("--auto", action="store_true", help="rank every layout of --world ranks by predicted step time")
+    a.add_argument("--world", type=int, default=None, help="ranks to lay out (with --auto)")
+    a.add_argument("--memory", type=float, default=None, help="GiB a rank may hold (default: the profile's)")
+    a.add_argument("--optimizer", default="adamw", choices=("adamw", "sgd", "none"), help="its state and step")
+    a.add_argument("--top", type=int, default=5, help="layouts to print")
+    a.add_argument("--profile", default=None, help="a calibrate profile (default: this machine's, measured if absent)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="shardcore", description="shardcore command line")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("plugins", help="list installed plugins and the model classes they cover")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    _explain_parser(sub)
     pl = sub.add_parser("plan", help="write the sharding plan a HuggingFace model ships, as a YAML plan to edit")
     pl.add_argument("model", help="a directory with a HuggingFace config.json, or module:Class")
     pl.add_argument("--out", default=None, help="write the YAML here instead of printing it")
@@ -208,8 +244,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "plugins":
         return _plugins(args.json)
     if args.command == "explain":
+        if args.tp is None and not args.auto:
+            parser.error("explain needs --tp (or --auto --world N --seq L to choose the layout)")
         for flag in ("tp", "pp", "sp"):
-            if getattr(args, flag) < 1:
+            if not args.auto and getattr(args, flag) < 1:
                 parser.error(f"--{flag} must be at least 1")
         return _explain(args)
     return 2  # pragma: no cover

@@ -115,7 +115,8 @@ def _policy(b: Build) -> None:
 
 
 def _checks(b: Build) -> None:
-    """Everything that can be wrong, found before any collective."""
+    """Everything about the layout that can be wrong, found before any collective; the model is
+    left as it is (``explain --auto`` checks every candidate layout on one model)."""
     model, policy, config, layout = b.model, b.policy, b.config, b.layout
     check_policy_features(model, policy, config)
     policy.config_sanity_check()
@@ -123,11 +124,15 @@ def _checks(b: Build) -> None:
     b.stages = check_pipeline(model, policy, config, layout) if layout.pp > 1 else None
     b.sequence_mode = check_sequence_parallel(model, policy, config, layout)
     check_expert_parallel(model, policy, config, layout)
+
+
+def _plan(b: Build) -> None:
+    """The policy's preprocessing and its sharding plan, with their structural checks (no collective)."""
     if b.tensor_parallel or b.expert_parallel:
-        b.model = policy.preprocess()
-        b.sharder = ModelSharder(b.model, policy, None)
+        b.model = b.policy.preprocess()
+        b.sharder = ModelSharder(b.model, b.policy, None)
         b.plan = b.sharder.plan()  # module_policy and its structural checks
-    check_lora(b.model, config, b.plan)  # PEFT adapters where they are not built yet
+    check_lora(b.model, b.config, b.plan)  # PEFT adapters where they are not built yet
 
 
 def _kernels(b: Build) -> None:
@@ -233,6 +238,7 @@ STEPS: list[tuple[str, Callable[[Build], None]]] = [
     ("layout", _layout),
     ("policy", _policy),
     ("checks", _checks),
+    ("plan", _plan),
     ("kernels", _kernels),
     ("same_weights", _same_weights),
     ("shard", _shard),
@@ -247,7 +253,7 @@ STEPS: list[tuple[str, Callable[[Build], None]]] = [
 
 #: The steps ``shardcore explain`` runs on a paper layout (its own ``layout`` step: a world of
 #: paper ranks, no process group): the policy, every check, and the sharding itself over a PaperGroup.
-PAPER_STEPS = ("policy", "checks", "shard")
+PAPER_STEPS = ("policy", "checks", "plan", "shard")
 
 
 def run_steps(build: Build, names: tuple[str, ...]) -> Build:

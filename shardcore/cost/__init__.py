@@ -1,6 +1,21 @@
-"""What a layout costs on this machine: the measured profile (``shardcore calibrate``) the cost
-model reads (:mod:`shardcore.cost.profile`)."""
+"""What a layout costs on this machine: the measured profile (``shardcore calibrate``,
+:mod:`shardcore.cost.profile`), the cost model over ``explain``'s counts (:mod:`shardcore.cost.model`)
+and the search over every layout of a world (``explain --auto``, :mod:`shardcore.cost.search`)."""
 
+from .model import collective_seconds, memory_per_rank, predict
 from .profile import KINDS, calibrate, fit_line, load_profile, profile_path
+from .search import candidates, search, shard_config
 
-__all__ = ["KINDS", "calibrate", "fit_line", "load_profile", "profile_path"]
+__all__ = [
+    "KINDS",
+    "calibrate",
+    "candidates",
+    "collective_seconds",
+    "fit_line",
+    "load_profile",
+    "memory_per_rank",
+    "predict",
+    "profile_path",
+    "search",
+    "shard_config",
+]

@@ -6,9 +6,16 @@ backend that joins them (NCCL, gloo):
 * ``matmul_flops``: the throughput of a square matmul per dtype (FLOP/s, one device; on the CPU
   with the calling process's ``matmul_threads``);
 * ``collectives``: for each kind (``all_reduce``, ``all_gather``, ``reduce_scatter``,
-  ``all_to_all``) and group size, the seconds at a few message sizes (the fastest of ``repeats``:
-  the run least disturbed by the rest of the machine) and their least-squares fit
+  ``all_to_all``) and group size, the seconds at a few message sizes (the median of ``repeats``,
+  each started after a barrier: what a step meets, delays included) and their least-squares fit
   ``seconds = latency_s + bytes / bytes_per_s`` (bytes: what one rank contributes);
+* ``per_rank``: for each group size, what one rank achieves while every rank of the group works at
+  once (on a CPU the ranks share its cores): ``matmul_flops`` per dtype, ``block_flops`` per dtype
+  (a transformer block's forward and backward, :func:`~shardcore.cost.measure.block_step_flops` over its seconds: what a
+  model's blocks achieve, norms, softmax and autograd included), ``optimizer_bytes_per_s`` (the
+  parameter bytes an AdamW or SGD-with-momentum step updates per second), ``copy_bytes_per_s`` (an
+  elementwise pass over a 32 MiB tensor: bytes read + written per second) and ``send_recv``, the
+  line fit of one rank swapping a message with its neighbour (a pipeline boundary);
 * ``memory_bytes_per_rank``: what a rank may hold (free device memory; on the CPU the available
   memory shared by the ranks of the largest group measured).
 
@@ -29,18 +36,14 @@ import time
 
 import torch
 
+from .measure import _device, _sync, _timed, fit_line
+
 __all__ = ["KINDS", "calibrate", "fit_line", "load_profile", "profile_path"]
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 #: bytes one rank contributes, per measured point
 SIZES = (1 << 12, 1 << 16, 1 << 20, 1 << 22)
-VERSION = 1
-
-
-def _device() -> tuple[torch.device, str]:
-    if torch.cuda.is_available():
-        return torch.device("cuda", torch.cuda.current_device()), "nccl"
-    return torch.device("cpu"), "gloo"
+VERSION = 2
 
 
 def profile_path(device: torch.device | None = None, backend: str | None = None) -> pathlib.Path:
@@ -54,40 +57,11 @@ def profile_path(device: torch.device | None = None, backend: str | None = None)
     return root / f"profile-{device.type}-{backend}-{digest}.json"
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _timed(fn, device: torch.device, repeats: int) -> float:
-    fn()  # warm-up
-    _sync(device)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        _sync(device)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def matmul_flops(device: torch.device, dtype: torch.dtype, n: int = 1024, repeats: int = 5) -> float:
     """FLOP/s of an ``n x n`` matmul on ``device`` in ``dtype``."""
     a = torch.randn(n, n, device=device).to(dtype)
     b = torch.randn(n, n, device=device).to(dtype)
     return 2 * n**3 / _timed(lambda: a @ b, device, repeats)
-
-
-def fit_line(points: list[tuple[int, float]]) -> tuple[float, float]:
-    """Least-squares ``seconds = latency + bytes / bandwidth`` over ``(bytes, seconds)`` points:
-    ``(latency_s, bytes_per_s)``, each clamped to be positive."""
-    xs, ys = [p[0] for p in points], [p[1] for p in points]
-    mean_x, mean_y = statistics.fmean(xs), statistics.fmean(ys)
-    var = sum((x - mean_x) ** 2 for x in xs)
-    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / var if var else 0.0
-    slope = max(slope, 1e-15)
-    latency = max(mean_y - slope * mean_x, 0.0)
-    return latency, 1.0 / slope
 
 
 def _collective(kind: str, nbytes: int, group_size: int, device: torch.device):
@@ -126,7 +100,8 @@ def _measure_collectives(sizes: tuple[int, ...], repeats: int) -> dict:
                 return time.perf_counter() - start
 
             timed()
-            points.append((nbytes, min(timed() for _ in range(repeats))))  # the least disturbed run
+            # the median: a step's collectives meet ranks as the rest of the machine delays them
+            points.append((nbytes, statistics.median(timed() for _ in range(repeats))))
         latency, bandwidth = fit_line(points)
         out[kind] = {"latency_s": latency, "bytes_per_s": bandwidth, "points": points}
     return out
@@ -154,6 +129,7 @@ def calibrate(
     """Measure this machine (see the module docstring) and write the profile to ``out`` (default
     :func:`profile_path`); returns it. Collectives run on ``group_sizes`` fresh local ranks each."""
     from ..distributed.launcher import RankPool
+    from .measure import measure_per_rank
 
     device, backend = _device()
     devices = torch.cuda.device_count() if device.type == "cuda" else None
@@ -171,16 +147,20 @@ def calibrate(
         "matmul_flops": {str(d).removeprefix("torch."): matmul_flops(device, d, repeats=repeats) for d in dtypes},
         "matmul_threads": torch.get_num_threads(),
         "collectives": {kind: {} for kind in KINDS},
+        "per_rank": {},
     }
-    threads = max(1, (os.cpu_count() or 1) // max(group_sizes))
-    for n in group_sizes:
-        pool = RankPool(n, timeout_s=120, threads=threads, backend=backend)
+    for n in group_sizes:  # each rank with its share of the CPU's threads, as a launched job would
+        pool = RankPool(n, timeout_s=120, threads=max(1, (os.cpu_count() or 1) // n), backend=backend)
         try:
             measured = pool.run(_measure_collectives, sizes, repeats)[0]
+            names = tuple(str(d).removeprefix("torch.") for d in dtypes)
+            per_rank = pool.run(measure_per_rank, sizes, repeats, names)
         finally:
             pool.close()
         for kind, fit in measured.items():
             profile["collectives"][kind][str(n)] = fit
+        slowest = min(per_rank, key=lambda r: min(r["matmul_flops"].values()))  # a step waits for the slowest
+        profile["per_rank"][str(n)] = slowest
     profile["memory_bytes_per_rank"] = _memory_per_rank(device, max(group_sizes))
     profile["seconds"] = time.perf_counter() - start
     path = pathlib.Path(out) if out else profile_path(device, backend)

@@ -28,7 +28,15 @@ from .report import format_report, to_json
 from .sequence import add_sequence_counts, sequence_bytes
 from .traffic import collective_bytes_per_step
 
-__all__ = ["ExplainError", "explain", "format_report", "load_for_explain", "to_json"]
+__all__ = [
+    "ExplainError",
+    "check_on_paper",
+    "explain",
+    "explain_on_paper",
+    "format_report",
+    "load_for_explain",
+    "to_json",
+]
 
 
 class ExplainError(ValueError):
@@ -90,11 +98,11 @@ def load_for_explain(spec: str | Path, dtype: torch.dtype | None = None) -> nn.M
     return model
 
 
-def _paper_config(config: ShardConfig, tp: int, pp: int, sp: int, ep: int = 1) -> ShardConfig:
+def _paper_config(config: ShardConfig, tp: int, pp: int, sp: int, ep: int = 1, dp: int = 1) -> ShardConfig:
     """``config`` at the layout explained; ``sp > 1`` without a mode is Ulysses (``all_to_all``);
-    ``ep > 1``: as many data-parallel ranks (DDP unless ``config`` says FSDP), the experts over them."""
+    ``ep > 1``: ``dp`` data-parallel ranks (DDP unless ``config`` says FSDP), the experts over ``ep`` of them."""
     config = attrs.evolve(
-        config, tensor_parallel_size=tp, pipeline_parallel_size=pp, sequence_parallel_size=sp, data_parallel_size=ep
+        config, tensor_parallel_size=tp, pipeline_parallel_size=pp, sequence_parallel_size=sp, data_parallel_size=dp
     )
     if ep > 1:
         config = attrs.evolve(config, expert_parallel_size=ep, data_parallel=config.data_parallel or "ddp")
@@ -150,6 +158,7 @@ def explain(
     device: str = "cpu",
     seq: int | None = None,
     batch: int = 1,
+    dp: int | None = None,
 ) -> dict[str, Any]:
     """The sharding plan of ``model`` at ``tp`` (x ``pp`` x ``sp``) as a JSON-able dict.
 
@@ -158,16 +167,40 @@ def explain(
     message when the layout is impossible. ``sp > 1``: ``config``'s mode (else ``all_to_all``);
     ``seq`` (``batch``): the keys and values a rank holds and sends (``"sequence"``), the bytes it puts
     into each kind of collective per step (``"collective_bytes_per_step"``). ``ep > 1``: experts over
-    ``ep`` data-parallel ranks (``"experts"``: bytes per rank, all-to-all bytes per layer).
+    ``ep`` data-parallel ranks (``"experts"``: bytes per rank, all-to-all bytes per layer). ``dp``:
+    the data-parallel degree beside them (default ``ep``; ``config.data_parallel`` says DDP or FSDP).
     """
+    return explain_on_paper(
+        model, tp, pp=pp, sp=sp, ep=ep, config=config, policy=policy, dtype=dtype, device=device, seq=seq,
+        batch=batch, dp=dp,
+    )[0]  # fmt: skip
+
+
+def explain_on_paper(
+    model: nn.Module | str | Path,
+    tp: int,
+    *,
+    pp: int = 1,
+    sp: int = 1,
+    ep: int = 1,
+    config: ShardConfig | None = None,
+    policy=None,
+    dtype: torch.dtype | None = None,
+    device: str = "cpu",
+    seq: int | None = None,
+    batch: int = 1,
+    dp: int | None = None,
+) -> tuple[dict[str, Any], Any, list[str]]:
+    """:func:`explain`'s report with what it was computed on: optimize's build over the paper group
+    (``build.model`` sharded as rank 0 holds it, ``build.policy``) and the blocks' names."""
     model = model if isinstance(model, nn.Module) else load_for_explain(model, dtype)
     if any(not p.is_meta for p in model.parameters()):
         raise ValueError("explain: pass a model built on the meta device (shardcore.init_empty()) or a spec")
-    config = _paper_config(config or ShardConfig(), tp, pp, sp, ep)
+    config = _paper_config(config or ShardConfig(), tp, pp, sp, ep, dp or ep)
     full_bytes = _nbytes(model.parameters())
     itemsize = next((p.element_size() for p in model.parameters() if p.is_floating_point()), 4)
     attention = getattr(getattr(model, "config", None), "_attn_implementation", None)
-    build, valid, block_names, block_cls = _shard_on_paper(model, config, policy, tp, pp, sp * ep)
+    build, valid, block_names, block_cls = _shard_on_paper(model, config, policy, tp, pp, sp * (dp or ep))
     model, policy = build.model, build.policy
     rank_bytes = _nbytes(model.parameters())
     per_block, outside, step = _collective_counts(build, block_names, block_cls)
@@ -175,7 +208,7 @@ def explain(
     add_balance_counts(build, outside, step)
     traffic, why = collective_bytes_per_step(build, seq * batch, itemsize) if seq else (None, None)
     stages = _stage_bytes(model, block_names, pp) if pp > 1 else None
-    return {
+    report = {
         "model": type(model).__name__,
         "policy": type(policy).__name__,
         "layout": {"tp": tp, "pp": pp, "sp": sp, "ep": ep},
@@ -197,11 +230,28 @@ def explain(
         "experts": expert_traffic(model, seq * batch if seq else None, itemsize) if ep > 1 else None,
         "notes": _notes(config, pp, sp) + ([f"collective bytes per step not predicted: {why}"] if why else []),
     }
+    return report, build, block_names
+
+
+def check_on_paper(
+    model: nn.Module, tp: int, *, pp: int = 1, sp: int = 1, ep: int = 1, dp: int | None = None, config=None
+) -> None:
+    """``optimize``'s checks of the layout on a meta ``model``, which is left as it is: raises
+    :class:`ExplainError` with ``optimize``'s message where the layout is refused."""
+    from ..optimize import Build, run_steps
+
+    config = _paper_config(config or ShardConfig(), tp, pp, sp, ep, dp or ep)
+    layout = ParallelLayout.from_config(config, world_size=tp * pp * sp * (dp or ep))
+    build = Build(model, config, None, layout=layout, group=PaperGroup(0, tp))
+    try:
+        run_steps(build, ("policy", "checks"))
+    except (ValueError, NotImplementedError) as err:
+        raise ExplainError(str(err), []) from err
 
 
 def _shard_on_paper(model: nn.Module, config: ShardConfig, policy, tp: int, pp: int, ranks_beside: int):
     """``optimize``'s policy, checks and sharding steps over a paper group: the build, the valid
-    tensor-parallel sizes, and the blocks' names and classes (``ranks_beside``: sp x ep)."""
+    tensor-parallel sizes, and the blocks' names and classes (``ranks_beside``: sp x dp)."""
     from ..optimize import PAPER_STEPS, Build, run_steps
 
     layout = ParallelLayout.from_config(config, world_size=tp * pp * ranks_beside)  # optimize's layout step, on paper

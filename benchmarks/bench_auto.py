@@ -1,0 +1,211 @@
+"""Benchmark (not a test): the cost model against the clock, every valid layout of 4 gloo ranks.
+
+    python benchmarks/bench_auto.py [--models llama bert moe] [--seqs 128 512] [--batch 4] [--steps 3] [--warmup 1]
+
+For each model (the Llama of ``bench_llama_tp.py``; a BERT masked-LM, hidden 512, 4 layers, 8
+heads, vocabulary 8192, no dropout; the Mixtral of ``bench_moe.py``, 8 experts top-2) and sequence length:
+
+1. ``shardcore.cost.search`` on the meta model with this machine's profile (``shardcore
+   calibrate --world 2 4``, read from the cache or measured first) lists every layout of 4 ranks
+   optimize accepts, with its predicted step time, and the one ``explain --auto`` would choose;
+2. each of those layouts is trained for real: ``shardcore.optimize(model, config)`` in one pool of
+   4 gloo ranks x 1 thread (the profile's per-rank figures are measured the same way), AdamW,
+   the global batch of ``--batch`` x ``seq`` random tokens (each data-parallel rank its part;
+   pipelines through ``shardcore.pipeline_step``); the step time is the median over ``--steps``
+   after ``--warmup`` (a step ends when the slowest rank does). The first loss (the mean over the
+   data-parallel parts) must equal the unsharded model's on the same parts (relative 1e-4) or the
+   run stops.
+
+Reported per model and length: the measured rank of the chosen layout and its time over the
+fastest's, and per layout the predicted and measured step time and their relative error (the
+median absolute error over every layout at the end). Writes ``bench-results/auto.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import pathlib
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+from bench_common import slowest
+
+WORLD = 4
+BERT = {
+    "hidden_size": 512,
+    "intermediate_size": 2048,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 8,
+    "vocab_size": 8192,
+    "max_position_embeddings": 1024,
+    "hidden_dropout_prob": 0.0,  # no dropout: every layout's loss comparable with the unsharded one
+    "attention_probs_dropout_prob": 0.0,
+}
+
+
+def build(name: str):
+    """The model ``name`` with its random weights (seeded), attention through SDPA."""
+    import transformers
+    from bench_llama_tp import CONFIG as LLAMA
+    from bench_moe import CONFIG as MOE
+
+    cls, cfg_cls, kwargs = {
+        "llama": (transformers.LlamaForCausalLM, transformers.LlamaConfig, LLAMA),
+        "bert": (transformers.BertForMaskedLM, transformers.BertConfig, BERT),
+        "moe": (transformers.MixtralForCausalLM, transformers.MixtralConfig, MOE),
+    }[name]
+    config = cfg_cls(**kwargs)
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    return cls(config)
+
+
+def data(name: str, batch: int, seq: int) -> dict:
+    vocab = build_config_vocab(name)
+    ids = torch.randint(1, vocab, (batch, seq), generator=torch.Generator().manual_seed(1))
+    return {"input_ids": ids, "labels": ids}
+
+
+def build_config_vocab(name: str) -> int:
+    from bench_llama_tp import CONFIG as LLAMA
+    from bench_moe import CONFIG as MOE
+
+    return {"llama": LLAMA, "bert": BERT, "moe": MOE}[name]["vocab_size"]
+
+
+def worker(name: str, seq: int, batch: int, layouts: list[dict], warmup: int, steps: int) -> list[dict]:
+    """On each of the 4 ranks: every layout in turn, its step time and first loss."""
+    import shardcore
+    from shardcore.cost.search import shard_config
+    from shardcore.testing import dp_part
+
+    torch.set_num_threads(1)
+    out = []
+    for layout in layouts:
+        model = shardcore.optimize(build(name), shard_config(layout))
+        info = model.shardcore.layout
+        part = data(name, batch, seq)
+        if info.dp > 1:
+            part = dp_part(part, info.coordinates(dist.get_rank())["dp"], info.dp)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        times, phases, first = [], [], None
+        for step in range(warmup + steps):
+            dist.barrier()
+            start = time.perf_counter()
+            opt.zero_grad(set_to_none=True)
+            if info.pp > 1:
+                loss = shardcore.pipeline_step(model, part)
+                forward = backward = time.perf_counter()
+            else:
+                loss = model(**part).loss
+                forward = time.perf_counter()
+                loss.backward()
+                backward = time.perf_counter()
+            opt.step()
+            end = time.perf_counter()
+            if step >= warmup:
+                times.append(end - start)
+                phases.append((forward - start, backward - forward, end - backward))
+            if step == 0:
+                first = loss.detach().clone().reshape(1)
+        dist.all_reduce(first)  # every rank of a data-parallel part holds its loss: the mean of the parts
+        split = [statistics.median(p[i] for p in phases) for i in range(3)]  # this rank's forward, backward, optimizer
+        out.append({"layout": layout, "step_s": slowest(statistics.median(times)), "loss": first.item() / WORLD,
+                    "rank0_phases_s": dict(zip(("forward", "backward", "optimizer"), split, strict=True))})  # fmt: skip
+        del model, opt
+        gc.collect()
+    return out
+
+
+def reference_loss(name: str, seq: int, batch: int, dp: int) -> float:
+    """The unsharded model's loss: the mean over ``dp`` equal parts of the batch."""
+    from shardcore.testing import dp_part
+
+    model = build(name)
+    with torch.no_grad():
+        whole = data(name, batch, seq)
+        return statistics.fmean(model(**dp_part(whole, i, dp)).loss.item() for i in range(dp))
+
+
+def run(name: str, seq: int, args, profile: dict) -> dict:
+    import shardcore
+    from shardcore.cost.search import search
+    from shardcore.testing import RankPool
+
+    start = time.perf_counter()
+    with shardcore.init_empty():
+        meta = build(name)
+    plan = search(meta, WORLD, profile, seq=seq, batch=args.batch)
+    search_s = time.perf_counter() - start
+    layouts = [row["layout"] for row in plan["ranked"]]
+    with RankPool(WORLD, timeout_s=3600, threads=1) as pool:
+        measured = pool.run(worker, name, seq, args.batch, layouts, args.warmup, args.steps)[0]
+    refs = {}
+    rows = []
+    for row, m in zip(plan["ranked"], measured, strict=True):
+        dp = row["layout"]["dp"]
+        if dp not in refs:
+            refs[dp] = reference_loss(name, seq, args.batch, dp)
+        if abs(m["loss"] - refs[dp]) > 1e-4 * abs(refs[dp]):
+            raise AssertionError(f"{name} seq {seq} {row['name']}: loss {m['loss']:.6f} != unsharded {refs[dp]:.6f}")
+        rows.append({"name": row["name"], "layout": row["layout"], "predicted_s": row["step_s"],
+                     "measured_s": m["step_s"], "rank0_phases_s": m["rank0_phases_s"], "error": row["step_s"] / m["step_s"] - 1,
+                     "predicted": {k: row[k] for k in ("compute_s", "bubble_s", "communication_s", "memory_bytes")}})  # fmt: skip
+    fastest = min(r["measured_s"] for r in rows)
+    chosen = plan["best"]["name"]
+    order = sorted(rows, key=lambda r: r["measured_s"])
+    rank = next(i for i, r in enumerate(order) if r["name"] == chosen) + 1
+    chosen_s = next(r["measured_s"] for r in rows if r["name"] == chosen)
+    return {"model": name, "seq": seq, "batch": args.batch, "search_s": search_s, "chosen": chosen,
+            "chosen_rank": rank, "chosen_over_fastest": chosen_s / fastest, "fastest": order[0]["name"],
+            "layouts": rows, "refused": plan["refused"]}  # fmt: skip
+
+
+def report(results: list[dict], profile: dict, out: pathlib.Path) -> None:
+    errors = []
+    for r in results:
+        print(f"\n{r['model']} seq {r['seq']} x batch {r['batch']}: chose {r['chosen']} - measured rank "
+              f"{r['chosen_rank']} of {len(r['layouts'])}, {r['chosen_over_fastest']:.3f}x the fastest ({r['fastest']})")  # fmt: skip
+        print("| layout | predicted s | measured s | error |")
+        print("|---|---|---|---|")
+        for row in sorted(r["layouts"], key=lambda x: x["measured_s"]):
+            errors.append(abs(row["error"]))
+            print(f"| {row['name']} | {row['predicted_s']:.3f} | {row['measured_s']:.3f} | {row['error']:+.0%} |")
+    median = statistics.median(errors)
+    print(f"\nmedian absolute error over {len(errors)} layouts: {median:.1%}")
+    record = {"profile": profile, "world": WORLD, "median_abs_error": median, "results": results}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=2))
+    print(f"written: {out}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=["llama", "bert", "moe"])
+    parser.add_argument("--seqs", type=int, nargs="+", default=[128, 512])
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--profile", default=None, help="a profile JSON (default: this machine's, measured if absent)")
+    parser.add_argument("--out", default="bench-results/auto.json")
+    args = parser.parse_args()
+    from shardcore.cost import load_profile
+
+    profile = load_profile(args.profile, group_sizes=(2, WORLD))
+    results = []
+    for name in args.models:
+        for seq in args.seqs:
+            results.append(run(name, seq, args, profile))
+            print(f"{name} seq {seq}: done", flush=True)
+    report(results, profile, pathlib.Path(args.out))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,175 @@
+"""``shardcore explain --auto``: every layout of a world checked by optimize's own checks on a meta
+model, predicted by the cost model over a profile, the memory cap obeyed, a 70B-shaped answer fast."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from llama_cases import build
+
+import shardcore
+from shardcore.cli import main
+from shardcore.cost import candidates, search, shard_config
+from shardcore.distributed import ParallelLayout
+
+
+def _fit(latency: float, bandwidth: float) -> dict:
+    return {"latency_s": latency, "bytes_per_s": bandwidth}
+
+
+def synthetic_profile(shared: bool = False) -> dict:
+    """A profile with round numbers (no measurement): 4 ranks as fast as 2 unless ``shared``."""
+
+    def per_rank(slow: float) -> dict:
+        return {
+            "matmul_flops": {"float32": 1e11 / slow, "bfloat16": 4e11 / slow},
+            "block_flops": {"float32": 8e10 / slow, "bfloat16": 3e11 / slow},
+            "copy_bytes_per_s": 2e10 / slow,
+            "optimizer_bytes_per_s": {"adamw": 1e9 / slow, "sgd": 1e10 / slow},
+            "send_recv": _fit(5e-5, 3e9),
+        }
+
+    kinds = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
+    return {
+        "version": 2,
+        "path": "synthetic",
+        "per_rank": {"2": per_rank(1.0), "4": per_rank(2.0 if shared else 1.0)},
+        "collectives": {k: {"2": _fit(1e-4, 2e9), "4": _fit(3e-4, 1.5e9)} for k in kinds},
+        "memory_bytes_per_rank": 8 << 30,
+    }
+
+
+def meta_llama(**cfg):
+    with shardcore.init_empty():
+        return build("LlamaForCausalLM", **cfg)
+
+
+def test_every_layout_of_the_world_is_predicted_or_refused_with_optimize_s_message():
+    model = meta_llama(heads=4, kv=2, layers=2)
+    result = search(model, 4, synthetic_profile(), seq=64, batch=4)
+    all_layouts = candidates(4, batch=4, seq=64, blocks=2)
+    seen = [r["layout"] for r in result["ranked"]] + [r["layout"] for r in result["refused"]]
+    assert sorted(map(str, seen)) == sorted(map(str, all_layouts)) and result["candidates"] == len(all_layouts)
+    names = {r["name"] for r in result["ranked"]}
+    assert {"tp4", "dp4 (ddp)", "dp4 (fsdp)", "dp2 x tp2 (ddp)", "pp2 x tp2 (M=4)", "sp2 x tp2 (ring_attn)"} <= names
+    assert not any(p.is_meta is False for p in model.parameters()) and type(model.lm_head) is torch.nn.Linear
+    for row in result["ranked"]:  # each one a config optimize takes for 4 ranks
+        config = shard_config(row["layout"])
+        assert ParallelLayout.from_config(config, world_size=4).degrees == {
+            k: row["layout"][k] for k in "dp pp sp tp".split()
+        }
+        assert row["step_s"] > 0 and row["memory_bytes"]["total"] > 0
+    reasons = {r["name"]: r["refused"] for r in result["refused"]}
+    # 2 KV heads: Ulysses over tp x sp = 4 is refused by the check optimize runs, with its words
+    assert "key/value heads do not split" in reasons["sp4 (all_to_all)"]
+    assert "not built yet" in reasons["dp2 x pp2 (ddp, M=2)"]
+    assert result["best"]["why"] == "fastest predicted"
+    steps = [r["step_s"] for r in result["ranked"]]
+    assert steps == sorted(steps) and all("x the best" in r["why"] for r in result["ranked"][1:])
+
+
+def test_the_chosen_layout_never_exceeds_the_memory_cap():
+    model = meta_llama(heads=4, kv=4, layers=2, vocab=256)
+    free = search(model, 4, synthetic_profile(), seq=64, batch=4)
+    fastest = free["best"]
+    cap = fastest["memory_bytes"]["total"] - 1  # rules out the fastest
+    capped = search(model, 4, synthetic_profile(), seq=64, batch=4, memory=cap)
+    best = capped["best"]
+    assert best is not None and best["name"] != fastest["name"]
+    assert best["memory_bytes"]["total"] <= cap
+    over = next(r for r in capped["ranked"] if r["name"] == fastest["name"])
+    assert not over["fits"] and "over the cap" in over["why"]
+    fitting = [r for r in capped["ranked"] if r["fits"]]
+    assert best is fitting[0] and all(r["step_s"] >= best["step_s"] for r in fitting)
+    none = search(model, 4, synthetic_profile(), seq=64, batch=4, memory=1024)
+    assert none["best"] is None and not any(r["fits"] for r in none["ranked"])
+
+
+def test_sharding_memory_falls_as_the_layout_splits_more():
+    model = meta_llama(heads=4, kv=4, layers=4, vocab=256)
+    rows = {r["name"]: r for r in search(model, 4, synthetic_profile(), seq=64, batch=4)["ranked"]}
+    mem = {n: r["memory_bytes"] for n, r in rows.items()}
+    assert mem["dp4 (fsdp)"]["parameters"] < mem["dp4 (ddp)"]["parameters"] / 3
+    assert mem["tp4"]["parameters"] < mem["dp2 x tp2 (ddp)"]["parameters"] < mem["dp4 (ddp)"]["parameters"]
+    assert mem["dp4 (ddp)"]["optimizer"] == 2 * mem["dp4 (ddp)"]["parameters"]  # AdamW: two moments
+    # under 1F1B the first stage holds min(P, M) microbatches: more activations than one microbatch
+    assert mem["pp4 (M=4)"]["activations"] > 0
+
+
+def test_a_pipeline_bubble_costs_on_dedicated_devices_and_is_reclaimed_where_ranks_share_them():
+    model = meta_llama(heads=4, kv=4, layers=4)
+    dedicated = {r["name"]: r for r in search(model, 4, synthetic_profile(), seq=64, batch=4)["ranked"]}
+    shared = {r["name"]: r for r in search(model, 4, synthetic_profile(shared=True), seq=64, batch=4)["ranked"]}
+    pp = dedicated["pp4 (M=4)"]
+    assert pp["bubble_s"] == pytest.approx(pp["compute_s"] * 3 / 4, rel=1e-9)  # (M + P - 1) / M - 1
+    assert shared["pp4 (M=4)"]["bubble_s"] < pp["bubble_s"] * 2 * 0.75  # the others run faster meanwhile
+
+
+def test_explain_auto_prints_the_choice_and_its_config(tmp_path, capsys):
+    profile = tmp_path / "profile.json"
+    profile.write_text(json.dumps(synthetic_profile()))
+    directory = tmp_path / "tiny"
+    config = meta_llama(heads=4, kv=2, layers=2).config
+    config.architectures = ["LlamaForCausalLM"]
+    config.save_pretrained(directory)
+    argv = [
+        "explain",
+        str(directory),
+        "--auto",
+        "--world",
+        "4",
+        "--seq",
+        "64",
+        "--batch",
+        "4",
+        "--profile",
+        str(profile),
+    ]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "chosen: " in out and "shardcore.ShardConfig(tensor_parallel_size=" in out and "why not first" in out
+    assert "refused: " in out
+    assert main([*argv, "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["best"]["config"]["tensor_parallel_size"] == result["best"]["layout"]["tp"]
+    assert main([*argv, "--memory", "0.000001"]) == 1
+    assert "no layout fits the memory cap" in capsys.readouterr().out
+    assert main(["explain", str(directory), "--auto", "--world", "4"]) == 2
+    assert "--world N --seq L" in capsys.readouterr().err
+    assert main([*argv, "--batch", "3", "--json"]) == 0  # 3 sequences do not split over 2 or 4 ranks
+    assert {r["layout"]["dp"] for r in json.loads(capsys.readouterr().out)["ranked"]} == {1}
+
+
+def test_explain_auto_for_a_70b_llama_on_64_ranks_answers_in_seconds_without_the_model(tmp_path):
+    profile = tmp_path / "profile.json"
+    profile.write_text(json.dumps(synthetic_profile()))
+    import transformers
+
+    config = transformers.LlamaConfig(hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
+                                      num_attention_heads=64, num_key_value_heads=8, vocab_size=128256,
+                                      torch_dtype="bfloat16")  # fmt: skip
+    config.architectures = ["LlamaForCausalLM"]
+    config.save_pretrained(tmp_path / "llama70b")
+    script = (
+        "import json, resource, sys, time; from shardcore.cli import main; t = time.perf_counter();"
+        f"code = main(['explain', {str(tmp_path / 'llama70b')!r}, '--auto', '--world', '64', '--seq', '4096', "
+        f"'--batch', '64', '--memory', '80', '--profile', {str(profile)!r}, '--json']);"
+        "print(json.dumps({'code': code, 'seconds': time.perf_counter() - t,"
+        " 'rss_mb': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}), file=sys.stderr)"
+    )
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    wall = time.perf_counter() - start
+    assert done.returncode == 0, done.stderr[-2000:]
+    stats = json.loads(done.stderr.strip().splitlines()[-1])
+    result = json.loads(done.stdout)
+    assert stats["code"] == 0 and result["best"] is not None
+    assert result["best"]["memory_bytes"]["total"] <= 80 * 2**30
+    assert wall < 30, f"explain --auto took {wall:.1f} s"
+    assert stats["rss_mb"] < 1536, f"explain --auto held {stats['rss_mb']:.0f} MB"
+    assert result["candidates"] > 100 and len(result["ranked"]) > 10

@@ -1,0 +1,115 @@
+"""What the cost model reads off a model sharded on paper (``shardcore explain``'s build): per
+pipeline stage, the matmul weights a token passes through, the activation elements a token leaves
+for the backward, the attention a token computes; and the model's hidden width for the stage
+boundaries. Model-agnostic: modules are recognised by their tensors, not their classes."""
+
+from __future__ import annotations
+
+import attrs
+from torch import nn
+
+from ..expert_parallel import expert_modules
+
+
+@attrs.frozen
+class StageFacts:
+    """One pipeline stage's work per token on this rank (everything at ``pp = 1``)."""
+
+    #: weights a token multiplies by (2 FLOPs each forward); experts counted by the share a token uses
+    matmul_weights: float
+    #: activation elements a token leaves for the backward: each matmul's input and output
+    activation_elements: float
+    #: attention layers on the stage (their score FLOPs depend on the sequence)
+    attention_layers: int
+    #: dense (non-expert) parameter bytes and expert parameter bytes on the stage
+    dense_bytes: int
+    expert_bytes: int
+    #: dense parameter tensors (one FSDP/DDP unit each at most) and the stage's blocks
+    dense_tensors: int
+    blocks: int
+    #: of ``matmul_weights``, those after the last block (the head: on the whole sequence under
+    #: sequence parallelism), and the widest output there (the logits a token gets on this rank)
+    tail_weights: float = 0.0
+    logits: int = 0
+
+
+def _is_embedding(module: nn.Module) -> bool:
+    return isinstance(module, nn.Embedding) or "Embedding" in type(module).__name__
+
+
+def _expert_share(model: nn.Module, ep: int) -> float:
+    """The share of a rank's expert weights one of its tokens uses: each token picks ``top_k`` of
+    the ``E`` experts, a rank holds ``E / ep`` of them and serves the tokens of ``ep`` ranks."""
+    cfg = getattr(model, "config", None)
+    top_k = getattr(cfg, "num_experts_per_tok", None) or 1
+    experts = getattr(cfg, "num_local_experts", None) or getattr(cfg, "num_experts", None) or top_k
+    return min(1.0, top_k * ep / experts)
+
+
+def stage_facts(model: nn.Module, blocks: list[str], pp: int, ep: int) -> list[StageFacts]:
+    """``blocks`` split as explain's stage bytes split them (earlier stages take the remainder;
+    what precedes the first block on the first stage, the rest on the last)."""
+    per = [len(blocks) // pp + (1 if s < len(blocks) % pp else 0) for s in range(pp)]
+    stage_of, i = {}, 0
+    for s, n in enumerate(per):
+        for b in blocks[i : i + n]:
+            stage_of[b] = s
+        i += n
+    experts = {id(p) for m in expert_modules(model) for p in m.parameters()}
+    share = _expert_share(model, ep)
+    acc = [dict(mm=0.0, act=0.0, dense=0, expert=0, tensors=0, tail=0.0, logits=0) for _ in range(pp)]
+    seen: set[int] = set()
+    seen_block = False
+    for name, module in model.named_modules(remove_duplicate=False):
+        owner = next((b for b in blocks if name == b or name.startswith(b + ".")), None)
+        stage = stage_of[owner] if owner is not None else (pp - 1 if seen_block else 0)
+        seen_block = seen_block or owner is not None
+        tail = owner is None and seen_block
+        for p in module.parameters(recurse=False):
+            before = acc[stage]["mm"]
+            _add_param(acc[stage], p, module, id(p) in experts, id(p) in seen, share)
+            seen.add(id(p))
+            if tail and acc[stage]["mm"] > before:
+                acc[stage]["tail"] += acc[stage]["mm"] - before
+                acc[stage]["logits"] = max(acc[stage]["logits"], p.shape[0])
+    return [
+        StageFacts(a["mm"], a["act"], per[s], a["dense"], a["expert"], a["tensors"], per[s], a["tail"], a["logits"])
+        for s, a in enumerate(acc)
+    ]
+
+
+def _add_param(acc: dict, p, module: nn.Module, expert: bool, seen: bool, share: float) -> None:
+    """One parameter's part: held bytes once (tied ones count once), matmul work per use."""
+    if not seen:
+        acc["expert" if expert else "dense"] += p.numel() * p.element_size()
+        acc["tensors"] += 0 if expert else 1
+    if p.dim() < 2 or _is_embedding(module):
+        return
+    if expert:  # fused experts [E_local, out, in]: a token visits top_k of them
+        acc["mm"] += p.numel() * share
+        acc["act"] += (p.shape[-1] + p.shape[-2]) * p.shape[0] * share
+    elif p.dim() == 2:
+        acc["mm"] += p.numel()
+        acc["act"] += p.shape[0] + p.shape[1]
+
+
+def attention_width(model: nn.Module, policy, tp: int) -> tuple[int, int, bool]:
+    """``(heads on a rank, head dim, causal)`` of the model's attention, from its config."""
+    cfg = getattr(model, "config", None)
+    try:
+        heads = policy.sequence_parallel_heads()[0]
+    except (NotImplementedError, AttributeError):
+        heads = getattr(cfg, "num_attention_heads", 0) or 0
+    hidden = hidden_size(model)
+    dim = getattr(cfg, "head_dim", None) or (hidden // heads if heads else 0)
+    causal = bool(getattr(cfg, "is_decoder", False)) or type(model).__name__.endswith("ForCausalLM")
+    return max(1, heads // tp) if heads else 0, dim, causal
+
+
+def hidden_size(model: nn.Module) -> int:
+    cfg = getattr(model, "config", None)
+    for name in ("hidden_size", "d_model", "n_embd", "embed_dim"):
+        value = getattr(cfg, name, None)
+        if isinstance(value, int):
+            return value
+    return 0

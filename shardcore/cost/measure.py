@@ -1,0 +1,141 @@
+"""What one rank achieves while every rank of its group works at once: the per-rank half of
+``shardcore calibrate``'s profile (:mod:`shardcore.cost.profile`)."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+
+def _device() -> tuple[torch.device, str]:
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device()), "nccl"
+    return torch.device("cpu"), "gloo"
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _timed(fn, device: torch.device, repeats: int) -> float:
+    fn()  # warm-up
+    _sync(device)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def fit_line(points: list[tuple[int, float]]) -> tuple[float, float]:
+    """Least-squares ``seconds = latency + bytes / bandwidth`` over ``(bytes, seconds)`` points:
+    ``(latency_s, bytes_per_s)``, each clamped to be positive."""
+    xs, ys = [p[0] for p in points], [p[1] for p in points]
+    mean_x, mean_y = statistics.fmean(xs), statistics.fmean(ys)
+    var = sum((x - mean_x) ** 2 for x in xs)
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / var if var else 0.0
+    slope = max(slope, 1e-15)
+    latency = max(mean_y - slope * mean_x, 0.0)
+    return latency, 1.0 / slope
+
+
+def _together(fn, device: torch.device, seconds: float = 0.3) -> float:
+    """Seconds per call of ``fn`` while every rank of the world runs it at the same time: as many
+    calls on each rank (enough for ``seconds`` on the slowest), started together."""
+    import torch.distributed as dist
+
+    once = _timed(fn, device, 3)
+    count = torch.tensor([max(1, int(seconds / max(once, 1e-9)))])
+    dist.all_reduce(count, op=dist.ReduceOp.MAX)
+    dist.barrier()
+    start = time.perf_counter()
+    for _ in range(int(count)):
+        fn()
+    _sync(device)
+    return (time.perf_counter() - start) / int(count)
+
+
+#: the reference block: width, heads, MLP width, sequences x tokens
+BLOCK = (512, 8, 2048, 2, 256)
+
+
+def block_step_flops(width: int, ffn: int, tokens: int, seq: int, causal: bool = False) -> float:
+    """The FLOPs the cost model counts for a transformer block's forward and backward on ``tokens``
+    tokens in sequences of ``seq``: 3 x (2 per matmul weight per token + 4 x seq x width per token
+    for the attention scores and their weighted sum; half of that when causal)."""
+    weights = 4 * width * width + 2 * width * ffn
+    return 3 * tokens * (2 * weights + 4 * seq * width * (0.5 if causal else 1.0))
+
+
+def _block_flops(device: torch.device, dtype: torch.dtype) -> float:
+    """FLOP/s a rank achieves on a transformer block's forward + backward (PyTorch's own encoder
+    layer, :data:`BLOCK`'s shape): the matmuls with everything around them (norms, softmax,
+    autograd), as a model's blocks run."""
+    width, heads, ffn, batch, seq = BLOCK
+    layer = torch.nn.TransformerEncoderLayer(width, heads, ffn, dropout=0.0, batch_first=True)
+    layer = layer.to(device=device, dtype=dtype)
+    x = torch.randn(batch, seq, width, device=device, dtype=dtype, requires_grad=True)
+
+    def step():
+        layer(x).sum().backward()
+
+    return block_step_flops(width, ffn, batch * seq, seq) / _together(step, device, seconds=0.5)
+
+
+#: the optimizers whose step is measured (PyTorch's own, default arguments)
+OPTIMIZERS = {
+    "adamw": lambda ps: torch.optim.AdamW(ps, lr=1e-4),
+    "sgd": lambda ps: torch.optim.SGD(ps, lr=1e-4, momentum=0.9),
+}
+
+
+def _optimizer_rate(device: torch.device, name: str) -> float:
+    """Parameter bytes per second one ``name`` step updates (a float32 parameter of 32 MiB)."""
+    param = torch.nn.Parameter(torch.ones(8 << 20, device=device))
+    param.grad = torch.full_like(param, 1e-3)
+    optimizer = OPTIMIZERS[name]([param])
+    return param.numel() * 4 / _together(optimizer.step, device)
+
+
+def measure_per_rank(sizes: tuple[int, ...], repeats: int, dtypes: tuple[str, ...]) -> dict:
+    """Run on every rank at once: matmul FLOP/s, elementwise bytes/s, a neighbour swap's line fit."""
+    import torch.distributed as dist
+
+    device, _ = _device()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    out: dict = {"matmul_flops": {}}
+    n = 512
+    for name in dtypes:
+        a = torch.randn(n, n, device=device).to(getattr(torch, name))
+        out["matmul_flops"][name] = 2 * n**3 / _together(lambda a=a: a @ a, device)
+    x = torch.ones(8 << 20, device=device)
+    out["copy_bytes_per_s"] = 2 * x.numel() * 4 / _together(lambda: x.mul_(1.0), device)
+    out["block_flops"] = {name: _block_flops(device, getattr(torch, name)) for name in dtypes}
+    out["optimizer_bytes_per_s"] = {name: _optimizer_rate(device, name) for name in OPTIMIZERS}
+    peer = rank ^ 1 if (rank ^ 1) < world else rank
+    points = []
+    for nbytes in sizes:
+        send, recv = torch.ones(nbytes // 4, device=device), torch.empty(nbytes // 4, device=device)
+
+        def swap(send=send, recv=recv):
+            ops = [dist.P2POp(dist.isend, send, peer), dist.P2POp(dist.irecv, recv, peer)]
+            for work in dist.batch_isend_irecv(ops):
+                work.wait()
+
+        swap()
+        samples = []
+        for _ in range(repeats):
+            dist.barrier()
+            start = time.perf_counter()
+            swap()
+            _sync(device)
+            samples.append(time.perf_counter() - start)
+        points.append((nbytes, statistics.median(samples)))
+    latency, bandwidth = fit_line(points)
+    out["send_recv"] = {"latency_s": latency, "bytes_per_s": bandwidth, "points": points}
+    return out

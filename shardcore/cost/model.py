@@ -1,0 +1,189 @@
+"""The cost model: a layout's predicted step time and memory per rank, from what ``explain``
+counts on paper (:mod:`shardcore.cost.facts`) and this machine's profile (``shardcore calibrate``).
+
+A training step on ``batch`` sequences of ``seq`` tokens (the global batch) costs, on the slowest
+rank (the largest pipeline stage):
+
+* **compute**: ``3 x`` the forward FLOPs (the backward does twice the forward's) of the stage's
+  tokens (``batch / dp`` sequences, ``seq / sp`` tokens each): 2 per matmul weight per token, 4 x
+  ``seq x heads x head_dim`` per attention layer (half for a causal model), over the profile's
+  per-rank matmul FLOP/s; plus one elementwise pass over the activations forward and two backward
+  at the profile's copy bandwidth;
+* **pipeline bubble**: the compute over ``M + P - 1`` microbatch slots instead of ``M`` (1F1B,
+  ``M`` microbatches of one sequence each);
+* **communication**, never assumed overlapped: per kind and group, ``count x latency + bytes /
+  bandwidth`` from the profile's line fits (:func:`collective_seconds`), for the tensor-parallel
+  collectives (explain's counts and bytes, per microbatch), the sequence-parallel attention
+  traffic and gradient all-reduce, the data-parallel gradient sync (DDP: all-reduce in 25 MB
+  buckets; FSDP: each block's parameters all-gathered forward and backward, gradients
+  reduce-scattered), the pipeline boundaries (one swap per microbatch each way), the experts'
+  dispatch.
+
+Memory per rank: parameters, gradients (same bytes), optimizer state (AdamW: two per parameter,
+SGD with momentum: one), activations (each matmul's input and output per token, the tokens in
+flight: ``min(P, M)`` microbatches on the first stage under 1F1B).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from .facts import StageFacts
+
+DDP_BUCKET_BYTES = 25 * 2**20
+OPTIMIZER_STATES = {"adamw": 2, "sgd": 1, "none": 0}
+#: passes over the float32 logits the loss makes (log-softmax forward, its gradient, the upcast)
+LOSS_PASSES = 6
+
+
+def _nearest(table: dict[str, Any], group: int) -> tuple[int, Any]:
+    sizes = sorted(int(k) for k in table)
+    below = [s for s in sizes if s <= group]
+    size = below[-1] if below else sizes[0]
+    return size, table[str(size)]
+
+
+def collective_seconds(profile: dict, kind: str, group: int, count: float, nbytes: float) -> float:
+    """``count`` collectives of ``kind`` over ``group`` ranks putting ``nbytes`` in all (each rank's
+    contribution): the line fit at the nearest measured group size, a ring's ``(g-1)`` steps scaled
+    to ``group``."""
+    if group <= 1 or count <= 0:
+        return 0.0
+    if kind == "send_recv":
+        size, fit = _nearest(profile["per_rank"], group)
+        fit, scale_lat, scale_bw = fit["send_recv"], 1.0, 1.0
+    else:
+        size, fit = _nearest(profile["collectives"][kind], group)
+        scale_lat = (group - 1) / max(size - 1, 1)
+        scale_bw = ((group - 1) / group) / ((size - 1) / size)
+    return count * fit["latency_s"] * scale_lat + nbytes / fit["bytes_per_s"] * scale_bw
+
+
+def per_rank(profile: dict, world: int) -> dict:
+    """What one rank achieves with ``world`` ranks working at once (the nearest measured group)."""
+    return _nearest(profile["per_rank"], world)[1]
+
+
+def _rates(profile: dict, world: int, dtype: str) -> tuple[float, float, float]:
+    """Per-rank FLOP/s on model blocks with ``world`` ranks at work, the best any measured group
+    size reached (ranks alone on their share of the device), and the copy bandwidth."""
+
+    def flops(entry: dict) -> float:
+        table = entry.get("block_flops") or entry["matmul_flops"]
+        return table.get(dtype) or min(table.values())
+
+    here = per_rank(profile, world)
+    alone = max(flops(entry) for entry in profile["per_rank"].values())
+    return flops(here), alone, here["copy_bytes_per_s"]
+
+
+def predict(facts: dict, layout: dict, profile: dict, *, optimizer: str = "adamw") -> dict[str, Any]:
+    """Predicted seconds per step and bytes per rank of ``layout`` (``dp, pp, sp, tp, ep``, ``mode``,
+    ``data_parallel``, ``microbatches``) on the workload ``facts`` describes (see :func:`shardcore.cost.search`)."""
+    if optimizer not in OPTIMIZER_STATES:
+        raise ValueError(f"cost model: optimizer {optimizer!r} is not one of {sorted(OPTIMIZER_STATES)}")
+    dp, pp, sp, tp = (layout[k] for k in ("dp", "pp", "sp", "tp"))
+    m = layout["microbatches"]
+    seq, batch = facts["seq"], facts["batch"]
+    rate, alone, copy_rate = _rates(profile, dp * pp * sp * tp, facts["dtype"])
+    if optimizer != "none":
+        optimizer_rate = per_rank(profile, dp * pp * sp * tp)["optimizer_bytes_per_s"][optimizer]
+    tokens = batch // dp * seq // sp  # this rank's tokens per step (all microbatches)
+    whole = batch // dp * seq if sp > 1 else tokens  # after the last block the sequence is whole again
+    heads, dim, causal = facts["attention"]
+    attn_per_token = 4 * seq * heads * dim * (0.5 if causal else 1.0)
+    parts, optim = [], []
+    for s in facts["stages"]:
+        body = s.matmul_weights - s.tail_weights
+        fwd = tokens * (2 * body + s.attention_layers * attn_per_token) + whole * 2 * s.tail_weights
+        loss = LOSS_PASSES * whole * s.logits * 4 / copy_rate  # log-softmax forward and backward, float32
+        parts.append(3 * fwd / rate + loss)
+        held = s.dense_bytes / dp if layout["data_parallel"] == "fsdp" else s.dense_bytes
+        optim.append((held + s.expert_bytes) / optimizer_rate if optimizer != "none" else 0.0)
+    stage_compute = max(parts)
+    step_compute = stage_compute
+    if pp > 1:  # M + P - 1 slots of the largest stage for M microbatches; where ranks share a device
+        # (a CPU's cores), an idle rank's share goes to the others: the slots at the unshared speed,
+        # and never less than the average stage's work at the shared speed
+        step_compute = max(sum(parts) / len(parts), stage_compute * (m + pp - 1) / m * rate / alone)
+    comm = communication(facts, layout, profile)
+    return {
+        "step_s": step_compute + max(optim) + sum(comm.values()),
+        "compute_s": min(stage_compute, step_compute),
+        "bubble_s": step_compute - min(stage_compute, step_compute),
+        "optimizer_s": max(optim),
+        "communication_s": comm,
+        "memory_bytes": memory_per_rank(facts, layout, optimizer),
+    }
+
+
+def communication(facts: dict, layout: dict, profile: dict) -> dict[str, float]:
+    """Seconds per step of each dim's collectives on the largest stage (never overlapped)."""
+    dp, pp, sp, tp, ep = (layout[k] for k in ("dp", "pp", "sp", "tp", "ep"))
+    m = layout["microbatches"]
+    big = max(facts["stages"], key=lambda s: s.matmul_weights)
+    blocks = max(sum(s.blocks for s in facts["stages"]), 1)
+    share = big.blocks / blocks if pp > 1 else 1.0
+    tokens = facts["batch"] // dp * facts["seq"] // sp
+    out = {"tp": 0.0, "sp": 0.0, "dp": 0.0, "pp": 0.0, "ep": 0.0}
+    tp_facts = facts.get("tp")
+    if tp > 1 and tp_facts:
+        for kind, (count, per_token, fixed) in tp_facts.items():
+            nbytes = (per_token * tokens + fixed) * share
+            out["tp"] += collective_seconds(profile, kind, tp, count * share * m, nbytes)
+    sp_facts = facts.get("sp")
+    if sp > 1 and sp_facts:
+        layers = big.blocks
+        for kind, count, nbytes in sp_facts["per_layer"]:
+            out["sp"] += collective_seconds(profile, kind, sp, count * layers, nbytes * layers)
+        out["sp"] += collective_seconds(profile, "all_reduce", sp, big.dense_tensors, big.dense_bytes)
+        hidden_bytes = tokens * facts["hidden"] * facts["itemsize"]
+        out["sp"] += 2 * collective_seconds(profile, "all_gather", sp, 1, hidden_bytes)
+    out["dp"] = _data_parallel(profile, layout, big)
+    if pp > 1:
+        boundary = tokens // m * facts["hidden"] * facts["itemsize"]
+        out["pp"] = collective_seconds(profile, "send_recv", pp, 2 * m, 2 * m * boundary)
+    if ep > 1 and facts.get("ep"):
+        count, per_layer_bytes = facts["ep"]
+        out["ep"] = collective_seconds(profile, "all_to_all", ep, count * big.blocks, per_layer_bytes * big.blocks)
+    return out
+
+
+def _data_parallel(profile: dict, layout: dict, big: StageFacts) -> float:
+    dp, ep = layout["dp"], layout["ep"]
+    seconds = 0.0
+    if dp > 1 and layout["data_parallel"] == "fsdp":
+        units = big.blocks + 1
+        shard = big.dense_bytes / dp
+        seconds += 2 * collective_seconds(profile, "all_gather", dp, units, shard)
+        seconds += collective_seconds(profile, "reduce_scatter", dp, units, big.dense_bytes)
+    elif dp > 1:
+        buckets = max(1, math.ceil(big.dense_bytes / DDP_BUCKET_BYTES))
+        seconds += collective_seconds(profile, "all_reduce", dp, buckets, big.dense_bytes)
+    if big.expert_bytes and dp // ep > 1:  # the copies of each expert summed
+        seconds += collective_seconds(profile, "all_reduce", dp // ep, big.blocks, big.expert_bytes)
+    return seconds
+
+
+def memory_per_rank(facts: dict, layout: dict, optimizer: str = "adamw") -> dict[str, int]:
+    """Bytes the largest stage's rank holds: parameters, gradients, optimizer state, activations."""
+    dp, pp, sp = layout["dp"], layout["pp"], layout["sp"]
+    m = layout["microbatches"]
+    tokens_mb = facts["batch"] // dp // m * facts["seq"] // sp
+    worst = {}
+    for s, stage in enumerate(facts["stages"]):
+        dense = stage.dense_bytes / dp if layout["data_parallel"] == "fsdp" and dp > 1 else stage.dense_bytes
+        params = int(dense + stage.expert_bytes)
+        in_flight = min(pp - s, m) if pp > 1 else 1
+        acts = int(tokens_mb * in_flight * stage.activation_elements * facts["itemsize"])
+        row = {
+            "parameters": params,
+            "gradients": params,
+            "optimizer": OPTIMIZER_STATES[optimizer] * params,
+            "activations": acts,
+        }
+        row["total"] = sum(row.values())
+        if not worst or row["total"] > worst["total"]:
+            worst = row
+    return worst
