@@ -19,6 +19,7 @@ themselves are re-installed from this checkout, as wheels, at the start of every
     nox -s bench-sequence               # sequence parallelism at 1024-4096 tokens (2 ranks), ring vs all-gather at 2048-8192 (4)
     nox -s long-sequence                # 32768 tokens: one process out of memory under a cap, SP=4 ring_attn trains under it
     nox -s bench-moe                    # a small Mixtral unsharded, TP=2, EP=2: step, memory, all-to-alls vs explain
+    nox -s bench-auto                   # every layout of 4 ranks, 3 models x 2 lengths: explain --auto's prediction vs the clock
     nox -s bench-gpu                    # Llama-3-8B layers on the GPUs at hand: tokens/s, MFU, memory vs PyTorch TP, HF tp_plan
     nox -s convergence                  # BERT fine-tuning unsharded vs TP=2 vs TP=4
     nox -s mutants                      # mutation testing: each deliberate bug caught by its declared check
@@ -265,6 +266,23 @@ def bench_sequence(session: nox.Session) -> None:
     bin_dir = _install(session)
     session.run(str(bin_dir / "python"), "-m", "pip", "install", "--quiet", "matplotlib", external=True)  # the PNG
     _bench(session, bin_dir, "sequence", "benchmarks/bench_sequence.py")
+
+
+@nox.session(name="bench-auto", default=False)
+def bench_auto(session: nox.Session) -> None:
+    """Benchmark (not a test): every valid layout of 4 ranks for a Llama, a BERT-MLM and a Mixtral
+    at 2 lengths, trained and timed, against explain --auto's predictions and choice; a PNG plot."""
+    bin_dir = _install(session)
+    session.run(str(bin_dir / "python"), "-m", "pip", "install", "--quiet", "matplotlib", external=True)  # the PNG
+    _bench(session, bin_dir, "auto", "benchmarks/bench_auto.py")
+    summary = (
+        "benchmarks/bench_auto.py",
+        "--summarize",
+        "benchmarks/results/auto.json",
+        "--png",
+        "docs/auto_layout.png",
+    )
+    _run(session, bin_dir, "python", *summary)
 
 
 @nox.session(name="bench-moe", default=False)

@@ -19,6 +19,15 @@ heads, vocabulary 8192, no dropout; the Mixtral of ``bench_moe.py``, 8 experts t
 Reported per model and length: the measured rank of the chosen layout and its time over the
 fastest's, and per layout the predicted and measured step time and their relative error (the
 median absolute error over every layout at the end). Writes ``bench-results/auto.json``.
+
+    python benchmarks/bench_auto.py --summarize benchmarks/results/auto.json [--png docs/auto_layout.png]
+
+reads the repeated runs ``benchmarks/repeat.py --name auto`` merged and scores today's cost model
+on them: per layout the median measured step time over the runs (min-max), predicted again from
+the profile the runs recorded (the measurements do not depend on the cost model, so a change to
+it is scored without measuring again); the chosen layout's rank by those medians; the median
+absolute error; a plot of predicted against measured, one point per layout. Writes
+``benchmarks/results/auto_summary.json``.
 """
 
 from __future__ import annotations
@@ -186,6 +195,91 @@ def report(results: list[dict], profile: dict, out: pathlib.Path) -> None:
     print(f"written: {out}")
 
 
+def summarize(path: pathlib.Path, png: pathlib.Path | None) -> dict:
+    """Today's cost model scored on the repeated runs at ``path`` (see the module docstring)."""
+    import shardcore
+    from shardcore.cost.search import search
+
+    runs = json.loads(path.read_text())["runs"]
+    profile = runs[0]["profile"]  # every run read the same cached profile
+    cases, errors = [], []
+    for i, first in enumerate(runs[0]["results"]):
+        name, seq, batch = first["model"], first["seq"], first["batch"]
+        times: dict[str, list[float]] = {}
+        for run_ in runs:
+            assert (run_["results"][i]["model"], run_["results"][i]["seq"]) == (name, seq)
+            for row in run_["results"][i]["layouts"]:
+                times.setdefault(row["name"], []).append(row["measured_s"])
+        with shardcore.init_empty():
+            meta = build(name)
+        plan = search(meta, WORLD, profile, seq=seq, batch=batch)
+        predicted = {row["name"]: row["step_s"] for row in plan["ranked"]}
+        assert set(predicted) == set(times), f"{name} seq {seq}: the runs measured other layouts than are predicted"
+        rows = sorted(({"name": n, "predicted_s": predicted[n], "measured_s": statistics.median(t), "min_s": min(t),
+                        "max_s": max(t), "runs": len(t), "error": predicted[n] / statistics.median(t) - 1}
+                       for n, t in times.items()), key=lambda r: r["measured_s"])  # fmt: skip
+        errors += [abs(r["error"]) for r in rows]
+        chosen = plan["best"]["name"]
+        rank = next(k for k, r in enumerate(rows) if r["name"] == chosen) + 1
+        over = rows[rank - 1]["measured_s"] / rows[0]["measured_s"]
+        cases.append({"model": name, "seq": seq, "batch": batch, "chosen": chosen, "chosen_rank": rank,
+                      "chosen_over_fastest": over, "fastest": rows[0]["name"], "layouts": rows})  # fmt: skip
+        print(f"\n{name} seq {seq} x batch {batch}: chose {chosen} - rank {rank} of {len(rows)} by the median of "
+              f"{len(runs)} runs, {over:.3f}x the fastest ({rows[0]['name']})")  # fmt: skip
+        print("| layout | predicted s | measured s, median (min-max) | error |")
+        print("|---|---|---|---|")
+        for r in rows:
+            print(f"| {r['name']} | {r['predicted_s']:.3f} | {r['measured_s']:.3f} ({r['min_s']:.3f}-{r['max_s']:.3f}) "
+                  f"| {r['error']:+.0%} |")  # fmt: skip
+    median = statistics.median(errors)
+    within = sum(c["chosen_over_fastest"] <= 1.10 for c in cases)
+    print(f"\nmedian absolute error over {len(errors)} layouts: {median:.1%}; chosen within 10% of the fastest: "
+          f"{within} of {len(cases)}")  # fmt: skip
+    summary = {"source": str(path), "runs": len(runs), "median_abs_error": median, "chosen_within_10pct": within,
+               "cases": cases, "profile": profile}  # fmt: skip
+    out = path.with_name("auto_summary.json")
+    out.write_text(json.dumps(summary, indent=2))
+    print(f"written: {out}")
+    if png:
+        draw(cases, png)
+    return summary
+
+
+def draw(cases: list[dict], png: pathlib.Path) -> None:
+    """Predicted against measured step time, one point per layout (the runs' min-max as a bar),
+    the chosen layouts ringed, y = x and the 25% band."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 6))
+    markers = {"llama": "o", "bert": "s", "moe": "^"}
+    colors = {128: "#4C72B0", 512: "#DD8452"}
+    for c in cases:
+        xs = [r["measured_s"] for r in c["layouts"]]
+        ys = [r["predicted_s"] for r in c["layouts"]]
+        err = [
+            [r["measured_s"] - r["min_s"] for r in c["layouts"]],
+            [r["max_s"] - r["measured_s"] for r in c["layouts"]],
+        ]
+        ax.errorbar(xs, ys, xerr=err, fmt=markers.get(c["model"], "o"), color=colors.get(c["seq"], "gray"),
+                    alpha=0.8, ms=6, elinewidth=0.8, label=f"{c['model']} seq {c['seq']}")  # fmt: skip
+        best = next(r for r in c["layouts"] if r["name"] == c["chosen"])
+        ax.plot(best["measured_s"], best["predicted_s"], "o", ms=14, mfc="none", mec="black")
+    top = max(max(r["measured_s"], r["predicted_s"]) for c in cases for r in c["layouts"]) * 1.1
+    line = [0, top]
+    ax.plot(line, line, "k-", lw=0.8)
+    ax.fill_between(line, [0.75 * x for x in line], [1.25 * x for x in line], color="gray", alpha=0.15, label="±25%")
+    ax.set(xlim=(0, top), ylim=(0, top), xlabel="measured step time, s (median of the runs, min-max)",
+           ylabel="predicted step time, s", title="explain --auto's cost model, 4 gloo ranks (ringed: chosen)")  # fmt: skip
+    ax.legend(fontsize=8, loc="upper left")
+    fig.tight_layout()
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, dpi=110)
+    print(f"written: {png}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["llama", "bert", "moe"])
@@ -195,7 +289,12 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--profile", default=None, help="a profile JSON (default: this machine's, measured if absent)")
     parser.add_argument("--out", default="bench-results/auto.json")
+    parser.add_argument("--summarize", default=None, help="score the cost model on repeat.py's merged runs instead")
+    parser.add_argument("--png", default=None, help="with --summarize: the predicted-vs-measured plot")
     args = parser.parse_args()
+    if args.summarize:
+        summarize(pathlib.Path(args.summarize), pathlib.Path(args.png) if args.png else None)
+        return
     from shardcore.cost import load_profile
 
     profile = load_profile(args.profile, group_sizes=(2, WORLD))

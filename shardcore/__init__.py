@@ -4,15 +4,15 @@
 """
 
 from .checkpoint import CheckpointError, load_checkpoint, load_distributed, save_checkpoint, save_distributed
-from .config import ShardConfig
+from .config import AutoLayout, ShardConfig
 from .consistency import InputMismatch
+from .cost.auto import optimize  # the core optimize, ShardConfig(auto=...) resolved first
 from .distributed import ParallelLayout
 from .distributed.collectives import CollectivePeerLost, CollectiveTimeout
 from .grad_norm import clip_grad_norm_
 from .hookspecs import hookimpl
 from .inference import ParallelModel, parallelize
 from .meta import init_empty
-from .optimize import optimize
 from .pipeline import pipeline_step
 from .plugins import NoPolicyError
 from .policy import ModulePolicyDescription, Policy, SubModuleReplacementDescription
@@ -23,6 +23,7 @@ from .tensor_parallel.parallel_module import ParallelModule
 __version__ = "0.1.0"
 
 __all__ = [
+    "AutoLayout",
     "CheckpointError",
     "CollectivePeerLost",
     "CollectiveTimeout",

@@ -172,8 +172,10 @@ def _calibrate(args) -> int:
     print(f"  memory per rank {profile['memory_bytes_per_rank'] / 2**30:.1f} GiB")
     for kind, by_size in profile["collectives"].items():
         for size, fit in by_size.items():
+            group, _, world = size.partition("@")
+            where = f"{group} ranks" + (f" (each group of {group} among {world})" if world else "")
             print(
-                f"  {kind:<15} {size} ranks: latency {fit['latency_s'] * 1e6:8.1f} us, "
+                f"  {kind:<15} {where}: latency {fit['latency_s'] * 1e6:8.1f} us, "
                 f"{fit['bytes_per_s'] / 1e9:7.3f} GB/s (bytes per rank)"
             )
     return 0

@@ -9,7 +9,7 @@ from typing import Any
 import attrs
 from attrs import validators as v
 
-__all__ = ["ShardConfig"]
+__all__ = ["AutoLayout", "ShardConfig"]
 
 #: Features whose fields exist (with Shardformer's names and meaning) but are not built yet.
 #: Each maps to the only value accepted until it is built.
@@ -41,6 +41,55 @@ def _sequence_mode(instance: ShardConfig, attribute: attrs.Attribute, value: Any
         raise ValueError(
             f"ShardConfig.sequence_parallelism_mode={value!r} is not a mode; choose one of {', '.join(SEQUENCE_MODES)}"
         )
+
+
+@attrs.frozen(kw_only=True)
+class AutoLayout:
+    """The workload :class:`ShardConfig` ``auto=`` chooses a layout for (see :mod:`shardcore.cost.auto`).
+
+    Args:
+        seq: tokens per sequence. ``None``: the model config's ``max_position_embeddings``.
+        batch: sequences per optimizer step over the whole job (the global batch; each
+            data-parallel rank feeds its part). ``None``: one per rank.
+        memory_gb: GiB a rank may hold; layouts needing more are never chosen. ``None``: the
+            profile's ``memory_bytes_per_rank`` (what ``shardcore calibrate`` found free).
+        optimizer: the optimizer state the memory and step time count: ``"adamw"``, ``"sgd"``
+            (with momentum) or ``"none"`` (inference).
+        profile: the machine profile's path (``shardcore calibrate --out``); ``None``: this
+            machine's cached one. Never measured inside a job: calibrate first.
+    """
+
+    seq: int | None = attrs.field(default=None, validator=v.optional([v.instance_of(int), v.ge(1)]))
+    batch: int | None = attrs.field(default=None, validator=v.optional([v.instance_of(int), v.ge(1)]))
+    memory_gb: float | None = attrs.field(default=None, validator=v.optional([v.instance_of((int, float)), v.gt(0)]))
+    optimizer: str = attrs.field(default="adamw", validator=v.in_(("adamw", "sgd", "none")))
+    profile: str | os.PathLike | None = None
+
+
+def _auto(value: Any) -> AutoLayout | None:
+    if value is True:
+        return AutoLayout()
+    if value is False or value is None or isinstance(value, AutoLayout):
+        return value or None
+    raise TypeError(f"ShardConfig.auto={value!r}: pass True or a shardcore.AutoLayout(seq=..., batch=...)")
+
+
+#: what ``auto`` chooses: left at their defaults when it is on
+_AUTO_CHOOSES = (
+    "tensor_parallel_size",
+    "data_parallel_size",
+    "pipeline_parallel_size",
+    "sequence_parallel_size",
+    "expert_parallel_size",
+    "data_parallel",
+    "num_microbatches",
+    "pipeline_schedule",
+    "pipeline_layers",
+    "enable_sequence_parallelism",
+    "sequence_parallelism_mode",
+    "tensor_parallel_process_group",
+    "plan",
+)
 
 
 @attrs.frozen(kw_only=True)
@@ -130,6 +179,12 @@ class ShardConfig:
             every rank's keys and values and runs the model's own attention over them (one
             collective instead of ``sp - 1`` ring steps; the whole sequence's keys and values on
             every rank). A policy that supports ``"ring_attn"`` supports it.
+        auto: ``True`` or an :class:`AutoLayout`: :func:`shardcore.optimize` chooses the degrees
+            (``dp x pp x sp x tp``, ``ep``), the sequence mode, DDP/FSDP and the microbatches
+            for this job's world size by the cost model over this machine's profile (``shardcore
+            calibrate``), as ``shardcore explain --auto`` would print them: the predicted fastest
+            layout that fits the memory cap, computed on rank 0 and sent to every rank, logged
+            once, recorded as ``model.shardcore.auto``. The fields it chooses must be left unset.
         enable_sequence_overlap: overlap ``split_gather``'s communication with the matmuls
             (row-parallel matmuls in chunks, each reduce-scattered as it ends; gathers started
             early in the backward). Without sequence parallelism: ``ValueError``; with another
@@ -172,8 +227,17 @@ class ShardConfig:
     expert_parallel_size: int = attrs.field(default=1, validator=[v.instance_of(int), v.ge(1)])
     global_batch_balance: bool = attrs.field(default=False, validator=v.instance_of(bool))
     plan: Any = attrs.field(default=None, validator=v.optional(v.instance_of((str, os.PathLike, Mapping))))
+    auto: AutoLayout | None = attrs.field(default=None, converter=_auto)
 
     def __attrs_post_init__(self) -> None:
+        if self.auto is not None:
+            defaults = attrs.fields_dict(ShardConfig)
+            chosen = [k for k in _AUTO_CHOOSES if getattr(self, k) != defaults[k].default]
+            if chosen:
+                raise ValueError(
+                    f"ShardConfig(auto=...) chooses the layout, but {', '.join(f'{k}={getattr(self, k)!r}' for k in chosen)} "
+                    "was given too; leave those unset, or drop auto and set the layout yourself"
+                )
         if not self.enable_sequence_parallelism and self.enable_sequence_overlap:
             raise ValueError(
                 "ShardConfig(enable_sequence_overlap=True) overlaps sequence-parallel communication, but "

@@ -288,6 +288,11 @@ def optimize(
     config = ShardConfig() if config is None else config
     if not isinstance(config, ShardConfig):
         raise TypeError(f"config must be a shardcore.ShardConfig, got {type(config).__name__}")
+    if config.auto is not None:
+        raise ValueError(
+            "ShardConfig(auto=...) is chosen by shardcore.optimize before sharding, not here (shardcore.parallelize "
+            "or the optimize module's own function): set the layout, e.g. as `shardcore explain MODEL --auto` prints it"
+        )
     build = Build(model, config, policy)
     for _, step in STEPS:
         step(build)

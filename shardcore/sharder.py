@@ -55,6 +55,10 @@ class ShardInfo:
     #: The model's collectives (:class:`shardcore.distributed.collectives.Scope`): its bound, and
     #: ``scope.counts``, how many of each kind its forwards and backwards issued.
     scope: object = None
+    #: What ``ShardConfig(auto=...)`` chose (:mod:`shardcore.cost.auto`): the layout's ``name``,
+    #: predicted ``step_s`` and ``memory_bytes``, the ``config`` fields it set, the ``seq``,
+    #: ``batch`` and ``world`` planned for, and how many ``layouts`` it ranked; ``None`` without auto.
+    auto: dict | None = None
 
 
 def _get(module: nn.Module, dotted: str):

@@ -647,6 +647,32 @@ MUTANTS: dict[str, Mutant] = {
             "plugins/shard-moe/tests/test_moe_expert_parallel.py::test_matches_unsharded[mixtral-ep2-global-balance]",
             "gradient of model.",
         ),
+        # -- the layout chooser (explain --auto, ShardConfig(auto=...)) ----------------------------
+        _m(
+            "auto-memory-cap-ignored",
+            "explain --auto ranks every layout as fitting, whatever its bytes per rank and the cap",
+            "shardcore/cost/search.py",
+            ('        row["fits"] = row["memory_bytes"]["total"] <= cap', '        row["fits"] = True'),
+            f"{LLAMA}/test_llama_auto.py::test_the_chosen_layout_never_exceeds_the_memory_cap",
+            "AssertionError",
+            fast=True,
+        ),
+        _m(
+            "auto-pipeline-bubble-dropped",
+            "the cost model's pipeline: M microbatches in M slots, no (P - 1) bubble",
+            "shardcore/cost/model.py",
+            ("stage_compute * (m + pp - 1) / m * rate / alone", "stage_compute * m / m * rate / alone"),
+            f"{LLAMA}/test_llama_auto.py::test_a_pipeline_bubble_costs_on_dedicated_devices_and_is_reclaimed_where_ranks_share_them",
+            "bubble_s",
+        ),
+        _m(
+            "auto-choice-not-broadcast",
+            "ShardConfig(auto=...): rank 0's choice (or its error) never sent to the other ranks",
+            "shardcore/cost/auto.py",
+            ("    if world > 1:\n        dist.broadcast_object_list(message, src=0)\n", ""),
+            f"{LLAMA}/test_llama_auto.py::test_auto_refuses_alike_on_every_rank_with_what_to_do",
+            "NoneType",
+        ),
         # -- the kit itself (caught by the kit's self-tests) --------------------------------------
         _m(
             "kit-gradient-tolerance-loosened",

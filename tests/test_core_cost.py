@@ -9,7 +9,8 @@ import time
 import pytest
 
 from shardcore.cli import main
-from shardcore.cost import KINDS, fit_line, load_profile
+from shardcore.cost import KINDS, collective_seconds, fit_line, load_profile
+from shardcore.cost.model import optimizer_rate
 
 
 def test_the_line_fit_recovers_latency_and_bandwidth():
@@ -34,6 +35,11 @@ def test_calibrate_measures_once_and_caches(tmp_path, monkeypatch, capsys):
         (big, seconds) = fit["points"][-1]
         predicted = fit["latency_s"] + big / fit["bytes_per_s"]
         assert 0.3 * seconds < predicted < 3 * seconds, (kind, fit)  # the line describes what was measured
+    mine = first["per_rank"]["2"]  # what a rank achieves with both at work
+    assert min(mine["block_flops"].values()) > 1e6 and mine["copy_bytes_per_s"] > 1e6
+    for name in ("adamw", "sgd"):  # per tensor size (MiB): small tensors update from cache
+        assert set(mine["optimizer_bytes_per_s"][name]) == {"1", "4", "32"}
+        assert min(mine["optimizer_bytes_per_s"][name].values()) > 1e6
     again = load_profile()  # cached: the same profile, nothing measured
     assert again["seconds"] == first["seconds"] and again["collectives"] == first["collectives"]
     assert main(["calibrate", "--world", "2"]) == 0
@@ -43,3 +49,25 @@ def test_calibrate_measures_once_and_caches(tmp_path, monkeypatch, capsys):
 def test_calibrate_refuses_a_group_of_one(tmp_path, capsys):
     assert main(["calibrate", "--world", "1", "--out", str(tmp_path / "p.json")]) == 1
     assert "group size 1 must be at least 2" in capsys.readouterr().err
+
+
+def test_no_profile_inside_a_job_names_the_command(tmp_path):
+    with pytest.raises(FileNotFoundError, match="shardcore calibrate --world 2"):
+        load_profile(tmp_path / "absent.json", measure=False)
+
+
+def test_the_cost_model_reads_the_profile_where_it_was_measured():
+    fit = {"latency_s": 1e-3, "bytes_per_s": 1e9}
+    profile = {
+        "collectives": {"all_reduce": {"2": fit, "4": {**fit, "latency_s": 4e-3}, "2@4": {**fit, "latency_s": 2e-3}}},
+        "per_rank": {"4": {"optimizer_bytes_per_s": {"adamw": {"1": 4e9, "32": 1e9}}}},
+    }
+    # a 2-rank group among 4 ranks: its own fit; alone: the 2-rank fit; 8 ranks: the 4-rank fit, a ring scaled
+    assert collective_seconds(profile, "all_reduce", 2, 1, 0, world=4) == pytest.approx(2e-3)
+    assert collective_seconds(profile, "all_reduce", 2, 1, 0, world=2) == pytest.approx(1e-3)
+    assert collective_seconds(profile, "all_reduce", 8, 1, 0, world=8) == pytest.approx(4e-3 * 7 / 3)
+    # the optimizer: log-linear between the measured tensor sizes, the nearest outside them
+    assert optimizer_rate(profile, 4, "adamw", 1 << 20) == pytest.approx(4e9)
+    assert optimizer_rate(profile, 4, "adamw", 1 << 30) == pytest.approx(1e9)
+    middle = optimizer_rate(profile, 4, "adamw", (1 << 20) * 32**0.5)  # halfway on the log scale
+    assert middle == pytest.approx(2.5e9)

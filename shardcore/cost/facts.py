@@ -38,8 +38,9 @@ def _is_embedding(module: nn.Module) -> bool:
 
 
 def _expert_share(model: nn.Module, ep: int) -> float:
-    """The share of a rank's expert weights one of its tokens uses: each token picks ``top_k`` of
-    the ``E`` experts, a rank holds ``E / ep`` of them and serves the tokens of ``ep`` ranks."""
+    """The share of a rank's fused expert weights one of its tokens uses: each token picks ``top_k``
+    of the ``E`` experts, a rank holds ``E / ep`` of them (all at ``ep = 1``) and serves the tokens
+    of ``ep`` ranks."""
     cfg = getattr(model, "config", None)
     top_k = getattr(cfg, "num_experts_per_tok", None) or 1
     experts = getattr(cfg, "num_local_experts", None) or getattr(cfg, "num_experts", None) or top_k
@@ -85,7 +86,7 @@ def _add_param(acc: dict, p, module: nn.Module, expert: bool, seen: bool, share:
         acc["tensors"] += 0 if expert else 1
     if p.dim() < 2 or _is_embedding(module):
         return
-    if expert:  # fused experts [E_local, out, in]: a token visits top_k of them
+    if expert or p.dim() > 2:  # fused experts [experts here, out, in]: a token visits top_k of them
         acc["mm"] += p.numel() * share
         acc["act"] += (p.shape[-1] + p.shape[-2]) * p.shape[0] * share
     elif p.dim() == 2:

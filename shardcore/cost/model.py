@@ -26,6 +26,7 @@ flight: ``min(P, M)`` microbatches on the first stage under 1F1B).
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any
 
@@ -38,21 +39,26 @@ LOSS_PASSES = 6
 
 
 def _nearest(table: dict[str, Any], group: int) -> tuple[int, Any]:
-    sizes = sorted(int(k) for k in table)
+    sizes = sorted(int(k) for k in table if "@" not in k)
     below = [s for s in sizes if s <= group]
     size = below[-1] if below else sizes[0]
     return size, table[str(size)]
 
 
-def collective_seconds(profile: dict, kind: str, group: int, count: float, nbytes: float) -> float:
+def collective_seconds(
+    profile: dict, kind: str, group: int, count: float, nbytes: float, world: int | None = None
+) -> float:
     """``count`` collectives of ``kind`` over ``group`` ranks putting ``nbytes`` in all (each rank's
-    contribution): the line fit at the nearest measured group size, a ring's ``(g-1)`` steps scaled
-    to ``group``."""
+    contribution), in a job of ``world`` ranks: the line fit measured for that group in that world
+    when the profile has it, else at the nearest measured group size, a ring's ``(g-1)`` steps
+    scaled to ``group``."""
     if group <= 1 or count <= 0:
         return 0.0
+    scale_lat = scale_bw = 1.0
     if kind == "send_recv":
-        size, fit = _nearest(profile["per_rank"], group)
-        fit, scale_lat, scale_bw = fit["send_recv"], 1.0, 1.0
+        fit = _nearest(profile["per_rank"], world or group)[1]["send_recv"]
+    elif f"{group}@{world}" in profile["collectives"][kind]:
+        fit = profile["collectives"][kind][f"{group}@{world}"]
     else:
         size, fit = _nearest(profile["collectives"][kind], group)
         scale_lat = (group - 1) / max(size - 1, 1)
@@ -78,6 +84,22 @@ def _rates(profile: dict, world: int, dtype: str) -> tuple[float, float, float]:
     return flops(here), alone, here["copy_bytes_per_s"]
 
 
+def optimizer_rate(profile: dict, world: int, optimizer: str, tensor_bytes: float) -> float:
+    """Parameter bytes per second an ``optimizer`` step updates on tensors of ``tensor_bytes``:
+    log-linear between the profile's measured tensor sizes, the nearest one outside them."""
+    rates = per_rank(profile, world)["optimizer_bytes_per_s"][optimizer]
+    if not isinstance(rates, dict):
+        return float(rates)
+    points = sorted((math.log(int(mib) << 20), rate) for mib, rate in rates.items())
+    x = math.log(max(tensor_bytes, 1.0))
+    if x <= points[0][0]:
+        return points[0][1]
+    for (x0, r0), (x1, r1) in itertools.pairwise(points):
+        if x <= x1:
+            return r0 + (r1 - r0) * (x - x0) / (x1 - x0)
+    return points[-1][1]
+
+
 def predict(facts: dict, layout: dict, profile: dict, *, optimizer: str = "adamw") -> dict[str, Any]:
     """Predicted seconds per step and bytes per rank of ``layout`` (``dp, pp, sp, tp, ep``, ``mode``,
     ``data_parallel``, ``microbatches``) on the workload ``facts`` describes (see :func:`shardcore.cost.search`)."""
@@ -87,8 +109,6 @@ def predict(facts: dict, layout: dict, profile: dict, *, optimizer: str = "adamw
     m = layout["microbatches"]
     seq, batch = facts["seq"], facts["batch"]
     rate, alone, copy_rate = _rates(profile, dp * pp * sp * tp, facts["dtype"])
-    if optimizer != "none":
-        optimizer_rate = per_rank(profile, dp * pp * sp * tp)["optimizer_bytes_per_s"][optimizer]
     tokens = batch // dp * seq // sp  # this rank's tokens per step (all microbatches)
     whole = batch // dp * seq if sp > 1 else tokens  # after the last block the sequence is whole again
     heads, dim, causal = facts["attention"]
@@ -100,7 +120,11 @@ def predict(facts: dict, layout: dict, profile: dict, *, optimizer: str = "adamw
         loss = LOSS_PASSES * whole * s.logits * 4 / copy_rate  # log-softmax forward and backward, float32
         parts.append(3 * fwd / rate + loss)
         held = s.dense_bytes / dp if layout["data_parallel"] == "fsdp" else s.dense_bytes
-        optim.append((held + s.expert_bytes) / optimizer_rate if optimizer != "none" else 0.0)
+        if optimizer != "none":
+            size = held / max(s.dense_tensors, 1)  # the mean bytes of a parameter this rank updates
+            optim.append((held + s.expert_bytes) / optimizer_rate(profile, dp * pp * sp * tp, optimizer, size))
+        else:
+            optim.append(0.0)
     stage_compute = max(parts)
     step_compute = stage_compute
     if pp > 1:  # M + P - 1 slots of the largest stage for M microbatches; where ranks share a device
@@ -121,7 +145,7 @@ def predict(facts: dict, layout: dict, profile: dict, *, optimizer: str = "adamw
 def communication(facts: dict, layout: dict, profile: dict) -> dict[str, float]:
     """Seconds per step of each dim's collectives on the largest stage (never overlapped)."""
     dp, pp, sp, tp, ep = (layout[k] for k in ("dp", "pp", "sp", "tp", "ep"))
-    m = layout["microbatches"]
+    m, world = layout["microbatches"], dp * pp * sp * tp
     big = max(facts["stages"], key=lambda s: s.matmul_weights)
     blocks = max(sum(s.blocks for s in facts["stages"]), 1)
     share = big.blocks / blocks if pp > 1 else 1.0
@@ -131,38 +155,41 @@ def communication(facts: dict, layout: dict, profile: dict) -> dict[str, float]:
     if tp > 1 and tp_facts:
         for kind, (count, per_token, fixed) in tp_facts.items():
             nbytes = (per_token * tokens + fixed) * share
-            out["tp"] += collective_seconds(profile, kind, tp, count * share * m, nbytes)
+            out["tp"] += collective_seconds(profile, kind, tp, count * share * m, nbytes, world)
     sp_facts = facts.get("sp")
     if sp > 1 and sp_facts:
         layers = big.blocks
         for kind, count, nbytes in sp_facts["per_layer"]:
-            out["sp"] += collective_seconds(profile, kind, sp, count * layers, nbytes * layers)
-        out["sp"] += collective_seconds(profile, "all_reduce", sp, big.dense_tensors, big.dense_bytes)
+            out["sp"] += collective_seconds(profile, kind, sp, count * layers, nbytes * layers, world)
+        out["sp"] += collective_seconds(profile, "all_reduce", sp, big.dense_tensors, big.dense_bytes, world)
         hidden_bytes = tokens * facts["hidden"] * facts["itemsize"]
-        out["sp"] += 2 * collective_seconds(profile, "all_gather", sp, 1, hidden_bytes)
+        out["sp"] += 2 * collective_seconds(profile, "all_gather", sp, 1, hidden_bytes, world)
     out["dp"] = _data_parallel(profile, layout, big)
     if pp > 1:
         boundary = tokens // m * facts["hidden"] * facts["itemsize"]
-        out["pp"] = collective_seconds(profile, "send_recv", pp, 2 * m, 2 * m * boundary)
+        out["pp"] = collective_seconds(profile, "send_recv", pp, 2 * m, 2 * m * boundary, world)
     if ep > 1 and facts.get("ep"):
         count, per_layer_bytes = facts["ep"]
-        out["ep"] = collective_seconds(profile, "all_to_all", ep, count * big.blocks, per_layer_bytes * big.blocks)
+        out["ep"] = collective_seconds(
+            profile, "all_to_all", ep, count * big.blocks, per_layer_bytes * big.blocks, world
+        )
     return out
 
 
 def _data_parallel(profile: dict, layout: dict, big: StageFacts) -> float:
     dp, ep = layout["dp"], layout["ep"]
+    world = dp * layout["pp"] * layout["sp"] * layout["tp"]
     seconds = 0.0
     if dp > 1 and layout["data_parallel"] == "fsdp":
         units = big.blocks + 1
         shard = big.dense_bytes / dp
-        seconds += 2 * collective_seconds(profile, "all_gather", dp, units, shard)
-        seconds += collective_seconds(profile, "reduce_scatter", dp, units, big.dense_bytes)
+        seconds += 2 * collective_seconds(profile, "all_gather", dp, units, shard, world)
+        seconds += collective_seconds(profile, "reduce_scatter", dp, units, big.dense_bytes, world)
     elif dp > 1:
         buckets = max(1, math.ceil(big.dense_bytes / DDP_BUCKET_BYTES))
-        seconds += collective_seconds(profile, "all_reduce", dp, buckets, big.dense_bytes)
+        seconds += collective_seconds(profile, "all_reduce", dp, buckets, big.dense_bytes, world)
     if big.expert_bytes and dp // ep > 1:  # the copies of each expert summed
-        seconds += collective_seconds(profile, "all_reduce", dp // ep, big.blocks, big.expert_bytes)
+        seconds += collective_seconds(profile, "all_reduce", dp // ep, big.blocks, big.expert_bytes, world)
     return seconds
 
 

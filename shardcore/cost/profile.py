@@ -6,14 +6,17 @@ backend that joins them (NCCL, gloo):
 * ``matmul_flops``: the throughput of a square matmul per dtype (FLOP/s, one device; on the CPU
   with the calling process's ``matmul_threads``);
 * ``collectives``: for each kind (``all_reduce``, ``all_gather``, ``reduce_scatter``,
-  ``all_to_all``) and group size, the seconds at a few message sizes (the median of ``repeats``,
-  each started after a barrier: what a step meets, delays included) and their least-squares fit
-  ``seconds = latency_s + bytes / bytes_per_s`` (bytes: what one rank contributes);
+  ``all_to_all``) and group size, the seconds per call at a few message sizes (calls back to back
+  on every rank at once, the median of a few such runs: what a step meets, delays included) and their least-squares fit
+  ``seconds = latency_s + bytes / bytes_per_s`` (bytes: what one rank contributes); keyed ``"g"``
+  for a world of ``g`` ranks, and ``"g@n"`` for every group of ``g`` in a world of ``n`` at once
+  (on a shared CPU, a 2-rank all-reduce among 4 ranks waits longer than among 2);
 * ``per_rank``: for each group size, what one rank achieves while every rank of the group works at
   once (on a CPU the ranks share its cores): ``matmul_flops`` per dtype, ``block_flops`` per dtype
   (a transformer block's forward and backward, :func:`~shardcore.cost.measure.block_step_flops` over its seconds: what a
   model's blocks achieve, norms, softmax and autograd included), ``optimizer_bytes_per_s`` (the
-  parameter bytes an AdamW or SGD-with-momentum step updates per second), ``copy_bytes_per_s`` (an
+  parameter bytes an AdamW or SGD-with-momentum step updates per second, per tensor size in MiB:
+  from a CPU's cache small tensors update several times faster per byte), ``copy_bytes_per_s`` (an
   elementwise pass over a 32 MiB tensor: bytes read + written per second) and ``send_recv``, the
   line fit of one rank swapping a message with its neighbour (a pipeline boundary);
 * ``memory_bytes_per_rank``: what a rank may hold (free device memory; on the CPU the available
@@ -36,14 +39,14 @@ import time
 
 import torch
 
-from .measure import _device, _sync, _timed, fit_line
+from .measure import _device, _timed, _together, fit_line
 
 __all__ = ["KINDS", "calibrate", "fit_line", "load_profile", "profile_path"]
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 #: bytes one rank contributes, per measured point
 SIZES = (1 << 12, 1 << 16, 1 << 20, 1 << 22)
-VERSION = 2
+VERSION = 3
 
 
 def profile_path(device: torch.device | None = None, backend: str | None = None) -> pathlib.Path:
@@ -64,46 +67,48 @@ def matmul_flops(device: torch.device, dtype: torch.dtype, n: int = 1024, repeat
     return 2 * n**3 / _timed(lambda: a @ b, device, repeats)
 
 
-def _collective(kind: str, nbytes: int, group_size: int, device: torch.device):
-    """A call doing one ``kind`` collective over the world where each rank contributes ``nbytes``:
+def _collective(kind: str, nbytes: int, group, group_size: int, device: torch.device):
+    """A call doing one ``kind`` collective over ``group`` where each rank contributes ``nbytes``:
     shardcore's own (:mod:`shardcore.distributed.collectives`), as a sharded model issues them."""
     from ..distributed import collectives as c
 
     numel = max(group_size, nbytes // 4 // group_size * group_size)
     x = torch.ones(numel, device=device)
     calls = {
-        "all_reduce": lambda: c.all_reduce(x, None, where="calibrate"),
-        "all_gather": lambda: c.all_gather_cat(x, None, 0, where="calibrate"),
-        "reduce_scatter": lambda: c.reduce_scatter_cat(x, None, 0, where="calibrate"),
-        "all_to_all": lambda: c.all_to_all_cat(x, None, 0, 0, where="calibrate"),
+        "all_reduce": lambda: c.all_reduce(x, group, where="calibrate"),
+        "all_gather": lambda: c.all_gather_cat(x, group, 0, where="calibrate"),
+        "reduce_scatter": lambda: c.reduce_scatter_cat(x, group, 0, where="calibrate"),
+        "all_to_all": lambda: c.all_to_all_cat(x, group, 0, 0, where="calibrate"),
     }
     return calls[kind]
 
 
 def _measure_collectives(sizes: tuple[int, ...], repeats: int) -> dict:
-    """Run on every rank of a world: each kind at each size; rank 0's timings."""
+    """Run on every rank of a world: each kind at each size, over the whole world and over each
+    smaller group size dividing it (every group of that size at once, as a layout's groups run);
+    rank 0's timings, keyed ``"g"`` (the world) and ``"g@world"``."""
     import torch.distributed as dist
 
     device, _ = _device()
     world = dist.get_world_size()
-    out = {}
-    for kind in KINDS:
-        points = []
-        for nbytes in sizes:
-            call = _collective(kind, nbytes, world, device)
-
-            def timed(call=call):
-                dist.barrier()
-                start = time.perf_counter()
-                call()
-                _sync(device)
-                return time.perf_counter() - start
-
-            timed()
-            # the median: a step's collectives meet ranks as the rest of the machine delays them
-            points.append((nbytes, statistics.median(timed() for _ in range(repeats))))
-        latency, bandwidth = fit_line(points)
-        out[kind] = {"latency_s": latency, "bytes_per_s": bandwidth, "points": points}
+    out: dict = {kind: {} for kind in KINDS}
+    for g in [g for g in range(2, world + 1) if world % g == 0]:
+        groups = [dist.new_group(list(range(i, i + g))) for i in range(0, world, g)]
+        group = None if g == world else groups[dist.get_rank() // g]
+        for kind in KINDS:
+            points = []
+            for nbytes in sizes:
+                call = _collective(kind, nbytes, group, g, device)
+                # back to back, as a step issues them, long enough that a rank's wait for a core
+                # (a shared CPU) is averaged in, not met once or missed: the median of ``repeats``
+                runs = [_together(call, device, seconds=0.03) for _ in range(max(3, repeats // 3))]
+                points.append((nbytes, statistics.median(runs)))
+            latency, bandwidth = fit_line(points)
+            out[kind][str(g) if g == world else f"{g}@{world}"] = {
+                "latency_s": latency,
+                "bytes_per_s": bandwidth,
+                "points": points,
+            }
     return out
 
 
@@ -157,8 +162,8 @@ def calibrate(
             per_rank = pool.run(measure_per_rank, sizes, repeats, names)
         finally:
             pool.close()
-        for kind, fit in measured.items():
-            profile["collectives"][kind][str(n)] = fit
+        for kind, fits in measured.items():
+            profile["collectives"][kind].update(fits)
         slowest = min(per_rank, key=lambda r: min(r["matmul_flops"].values()))  # a step waits for the slowest
         profile["per_rank"][str(n)] = slowest
     profile["memory_bytes_per_rank"] = _memory_per_rank(device, max(group_sizes))
@@ -171,14 +176,25 @@ def calibrate(
 
 
 def load_profile(
-    path: str | pathlib.Path | None = None, *, force: bool = False, group_sizes: tuple[int, ...] = (2,)
+    path: str | pathlib.Path | None = None,
+    *,
+    force: bool = False,
+    group_sizes: tuple[int, ...] = (2,),
+    measure: bool = True,
 ) -> dict:
     """The cached profile at ``path`` (default :func:`profile_path`); measured first when there is
-    none, when it is of another version, or with ``force``."""
+    none, when it is of another version, or with ``force``. ``measure=False`` (inside a job, whose
+    ranks must not start ranks of their own): ``FileNotFoundError`` naming the command instead."""
     target = pathlib.Path(path) if path else profile_path()
     if not force and target.exists():
         cached = json.loads(target.read_text())
         if cached.get("version") == VERSION:
             cached["path"] = str(target)
             return cached
+    if not measure:
+        what = "is of another shardcore version" if target.exists() else "does not exist"
+        raise FileNotFoundError(
+            f"the machine profile {target} {what}: run `shardcore calibrate --world 2 <ranks per node>` "
+            "once on this machine (outside the job), or pass the profile's path"
+        )
     return calibrate(group_sizes, out=target)

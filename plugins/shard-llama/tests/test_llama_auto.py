@@ -1,8 +1,10 @@
 """``shardcore explain --auto``: every layout of a world checked by optimize's own checks on a meta
-model, predicted by the cost model over a profile, the memory cap obeyed, a 70B-shaped answer fast."""
+model, predicted by the cost model over a profile, the memory cap obeyed, a 70B-shaped answer fast;
+``ShardConfig(auto=...)``: the same choice made inside a job of 4 gloo ranks, the same on every rank."""
 
 from __future__ import annotations
 
+import copy
 import json
 import subprocess
 import sys
@@ -13,9 +15,11 @@ import torch
 from llama_cases import build
 
 import shardcore
+from shardcore import AutoLayout, ShardConfig
 from shardcore.cli import main
 from shardcore.cost import candidates, search, shard_config
 from shardcore.distributed import ParallelLayout
+from shardcore.testing import dp_part, run_on_ranks
 
 
 def _fit(latency: float, bandwidth: float) -> dict:
@@ -30,13 +34,16 @@ def synthetic_profile(shared: bool = False) -> dict:
             "matmul_flops": {"float32": 1e11 / slow, "bfloat16": 4e11 / slow},
             "block_flops": {"float32": 8e10 / slow, "bfloat16": 3e11 / slow},
             "copy_bytes_per_s": 2e10 / slow,
-            "optimizer_bytes_per_s": {"adamw": 1e9 / slow, "sgd": 1e10 / slow},
+            "optimizer_bytes_per_s": {
+                "adamw": {"1": 2e9 / slow, "32": 1e9 / slow},
+                "sgd": {"1": 2e10 / slow, "32": 1e10 / slow},
+            },
             "send_recv": _fit(5e-5, 3e9),
         }
 
     kinds = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
     return {
-        "version": 2,
+        "version": 3,
         "path": "synthetic",
         "per_rank": {"2": per_rank(1.0), "4": per_rank(2.0 if shared else 1.0)},
         "collectives": {k: {"2": _fit(1e-4, 2e9), "4": _fit(3e-4, 1.5e9)} for k in kinds},
@@ -173,3 +180,77 @@ def test_explain_auto_for_a_70b_llama_on_64_ranks_answers_in_seconds_without_the
     assert wall < 30, f"explain --auto took {wall:.1f} s"
     assert stats["rss_mb"] < 1536, f"explain --auto held {stats['rss_mb']:.0f} MB"
     assert result["candidates"] > 100 and len(result["ranked"]) > 10
+
+
+AUTO_CFG = {"heads": 4, "kv": 4, "layers": 2, "vocab": 256}
+
+
+def _auto_job(auto: AutoLayout) -> dict:
+    """On each rank: optimize with ``auto``, then the first loss on this rank's data-parallel part
+    against the unsharded model's on the same part."""
+    torch.manual_seed(0)
+    model = build("LlamaForCausalLM", **AUTO_CFG)
+    reference = copy.deepcopy(model)
+    ids = torch.randint(1, 256, (auto.batch, auto.seq), generator=torch.Generator().manual_seed(1))
+    try:
+        model = shardcore.optimize(model, ShardConfig(auto=auto))
+    except Exception as err:  # every rank must raise the same
+        return {"error": f"{type(err).__name__}: {err}"}
+    info = model.shardcore
+    part = dp_part({"input_ids": ids, "labels": ids}, info.layout.coordinates(torch.distributed.get_rank())["dp"],
+                   info.layout.dp)  # fmt: skip
+    loss = shardcore.pipeline_step(model, part) if info.layout.pp > 1 else model(**part).loss
+    with torch.no_grad():
+        expected = reference(**part).loss
+    return {
+        "auto": info.auto,
+        "degrees": info.layout.degrees,
+        "data_parallel": info.data_parallel,
+        "config_auto": info.config.auto,
+        "loss_rel_diff": abs(loss.item() - expected.item()) / abs(expected.item()),
+    }
+
+
+def _profile_file(tmp_path) -> str:
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(synthetic_profile(shared=True)))
+    return str(path)
+
+
+def test_auto_config_shards_every_rank_by_the_layout_explain_auto_chooses(tmp_path):
+    profile = _profile_file(tmp_path)
+    plan = search(meta_llama(**AUTO_CFG), 4, synthetic_profile(shared=True), seq=64, batch=4)
+    fastest = plan["best"]
+    cap_gb = (fastest["memory_bytes"]["total"] - 1) / 2**30  # rules out the fastest
+    capped = search(meta_llama(**AUTO_CFG), 4, synthetic_profile(shared=True), seq=64, batch=4, memory=cap_gb * 2**30)
+    for auto, best in [
+        (AutoLayout(seq=64, batch=4, profile=profile), fastest),
+        (AutoLayout(seq=64, batch=4, profile=profile, memory_gb=cap_gb), capped["best"]),
+    ]:
+        reports = run_on_ranks(4, _auto_job, auto)
+        assert all(r == {**reports[0], "loss_rel_diff": r["loss_rel_diff"]} for r in reports), reports
+        chosen = reports[0]
+        assert chosen["auto"]["name"] == best["name"] and chosen["auto"]["config"] == best["config"]
+        assert chosen["degrees"] == {k: best["layout"][k] for k in ("dp", "pp", "sp", "tp")}
+        assert chosen["data_parallel"] == best["layout"]["data_parallel"] and chosen["config_auto"] is None
+        assert chosen["auto"]["memory_bytes"]["total"] <= (auto.memory_gb or 8) * 2**30
+        assert max(r["loss_rel_diff"] for r in reports) <= 1e-5
+    assert capped["best"]["name"] != fastest["name"]
+
+
+def test_auto_refuses_alike_on_every_rank_with_what_to_do(tmp_path):
+    missing = run_on_ranks(4, _auto_job, AutoLayout(seq=64, batch=4, profile=str(tmp_path / "none.json")))
+    assert len({r["error"] for r in missing}) == 1 and "shardcore calibrate" in missing[0]["error"]
+    assert missing[0]["error"].startswith("FileNotFoundError")
+    tiny = run_on_ranks(4, _auto_job, AutoLayout(seq=64, batch=4, profile=_profile_file(tmp_path), memory_gb=1e-6))
+    assert len({r["error"] for r in tiny}) == 1 and "no layout of 4 ranks fits" in tiny[0]["error"]
+    with pytest.raises(ValueError, match="tensor_parallel_size=2 was given too"):
+        ShardConfig(auto=True, tensor_parallel_size=2)
+    with pytest.raises(TypeError, match="AutoLayout"):
+        ShardConfig(auto="yes")
+    from shardcore.optimize import optimize as core_optimize
+
+    with pytest.raises(ValueError, match=r"chosen by shardcore\.optimize before sharding"):
+        core_optimize(build("LlamaForCausalLM", **AUTO_CFG), ShardConfig(auto=True))
+    with pytest.raises(ValueError, match="set the layout yourself"):
+        shardcore.optimize(build("LlamaForCausalLM", **AUTO_CFG), ShardConfig(auto=True), policy=object())

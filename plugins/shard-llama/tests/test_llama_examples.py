@@ -99,3 +99,17 @@ def test_the_readme_example_is_the_tested_file_and_matches_unsharded():
     for got_loss, got_tokens in results:
         assert abs(got_loss - loss) <= 1e-5 * abs(loss), (got_loss, loss)
         assert torch.equal(got_tokens, tokens)
+
+
+def test_auto_layout_trains_like_the_unsharded_loop(tmp_path):
+    import json
+
+    from test_llama_auto import synthetic_profile
+
+    profile = tmp_path / "profile.json"
+    profile.write_text(json.dumps(synthetic_profile(shared=True)))
+    runs = run_on_ranks(4, _example("auto_layout"), ["--profile", str(profile)])
+    _, unsharded = _example("auto_layout")(["--unsharded"])
+    assert len({name for name, _ in runs}) == 1 and runs[0][0] != "1 rank", runs  # every rank chose the same
+    for _, got in runs:
+        assert all(abs(a - b) <= 1e-5 * abs(b) for a, b in zip(got, unsharded, strict=True)), (got, unsharded)
