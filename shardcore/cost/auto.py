@@ -126,4 +126,3 @@ def optimize(model: nn.Module, config: ShardConfig | None = None, *, policy=None
     if inner is not None:
         inner.shardcore = info
     return model
-
