@@ -23,8 +23,6 @@ from ..config import ShardConfig
 from ..distributed import init_from_env
 from ..integrations.hf.peft import peft_base_model
 from ..optimize import optimize as _optimize
-from .profile import load_profile
-from .search import search, shard_config
 
 __all__ = ["choose", "meta_copy", "optimize"]
 
@@ -56,6 +54,9 @@ def _workload(model: nn.Module, auto, world: int) -> tuple[int, int]:
 def choose(model: nn.Module, config: ShardConfig, world: int) -> tuple[ShardConfig, dict]:
     """On one rank: the config ``config.auto`` resolves to for ``world`` ranks, and the chosen row
     (name, predicted seconds and bytes, the config fields); raises when no layout fits."""
+    from .profile import load_profile  # here: `import shardcore` stays free of the search and explain
+    from .search import search, shard_config
+
     auto = config.auto
     inner = peft_base_model(model) or model
     seq, batch = _workload(inner, auto, world)
