@@ -50,7 +50,7 @@ def _together(fn, device: torch.device, seconds: float = 0.3) -> float:
     import torch.distributed as dist
 
     once = _timed(fn, device, 3)
-    count = torch.tensor([max(1, int(seconds / max(once, 1e-9)))])
+    count = torch.tensor([max(1, int(seconds / max(once, 1e-9)))], device=device)  # NCCL: on the GPU
     dist.all_reduce(count, op=dist.ReduceOp.MAX)
     dist.barrier()
     start = time.perf_counter()

@@ -88,8 +88,6 @@ def optimizer_rate(profile: dict, world: int, optimizer: str, tensor_bytes: floa
     """Parameter bytes per second an ``optimizer`` step updates on tensors of ``tensor_bytes``:
     log-linear between the profile's measured tensor sizes, the nearest one outside them."""
     rates = per_rank(profile, world)["optimizer_bytes_per_s"][optimizer]
-    if not isinstance(rates, dict):
-        return float(rates)
     points = sorted((math.log(int(mib) << 20), rate) for mib, rate in rates.items())
     x = math.log(max(tensor_bytes, 1.0))
     if x <= points[0][0]:
