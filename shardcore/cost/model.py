@@ -7,10 +7,14 @@ rank (the largest pipeline stage):
 * **compute**: ``3 x`` the forward FLOPs (the backward does twice the forward's) of the stage's
   tokens (``batch / dp`` sequences, ``seq / sp`` tokens each): 2 per matmul weight per token, 4 x
   ``seq x heads x head_dim`` per attention layer (half for a causal model), over the profile's
-  per-rank matmul FLOP/s; plus one elementwise pass over the activations forward and two backward
-  at the profile's copy bandwidth;
-* **pipeline bubble**: the compute over ``M + P - 1`` microbatch slots instead of ``M`` (1F1B,
-  ``M`` microbatches of one sequence each);
+  per-rank ``block_flops`` (a reference block's FLOP/s, its norms and softmax included); plus the
+  loss's passes over the float32 logits at the profile's copy bandwidth;
+* **pipeline bubble**: the largest stage's compute over ``M + P - 1`` microbatch slots instead of
+  ``M`` (1F1B, ``M`` microbatches of one sequence each); where ranks share a device (a CPU's
+  cores) an idle stage's share goes to the others: the slots at the unshared speed, never less
+  than the average stage at the shared speed;
+* **optimizer step**: the parameter bytes the rank updates (FSDP: its shard) at the profile's
+  rate for the model's mean tensor size (:func:`optimizer_rate`);
 * **communication**, never assumed overlapped: per kind and group, ``count x latency + bytes /
   bandwidth`` from the profile's line fits (:func:`collective_seconds`), for the tensor-parallel
   collectives (explain's counts and bytes, per microbatch), the sequence-parallel attention
