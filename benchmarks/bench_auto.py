@@ -20,13 +20,14 @@ Reported per model and length: the measured rank of the chosen layout and its ti
 fastest's, and per layout the predicted and measured step time and their relative error (the
 median absolute error over every layout at the end). Writes ``bench-results/auto.json``.
 
-    python benchmarks/bench_auto.py --summarize benchmarks/results/auto.json [--png docs/auto_layout.png]
+    python benchmarks/bench_auto.py --summarize benchmarks/results/auto.json [--png docs/auto_layout.png] [--profile FILE]
 
 reads the repeated runs ``benchmarks/repeat.py --name auto`` merged and scores today's cost model
 on them: per layout the median measured step time over the runs (min-max), predicted again from
 the profile the runs recorded (the measurements do not depend on the cost model, so a change to
 it is scored without measuring again); the chosen layout's rank by those medians; the median
-absolute error; a plot of predicted against measured, one point per layout. Writes
+absolute error; a plot of predicted against measured, one point per layout. ``--profile``: the
+predictions from that profile (this machine calibrated again) instead. Writes
 ``benchmarks/results/auto_summary.json``.
 """
 
@@ -195,13 +196,14 @@ def report(results: list[dict], profile: dict, out: pathlib.Path) -> None:
     print(f"written: {out}")
 
 
-def summarize(path: pathlib.Path, png: pathlib.Path | None) -> dict:
-    """Today's cost model scored on the repeated runs at ``path`` (see the module docstring)."""
+def summarize(path: pathlib.Path, png: pathlib.Path | None, profile: dict | None = None) -> dict:
+    """Today's cost model scored on the repeated runs at ``path`` (see the module docstring), with
+    the profile the runs read or ``profile`` (this machine measured again)."""
     import shardcore
     from shardcore.cost.search import search
 
     runs = json.loads(path.read_text())["runs"]
-    profile = runs[0]["profile"]  # every run read the same cached profile
+    profile = profile or runs[0]["profile"]  # every run read the same cached profile
     cases, errors = [], []
     for i, first in enumerate(runs[0]["results"]):
         name, seq, batch = first["model"], first["seq"], first["batch"]
@@ -287,13 +289,17 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--profile", default=None, help="a profile JSON (default: this machine's, measured if absent)")
+    parser.add_argument("--profile", default=None, help="a profile JSON (default: this machine's, measured if absent); "
+                        "with --summarize: predict from it instead of the profile the runs read")  # fmt: skip
     parser.add_argument("--out", default="bench-results/auto.json")
     parser.add_argument("--summarize", default=None, help="score the cost model on repeat.py's merged runs instead")
     parser.add_argument("--png", default=None, help="with --summarize: the predicted-vs-measured plot")
     args = parser.parse_args()
     if args.summarize:
-        summarize(pathlib.Path(args.summarize), pathlib.Path(args.png) if args.png else None)
+        from shardcore.cost import load_profile
+
+        again = load_profile(args.profile) if args.profile else None
+        summarize(pathlib.Path(args.summarize), pathlib.Path(args.png) if args.png else None, again)
         return
     from shardcore.cost import load_profile
 

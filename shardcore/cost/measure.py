@@ -33,13 +33,16 @@ def _timed(fn, device: torch.device, repeats: int) -> float:
 
 
 def fit_line(points: list[tuple[int, float]]) -> tuple[float, float]:
-    """Least-squares ``seconds = latency + bytes / bandwidth`` over ``(bytes, seconds)`` points:
-    ``(latency_s, bytes_per_s)``, each clamped to be positive."""
-    xs, ys = [p[0] for p in points], [p[1] for p in points]
-    mean_x, mean_y = statistics.fmean(xs), statistics.fmean(ys)
-    var = sum((x - mean_x) ** 2 for x in xs)
-    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / var if var else 0.0
-    slope = max(slope, 1e-15)
+    """Least-squares ``seconds = latency + bytes / bandwidth`` over ``(bytes, seconds)`` points, in
+    relative error (each point weighted by ``1 / seconds**2``, so the small messages' latency is
+    not drowned by the large ones' seconds): ``(latency_s, bytes_per_s)``, each clamped positive."""
+    ws = [1.0 / max(t, 1e-12) ** 2 for _, t in points]
+    total = sum(ws)
+    mean_x = sum(w * x for w, (x, _) in zip(ws, points, strict=True)) / total
+    mean_y = sum(w * y for w, (_, y) in zip(ws, points, strict=True)) / total
+    var = sum(w * (x - mean_x) ** 2 for w, (x, _) in zip(ws, points, strict=True))
+    cov = sum(w * (x - mean_x) * (y - mean_y) for w, (x, y) in zip(ws, points, strict=True))
+    slope = max(cov / var if var else 0.0, 1e-15)
     latency = max(mean_y - slope * mean_x, 0.0)
     return latency, 1.0 / slope
 

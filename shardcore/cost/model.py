@@ -53,21 +53,38 @@ def collective_seconds(
     profile: dict, kind: str, group: int, count: float, nbytes: float, world: int | None = None
 ) -> float:
     """``count`` collectives of ``kind`` over ``group`` ranks putting ``nbytes`` in all (each rank's
-    contribution), in a job of ``world`` ranks: the line fit measured for that group in that world
-    when the profile has it, else at the nearest measured group size, a ring's ``(g-1)`` steps
-    scaled to ``group``."""
+    contribution), in a job of ``world`` ranks. Where the profile measured that group in that world
+    (or as the whole world), each call's seconds are read off the measured points (linear between
+    them, along the last two beyond them: large messages leave the CPU's caches, which one line
+    through every point would miss); else the line fit at the nearest measured group size, a
+    ring's ``(g-1)`` steps scaled to ``group``."""
     if group <= 1 or count <= 0:
         return 0.0
-    scale_lat = scale_bw = 1.0
     if kind == "send_recv":
-        fit = _nearest(profile["per_rank"], world or group)[1]["send_recv"]
-    elif f"{group}@{world}" in profile["collectives"][kind]:
-        fit = profile["collectives"][kind][f"{group}@{world}"]
-    else:
-        size, fit = _nearest(profile["collectives"][kind], group)
-        scale_lat = (group - 1) / max(size - 1, 1)
-        scale_bw = ((group - 1) / group) / ((size - 1) / size)
+        return count * _per_call(_nearest(profile["per_rank"], world or group)[1]["send_recv"], nbytes / count)
+    table = profile["collectives"][kind]
+    exact = table.get(f"{group}@{world}") or (table.get(str(group)) if world in (None, group) else None)
+    if exact is not None:
+        return count * _per_call(exact, nbytes / count)
+    size, fit = _nearest(table, group)
+    scale_lat = (group - 1) / max(size - 1, 1)
+    scale_bw = ((group - 1) / group) / ((size - 1) / size)
     return count * fit["latency_s"] * scale_lat + nbytes / fit["bytes_per_s"] * scale_bw
+
+
+def _per_call(fit: dict, nbytes: float) -> float:
+    """Seconds of one call putting ``nbytes``: the measured points interpolated (the line fit
+    where a profile holds no points)."""
+    points = sorted(fit.get("points") or [])
+    if len(points) < 2:
+        return fit["latency_s"] + nbytes / fit["bytes_per_s"]
+    if nbytes <= points[0][0]:
+        return points[0][1]
+    for (x0, t0), (x1, t1) in itertools.pairwise(points):
+        if nbytes <= x1:
+            return t0 + (t1 - t0) * (nbytes - x0) / (x1 - x0)
+    (x0, t0), (x1, t1) = points[-2], points[-1]
+    return t1 + max(t1 - t0, 0.0) * (nbytes - x1) / (x1 - x0)
 
 
 def per_rank(profile: dict, world: int) -> dict:

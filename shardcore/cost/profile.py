@@ -6,8 +6,9 @@ backend that joins them (NCCL, gloo):
 * ``matmul_flops``: the throughput of a square matmul per dtype (FLOP/s, one device; on the CPU
   with the calling process's ``matmul_threads``);
 * ``collectives``: for each kind (``all_reduce``, ``all_gather``, ``reduce_scatter``,
-  ``all_to_all``) and group size, the seconds per call at a few message sizes (calls back to back
-  on every rank at once, the median of a few such runs: what a step meets, delays included) and their least-squares fit
+  ``all_to_all``) and group size, the seconds per call at 4 KiB to 16 MiB per rank (calls back to
+  back on every rank at once, each after a small matmul whose own time is taken off, the median of
+  a few such runs: what a step meets between its computations, delays included) and their least-squares fit
   ``seconds = latency_s + bytes / bytes_per_s`` (bytes: what one rank contributes); keyed ``"g"``
   for a world of ``g`` ranks, and ``"g@n"`` for every group of ``g`` in a world of ``n`` at once
   (on a shared CPU, a 2-rank all-reduce among 4 ranks waits longer than among 2);
@@ -45,8 +46,8 @@ __all__ = ["KINDS", "calibrate", "fit_line", "load_profile", "profile_path"]
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 #: bytes one rank contributes, per measured point
-SIZES = (1 << 12, 1 << 16, 1 << 20, 1 << 22)
-VERSION = 3
+SIZES = (1 << 12, 1 << 16, 1 << 20, 1 << 22, 1 << 24)
+VERSION = 4
 
 
 def profile_path(device: torch.device | None = None, backend: str | None = None) -> pathlib.Path:
@@ -92,17 +93,24 @@ def _measure_collectives(sizes: tuple[int, ...], repeats: int) -> dict:
     device, _ = _device()
     world = dist.get_world_size()
     out: dict = {kind: {} for kind in KINDS}
+    # each call after a little compute on every rank, as a step's collectives meet ranks between
+    # their matmuls (on a shared CPU a peer may be off its core then), the compute's time taken off
+    a = torch.randn(384, 384, device=device)
+    base = _together(lambda: a @ a, device, seconds=0.1)
     for g in [g for g in range(2, world + 1) if world % g == 0]:
-        groups = [dist.new_group(list(range(i, i + g))) for i in range(0, world, g)]
-        group = None if g == world else groups[dist.get_rank() // g]
+        groups = [dist.new_group(list(range(i, i + g))) for i in range(0, world, g)] if g < world else None
+        group = groups[dist.get_rank() // g] if groups else None
         for kind in KINDS:
             points = []
             for nbytes in sizes:
                 call = _collective(kind, nbytes, group, g, device)
-                # back to back, as a step issues them, long enough that a rank's wait for a core
-                # (a shared CPU) is averaged in, not met once or missed: the median of ``repeats``
-                runs = [_together(call, device, seconds=0.03) for _ in range(max(3, repeats // 3))]
-                points.append((nbytes, statistics.median(runs)))
+                # back to back, long enough that a rank's wait for a core is averaged in, not met
+                # once or missed: the median of a few runs
+                runs = [
+                    _together(lambda call=call: (a @ a, call()), device, seconds=0.05) - base
+                    for _ in range(max(3, repeats // 3))
+                ]
+                points.append((nbytes, max(statistics.median(runs), 1e-7)))
             latency, bandwidth = fit_line(points)
             out[kind][str(g) if g == world else f"{g}@{world}"] = {
                 "latency_s": latency,

@@ -18,6 +18,7 @@ import shardcore
 from shardcore import AutoLayout, ShardConfig
 from shardcore.cli import main
 from shardcore.cost import candidates, search, shard_config
+from shardcore.cost.profile import VERSION
 from shardcore.distributed import ParallelLayout
 from shardcore.testing import dp_part, run_on_ranks
 
@@ -43,7 +44,7 @@ def synthetic_profile(shared: bool = False) -> dict:
 
     kinds = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
     return {
-        "version": 3,
+        "version": VERSION,
         "path": "synthetic",
         "per_rank": {"2": per_rank(1.0), "4": per_rank(2.0 if shared else 1.0)},
         "collectives": {k: {"2": _fit(1e-4, 2e9), "4": _fit(3e-4, 1.5e9)} for k in kinds},
