@@ -78,13 +78,21 @@ def _per_call(fit: dict, nbytes: float) -> float:
     points = sorted(fit.get("points") or [])
     if len(points) < 2:
         return fit["latency_s"] + nbytes / fit["bytes_per_s"]
-    if nbytes <= points[0][0]:
+    return _interpolate(points, nbytes, extend=True)
+
+
+def _interpolate(points: list, x: float, *, extend: bool = False) -> float:
+    """Linear between sorted ``(x, y)`` points; below the first, its ``y``; beyond the last, its
+    ``y``, or with ``extend`` along the last two points' slope (never downward)."""
+    if x <= points[0][0]:
         return points[0][1]
-    for (x0, t0), (x1, t1) in itertools.pairwise(points):
-        if nbytes <= x1:
-            return t0 + (t1 - t0) * (nbytes - x0) / (x1 - x0)
-    (x0, t0), (x1, t1) = points[-2], points[-1]
-    return t1 + max(t1 - t0, 0.0) * (nbytes - x1) / (x1 - x0)
+    for (x0, y0), (x1, y1) in itertools.pairwise(points):
+        if x <= x1:
+            return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    if not extend:
+        return points[-1][1]
+    (x0, y0), (x1, y1) = points[-2], points[-1]
+    return y1 + max(y1 - y0, 0.0) * (x - x1) / (x1 - x0)
 
 
 def per_rank(profile: dict, world: int) -> dict:
@@ -110,13 +118,7 @@ def optimizer_rate(profile: dict, world: int, optimizer: str, tensor_bytes: floa
     log-linear between the profile's measured tensor sizes, the nearest one outside them."""
     rates = per_rank(profile, world)["optimizer_bytes_per_s"][optimizer]
     points = sorted((math.log(int(mib) << 20), rate) for mib, rate in rates.items())
-    x = math.log(max(tensor_bytes, 1.0))
-    if x <= points[0][0]:
-        return points[0][1]
-    for (x0, r0), (x1, r1) in itertools.pairwise(points):
-        if x <= x1:
-            return r0 + (r1 - r0) * (x - x0) / (x1 - x0)
-    return points[-1][1]
+    return _interpolate(points, math.log(max(tensor_bytes, 1.0)))
 
 
 def predict(facts: dict, layout: dict, profile: dict, *, optimizer: str = "adamw") -> dict[str, Any]:
