@@ -493,6 +493,17 @@ MUTANTS: dict[str, Mutant] = {
             fast=True,
         ),
         _m(
+            "gloo-gather-slices-misordered",
+            "on gloo a gather along a later dimension writes each rank's part into another rank's slice",
+            "shardcore/distributed/collectives.py",
+            (
+                "out.narrow(dim, r * n, n) for r in range(world)",
+                "out.narrow(dim, (world - 1 - r) * n, n) for r in range(world)",
+            ),
+            "tests/test_core_sync.py::test_tensor_collectives_match_lists_and_cat_along_every_dimension",
+            "all-gather along 1",
+        ),
+        _m(
             "watch-silent",
             "a collective that outlives its bound on NCCL is never named (the watch does not report)",
             "shardcore/distributed/watch.py",

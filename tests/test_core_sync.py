@@ -125,6 +125,36 @@ def test_tensor_collectives_match_lists_and_cat_along_every_dimension(world):
     assert run_on_ranks(world, _collectives_along_every_dim) == ["ok"] * world
 
 
+def _copies_of_a_gather_along_vocab() -> list[str]:
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from shardcore.distributed.collectives import all_gather_cat
+
+    class Copies(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func._overloadpacket in (torch.ops.aten.copy_, torch.ops.aten.clone, torch.ops.aten.cat):
+                self.seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    local = torch.full((2, 3, 4), float(rank))  # [batch, tokens, this rank's vocabulary slice]
+    with Copies() as mode:
+        full = all_gather_cat(local, None, -1)
+    assert torch.equal(full, torch.cat([torch.full((2, 3, 4), float(r)) for r in range(world)], -1))
+    return mode.seen
+
+
+def test_a_gloo_gather_along_a_later_dimension_writes_the_result_without_a_reordering_copy():
+    """On gloo a gather along the vocabulary (the logits' last dimension) is written by the
+    collective straight into the result's slices: no copy on the caller's thread (the tensor
+    collective's flat buffer would need one, 2 x the logits' bytes at every step)."""
+    assert run_on_ranks(2, _copies_of_a_gather_along_vocab) == [[], []]
+
+
 def test_a_gather_along_the_sequence_of_one_sequence_is_a_view_of_the_buffer():
     """One flat buffer per collective: gathering along dimension 0, or along the sequence of a
     batch of one (the long-sequence case), returns the buffer the collective wrote, not a copy."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
-from .collectives import PaperGroup, group_key, group_ranks, group_size
+from .ranks import PaperGroup, group_key, group_ranks, group_size
 
 __all__ = ["prepare_replica_groups", "replica_group"]
 
