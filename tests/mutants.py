@@ -677,6 +677,14 @@ MUTANTS: dict[str, Mutant] = {
             "bubble_s",
         ),
         _m(
+            "auto-shape-factor-ignored",
+            "the cost model's compute at the reference block's rate whatever the rank's microbatch shape",
+            "shardcore/cost/model.py",
+            ("    factor = shape_factor(here, dtype, tokens, tp)\n", "    factor = 1.0\n"),
+            "tests/test_core_cost.py::test_the_compute_rate_follows_the_rank_s_microbatch_shape",
+            "half == pytest.approx(2 * full)",
+        ),
+        _m(
             "auto-choice-not-broadcast",
             "ShardConfig(auto=...): rank 0's choice (or its error) never sent to the other ranks",
             "shardcore/cost/auto.py",

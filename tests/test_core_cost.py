@@ -10,7 +10,8 @@ import pytest
 
 from shardcore.cli import main
 from shardcore.cost import KINDS, collective_seconds, fit_line, load_profile
-from shardcore.cost.model import optimizer_rate
+from shardcore.cost.facts import StageFacts
+from shardcore.cost.model import optimizer_rate, predict, shape_factor
 
 
 def test_the_line_fit_recovers_latency_and_bandwidth():
@@ -37,6 +38,9 @@ def test_calibrate_measures_once_and_caches(tmp_path, monkeypatch, capsys):
         assert 0.3 * seconds < predicted < 3 * seconds, (kind, fit)  # the line describes what was measured
     mine = first["per_rank"]["2"]  # what a rank achieves with both at work
     assert min(mine["block_flops"].values()) > 1e6 and mine["copy_bytes_per_s"] > 1e6
+    for shapes in mine["block_shapes"].values():  # a rank's block per TP degree and tokens per microbatch
+        assert set(shapes) == {"1", "2", "4"} and all(set(t) == {"128", "512"} for t in shapes.values())
+        assert all(0.05 < f < 5 for t in shapes.values() for f in t.values()), shapes
     for name in ("adamw", "sgd"):  # per tensor size (MiB): small tensors update from cache
         assert set(mine["optimizer_bytes_per_s"][name]) == {"1", "4", "32"}
         assert min(mine["optimizer_bytes_per_s"][name].values()) > 1e6
@@ -71,3 +75,27 @@ def test_the_cost_model_reads_the_profile_where_it_was_measured():
     assert optimizer_rate(profile, 4, "adamw", 1 << 30) == pytest.approx(1e9)
     middle = optimizer_rate(profile, 4, "adamw", (1 << 20) * 32**0.5)  # halfway on the log scale
     assert middle == pytest.approx(2.5e9)
+
+
+def test_the_compute_rate_follows_the_rank_s_microbatch_shape():
+    """``block_flops`` scaled by ``block_shapes``: log-linear in the tokens per microbatch, at the
+    largest measured TP degree not above the layout's; a layout whose microbatches run at half the
+    rate predicts twice the compute."""
+    shapes = {"1": {"128": 0.8, "2048": 1.0}, "4": {"128": 0.5, "2048": 0.9}}
+    entry = {"block_shapes": {"float32": shapes}}
+    assert shape_factor(entry, "float32", 128, 1) == pytest.approx(0.8)
+    assert shape_factor(entry, "float32", 512, 1) == pytest.approx(0.9)  # halfway on the log scale
+    assert shape_factor(entry, "float32", 64, 2) == pytest.approx(0.8)  # TP=2: TP=1's, the nearest outside
+    assert shape_factor(entry, "bfloat16", 4096, 8) == pytest.approx(0.9)  # an unmeasured dtype: the first's
+
+    def profile(factor: float) -> dict:
+        flat = {tp: {n: factor for n in ("128", "2048")} for tp in ("1", "4")}
+        rank = {"block_flops": {"float32": 1e10}, "block_shapes": {"float32": flat}, "copy_bytes_per_s": 1e10}
+        return {"per_rank": {"1": rank}, "collectives": {}}
+
+    stage = StageFacts(matmul_weights=1 << 20, activation_elements=0, attention_layers=0, dense_bytes=0,
+                       expert_bytes=0, dense_tensors=1, blocks=1)  # fmt: skip
+    facts = {"seq": 128, "batch": 1, "dtype": "float32", "itemsize": 4, "attention": (1, 1, False), "stages": [stage]}
+    layout = {"dp": 1, "pp": 1, "sp": 1, "tp": 1, "ep": 1, "microbatches": 1, "data_parallel": None}
+    full, half = (predict(facts, layout, profile(f), optimizer="none")["compute_s"] for f in (1.0, 0.5))
+    assert half == pytest.approx(2 * full) and full == pytest.approx(3 * 128 * 2 * (1 << 20) / 1e10)

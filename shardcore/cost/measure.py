@@ -49,7 +49,8 @@ def fit_line(points: list[tuple[int, float]]) -> tuple[float, float]:
 
 def _together(fn, device: torch.device, seconds: float = 0.3) -> float:
     """Seconds per call of ``fn`` while every rank of the world runs it at the same time: as many
-    calls on each rank (enough for ``seconds`` on the slowest), started together."""
+    calls on each rank (enough for ``seconds`` on the slowest), started together, timed until every
+    rank has finished them (on shared cores, the share of the machine each rank gets)."""
     import torch.distributed as dist
 
     once = _timed(fn, device, 3)
@@ -60,6 +61,7 @@ def _together(fn, device: torch.device, seconds: float = 0.3) -> float:
     for _ in range(int(count)):
         fn()
     _sync(device)
+    dist.barrier()  # until the last rank is done: a rank the scheduler favoured does not count as faster
     return (time.perf_counter() - start) / int(count)
 
 
@@ -88,6 +90,50 @@ def _block_flops(device: torch.device, dtype: torch.dtype) -> float:
         layer(x).sum().backward()
 
     return block_step_flops(width, ffn, batch * seq, seq) / _together(step, device, seconds=0.5)
+
+
+#: the shapes a rank's block is also timed at: tokens per microbatch, and the tensor-parallel
+#: degree its heads and MLP are split by (the residual width stays whole)
+SHAPE_TOKENS, SHAPE_TP = (128, 512), (1, 2, 4)
+
+
+class _RankBlock(torch.nn.Module):
+    """A tensor-parallel rank's share of a pre-norm block of :data:`BLOCK`'s width: ``1 / tp`` of
+    its heads and MLP, the whole residual stream (what a rank computes under TP=``tp``)."""
+
+    def __init__(self, tp: int) -> None:
+        super().__init__()
+        width, heads, ffn, _, _ = BLOCK
+        self.heads, self.dim = heads // tp, width // heads
+        self.norm1, self.norm2 = torch.nn.LayerNorm(width), torch.nn.LayerNorm(width)
+        self.qkv = torch.nn.Linear(width, 3 * self.heads * self.dim)
+        self.out = torch.nn.Linear(self.heads * self.dim, width)
+        self.up, self.down = torch.nn.Linear(width, ffn // tp), torch.nn.Linear(ffn // tp, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        q, k, v = self.qkv(self.norm1(x)).view(b, s, 3, self.heads, self.dim).permute(2, 0, 3, 1, 4)
+        attended = torch.nn.functional.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, s, -1)
+        x = x + self.out(attended)
+        return x + self.down(torch.nn.functional.gelu(self.up(self.norm2(x))))
+
+
+def _block_shapes(device: torch.device, dtype: torch.dtype) -> dict[str, dict[str, float]]:
+    """``{tp: {tokens: factor}}``: a rank's block (:class:`_RankBlock`) at each of
+    :data:`SHAPE_TOKENS` per microbatch (sequences of at most 256) and :data:`SHAPE_TP`, its FLOP/s
+    over its own at the reference shape (:data:`BLOCK`'s 2 x 256 tokens, TP=1): small matmuls run
+    below the reference block's rate, and the cost model scales ``block_flops`` by this."""
+    width, _, ffn, batch, seq = BLOCK
+
+    def rate(tp: int, tokens: int) -> float:
+        block = _RankBlock(tp).to(device=device, dtype=dtype)
+        length = min(tokens, seq)
+        x = torch.randn(tokens // length, length, width, device=device, dtype=dtype, requires_grad=True)
+        flops = block_step_flops(width, ffn, tokens, length) / tp  # every weight and head split tp ways
+        return flops / _timed(lambda: block(x).sum().backward(), device, 7)  # the median: robust on shared cores
+
+    reference = rate(1, batch * seq)
+    return {str(tp): {str(n): rate(tp, n) / reference for n in SHAPE_TOKENS} for tp in SHAPE_TP}
 
 
 #: the optimizers whose step is measured (PyTorch's own, default arguments)
@@ -129,6 +175,7 @@ def measure_per_rank(sizes: tuple[int, ...], repeats: int, dtypes: tuple[str, ..
     x = torch.ones(8 << 20, device=device)
     out["copy_bytes_per_s"] = 2 * x.numel() * 4 / _together(lambda: x.mul_(1.0), device)
     out["block_flops"] = {name: _block_flops(device, getattr(torch, name)) for name in dtypes}
+    out["block_shapes"] = {name: _block_shapes(device, getattr(torch, name)) for name in dtypes}
     out["optimizer_bytes_per_s"] = {name: _optimizer_rate(device, name) for name in OPTIMIZERS}
     peer = rank ^ 1 if (rank ^ 1) < world else rank
     points = []

@@ -7,8 +7,10 @@ rank (the largest pipeline stage):
 * **compute**: ``3 x`` the forward FLOPs (the backward does twice the forward's) of the stage's
   tokens (``batch / dp`` sequences, ``seq / sp`` tokens each): 2 per matmul weight per token, 4 x
   ``seq x heads x head_dim`` per attention layer (half for a causal model), over the profile's
-  per-rank ``block_flops`` (a reference block's FLOP/s, its norms and softmax included); plus the
-  loss's passes over the float32 logits at the profile's copy bandwidth;
+  per-rank ``block_flops`` (a reference block's FLOP/s, its norms and softmax included) scaled by
+  ``block_shapes`` to the rank's microbatch (its tokens, its share of the heads and MLP under TP:
+  small matmuls run slower); plus the loss's passes over the float32 logits at the profile's copy
+  bandwidth;
 * **pipeline bubble**: the largest stage's compute over ``M + P - 1`` microbatch slots instead of
   ``M`` (1F1B, ``M`` microbatches of one sequence each); where ranks share a device (a CPU's
   cores) an idle stage's share goes to the others: the slots at the unshared speed, never less
@@ -100,9 +102,10 @@ def per_rank(profile: dict, world: int) -> dict:
     return _nearest(profile["per_rank"], world)[1]
 
 
-def _rates(profile: dict, world: int, dtype: str) -> tuple[float, float, float]:
+def _rates(profile: dict, world: int, dtype: str, tokens: int, tp: int) -> tuple[float, float, float]:
     """Per-rank FLOP/s on model blocks with ``world`` ranks at work, the best any measured group
-    size reached (ranks alone on their share of the device), and the copy bandwidth."""
+    size reached (ranks alone on their share of the device), both for microbatches of ``tokens``
+    under TP=``tp`` (:func:`shape_factor`), and the copy bandwidth."""
 
     def flops(entry: dict) -> float:
         table = entry.get("block_flops") or entry["matmul_flops"]
@@ -110,7 +113,19 @@ def _rates(profile: dict, world: int, dtype: str) -> tuple[float, float, float]:
 
     here = per_rank(profile, world)
     alone = max(flops(entry) for entry in profile["per_rank"].values())
-    return flops(here), alone, here["copy_bytes_per_s"]
+    factor = shape_factor(here, dtype, tokens, tp)
+    return flops(here) * factor, alone * factor, here["copy_bytes_per_s"]
+
+
+def shape_factor(entry: dict, dtype: str, tokens: int, tp: int) -> float:
+    """A rank's block FLOP/s on microbatches of ``tokens`` under TP=``tp`` over the reference block's
+    (the profile's ``block_shapes``): log-linear between the measured token counts, the nearest one
+    outside them, at the largest measured TP degree not above ``tp``."""
+    shapes = entry["block_shapes"]
+    table = shapes.get(dtype) or next(iter(shapes.values()))
+    _, by_tokens = _nearest(table, tp)
+    points = sorted((math.log(int(n)), f) for n, f in by_tokens.items())
+    return _interpolate(points, math.log(max(tokens, 1)))
 
 
 def optimizer_rate(profile: dict, world: int, optimizer: str, tensor_bytes: float) -> float:
@@ -129,8 +144,8 @@ def predict(facts: dict, layout: dict, profile: dict, *, optimizer: str = "adamw
     dp, pp, sp, tp = (layout[k] for k in ("dp", "pp", "sp", "tp"))
     m = layout["microbatches"]
     seq, batch = facts["seq"], facts["batch"]
-    rate, alone, copy_rate = _rates(profile, dp * pp * sp * tp, facts["dtype"])
     tokens = batch // dp * seq // sp  # this rank's tokens per step (all microbatches)
+    rate, alone, copy_rate = _rates(profile, dp * pp * sp * tp, facts["dtype"], tokens // m, tp)
     whole = batch // dp * seq if sp > 1 else tokens  # after the last block the sequence is whole again
     heads, dim, causal = facts["attention"]
     attn_per_token = 4 * seq * heads * dim * (0.5 if causal else 1.0)

@@ -34,6 +34,7 @@ def synthetic_profile(shared: bool = False) -> dict:
         return {
             "matmul_flops": {"float32": 1e11 / slow, "bfloat16": 4e11 / slow},
             "block_flops": {"float32": 8e10 / slow, "bfloat16": 3e11 / slow},
+            "block_shapes": {"float32": {"1": {"128": 1.0, "2048": 1.0}}},  # every shape at the block's rate
             "copy_bytes_per_s": 2e10 / slow,
             "optimizer_bytes_per_s": {
                 "adamw": {"1": 2e9 / slow, "32": 1e9 / slow},
