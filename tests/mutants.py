@@ -685,6 +685,17 @@ MUTANTS: dict[str, Mutant] = {
             "half == pytest.approx(2 * full)",
         ),
         _m(
+            "auto-optimizer-mean-size",
+            "the cost model's optimizer step priced at the mean tensor size: embeddings as cheap per byte as projections",
+            "shardcore/cost/model.py",
+            (
+                "    sizes = [b / shard for b in stage.dense_sizes] + list(stage.expert_sizes)\n",
+                "    sizes = []\n",
+            ),
+            "tests/test_core_cost.py::test_the_optimizer_step_is_timed_tensor_by_tensor",
+            "64 * mib / 1e9 + 33 * mib / 4e9",
+        ),
+        _m(
             "auto-choice-not-broadcast",
             "ShardConfig(auto=...): rank 0's choice (or its error) never sent to the other ranks",
             "shardcore/cost/auto.py",

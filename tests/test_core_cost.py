@@ -10,8 +10,8 @@ import pytest
 
 from shardcore.cli import main
 from shardcore.cost import KINDS, collective_seconds, fit_line, load_profile
-from shardcore.cost.facts import StageFacts
-from shardcore.cost.model import optimizer_rate, predict, shape_factor
+from shardcore.cost.facts import StageFacts, stage_facts
+from shardcore.cost.model import optimizer_rate, optimizer_seconds, predict, shape_factor
 
 
 def test_the_line_fit_recovers_latency_and_bandwidth():
@@ -75,6 +75,33 @@ def test_the_cost_model_reads_the_profile_where_it_was_measured():
     assert optimizer_rate(profile, 4, "adamw", 1 << 30) == pytest.approx(1e9)
     middle = optimizer_rate(profile, 4, "adamw", (1 << 20) * 32**0.5)  # halfway on the log scale
     assert middle == pytest.approx(2.5e9)
+
+
+def test_the_optimizer_step_is_timed_tensor_by_tensor():
+    """Two 32 MiB embeddings and thirty-two 1 MiB projections: the embeddings run at the large
+    tensors' rate, the projections at the small ones'; their mean size (2.9 MiB) would price every
+    byte in between. Under FSDP each tensor is a ``1 / dp`` shard."""
+    mib = 1 << 20
+    profile = {"per_rank": {"4": {"optimizer_bytes_per_s": {"adamw": {"1": 4e9, "32": 1e9}}}}}
+    sizes = (32 * mib, 32 * mib) + (mib,) * 32
+    stage = StageFacts(matmul_weights=0, activation_elements=0, attention_layers=0, dense_bytes=sum(sizes),
+                       expert_bytes=mib, dense_tensors=len(sizes), blocks=1, dense_sizes=sizes, expert_sizes=(mib,))  # fmt: skip
+    assert optimizer_seconds(profile, 4, "adamw", stage) == pytest.approx(64 * mib / 1e9 + 33 * mib / 4e9)
+    mean = (sum(sizes) + mib) / optimizer_rate(profile, 4, "adamw", sum(sizes) / len(sizes))
+    assert optimizer_seconds(profile, 4, "adamw", stage) > 1.3 * mean
+    sharded = 2 * 16 * mib / optimizer_rate(profile, 4, "adamw", 16 * mib) + 32 * mib / 2 / 4e9 + mib / 4e9
+    assert optimizer_seconds(profile, 4, "adamw", stage, shard=2) == pytest.approx(sharded)
+    assert optimizer_seconds(profile, 4, "none", stage) == 0.0
+    # a real model's facts: every parameter tensor once (tied ones once), split by stage
+    from torch import nn
+
+    model = nn.Sequential(nn.Embedding(64, 8), nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 64))
+    model[3].weight = model[0].weight  # tied
+    first, last = stage_facts(model, ["1", "2"], pp=2, ep=1)
+    for s in (first, last):
+        assert sum(s.dense_sizes) == s.dense_bytes and len(s.dense_sizes) == s.dense_tensors, s
+    # the embedding before the first block; the head (its weight tied to it, counted there) after the last
+    assert sorted(first.dense_sizes) == [32, 256, 2048] and sorted(last.dense_sizes) == [32, 256, 256]
 
 
 def test_the_compute_rate_follows_the_rank_s_microbatch_shape():

@@ -31,6 +31,10 @@ class StageFacts:
     #: sequence parallelism), and the widest output there (the logits a token gets on this rank)
     tail_weights: float = 0.0
     logits: int = 0
+    #: the bytes of each parameter tensor the stage's rank holds, dense and expert (an optimizer's
+    #: step runs tensor by tensor: its rate depends on each tensor's size, not on their mean)
+    dense_sizes: tuple[int, ...] = ()
+    expert_sizes: tuple[int, ...] = ()
 
 
 def _is_embedding(module: nn.Module) -> bool:
@@ -58,7 +62,7 @@ def stage_facts(model: nn.Module, blocks: list[str], pp: int, ep: int) -> list[S
         i += n
     experts = {id(p) for m in expert_modules(model) for p in m.parameters()}
     share = _expert_share(model, ep)
-    acc = [dict(mm=0.0, act=0.0, dense=0, expert=0, tensors=0, tail=0.0, logits=0) for _ in range(pp)]
+    acc = [dict(mm=0.0, act=0.0, dense=0, expert=0, tensors=0, tail=0.0, logits=0, sizes=([], [])) for _ in range(pp)]
     seen: set[int] = set()
     seen_block = False
     for name, module in model.named_modules(remove_duplicate=False):
@@ -74,7 +78,19 @@ def stage_facts(model: nn.Module, blocks: list[str], pp: int, ep: int) -> list[S
                 acc[stage]["tail"] += acc[stage]["mm"] - before
                 acc[stage]["logits"] = max(acc[stage]["logits"], p.shape[0])
     return [
-        StageFacts(a["mm"], a["act"], per[s], a["dense"], a["expert"], a["tensors"], per[s], a["tail"], a["logits"])
+        StageFacts(
+            a["mm"],
+            a["act"],
+            per[s],
+            a["dense"],
+            a["expert"],
+            a["tensors"],
+            per[s],
+            a["tail"],
+            a["logits"],
+            tuple(a["sizes"][0]),
+            tuple(a["sizes"][1]),
+        )
         for s, a in enumerate(acc)
     ]
 
@@ -84,6 +100,7 @@ def _add_param(acc: dict, p, module: nn.Module, expert: bool, seen: bool, share:
     if not seen:
         acc["expert" if expert else "dense"] += p.numel() * p.element_size()
         acc["tensors"] += 0 if expert else 1
+        acc["sizes"][1 if expert else 0].append(p.numel() * p.element_size())
     if p.dim() < 2 or _is_embedding(module):
         return
     if expert or p.dim() > 2:  # fused experts [experts here, out, in]: a token visits top_k of them

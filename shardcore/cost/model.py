@@ -15,8 +15,8 @@ rank (the largest pipeline stage):
   ``M`` (1F1B, ``M`` microbatches of one sequence each); where ranks share a device (a CPU's
   cores) an idle stage's share goes to the others: the slots at the unshared speed, never less
   than the average stage at the shared speed;
-* **optimizer step**: the parameter bytes the rank updates (FSDP: its shard) at the profile's
-  rate for the model's mean tensor size (:func:`optimizer_rate`);
+* **optimizer step**: each parameter tensor the rank updates (FSDP: its shard) at the profile's
+  rate for that tensor's size (:func:`optimizer_seconds`);
 * **communication**, never assumed overlapped: per kind and group, ``count x latency + bytes /
   bandwidth`` from the profile's line fits (:func:`collective_seconds`), for the tensor-parallel
   collectives (explain's counts and bytes, per microbatch), the sequence-parallel attention
@@ -136,6 +136,21 @@ def optimizer_rate(profile: dict, world: int, optimizer: str, tensor_bytes: floa
     return _interpolate(points, math.log(max(tensor_bytes, 1.0)))
 
 
+def optimizer_seconds(profile: dict, world: int, optimizer: str, stage: StageFacts, shard: int = 1) -> float:
+    """Seconds of one ``optimizer`` step over the parameters ``stage``'s rank holds (dense ones
+    ``1 / shard`` each under FSDP), tensor by tensor at the rate for its size (:func:`optimizer_rate`):
+    PyTorch's CPU optimizers update one tensor after another, so a few large tensors (embeddings)
+    run at the large tensors' rate, however small the rest are. Facts without the sizes: their mean."""
+    if optimizer == "none":
+        return 0.0
+    sizes = [b / shard for b in stage.dense_sizes] + list(stage.expert_sizes)
+    if not sizes:
+        held = stage.dense_bytes / shard
+        mean = held / max(stage.dense_tensors, 1)
+        return (held + stage.expert_bytes) / optimizer_rate(profile, world, optimizer, mean)
+    return sum(b / optimizer_rate(profile, world, optimizer, b) for b in sizes)
+
+
 def predict(facts: dict, layout: dict, profile: dict, *, optimizer: str = "adamw") -> dict[str, Any]:
     """Predicted seconds per step and bytes per rank of ``layout`` (``dp, pp, sp, tp, ep``, ``mode``,
     ``data_parallel``, ``microbatches``) on the workload ``facts`` describes (see :func:`shardcore.cost.search`)."""
@@ -155,12 +170,8 @@ def predict(facts: dict, layout: dict, profile: dict, *, optimizer: str = "adamw
         fwd = tokens * (2 * body + s.attention_layers * attn_per_token) + whole * 2 * s.tail_weights
         loss = LOSS_PASSES * whole * s.logits * 4 / copy_rate  # log-softmax forward and backward, float32
         parts.append(3 * fwd / rate + loss)
-        held = s.dense_bytes / dp if layout["data_parallel"] == "fsdp" else s.dense_bytes
-        if optimizer != "none":
-            size = held / max(s.dense_tensors, 1)  # the mean bytes of a parameter this rank updates
-            optim.append((held + s.expert_bytes) / optimizer_rate(profile, dp * pp * sp * tp, optimizer, size))
-        else:
-            optim.append(0.0)
+        shard = dp if layout["data_parallel"] == "fsdp" else 1
+        optim.append(optimizer_seconds(profile, dp * pp * sp * tp, optimizer, s, shard))
     stage_compute = max(parts)
     step_compute = stage_compute
     if pp > 1:  # M + P - 1 slots of the largest stage for M microbatches; where ranks share a device
