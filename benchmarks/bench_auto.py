@@ -12,7 +12,8 @@ heads, vocabulary 8192, no dropout; the Mixtral of ``bench_moe.py``, 8 experts t
    4 gloo ranks x 1 thread (the profile's per-rank figures are measured the same way), AdamW,
    the global batch of ``--batch`` x ``seq`` random tokens (each data-parallel rank its part;
    pipelines through ``shardcore.pipeline_step``); the step time is the median over ``--steps``
-   after ``--warmup`` (a step ends when the slowest rank does). The first loss (the mean over the
+   after ``--warmup`` (a step ends when the slowest rank does), beside each rank's CPU seconds
+   per step (its process time: every thread, gloo's included). The first loss (the mean over the
    data-parallel parts) must equal the unsharded model's on the same parts (relative 1e-4) or the
    run stops.
 
@@ -23,8 +24,9 @@ median absolute error over every layout at the end). Writes ``bench-results/auto
     python benchmarks/bench_auto.py --summarize benchmarks/results/auto.json [--png docs/auto_layout.png] [--profile FILE]
 
 reads the repeated runs ``benchmarks/repeat.py --name auto`` merged and scores today's cost model
-on them: per layout the median measured step time over the runs (min-max), predicted again from
-the profile the runs recorded (the measurements do not depend on the cost model, so a change to
+on them: per layout the median measured step time over the runs (min-max) and the CPU seconds
+every rank spent per step (all its threads, gloo's included) over the machine's cores (what the
+step would take were the cores never idle), predicted again from the profile the runs recorded (the measurements do not depend on the cost model, so a change to
 it is scored without measuring again); the chosen layout's rank by those medians; the median
 absolute error; a plot of predicted against measured, one point per layout. ``--profile``: the
 predictions from that profile (this machine calibrated again) instead. Writes
@@ -105,10 +107,10 @@ def worker(name: str, seq: int, batch: int, layouts: list[dict], warmup: int, st
         if info.dp > 1:
             part = dp_part(part, info.coordinates(dist.get_rank())["dp"], info.dp)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-        times, phases, first = [], [], None
+        times, phases, cpus, first = [], [], [], None
         for step in range(warmup + steps):
             dist.barrier()
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             opt.zero_grad(set_to_none=True)
             if info.pp > 1:
                 loss = shardcore.pipeline_step(model, part)
@@ -119,16 +121,20 @@ def worker(name: str, seq: int, batch: int, layouts: list[dict], warmup: int, st
                 loss.backward()
                 backward = time.perf_counter()
             opt.step()
-            end = time.perf_counter()
+            end, cpu = time.perf_counter(), time.process_time() - cpu
             if step >= warmup:
                 times.append(end - start)
+                cpus.append(cpu)
                 phases.append((forward - start, backward - forward, end - backward))
             if step == 0:
                 first = loss.detach().clone().reshape(1)
         dist.all_reduce(first)  # every rank of a data-parallel part holds its loss: the mean of the parts
         split = [statistics.median(p[i] for p in phases) for i in range(3)]  # this rank's forward, backward, optimizer
+        cpu_s = [None] * WORLD  # each rank's CPU seconds per step, every thread of it (gloo's included)
+        dist.all_gather_object(cpu_s, statistics.median(cpus))
         out.append({"layout": layout, "step_s": slowest(statistics.median(times)), "loss": first.item() / WORLD,
-                    "rank0_phases_s": dict(zip(("forward", "backward", "optimizer"), split, strict=True))})  # fmt: skip
+                    "rank0_phases_s": dict(zip(("forward", "backward", "optimizer"), split, strict=True)),
+                    "cpu_s_per_rank": cpu_s})  # fmt: skip
         del model, opt
         gc.collect()
     return out
@@ -166,7 +172,8 @@ def run(name: str, seq: int, args, profile: dict) -> dict:
         if abs(m["loss"] - refs[dp]) > 1e-4 * abs(refs[dp]):
             raise AssertionError(f"{name} seq {seq} {row['name']}: loss {m['loss']:.6f} != unsharded {refs[dp]:.6f}")
         rows.append({"name": row["name"], "layout": row["layout"], "predicted_s": row["step_s"],
-                     "measured_s": m["step_s"], "rank0_phases_s": m["rank0_phases_s"], "error": row["step_s"] / m["step_s"] - 1,
+                     "measured_s": m["step_s"], "rank0_phases_s": m["rank0_phases_s"], "cpu_s_per_rank": m["cpu_s_per_rank"],
+                     "error": row["step_s"] / m["step_s"] - 1,
                      "predicted": {k: row[k] for k in ("compute_s", "bubble_s", "communication_s", "memory_bytes")}})  # fmt: skip
     fastest = min(r["measured_s"] for r in rows)
     chosen = plan["best"]["name"]
@@ -208,17 +215,22 @@ def summarize(path: pathlib.Path, png: pathlib.Path | None, profile: dict | None
     for i, first in enumerate(runs[0]["results"]):
         name, seq, batch = first["model"], first["seq"], first["batch"]
         times: dict[str, list[float]] = {}
+        busy: dict[str, list[float]] = {}  # every rank's CPU seconds per step over the cores (runs that recorded it)
         for run_ in runs:
             assert (run_["results"][i]["model"], run_["results"][i]["seq"]) == (name, seq)
+            cores = run_["profile"]["cpu_count"]
             for row in run_["results"][i]["layouts"]:
                 times.setdefault(row["name"], []).append(row["measured_s"])
+                if row.get("cpu_s_per_rank"):
+                    busy.setdefault(row["name"], []).append(sum(row["cpu_s_per_rank"]) / cores)
         with shardcore.init_empty():
             meta = build(name)
         plan = search(meta, WORLD, profile, seq=seq, batch=batch)
         predicted = {row["name"]: row["step_s"] for row in plan["ranked"]}
         assert set(predicted) == set(times), f"{name} seq {seq}: the runs measured other layouts than are predicted"
         rows = sorted(({"name": n, "predicted_s": predicted[n], "measured_s": statistics.median(t), "min_s": min(t),
-                        "max_s": max(t), "runs": len(t), "error": predicted[n] / statistics.median(t) - 1}
+                        "max_s": max(t), "runs": len(t), "error": predicted[n] / statistics.median(t) - 1,
+                        "cpu_over_cores_s": statistics.median(busy[n]) if n in busy else None}
                        for n, t in times.items()), key=lambda r: r["measured_s"])  # fmt: skip
         errors += [abs(r["error"]) for r in rows]
         chosen = plan["best"]["name"]
@@ -228,11 +240,12 @@ def summarize(path: pathlib.Path, png: pathlib.Path | None, profile: dict | None
                       "chosen_over_fastest": over, "fastest": rows[0]["name"], "layouts": rows})  # fmt: skip
         print(f"\n{name} seq {seq} x batch {batch}: chose {chosen} - rank {rank} of {len(rows)} by the median of "
               f"{len(runs)} runs, {over:.3f}x the fastest ({rows[0]['name']})")  # fmt: skip
-        print("| layout | predicted s | measured s, median (min-max) | error |")
-        print("|---|---|---|---|")
+        print("| layout | predicted s | measured s, median (min-max) | error | all ranks' CPU s / cores |")
+        print("|---|---|---|---|---|")
         for r in rows:
+            cpu = "" if r["cpu_over_cores_s"] is None else f"{r['cpu_over_cores_s']:.3f}"
             print(f"| {r['name']} | {r['predicted_s']:.3f} | {r['measured_s']:.3f} ({r['min_s']:.3f}-{r['max_s']:.3f}) "
-                  f"| {r['error']:+.0%} |")  # fmt: skip
+                  f"| {r['error']:+.0%} | {cpu} |")  # fmt: skip
     median = statistics.median(errors)
     within = sum(c["chosen_over_fastest"] <= 1.10 for c in cases)
     print(f"\nmedian absolute error over {len(errors)} layouts: {median:.1%}; chosen within 10% of the fastest: "
