@@ -51,18 +51,7 @@ def _together(fn, device: torch.device, seconds: float = 0.3) -> float:
     """Seconds per call of ``fn`` while every rank of the world runs it at the same time: as many
     calls on each rank (enough for ``seconds`` on the slowest), started together, timed until every
     rank has finished them (on shared cores, the share of the machine each rank gets)."""
-    import torch.distributed as dist
-
-    once = _timed(fn, device, 3)
-    count = torch.tensor([max(1, int(seconds / max(once, 1e-9)))], device=device)  # NCCL: on the GPU
-    dist.all_reduce(count, op=dist.ReduceOp.MAX)
-    dist.barrier()
-    start = time.perf_counter()
-    for _ in range(int(count)):
-        fn()
-    _sync(device)
-    dist.barrier()  # until the last rank is done: a rank the scheduler favoured does not count as faster
-    return (time.perf_counter() - start) / int(count)
+    return _in_rounds({None: fn}, device, 1, seconds)[None]
 
 
 #: the reference block: width, heads, MLP width, sequences x tokens
@@ -75,21 +64,6 @@ def block_step_flops(width: int, ffn: int, tokens: int, seq: int, causal: bool =
     for the attention scores and their weighted sum; half of that when causal)."""
     weights = 4 * width * width + 2 * width * ffn
     return 3 * tokens * (2 * weights + 4 * seq * width * (0.5 if causal else 1.0))
-
-
-def _block_flops(device: torch.device, dtype: torch.dtype) -> float:
-    """FLOP/s a rank achieves on a transformer block's forward + backward (PyTorch's own encoder
-    layer, :data:`BLOCK`'s shape): the matmuls with everything around them (norms, softmax,
-    autograd), as a model's blocks run."""
-    width, heads, ffn, batch, seq = BLOCK
-    layer = torch.nn.TransformerEncoderLayer(width, heads, ffn, dropout=0.0, batch_first=True)
-    layer = layer.to(device=device, dtype=dtype)
-    x = torch.randn(batch, seq, width, device=device, dtype=dtype, requires_grad=True)
-
-    def step():
-        layer(x).sum().backward()
-
-    return block_step_flops(width, ffn, batch * seq, seq) / _together(step, device, seconds=0.5)
 
 
 #: the shapes a rank's block is also timed at: tokens per microbatch, and the tensor-parallel
@@ -118,22 +92,54 @@ class _RankBlock(torch.nn.Module):
         return x + self.down(torch.nn.functional.gelu(self.up(self.norm2(x))))
 
 
-def _block_shapes(device: torch.device, dtype: torch.dtype) -> dict[str, dict[str, float]]:
-    """``{tp: {tokens: factor}}``: a rank's block (:class:`_RankBlock`) at each of
-    :data:`SHAPE_TOKENS` per microbatch (sequences of at most 256) and :data:`SHAPE_TP`, its FLOP/s
-    over its own at the reference shape (:data:`BLOCK`'s 2 x 256 tokens, TP=1): small matmuls run
-    below the reference block's rate, and the cost model scales ``block_flops`` by this."""
+def _in_rounds(calls: dict, device: torch.device, rounds: int, seconds: float) -> dict:
+    """Seconds per call of each of ``calls`` while every rank runs the same one at once: as many
+    calls on each rank as fill ``seconds`` on the slowest, started together, timed until the last
+    rank is done; ``rounds`` times through ``calls`` in turn (a drift of the machine's speed meets
+    every call alike), the median per call."""
+    import torch.distributed as dist
+
+    counts = {}
+    for key, fn in calls.items():
+        count = torch.tensor([max(1, int(seconds / max(_timed(fn, device, 3), 1e-9)))], device=device)
+        dist.all_reduce(count, op=dist.ReduceOp.MAX)  # NCCL: on the GPU
+        counts[key] = int(count)
+    times: dict = {key: [] for key in calls}
+    for _ in range(rounds):
+        for key, fn in calls.items():
+            dist.barrier()
+            start = time.perf_counter()
+            for _ in range(counts[key]):
+                fn()
+            _sync(device)
+            dist.barrier()  # until the last rank is done: a rank the scheduler favoured does not count as faster
+            times[key].append((time.perf_counter() - start) / counts[key])
+    return {key: statistics.median(t) for key, t in times.items()}
+
+
+def _blocks(device: torch.device, dtype: torch.dtype, rounds: int = 3) -> tuple[float, dict[str, dict[str, float]]]:
+    """``(block_flops, block_shapes)``: a rank's block (:class:`_RankBlock`) forward and backward at
+    :data:`BLOCK`'s shape (2 x 256 tokens, TP=1): its FLOP/s (:func:`block_step_flops`: the
+    matmuls with everything around them, norms, softmax and autograd, as a model's blocks run);
+    and ``{tp: {tokens: factor}}``, its rate at each of :data:`SHAPE_TOKENS` per microbatch
+    (sequences of at most 256) and :data:`SHAPE_TP` over that reference rate (small matmuls run
+    below it; the reference shape is one of them, its factor 1). Every shape timed with every rank
+    at work on the same one (:func:`_in_rounds`), so that a rank the others left idle for a moment
+    does not count as faster."""
     width, _, ffn, batch, seq = BLOCK
-
-    def rate(tp: int, tokens: int) -> float:
+    calls, flops = {}, {}
+    for tp in SHAPE_TP:
         block = _RankBlock(tp).to(device=device, dtype=dtype)
-        length = min(tokens, seq)
-        x = torch.randn(tokens // length, length, width, device=device, dtype=dtype, requires_grad=True)
-        flops = block_step_flops(width, ffn, tokens, length) / tp  # every weight and head split tp ways
-        return flops / _timed(lambda: block(x).sum().backward(), device, 7)  # the median: robust on shared cores
-
-    reference = rate(1, batch * seq)
-    return {str(tp): {str(n): rate(tp, n) / reference for n in SHAPE_TOKENS} for tp in SHAPE_TP}
+        for tokens in SHAPE_TOKENS:
+            length = min(tokens, seq)
+            x = torch.randn(tokens // length, length, width, device=device, dtype=dtype, requires_grad=True)
+            calls[tp, tokens] = lambda block=block, x=x: block(x).sum().backward()
+            flops[tp, tokens] = block_step_flops(width, ffn, tokens, length) / tp  # every weight and head split tp ways
+    seconds = _in_rounds(calls, device, rounds, seconds=0.2)
+    rate = {key: flops[key] / seconds[key] for key in calls}
+    reference = rate[1, batch * seq]
+    shapes = {str(tp): {str(n): rate[tp, n] / reference for n in SHAPE_TOKENS} for tp in SHAPE_TP}
+    return reference, shapes
 
 
 #: the optimizers whose step is measured (PyTorch's own, default arguments)
@@ -174,8 +180,9 @@ def measure_per_rank(sizes: tuple[int, ...], repeats: int, dtypes: tuple[str, ..
         out["matmul_flops"][name] = 2 * n**3 / _together(lambda a=a: a @ a, device)
     x = torch.ones(8 << 20, device=device)
     out["copy_bytes_per_s"] = 2 * x.numel() * 4 / _together(lambda: x.mul_(1.0), device)
-    out["block_flops"] = {name: _block_flops(device, getattr(torch, name)) for name in dtypes}
-    out["block_shapes"] = {name: _block_shapes(device, getattr(torch, name)) for name in dtypes}
+    blocks = {name: _blocks(device, getattr(torch, name)) for name in dtypes}
+    out["block_flops"] = {name: flops for name, (flops, _) in blocks.items()}
+    out["block_shapes"] = {name: shapes for name, (_, shapes) in blocks.items()}
     out["optimizer_bytes_per_s"] = {name: _optimizer_rate(device, name) for name in OPTIMIZERS}
     peer = rank ^ 1 if (rank ^ 1) < world else rank
     points = []

@@ -14,10 +14,12 @@ backend that joins them (NCCL, gloo):
   (on a shared CPU, a 2-rank all-reduce among 4 ranks waits longer than among 2);
 * ``per_rank``: for each group size, what one rank achieves while every rank of the group works at
   once (on a CPU the ranks share its cores): ``matmul_flops`` per dtype, ``block_flops`` per dtype
-  (a transformer block's forward and backward, :func:`~shardcore.cost.measure.block_step_flops` over its seconds: what a
-  model's blocks achieve, norms, softmax and autograd included), ``block_shapes`` per dtype (a
-  tensor-parallel rank's share of such a block at 128 and 512 tokens per microbatch and TP
-  1, 2, 4: its FLOP/s over its own at the reference shape), ``optimizer_bytes_per_s`` (the
+  (a pre-norm transformer block's forward and backward at width 512 on 2 x 256 tokens,
+  :func:`~shardcore.cost.measure.block_step_flops` over its seconds: what a model's blocks
+  achieve, norms, softmax and autograd included), ``block_shapes`` per dtype (a tensor-parallel
+  rank's share of that block at 128 and 512 tokens per microbatch and TP 1, 2, 4: its FLOP/s over
+  the reference shape's, which is one of them; every shape timed in turn with every rank on it
+  at once, three rounds, the median), ``optimizer_bytes_per_s`` (the
   parameter bytes an AdamW or SGD-with-momentum step updates per second, per tensor size in MiB:
   from a CPU's cache small tensors update several times faster per byte), ``copy_bytes_per_s`` (an
   elementwise pass over a 32 MiB tensor: bytes read + written per second) and ``send_recv``, the
@@ -49,7 +51,7 @@ __all__ = ["KINDS", "calibrate", "fit_line", "load_profile", "profile_path"]
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 #: bytes one rank contributes, per measured point
 SIZES = (1 << 12, 1 << 16, 1 << 20, 1 << 22, 1 << 24)
-VERSION = 5
+VERSION = 6
 
 
 def profile_path(device: torch.device | None = None, backend: str | None = None) -> pathlib.Path:
