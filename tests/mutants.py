@@ -685,6 +685,14 @@ MUTANTS: dict[str, Mutant] = {
             "half == pytest.approx(2 * full)",
         ),
         _m(
+            "calibrate-shape-reference-apart",
+            "calibrate's block shapes over a reference timed apart from them (here: the smallest shape's rate)",
+            "shardcore/cost/measure.py",
+            ("    reference = rate[1, batch * seq]\n", "    reference = rate[1, min(SHAPE_TOKENS)]\n"),
+            "tests/test_core_cost.py::test_calibrate_measures_once_and_caches",
+            'shapes["1"]["512"] == 1.0',
+        ),
+        _m(
             "auto-optimizer-mean-size",
             "the cost model's optimizer step priced at the mean tensor size: embeddings as cheap per byte as projections",
             "shardcore/cost/model.py",

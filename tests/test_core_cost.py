@@ -41,6 +41,7 @@ def test_calibrate_measures_once_and_caches(tmp_path, monkeypatch, capsys):
     for shapes in mine["block_shapes"].values():  # a rank's block per TP degree and tokens per microbatch
         assert set(shapes) == {"1", "2", "4"} and all(set(t) == {"128", "512"} for t in shapes.values())
         assert all(0.05 < f < 5 for t in shapes.values() for f in t.values()), shapes
+        assert shapes["1"]["512"] == 1.0, shapes  # the reference shape (2 x 256 tokens, TP=1) is one of them
     for name in ("adamw", "sgd"):  # per tensor size (MiB): small tensors update from cache
         assert set(mine["optimizer_bytes_per_s"][name]) == {"1", "4", "32"}
         assert min(mine["optimizer_bytes_per_s"][name].values()) > 1e6

@@ -93,10 +93,15 @@ class _RankBlock(torch.nn.Module):
 
 
 def _in_rounds(calls: dict, device: torch.device, rounds: int, seconds: float) -> dict:
+    """The median of :func:`_rounds` per call."""
+    return {key: statistics.median(t) for key, t in _rounds(calls, device, rounds, seconds).items()}
+
+
+def _rounds(calls: dict, device: torch.device, rounds: int, seconds: float) -> dict[object, list[float]]:
     """Seconds per call of each of ``calls`` while every rank runs the same one at once: as many
     calls on each rank as fill ``seconds`` on the slowest, started together, timed until the last
     rank is done; ``rounds`` times through ``calls`` in turn (a drift of the machine's speed meets
-    every call alike), the median per call."""
+    every call alike), each round's figure."""
     import torch.distributed as dist
 
     counts = {}
@@ -114,7 +119,7 @@ def _in_rounds(calls: dict, device: torch.device, rounds: int, seconds: float) -
             _sync(device)
             dist.barrier()  # until the last rank is done: a rank the scheduler favoured does not count as faster
             times[key].append((time.perf_counter() - start) / counts[key])
-    return {key: statistics.median(t) for key, t in times.items()}
+    return times
 
 
 def _blocks(device: torch.device, dtype: torch.dtype, rounds: int = 3) -> tuple[float, dict[str, dict[str, float]]]:

@@ -7,8 +7,9 @@ backend that joins them (NCCL, gloo):
   with the calling process's ``matmul_threads``);
 * ``collectives``: for each kind (``all_reduce``, ``all_gather``, ``reduce_scatter``,
   ``all_to_all``) and group size, the seconds per call at 4 KiB to 16 MiB per rank (calls back to
-  back on every rank at once, each after a small matmul whose own time is taken off, the median of
-  a few such runs: what a step meets between its computations, delays included) and their least-squares fit
+  back on every rank at once, each after a small matmul whose own time, timed in the same rounds, is
+  taken off, the median of a few rounds: what a step meets between its computations, delays
+  included) and their least-squares fit
   ``seconds = latency_s + bytes / bytes_per_s`` (bytes: what one rank contributes); keyed ``"g"``
   for a world of ``g`` ranks, and ``"g@n"`` for every group of ``g`` in a world of ``n`` at once
   (on a shared CPU, a 2-rank all-reduce among 4 ranks waits longer than among 2);
@@ -44,7 +45,7 @@ import time
 
 import torch
 
-from .measure import _device, _timed, _together, fit_line
+from .measure import _device, _rounds, _timed, fit_line
 
 __all__ = ["KINDS", "calibrate", "fit_line", "load_profile", "profile_path"]
 
@@ -98,23 +99,27 @@ def _measure_collectives(sizes: tuple[int, ...], repeats: int) -> dict:
     world = dist.get_world_size()
     out: dict = {kind: {} for kind in KINDS}
     # each call after a little compute on every rank, as a step's collectives meet ranks between
-    # their matmuls (on a shared CPU a peer may be off its core then), the compute's time taken off
+    # their matmuls (on a shared CPU a peer may be off its core then), the compute's time taken off:
+    # the compute alone timed in the same rounds, each round's difference, the median (a drift of
+    # the machine's speed between the two would otherwise read as the collective's time)
     a = torch.randn(384, 384, device=device)
-    base = _together(lambda: a @ a, device, seconds=0.1)
     for g in [g for g in range(2, world + 1) if world % g == 0]:
         groups = [dist.new_group(list(range(i, i + g))) for i in range(0, world, g)] if g < world else None
         group = groups[dist.get_rank() // g] if groups else None
+        calls = {"base": lambda: a @ a}
+        for kind in KINDS:
+            for nbytes in sizes:
+                call = _collective(kind, nbytes, group, g, device)
+                calls[kind, nbytes] = lambda call=call: (a @ a, call())
+        # back to back, long enough that a rank's wait for a core is averaged in, not met once or missed
+        times = _rounds(calls, device, max(3, repeats // 3), seconds=0.05)
+        base = times.pop("base")
+        floor = 0.01 * statistics.median(base)  # below the compute's own noise: not resolved, not zero
         for kind in KINDS:
             points = []
             for nbytes in sizes:
-                call = _collective(kind, nbytes, group, g, device)
-                # back to back, long enough that a rank's wait for a core is averaged in, not met
-                # once or missed: the median of a few runs
-                runs = [
-                    _together(lambda call=call: (a @ a, call()), device, seconds=0.05) - base
-                    for _ in range(max(3, repeats // 3))
-                ]
-                points.append((nbytes, max(statistics.median(runs), 1e-7)))
+                runs = [t - b for t, b in zip(times[kind, nbytes], base, strict=True)]
+                points.append((nbytes, max(statistics.median(runs), floor)))
             latency, bandwidth = fit_line(points)
             out[kind][str(g) if g == world else f"{g}@{world}"] = {
                 "latency_s": latency,
