@@ -33,9 +33,11 @@ def test_calibrate_measures_once_and_caches(tmp_path, monkeypatch, capsys):
     for kind in KINDS:
         fit = first["collectives"][kind]["2"]
         assert fit["latency_s"] >= 0 and fit["bytes_per_s"] > 0, (kind, fit)
-        (big, seconds) = fit["points"][-1]
-        predicted = fit["latency_s"] + big / fit["bytes_per_s"]
-        assert 0.3 * seconds < predicted < 3 * seconds, (kind, fit)  # the line describes what was measured
+        # the line describes what was measured, in relative error as it is fit: within 50% at the
+        # median point (not at every point: past the caches, at 16 MiB, a message may take 2-4x its
+        # share of the line, which the cost model meets by interpolating the points themselves)
+        off = sorted(abs(fit["latency_s"] + n / fit["bytes_per_s"] - t) / t for n, t in fit["points"])
+        assert off[len(off) // 2] < 0.5, (kind, fit)
     mine = first["per_rank"]["2"]  # what a rank achieves with both at work
     assert min(mine["block_flops"].values()) > 1e6 and mine["copy_bytes_per_s"] > 1e6
     for shapes in mine["block_shapes"].values():  # a rank's block per TP degree and tokens per microbatch
