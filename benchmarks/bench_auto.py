@@ -26,8 +26,9 @@ median absolute error over every layout at the end). Writes ``bench-results/auto
 reads the repeated runs ``benchmarks/repeat.py --name auto`` merged and scores today's cost model
 on them: per layout the median measured step time over the runs (min-max) and the CPU seconds
 every rank spent per step (all its threads, gloo's included) over the machine's cores (what the
-step would take were the cores never idle), predicted again from the profile the runs recorded (the measurements do not depend on the cost model, so a change to
-it is scored without measuring again); the chosen layout's rank by those medians; the median
+step would take were the cores never idle), predicted again from the profile the runs recorded
+(the measurements do not depend on the cost model, so a change to it is scored without
+measuring again); the chosen layout's rank by those medians; the median
 absolute error; a plot of predicted against measured, one point per layout. ``--profile``: the
 predictions from that profile (this machine calibrated again) instead. Writes
 ``benchmarks/results/auto_summary.json``.

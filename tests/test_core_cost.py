@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import time
 
+import attrs
 import pytest
 
 from shardcore.cli import main
@@ -92,6 +93,9 @@ def test_the_optimizer_step_is_timed_tensor_by_tensor():
     assert optimizer_seconds(profile, 4, "adamw", stage) == pytest.approx(64 * mib / 1e9 + 33 * mib / 4e9)
     mean = (sum(sizes) + mib) / optimizer_rate(profile, 4, "adamw", sum(sizes) / len(sizes))
     assert optimizer_seconds(profile, 4, "adamw", stage) > 1.3 * mean
+    # facts built by hand without the sizes (a count and bytes only): every byte at the mean size
+    bare = attrs.evolve(stage, dense_sizes=(), expert_sizes=())
+    assert optimizer_seconds(profile, 4, "adamw", bare) == pytest.approx(mean)
     sharded = 2 * 16 * mib / optimizer_rate(profile, 4, "adamw", 16 * mib) + 32 * mib / 2 / 4e9 + mib / 4e9
     assert optimizer_seconds(profile, 4, "adamw", stage, shard=2) == pytest.approx(sharded)
     assert optimizer_seconds(profile, 4, "none", stage) == 0.0
