@@ -672,9 +672,20 @@ MUTANTS: dict[str, Mutant] = {
             "auto-pipeline-bubble-dropped",
             "the cost model's pipeline: M microbatches in M slots, no (P - 1) bubble",
             "shardcore/cost/model.py",
-            ("stage_compute * (m + pp - 1) / m * rate / alone", "stage_compute * m / m * rate / alone"),
+            ("    path = (sum(inner) + (m - 1) * max(inner)) / m\n", "    path = max(inner)\n"),
             f"{LLAMA}/test_llama_auto.py::test_a_pipeline_bubble_costs_on_dedicated_devices_and_is_reclaimed_where_ranks_share_them",
             "bubble_s",
+        ),
+        _m(
+            "auto-pipeline-largest-stage-slots",
+            "the cost model's pipeline: M + P - 1 slots of the largest stage, as if a heavy last stage waited on its own",
+            "shardcore/cost/model.py",
+            (
+                "    path = (sum(inner) + (m - 1) * max(inner)) / m\n",
+                "    path = (m + len(inner) - 1) * max(inner) / m\n",
+            ),
+            "tests/test_core_cost.py::test_a_pipeline_waits_on_the_other_stages_single_slots",
+            "not 3 x 7 / 4 units",
         ),
         _m(
             "auto-shape-factor-ignored",

@@ -133,3 +133,38 @@ def test_the_compute_rate_follows_the_rank_s_microbatch_shape():
     layout = {"dp": 1, "pp": 1, "sp": 1, "tp": 1, "ep": 1, "microbatches": 1, "data_parallel": None}
     full, half = (predict(facts, layout, profile(f), optimizer="none")["compute_s"] for f in (1.0, 0.5))
     assert half == pytest.approx(2 * full) and full == pytest.approx(3 * 128 * 2 * (1 << 20) / 1e10)
+
+
+def test_a_pipeline_waits_on_the_other_stages_single_slots():
+    """1F1B over M microbatches: the first microbatch through every stage and back, then the largest
+    stage's other M - 1 slots. Four equal stages: M + P - 1 slots (the classic bubble); a last stage
+    three times the others (a head and its loss): it waits on their single slots only, not on P - 1
+    slots of its own. Where ranks share a device, that path runs at the unshared speed, never in less
+    than the average stage's work at the shared speed."""
+
+    def profile(shared: float) -> dict:
+        rank = {"block_flops": {"float32": 1e10}, "block_shapes": {"float32": {"1": {"128": 1.0}}},
+                "copy_bytes_per_s": 1e10, "send_recv": {"latency_s": 0.0, "bytes_per_s": 1e30}}  # fmt: skip
+        return {"per_rank": {"1": {**rank, "block_flops": {"float32": 1e10 / shared}}, "4": rank}, "collectives": {}}
+
+    def stage(weights: int) -> StageFacts:
+        return StageFacts(matmul_weights=weights, activation_elements=0, attention_layers=0, dense_bytes=0,
+                          expert_bytes=0, dense_tensors=1, blocks=1)  # fmt: skip
+
+    def step(weights: list[int], shared: float = 1.0) -> dict:
+        facts = {"seq": 128, "batch": 4, "dtype": "float32", "itemsize": 4, "hidden": 1, "attention": (1, 1, False),
+                 "stages": [stage(w) for w in weights]}  # fmt: skip
+        layout = {"dp": 1, "pp": len(weights), "sp": 1, "tp": 1, "ep": 1, "microbatches": 4, "data_parallel": None}
+        return predict(facts, layout, profile(shared), optimizer="none")
+
+    unit = 3 * 4 * 128 * 2 * (1 << 20) / 1e10  # one stage's step of 2**20 weights: 3 x the forward's FLOPs
+    even = step([1 << 20] * 4)
+    assert even["step_s"] == pytest.approx(unit * 7 / 4) and even["bubble_s"] == pytest.approx(unit * 3 / 4)
+    heavy = step([1 << 20] * 3 + [3 << 20])
+    assert heavy["step_s"] == pytest.approx(unit * (6 + 3 * 3) / 4)  # not 3 x 7 / 4 units
+    assert heavy["bubble_s"] == pytest.approx(unit * 3 / 4) and heavy["compute_s"] == pytest.approx(3 * unit)
+    # ranks sharing the device at half their unshared speed (a unit is at the shared speed): the
+    # equal stages' path takes 7/8 of a unit, less than the device busy throughout (the average
+    # stage: 1 unit); the heavy stage's path, 15/8 units, more than the average (6/4 units)
+    assert step([1 << 20] * 4, shared=0.5)["step_s"] == pytest.approx(unit)
+    assert step([1 << 20] * 3 + [3 << 20], shared=0.5)["step_s"] == pytest.approx(unit * 15 / 8)

@@ -11,10 +11,12 @@ rank (the largest pipeline stage):
   ``block_shapes`` to the rank's microbatch (its tokens, its share of the heads and MLP under TP:
   small matmuls run slower); plus the loss's passes over the float32 logits at the profile's copy
   bandwidth;
-* **pipeline bubble**: the largest stage's compute over ``M + P - 1`` microbatch slots instead of
-  ``M`` (1F1B, ``M`` microbatches of one sequence each); where ranks share a device (a CPU's
-  cores) an idle stage's share goes to the others: the slots at the unshared speed, never less
-  than the average stage at the shared speed;
+* **pipeline bubble**: 1F1B over ``M`` microbatches of one sequence each: the first microbatch
+  through every stage and back, then the largest stage's other ``M - 1`` slots (uniform stages:
+  ``M + P - 1`` slots instead of ``M``; a heavy last stage, the head and the loss, waits on the
+  others' single slots only); where ranks share a device (a CPU's cores) an idle stage's share
+  goes to the others: that path at the unshared speed, never less than the average stage at the
+  shared speed;
 * **optimizer step**: each parameter tensor the rank updates (FSDP: its shard) at the profile's
   rate for that tensor's size (:func:`optimizer_seconds`);
 * **communication**, never assumed overlapped: per kind and group, ``count x latency + bytes /
@@ -164,36 +166,54 @@ def predict(facts: dict, layout: dict, profile: dict, *, optimizer: str = "adamw
     whole = batch // dp * seq if sp > 1 else tokens  # after the last block the sequence is whole again
     heads, dim, causal = facts["attention"]
     attn_per_token = 4 * seq * heads * dim * (0.5 if causal else 1.0)
-    parts, optim = [], []
+    shard = dp if layout["data_parallel"] == "fsdp" else 1
+    stages = []  # per stage: its compute, its collectives, its optimizer step
     for s in facts["stages"]:
         body = s.matmul_weights - s.tail_weights
         fwd = tokens * (2 * body + s.attention_layers * attn_per_token) + whole * 2 * s.tail_weights
         loss = LOSS_PASSES * whole * s.logits * 4 / copy_rate  # log-softmax forward and backward, float32
-        parts.append(3 * fwd / rate + loss)
-        shard = dp if layout["data_parallel"] == "fsdp" else 1
-        optim.append(optimizer_seconds(profile, dp * pp * sp * tp, optimizer, s, shard))
-    stage_compute = max(parts)
-    step_compute = stage_compute
-    if pp > 1:  # M + P - 1 slots of the largest stage for M microbatches; where ranks share a device
-        # (a CPU's cores), an idle rank's share goes to the others: the slots at the unshared speed,
-        # and never less than the average stage's work at the shared speed
-        step_compute = max(sum(parts) / len(parts), stage_compute * (m + pp - 1) / m * rate / alone)
-    comm = communication(facts, layout, profile)
+        optim = optimizer_seconds(profile, dp * pp * sp * tp, optimizer, s, shard)
+        stages.append((3 * fwd / rate + loss, communication(facts, layout, profile, s), optim))
+    # within a stage's microbatches: its compute and the tp, sp and ep collectives inside its blocks;
+    # once a step: the optimizer, the data-parallel sync and the boundaries' swaps
+    inner = [c + sum(v for k, v in comm.items() if k in ("tp", "sp", "ep")) for c, comm, _ in stages]
+    outer = [o + comm["dp"] + comm["pp"] for _, comm, o in stages]
+    b = max(range(len(stages)), key=lambda i: inner[i] + outer[i])  # the slowest stage's figures
+    compute, comm, optim = stages[b]
+    own_s = inner[b] + outer[b]
+    step = _pipeline_seconds(inner, outer, m, rate / alone) if pp > 1 else own_s
     return {
-        "step_s": step_compute + max(optim) + sum(comm.values()),
-        "compute_s": min(stage_compute, step_compute),
-        "bubble_s": step_compute - min(stage_compute, step_compute),
-        "optimizer_s": max(optim),
+        "step_s": step,
+        "compute_s": compute - max(own_s - step, 0.0),  # sped up where idle ranks lend their share
+        "bubble_s": max(step - own_s, 0.0),
+        "optimizer_s": optim,
         "communication_s": comm,
+        "stages_s": inner,  # each stage's microbatches: compute and the collectives in its blocks
         "memory_bytes": memory_per_rank(facts, layout, optimizer),
     }
 
 
-def communication(facts: dict, layout: dict, profile: dict) -> dict[str, float]:
-    """Seconds per step of each dim's collectives on the largest stage (never overlapped)."""
+def _pipeline_seconds(inner: list[float], outer: list[float], m: int, shared: float) -> float:
+    """Seconds of a 1F1B step over stages whose microbatches take ``inner`` in all (compute and the
+    collectives inside the blocks, at the shared speed), each then taking ``outer`` once (optimizer,
+    data-parallel sync): the first microbatch through every stage and back (each stage's slot
+    ``inner / m``), then the largest stage's other ``m - 1`` slots, then the longest ``outer``.
+    Uniform stages: ``M + P - 1`` slots for ``M`` microbatches; a heavy last stage (the head, the
+    loss) waits on the others' single slots only. Where ranks share a device (a CPU's cores;
+    ``shared``: the shared over the unshared speed) an idle rank's share goes to the busy ones: the
+    microbatches' path at the unshared speed, never less than the average stage's whole step at the
+    shared speed (the device busy throughout)."""
+    path = (sum(inner) + (m - 1) * max(inner)) / m
+    busy = sum(i + o for i, o in zip(inner, outer, strict=True)) / len(inner)
+    return max(busy, path * shared + max(outer))
+
+
+def communication(facts: dict, layout: dict, profile: dict, big: StageFacts | None = None) -> dict[str, float]:
+    """Seconds per step of each dim's collectives on stage ``big``'s ranks (default: the largest
+    stage; never overlapped)."""
     dp, pp, sp, tp, ep = (layout[k] for k in ("dp", "pp", "sp", "tp", "ep"))
     m, world = layout["microbatches"], dp * pp * sp * tp
-    big = max(facts["stages"], key=lambda s: s.matmul_weights)
+    big = big if big is not None else max(facts["stages"], key=lambda s: s.matmul_weights)
     blocks = max(sum(s.blocks for s in facts["stages"]), 1)
     share = big.blocks / blocks if pp > 1 else 1.0
     tokens = facts["batch"] // dp * facts["seq"] // sp

@@ -112,10 +112,15 @@ def test_sharding_memory_falls_as_the_layout_splits_more():
 
 def test_a_pipeline_bubble_costs_on_dedicated_devices_and_is_reclaimed_where_ranks_share_them():
     model = meta_llama(heads=4, kv=4, layers=4)
-    dedicated = {r["name"]: r for r in search(model, 4, synthetic_profile(), seq=64, batch=4)["ranked"]}
-    shared = {r["name"]: r for r in search(model, 4, synthetic_profile(shared=True), seq=64, batch=4)["ranked"]}
+    kw = {"seq": 64, "batch": 4, "optimizer": "none"}
+    dedicated = {r["name"]: r for r in search(model, 4, synthetic_profile(), **kw)["ranked"]}
+    shared = {r["name"]: r for r in search(model, 4, synthetic_profile(shared=True), **kw)["ranked"]}
     pp = dedicated["pp4 (M=4)"]
-    assert pp["bubble_s"] == pytest.approx(pp["compute_s"] * 3 / 4, rel=1e-9)  # (M + P - 1) / M - 1
+    stages = pp["stages_s"]  # one block each, the last with the head: the heaviest
+    assert len(stages) == 4 and stages[-1] == max(stages) == pytest.approx(pp["compute_s"])  # no collectives in a block
+    # the first microbatch's slot on every other stage (1F1B: (P - 1) slots where the stages are equal)
+    assert pp["bubble_s"] == pytest.approx((sum(stages) - max(stages)) / 4, rel=1e-9)
+    assert pp["step_s"] == pytest.approx(max(stages) + pp["bubble_s"] + pp["communication_s"]["pp"], rel=1e-9)
     assert shared["pp4 (M=4)"]["bubble_s"] < pp["bubble_s"] * 2 * 0.75  # the others run faster meanwhile
 
 
