@@ -208,12 +208,12 @@ def _pipeline_seconds(inner: list[float], outer: list[float], m: int, shared: fl
     return max(busy, path * shared + max(outer))
 
 
-def communication(facts: dict, layout: dict, profile: dict, big: StageFacts | None = None) -> dict[str, float]:
-    """Seconds per step of each dim's collectives on stage ``big``'s ranks (default: the largest
-    stage; never overlapped)."""
+def communication(facts: dict, layout: dict, profile: dict, stage: StageFacts | None = None) -> dict[str, float]:
+    """Seconds per step of each dim's collectives on ``stage``'s ranks (default: the largest stage;
+    never overlapped)."""
     dp, pp, sp, tp, ep = (layout[k] for k in ("dp", "pp", "sp", "tp", "ep"))
     m, world = layout["microbatches"], dp * pp * sp * tp
-    big = big if big is not None else max(facts["stages"], key=lambda s: s.matmul_weights)
+    big = stage if stage is not None else max(facts["stages"], key=lambda s: s.matmul_weights)
     blocks = max(sum(s.blocks for s in facts["stages"]), 1)
     share = big.blocks / blocks if pp > 1 else 1.0
     tokens = facts["batch"] // dp * facts["seq"] // sp

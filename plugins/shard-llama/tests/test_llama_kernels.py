@@ -66,6 +66,16 @@ def _cli(*args: str) -> tuple[subprocess.CompletedProcess, float, int]:
     return proc, seconds, peak
 
 
+def _main(capsys, *args: str) -> tuple[int, str, str]:
+    """The ``shardcore`` command line in this process (where nothing of the process is measured):
+    exit code, stdout, stderr."""
+    from shardcore.cli import main
+
+    code = main(list(args))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
 @pytest.fixture(scope="module")
 def llama_7b(tmp_path_factory):
     path = tmp_path_factory.mktemp("llama-7b")
@@ -93,35 +103,37 @@ def test_explain_7b_at_tp4(llama_7b):
     print(f"explain 7B at TP=4: {seconds:.1f} s, peak RSS {peak / 2**20:.0f} MB")
 
 
-def test_explain_refuses_tp3(llama_7b):
-    """An impossible layout: non-zero exit, optimize's message naming the field and the valid sizes, no traceback."""
-    proc, _, _ = _cli("explain", str(llama_7b), "--tp", "3")
-    assert proc.returncode == 1
-    assert "num_attention_heads=32 is not divisible by tensor_parallel_size=3" in proc.stderr, proc.stderr
-    assert "[1, 2, 4, 8, 16, 32]" in proc.stderr
-    assert "Traceback" not in proc.stderr
-    assert proc.stdout == ""
+def test_explain_refuses_tp3(llama_7b, capsys):
+    """An impossible layout: non-zero exit, optimize's message naming the field and the valid sizes, no
+    traceback (in this process an uncaught exception would fail the test itself)."""
+    code, out, err = _main(capsys, "explain", str(llama_7b), "--tp", "3")
+    assert code == 1
+    assert "num_attention_heads=32 is not divisible by tensor_parallel_size=3" in err, err
+    assert "[1, 2, 4, 8, 16, 32]" in err
+    assert "Traceback" not in err
+    assert out == ""
 
 
-def test_explain_table_and_bad_spec(llama_7b):
-    proc, _, _ = _cli("explain", str(llama_7b), "--tp", "2", "--pp", "2")
-    assert proc.returncode == 0, proc.stderr
-    assert "model.layers.*.self_attn.q_proj" in proc.stdout and "Linear1D_Col" in proc.stdout
-    assert "pipeline stages (per rank)" in proc.stdout
-    assert "Policy.blocks() split evenly as optimize cuts them" in proc.stdout
-    proc, _, _ = _cli("explain", "no_such_module:Model", "--tp", "2")
-    assert proc.returncode == 1 and "cannot import 'no_such_module:Model'" in proc.stderr, proc.stderr
-    assert "Traceback" not in proc.stderr
+def test_explain_table_and_bad_spec(llama_7b, capsys):
+    code, out, err = _main(capsys, "explain", str(llama_7b), "--tp", "2", "--pp", "2")
+    assert code == 0, err
+    assert "model.layers.*.self_attn.q_proj" in out and "Linear1D_Col" in out
+    assert "pipeline stages (per rank)" in out
+    assert "Policy.blocks() split evenly as optimize cuts them" in out
+    code, out, err = _main(capsys, "explain", "no_such_module:Model", "--tp", "2")
+    assert code == 1 and "cannot import 'no_such_module:Model'" in err, err
+    assert "Traceback" not in err
 
 
-def test_explain_ring_against_all_gather_kv(llama_7b):
+def test_explain_ring_against_all_gather_kv(llama_7b, capsys):
     """explain --sp 4 --seq 8192: the ring keeps a block of keys and values per layer, the gathered
     variant the whole sequence's (sp times more); shifts counted per layer."""
     from shardcore.explain import explain
 
-    proc, _, _ = _cli("explain", str(llama_7b), "--tp", "1", "--sp", "4", "--sp-mode", "ring_attn", "--seq", "8192")
-    assert proc.returncode == 0, proc.stderr
-    assert "attention keys/values per rank (ring_attn, 8192 tokens x 1): kept for the backward 16.0 MB" in proc.stdout
+    args = ("explain", str(llama_7b), "--tp", "1", "--sp", "4", "--sp-mode", "ring_attn", "--seq", "8192")
+    code, out, err = _main(capsys, *args)
+    assert code == 0, err
+    assert "attention keys/values per rank (ring_attn, 8192 tokens x 1): kept for the backward 16.0 MB" in out
     kept, sent = {}, {}
     for mode in ("ring_attn", "all_gather_kv"):  # in this process: the same report as the command's --json
         config = ShardConfig(enable_sequence_parallelism=True, sequence_parallelism_mode=mode)
