@@ -208,14 +208,12 @@ def _pipeline_seconds(inner: list[float], outer: list[float], m: int, shared: fl
     return max(busy, path * shared + max(outer))
 
 
-def communication(facts: dict, layout: dict, profile: dict, stage: StageFacts | None = None) -> dict[str, float]:
-    """Seconds per step of each dim's collectives on ``stage``'s ranks (default: the largest stage;
-    never overlapped)."""
+def communication(facts: dict, layout: dict, profile: dict, stage: StageFacts) -> dict[str, float]:
+    """Seconds per step of each dim's collectives on ``stage``'s ranks (never overlapped)."""
     dp, pp, sp, tp, ep = (layout[k] for k in ("dp", "pp", "sp", "tp", "ep"))
     m, world = layout["microbatches"], dp * pp * sp * tp
-    big = stage if stage is not None else max(facts["stages"], key=lambda s: s.matmul_weights)
     blocks = max(sum(s.blocks for s in facts["stages"]), 1)
-    share = big.blocks / blocks if pp > 1 else 1.0
+    share = stage.blocks / blocks if pp > 1 else 1.0
     tokens = facts["batch"] // dp * facts["seq"] // sp
     out = {"tp": 0.0, "sp": 0.0, "dp": 0.0, "pp": 0.0, "ep": 0.0}
     tp_facts = facts.get("tp")
@@ -225,38 +223,38 @@ def communication(facts: dict, layout: dict, profile: dict, stage: StageFacts | 
             out["tp"] += collective_seconds(profile, kind, tp, count * share * m, nbytes, world)
     sp_facts = facts.get("sp")
     if sp > 1 and sp_facts:
-        layers = big.blocks
+        layers = stage.blocks
         for kind, count, nbytes in sp_facts["per_layer"]:
             out["sp"] += collective_seconds(profile, kind, sp, count * layers, nbytes * layers, world)
-        out["sp"] += collective_seconds(profile, "all_reduce", sp, big.dense_tensors, big.dense_bytes, world)
+        out["sp"] += collective_seconds(profile, "all_reduce", sp, stage.dense_tensors, stage.dense_bytes, world)
         hidden_bytes = tokens * facts["hidden"] * facts["itemsize"]
         out["sp"] += 2 * collective_seconds(profile, "all_gather", sp, 1, hidden_bytes, world)
-    out["dp"] = _data_parallel(profile, layout, big)
+    out["dp"] = _data_parallel(profile, layout, stage)
     if pp > 1:
         boundary = tokens // m * facts["hidden"] * facts["itemsize"]
         out["pp"] = collective_seconds(profile, "send_recv", pp, 2 * m, 2 * m * boundary, world)
     if ep > 1 and facts.get("ep"):
         count, per_layer_bytes = facts["ep"]
         out["ep"] = collective_seconds(
-            profile, "all_to_all", ep, count * big.blocks, per_layer_bytes * big.blocks, world
+            profile, "all_to_all", ep, count * stage.blocks, per_layer_bytes * stage.blocks, world
         )
     return out
 
 
-def _data_parallel(profile: dict, layout: dict, big: StageFacts) -> float:
+def _data_parallel(profile: dict, layout: dict, stage: StageFacts) -> float:
     dp, ep = layout["dp"], layout["ep"]
     world = dp * layout["pp"] * layout["sp"] * layout["tp"]
     seconds = 0.0
     if dp > 1 and layout["data_parallel"] == "fsdp":
-        units = big.blocks + 1
-        shard = big.dense_bytes / dp
+        units = stage.blocks + 1
+        shard = stage.dense_bytes / dp
         seconds += 2 * collective_seconds(profile, "all_gather", dp, units, shard, world)
-        seconds += collective_seconds(profile, "reduce_scatter", dp, units, big.dense_bytes, world)
+        seconds += collective_seconds(profile, "reduce_scatter", dp, units, stage.dense_bytes, world)
     elif dp > 1:
-        buckets = max(1, math.ceil(big.dense_bytes / DDP_BUCKET_BYTES))
-        seconds += collective_seconds(profile, "all_reduce", dp, buckets, big.dense_bytes, world)
-    if big.expert_bytes and dp // ep > 1:  # the copies of each expert summed
-        seconds += collective_seconds(profile, "all_reduce", dp // ep, big.blocks, big.expert_bytes, world)
+        buckets = max(1, math.ceil(stage.dense_bytes / DDP_BUCKET_BYTES))
+        seconds += collective_seconds(profile, "all_reduce", dp, buckets, stage.dense_bytes, world)
+    if stage.expert_bytes and dp // ep > 1:  # the copies of each expert summed
+        seconds += collective_seconds(profile, "all_reduce", dp // ep, stage.blocks, stage.expert_bytes, world)
     return seconds
 
 
