@@ -10,6 +10,7 @@ from torch import nn
 
 from shardcore.distributed import prepare_replica_groups
 from shardcore.tensor_parallel import (
+    ColumnParallelEmbedding1D,
     FusedLinear1D_Col,
     Linear1D_Col,
     Linear1D_Row,
@@ -108,6 +109,29 @@ def _layers(tp: int) -> str:
     ref_out.sum().backward()
     torch.testing.assert_close(par.shard_specs["weight"].gather(par.weight.grad, g), emb.weight.grad)
     assert torch.equal(par.shard_specs["weight"].gather(par.weight, g), emb.weight.detach())
+
+    # split by columns (a per-head bias table): this rank's heads' columns, gathered or kept split
+    table = nn.Embedding(32, 8, padding_idx=0)
+    for gather in (True, False):
+        table.zero_grad()
+        split = ColumnParallelEmbedding1D.from_native_module(table, g, num_heads=8, gather_output=gather)
+        spec = split.shard_specs["weight"]
+        assert split.weight.shape == (32, 8 // tp) and spec.dim == 1
+        with count_collectives() as comm:
+            out = split(ids % 32)
+        full_out = out if gather else gather_from_tp(out, g, dim=-1)
+        assert out.shape[-1] == (8 if gather else 8 // tp)
+        assert dict(comm) == ({"all_gather": 1} if gather else {}), dict(comm)
+        ref_out = table(ids % 32)
+        torch.testing.assert_close(full_out, ref_out)
+        w = torch.randn(ref_out.shape, generator=torch.Generator().manual_seed(3))
+        (full_out * w).sum().backward()
+        (ref_out * w).sum().backward()
+        torch.testing.assert_close(spec.gather(split.weight.grad, g), table.weight.grad)
+        assert torch.equal(spec.gather(split.weight, g), table.weight.detach())
+        assert torch.equal(spec.shard(table.weight.detach(), split.tp_rank), split.weight.detach())
+    with pytest.raises(ValueError, match="3 heads cannot be split"):
+        ColumnParallelEmbedding1D.from_native_module(nn.Embedding(4, 3), g, num_heads=3)
 
     head = nn.Linear(16, 101)
     _check_layer(

@@ -1,6 +1,7 @@
 """Parallel layers: each holds a rank's slice of a native module and knows its communication."""
 
 from ..distributed.collectives import count_collectives
+from .column_embedding import ColumnParallelEmbedding1D
 from .conv1d import Conv1D_Col, Conv1D_Row, FusedConv1D_Col
 from .embedding import VocabParallelEmbedding1D, VocabParallelLMHead1D
 from .linear import FusedLinear1D_Col, Linear1D_Col, Linear1D_Row
@@ -14,6 +15,7 @@ from .shard_spec import Segment, ShardSpec
 from .split_norm import SplitRMSNorm
 
 __all__ = [
+    "ColumnParallelEmbedding1D",
     "Conv1D_Col",
     "Conv1D_Row",
     "FusedConv1D_Col",
