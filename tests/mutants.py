@@ -596,6 +596,25 @@ MUTANTS: dict[str, Mutant] = {
             "gradient of model.",
         ),
         _m(
+            "column-embedding-next-rank-heads",
+            "ColumnParallelEmbedding1D: each rank holds the next rank's heads' columns of the table (T5's relative bias)",
+            "shardcore/tensor_parallel/column_embedding.py",
+            (
+                '        self._shard_param("weight", weight, spec)\n',
+                '        self._shard_param("weight", weight.roll(-spec.local_size, dims=1), spec)\n',
+            ),
+            "plugins/shard-t5/tests/test_t5_tp.py::test_matches_unsharded[t5-tp2]",
+            "this rank's tensor is not its slice of the unsharded parameter",
+        ),
+        _m(
+            "t5-shared-embedding-apart",
+            "shard-t5: the shared embedding left a module of its own, which the forward never calls",
+            "plugins/shard-t5/shard_t5/policy.py",
+            ("                self.model.shared = encoder\n", "                pass\n"),
+            "plugins/shard-t5/tests/test_t5_tp.py::test_explain_predicts_a_step",
+            "bytes per step, this rank put",
+        ),
+        _m(
             "explain-row-bytes-of-its-slice",
             "explain: a row-parallel layer's all-reduce counted at its input slice's width, not its output's",
             "shardcore/tensor_parallel/linear.py",
