@@ -1,0 +1,98 @@
+"""Tensor parallel for BLOOM: ``BloomModel``, ``BloomForCausalLM``, ``BloomForSequenceClassification``.
+
+Per block (Megatron's layout, one all-reduce after the attention and one after the MLP):
+
+* ``query_key_value``: BLOOM packs it per head (``[q_h; k_h; v_h]`` for each head ``h``, which is
+  what its ``view(..., heads, 3, head_dim)`` reads), so a column-parallel split by heads of
+  ``3 * head_dim`` rows gives each rank whole heads' queries, keys and values; ``dense`` is row
+  parallel. ``num_heads`` of the attention is set to this rank's heads.
+* ALiBi: the model builds one bias for every head before the blocks (``[batch * heads, 1, keys]``);
+  a forward pre-hook on each attention hands it this rank's heads' rows, so each rank adds its
+  own heads' slopes, exactly the unsharded model's. The model's code is not copied or patched.
+* ``dense_h_to_4h`` column, ``dense_4h_to_h`` row parallel.
+* ``word_embeddings`` vocabulary parallel; the causal LM's ``lm_head`` (tied to it) a
+  vocabulary-parallel head gathering full logits, so the model's own loss and ``generate()`` run.
+
+Replicated: the embedding layer norm, every layer norm, a classifier's ``score``. The attention
+probabilities' dropout draws per rank; the residual dropouts (``dropout_add``) stay on the
+shared stream. Refused: ``pretraining_tp > 1`` with ``slow_but_exact=True`` (it slices ``dense``
+by the full width).
+
+Structural: the classes are read off the model instance, nothing imports transformers.
+"""
+
+from __future__ import annotations
+
+from shardcore import ModulePolicyDescription, Policy
+from shardcore.builders import mlp, vocab_embedding, vocab_head
+from shardcore import SubModuleReplacementDescription as Sub
+from shardcore.tensor_parallel import Linear1D_Col, Linear1D_Row
+
+__all__ = ["BloomPolicy"]
+
+
+def _alibi_of_this_rank(attention, args, kwargs):
+    """Forward pre-hook: ``alibi`` (``[batch * heads, 1, keys]``, head-major in each row) cut to
+    this rank's heads, those ``attention.query_key_value`` holds."""
+    qkv = attention.query_key_value
+    alibi = kwargs["alibi"]
+    heads, local = attention.num_heads * qkv.tp_size, attention.num_heads
+    rows = alibi.view(-1, heads, *alibi.shape[1:])
+    kwargs["alibi"] = rows.narrow(1, qkv.tp_rank * local, local).reshape(-1, *alibi.shape[1:])
+    return args, kwargs
+
+
+def _cut_alibi(block) -> None:
+    block.self_attention.register_forward_pre_hook(_alibi_of_this_rank, with_kwargs=True)
+
+
+class BloomPolicy(Policy):
+    """Every BLOOM head: shards the base model (``model.transformer`` or the model itself)."""
+
+    @property
+    def base(self):
+        return self.model.base_model
+
+    def blocks(self):
+        return self.blocks_in(self.base.h)
+
+    def config_sanity_check(self) -> None:
+        cfg, name = self.model.config, type(self.model).__name__
+        self.require_divisible(cfg.n_head, self.tp_size, "n_head", name)
+        self.require_divisible(4 * cfg.hidden_size, self.tp_size, "4 * hidden_size (the MLP width)", name)
+        if cfg.pretraining_tp > 1 and cfg.slow_but_exact:
+            raise NotImplementedError(
+                f"{name}: slow_but_exact=True with pretraining_tp={cfg.pretraining_tp} slices the attention's and "
+                "the MLP's output projections by the full width, which a rank holding some heads does not have; "
+                "set slow_but_exact=False (the same result up to rounding)"
+            )
+
+    def module_policy(self):
+        cfg, tp = self.model.config, self.tp_size
+        heads = cfg.n_head
+        head_dim = cfg.hidden_size // heads
+        qkv = {"num_heads": heads, "head_dim": 3 * head_dim, "copy_input": True}  # [q_h; k_h; v_h] per head
+        policy = {
+            self.block_type(): ModulePolicyDescription(
+                attribute_replacement={"self_attention.num_heads": heads // tp},
+                param_replacement=[_cut_alibi],
+                sub_module_replacement=[
+                    Sub(suffix="self_attention.query_key_value", target_module=Linear1D_Col, kwargs=qkv),
+                    Sub(
+                        suffix="self_attention.dense",
+                        target_module=Linear1D_Row,
+                        kwargs={"num_heads": heads, "head_dim": head_dim},
+                    ),
+                    *mlp("mlp", ("dense_h_to_4h",), "dense_4h_to_h"),
+                ],
+                per_rank_rng=["self_attention.attention_dropout"],  # the probabilities of this rank's heads
+            ),
+            type(self.base): ModulePolicyDescription(
+                sub_module_replacement=[vocab_embedding("word_embeddings", self.shard_config)]
+            ),
+        }
+        if hasattr(self.model, "lm_head"):
+            policy[type(self.model)] = ModulePolicyDescription(
+                sub_module_replacement=[vocab_head("lm_head", self.shard_config)]
+            )
+        return policy
