@@ -615,6 +615,14 @@ MUTANTS: dict[str, Mutant] = {
             "bytes per step, this rank put",
         ),
         _m(
+            "bloom-alibi-first-heads",
+            "shard-bloom: every rank adds the first heads' ALiBi slopes, not its own heads'",
+            "plugins/shard-bloom/shard_bloom/policy.py",
+            ("rows.narrow(1, qkv.tp_rank * local, local)", "rows.narrow(1, 0, local)"),
+            "plugins/shard-bloom/tests/test_bloom_tp.py::test_matches_unsharded[causal-tp2]",
+            "output 'logits': max abs diff",
+        ),
+        _m(
             "explain-row-bytes-of-its-slice",
             "explain: a row-parallel layer's all-reduce counted at its input slice's width, not its output's",
             "shardcore/tensor_parallel/linear.py",
