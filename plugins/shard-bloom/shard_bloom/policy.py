@@ -24,8 +24,8 @@ Structural: the classes are read off the model instance, nothing imports transfo
 from __future__ import annotations
 
 from shardcore import ModulePolicyDescription, Policy
-from shardcore.builders import mlp, vocab_embedding, vocab_head
 from shardcore import SubModuleReplacementDescription as Sub
+from shardcore.builders import mlp, vocab_embedding, vocab_head
 from shardcore.tensor_parallel import Linear1D_Col, Linear1D_Row
 
 __all__ = ["BloomPolicy"]
