@@ -1,0 +1,137 @@
+"""Tensor parallel for Falcon: ``FalconModel``, ``FalconForCausalLM``, ``FalconForSequenceClassification``.
+
+Falcon packs ``query_key_value`` in one of three layouts, each split so that a rank holds whole
+heads and the model's own ``_split_heads`` reads its slice unchanged:
+
+* multi-query (``multi_query=True``, Falcon-7B): ``[q (all heads); k; v]`` with one key/value
+  head. The queries are split by heads, the one key/value head is replicated on every rank (its
+  weight gradient summed over the group so the copies stay equal).
+* grouped (``new_decoder_architecture=True``, Falcon-40B/180B): per key/value group
+  ``[q of its heads; k; v]``; whole groups are split, ``num_kv_heads`` of them per rank (refused
+  unless the group count divides the ranks).
+* per head (neither): ``[q_h; k_h; v_h]`` for each head; whole heads are split.
+
+``dense`` is row parallel; ``num_heads`` / ``num_kv_heads`` of the attention are set to this
+rank's. The MLP's ``dense_h_to_4h`` is column and ``dense_4h_to_h`` row parallel. Parallel
+attention (``parallel_attn``: attention and MLP read the same normed states, or two norms with
+``num_ln_in_parallel_attn=2``) and the sequential layout both run the model's own decoder layer.
+
+Positions: rotary (the default) needs nothing: cos/sin are per position, each rank rotates its
+heads. ALiBi (``alibi=True``): the model builds the bias, and folds it into a per-head attention
+mask, for every head before the blocks; a forward pre-hook on each attention cuts both to this
+rank's heads, so each rank adds its own heads' slopes.
+
+``word_embeddings`` is vocabulary parallel and the causal LM's ``lm_head`` (tied to it) a
+vocabulary-parallel head gathering full logits, so the model's own loss and ``generate()`` run.
+Replicated: the layer norms, a classifier's ``score``. Attention dropout draws per rank; the
+residual dropouts (``dropout_add`` in the decoder layer) stay on the shared stream.
+Structural: the classes are read off the model instance, nothing imports transformers.
+"""
+
+from __future__ import annotations
+
+from shardcore import ModulePolicyDescription, Policy
+from shardcore import SubModuleReplacementDescription as Sub
+from shardcore.builders import mlp, vocab_embedding, vocab_head
+from shardcore.tensor_parallel import FusedLinear1D_Col, Linear1D_Col, Linear1D_Row
+
+__all__ = ["FalconPolicy"]
+
+
+def _heads_of_this_rank(attention, args, kwargs):
+    """Forward pre-hook under ALiBi: the bias (``[batch * heads, 1, keys]`` or ``[batch, heads, 1,
+    keys]``) and the per-head mask the model folded it into (``[batch, heads, queries, keys]``)
+    cut to the heads ``attention.query_key_value`` holds on this rank."""
+    alibi = kwargs.get("alibi")
+    if alibi is None:  # rotary positions: nothing per head outside the attention
+        return None
+    qkv = attention.query_key_value
+    local = attention.num_heads
+    full, start = local * qkv.tp_size, local * qkv.tp_rank
+    per_head = alibi.reshape(-1, full, *alibi.shape[-2:]).narrow(1, start, local)
+    kwargs["alibi"] = per_head if alibi.dim() == 4 else per_head.reshape(-1, *alibi.shape[-2:])
+    mask = kwargs.get("attention_mask")
+    if mask is not None and mask.dim() == 4 and mask.shape[1] == full:
+        kwargs["attention_mask"] = mask.narrow(1, start, local)
+    return args, kwargs
+
+
+def _cut_alibi(layer) -> None:
+    layer.self_attention.register_forward_pre_hook(_heads_of_this_rank, with_kwargs=True)
+
+
+class FalconPolicy(Policy):
+    """Every Falcon head: shards the base model (``model.transformer`` or the model itself)."""
+
+    @property
+    def base(self):
+        return self.model.base_model
+
+    def blocks(self):
+        return self.blocks_in(self.base.h)
+
+    def _dims(self) -> tuple[int, int, int]:
+        """(query heads, key/value heads of the packed projection, head_dim)."""
+        cfg = self.model.config
+        heads = cfg.num_attention_heads
+        if cfg.new_decoder_architecture:
+            kv = cfg.num_kv_heads
+        else:
+            kv = 1 if cfg.multi_query else heads
+        return heads, kv, cfg.hidden_size // heads
+
+    def config_sanity_check(self) -> None:
+        cfg, name, tp = self.model.config, type(self.model).__name__, self.tp_size
+        heads, kv, _ = self._dims()
+        self.require_divisible(heads, tp, "num_attention_heads", name)
+        self.require_divisible(cfg.ffn_hidden_size, tp, "ffn_hidden_size", name)
+        if cfg.new_decoder_architecture and kv % tp:
+            raise ValueError(
+                f"{name}: new_decoder_architecture packs query_key_value by key/value group, and num_kv_heads={kv} "
+                f"groups cannot be split over tensor_parallel_size={tp}; use a tensor_parallel_size that divides {kv}"
+            )
+
+    def _qkv(self) -> Sub:
+        cfg = self.model.config
+        heads, kv, head_dim = self._dims()
+        suffix = "self_attention.query_key_value"
+        if cfg.new_decoder_architecture:  # per group: [q of heads // kv heads; k; v]
+            width = (heads // kv + 2) * head_dim
+            return Sub(suffix=suffix, target_module=Linear1D_Col, kwargs={"num_heads": kv, "head_dim": width})
+        if cfg.multi_query:  # [q; k; v], one key/value head replicated
+            return Sub(
+                suffix=suffix, target_module=FusedLinear1D_Col, kwargs={"heads": (heads, 1, 1), "head_dim": head_dim}
+            )
+        return Sub(suffix=suffix, target_module=Linear1D_Col, kwargs={"num_heads": heads, "head_dim": 3 * head_dim})
+
+    def module_policy(self):
+        cfg, tp = self.model.config, self.tp_size
+        heads, kv, head_dim = self._dims()
+        per_rank = {"self_attention.num_heads": heads // tp}
+        per_rank["self_attention.num_kv_heads"] = (
+            1 if cfg.multi_query and not cfg.new_decoder_architecture else kv // tp
+        )
+        policy = {
+            self.block_type(): ModulePolicyDescription(
+                attribute_replacement=per_rank,
+                param_replacement=[_cut_alibi] if cfg.alibi else [],
+                sub_module_replacement=[
+                    self._qkv(),
+                    Sub(
+                        suffix="self_attention.dense",
+                        target_module=Linear1D_Row,
+                        kwargs={"num_heads": heads, "head_dim": head_dim},
+                    ),
+                    *mlp("mlp", ("dense_h_to_4h",), "dense_4h_to_h"),
+                ],
+                per_rank_rng=["self_attention"],  # attention dropout drops this rank's heads
+            ),
+            type(self.base): ModulePolicyDescription(
+                sub_module_replacement=[vocab_embedding("word_embeddings", self.shard_config)]
+            ),
+        }
+        if hasattr(self.model, "lm_head"):
+            policy[type(self.model)] = ModulePolicyDescription(
+                sub_module_replacement=[vocab_head("lm_head", self.shard_config)]
+            )
+        return policy
