@@ -623,6 +623,17 @@ MUTANTS: dict[str, Mutant] = {
             "output 'logits': max abs diff",
         ),
         _m(
+            "falcon-alibi-first-heads",
+            "shard-falcon: every rank adds the first heads' ALiBi bias (and per-head mask), not its own heads'",
+            "plugins/shard-falcon/shard_falcon/policy.py",
+            (
+                "    full, start = local * qkv.tp_size, local * qkv.tp_rank\n",
+                "    full, start = local * qkv.tp_size, 0\n",
+            ),
+            "plugins/shard-falcon/tests/test_falcon_tp.py::test_matches_unsharded[alibi-tp2]",
+            "output 'logits': max abs diff",
+        ),
+        _m(
             "explain-row-bytes-of-its-slice",
             "explain: a row-parallel layer's all-reduce counted at its input slice's width, not its output's",
             "shardcore/tensor_parallel/linear.py",
