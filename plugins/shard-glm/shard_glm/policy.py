@@ -1,0 +1,89 @@
+"""Tensor parallel for GLM and GLM-4: ``*Model``, ``*ForCausalLM``, ``*ForSequenceClassification``.
+
+Per decoder layer (one all-reduce after the attention and one after the MLP, forward):
+
+* ``q_proj``, ``k_proj``, ``v_proj`` column parallel by heads (their biases with them), ``o_proj``
+  row parallel. Grouped-query attention: key/value heads split when they are at least the
+  ranks, else each replicated on the ranks whose query heads use it (its gradient summed there);
+  ``num_key_value_groups`` set to this rank's. Partial rotary embeddings act per head: nothing
+  to change.
+* ``gate_up_proj`` packs ``[gate; up]`` (the MLP's ``chunk(2)`` reads the halves): each half is
+  split on its own, so rank ``r`` holds ``[gate_r; up_r]`` and its ``chunk(2)`` gives its own
+  halves; ``down_proj`` is row parallel. (HuggingFace's plan gathers the packed output on every
+  rank instead, ``colwise_gather_output`` + ``rowwise_split_input``: an all-gather per layer.)
+* ``embed_tokens`` vocabulary parallel; the causal LM's ``lm_head`` a vocabulary-parallel head
+  gathering full logits, so the model's own loss and ``generate()`` run.
+
+Replicated: every norm (GLM-4's extra post-attention and post-MLP norms act on the reduced
+outputs), the rotary embedding, a classifier's ``score``. Attention dropout draws per rank.
+Structural: the classes are read off the model instance, nothing imports transformers.
+"""
+
+from __future__ import annotations
+
+from shardcore import ModulePolicyDescription, Policy
+from shardcore import SubModuleReplacementDescription as Sub
+from shardcore.builders import attention, vocab_embedding, vocab_head
+from shardcore.tensor_parallel import FusedLinear1D_Col, Linear1D_Row
+
+__all__ = ["GlmPolicy"]
+
+
+class GlmPolicy(Policy):
+    """Every GLM / GLM-4 head: shards the base model (``model.model`` or the model itself)."""
+
+    @property
+    def base(self):
+        return self.model.base_model
+
+    def blocks(self):
+        return self.blocks_in(self.base.layers)
+
+    def _dims(self) -> tuple[int, int, int]:
+        cfg = self.model.config
+        heads = cfg.num_attention_heads
+        kv = cfg.num_key_value_heads or heads
+        return heads, kv, getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+
+    def config_sanity_check(self) -> None:
+        cfg, tp, name = self.model.config, self.tp_size, type(self.model).__name__
+        heads, kv, _ = self._dims()
+        self.require_divisible(heads, tp, "num_attention_heads", name)
+        self.require_divisible(cfg.intermediate_size, tp, "intermediate_size", name)
+        if kv % tp and tp % kv:
+            raise ValueError(
+                f"{name}: num_key_value_heads={kv} can neither be split over nor replicated on "
+                f"tensor_parallel_size={tp}; use a tensor_parallel_size that divides {kv} or is a multiple of it "
+                f"(and divides num_attention_heads={heads})."
+            )
+
+    def module_policy(self):
+        cfg, tp = self.model.config, self.tp_size
+        heads, kv, head_dim = self._dims()
+        local_kv = kv // tp if kv >= tp else 1
+        width = cfg.intermediate_size
+        policy = {
+            self.block_type(): ModulePolicyDescription(
+                attribute_replacement={"self_attn.num_key_value_groups": (heads // tp) // local_kv},
+                sub_module_replacement=[
+                    *attention("self_attn", heads, head_dim, kv_heads=kv),
+                    # [gate; up]: each half split on its own (two segments of width rows, one row each)
+                    Sub(
+                        suffix="mlp.gate_up_proj",
+                        target_module=FusedLinear1D_Col,
+                        kwargs={"heads": (width, width), "head_dim": 1},
+                    ),
+                    Sub(suffix="mlp.down_proj", target_module=Linear1D_Row),
+                ],
+                enter_tp_region=["self_attn"],  # q, k, v read one tensor: one backward all-reduce
+                per_rank_rng=["self_attn"],  # attention dropout drops this rank's heads
+            ),
+            type(self.base): ModulePolicyDescription(
+                sub_module_replacement=[vocab_embedding("embed_tokens", self.shard_config)]
+            ),
+        }
+        if hasattr(self.model, "lm_head"):
+            policy[type(self.model)] = ModulePolicyDescription(
+                sub_module_replacement=[vocab_head("lm_head", self.shard_config)]
+            )
+        return policy
