@@ -634,6 +634,14 @@ MUTANTS: dict[str, Mutant] = {
             "output 'logits': max abs diff",
         ),
         _m(
+            "glm-gate-up-split-as-one",
+            "shard-glm: the fused [gate; up] split as one block (rank 0 all gate, rank 1 all up), not half by half",
+            "plugins/shard-glm/shard_glm/policy.py",
+            ('kwargs={"heads": (width, width), "head_dim": 1}', 'kwargs={"heads": (2 * width,), "head_dim": 1}'),
+            "plugins/shard-glm/tests/test_glm_tp.py::test_matches_unsharded[glm-tp2]",
+            "output 'logits': max abs diff",
+        ),
+        _m(
             "explain-row-bytes-of-its-slice",
             "explain: a row-parallel layer's all-reduce counted at its input slice's width, not its output's",
             "shardcore/tensor_parallel/linear.py",
