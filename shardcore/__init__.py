@@ -4,6 +4,7 @@
 """
 
 from .checkpoint import CheckpointError, load_checkpoint, load_distributed, save_checkpoint, save_distributed
+from .composite import CompositePolicy
 from .config import AutoLayout, ShardConfig
 from .consistency import InputMismatch
 from .cost.auto import optimize  # the core optimize, ShardConfig(auto=...) resolved first
@@ -27,6 +28,7 @@ __all__ = [
     "CheckpointError",
     "CollectivePeerLost",
     "CollectiveTimeout",
+    "CompositePolicy",
     "InputMismatch",
     "ModulePolicyDescription",
     "NoPolicyError",

@@ -90,11 +90,17 @@ class ModelSharder:
         self.sequence = None  # the sequence split (SequenceParallel) the TP regions' entries follow
 
     def plan(self) -> list[tuple[str, nn.Module, ModulePolicyDescription]]:
-        """Every module a description applies to, checked before anything changes (no collective)."""
+        """Every module a description applies to, checked before anything changes (no collective).
+
+        A composite policy's parts (:class:`~shardcore.composite.CompositePolicy`) are planned by
+        their own policies, each on its sub-module alone; its own descriptions match outside them."""
         descriptions = self.policy.module_policy()
         by_name = {k for k in descriptions if isinstance(k, str)}
+        parts = self.policy.part_policies() if hasattr(self.policy, "part_policies") else {}
         plan = []
         for name, module in self.model.named_modules():
+            if any(name == path or name.startswith(f"{path}.") for path in parts):
+                continue  # the part's own policy plans it
             desc = None
             for cls in type(module).__mro__:
                 desc = descriptions.get(cls) or (
@@ -126,6 +132,9 @@ class ModelSharder:
                         f"submodule '{sub.suffix}' (set ignore_if_not_exist=True if it is optional)"
                     )
             plan.append((name, module, desc))
+        for path, policy in parts.items():
+            inner = ModelSharder(self.model.get_submodule(path), policy, self.process_group)
+            plan += [(f"{path}.{name}" if name else path, module, desc) for name, module, desc in inner.plan()]
         return plan
 
     def shard(self, plan: list[tuple[str, nn.Module, ModulePolicyDescription]] | None = None) -> nn.Module:

@@ -642,6 +642,14 @@ MUTANTS: dict[str, Mutant] = {
             "output 'logits': max abs diff",
         ),
         _m(
+            "composite-glue-reaches-into-parts",
+            "a composite policy's own descriptions also matched inside its parts (a part's blocks replaced twice)",
+            "shardcore/sharder.py",
+            ("                continue  # the part's own policy plans it\n", "                pass\n"),
+            "tests/test_core_composite.py::test_each_part_is_sharded_by_the_policy_the_registry_finds[2]",
+            "expected size 128 along dim 0, got shape (64, 64)",
+        ),
+        _m(
             "explain-row-bytes-of-its-slice",
             "explain: a row-parallel layer's all-reduce counted at its input slice's width, not its output's",
             "shardcore/tensor_parallel/linear.py",

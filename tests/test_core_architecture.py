@@ -22,7 +22,7 @@ TIERS = [
     ["checkpoint"],
     ["integrations"],
     ["plan"],
-    ["sharder", "optimize"],
+    ["sharder", "optimize", "composite"],  # composite: a part's policy found as resolve_policy finds one
     ["inference"],
     ["explain"],
     ["cost"],  # the machine's measured profile (shardcore calibrate), the cost model over explain's counts

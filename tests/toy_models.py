@@ -111,3 +111,25 @@ def toy_batch(vocab: int = 101, batch: int = 2, seq: int = 8, seed: int = 1) -> 
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, vocab, (batch, seq), generator=g)
     return {"ids": ids, "labels": torch.roll(ids, -1, 1)}
+
+
+class ToyPair(nn.Module):
+    """A composite of two :class:`ToyLM` parts (``tower``, ``lm``) and glue of its own: a ``mix``
+    projection of the tower's logits and an ``adapter`` block (a :class:`ToyBlock` outside every part)
+    with its ``out`` projection."""
+
+    def __init__(self, vocab: int = 101, heads: int = 4) -> None:
+        super().__init__()
+        self.tower = ToyLM(vocab=vocab, heads=heads)
+        self.adapter = ToyBlock(64, 4, 128)
+        self.out = nn.Linear(64, vocab)
+        self.mix = nn.Linear(vocab, vocab)
+        self.lm = ToyLM(vocab=vocab, heads=heads)
+
+    def forward(self, ids: torch.Tensor, labels: torch.Tensor | None = None) -> dict:
+        logits = self.lm(ids)["logits"] + self.mix(self.tower(ids)["logits"])
+        logits = logits + self.out(self.adapter(self.lm.embed(ids)))
+        out = {"logits": logits}
+        if labels is not None:
+            out["loss"] = F.cross_entropy(logits.flatten(0, 1), labels.flatten())
+        return out
