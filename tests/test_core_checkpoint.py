@@ -133,6 +133,22 @@ def test_loaded_weights_are_private_and_saving_over_the_source_is_safe(zero_copy
     assert not list((tmp_path / "ckpt").glob("*.tmp"))
 
 
+@pytest.mark.parametrize("zero_copy", [True, False])
+def test_a_zero_dim_parameter_is_saved_and_loaded(zero_copy, tmp_path):
+    """A 0-dim parameter (a learned temperature such as a contrastive model's logit scale) goes
+    through save_checkpoint and load_checkpoint like any tensor."""
+    model = ToyLM()
+    model.scale = torch.nn.Parameter(torch.tensor(2.6592))
+    shardcore.save_checkpoint(model, tmp_path / "ckpt")
+    assert load_file(str(tmp_path / "ckpt" / "model.safetensors"))["scale"].shape == ()
+    with torch.device("meta"):
+        again = ToyLM()
+        again.scale = torch.nn.Parameter(torch.tensor(0.0))
+    shardcore.load_checkpoint(again, tmp_path / "ckpt", zero_copy=zero_copy)
+    assert again.scale.shape == () and again.scale.item() == pytest.approx(2.6592)
+    assert all(torch.equal(a, b) for a, b in zip(again.parameters(), model.parameters(), strict=True))
+
+
 def test_init_empty_touches_nothing_outside_its_block_and_thread():
     """Parameters move to meta inside the block, on its thread only; after it nothing is left
     (no hook, no patched nn.Module)."""

@@ -99,7 +99,7 @@ class SafetensorsFile:
     def _read_into(self, dest: torch.Tensor, offset: int) -> None:
         if not dest.numel():
             return
-        view, done = memoryview(dest.view(torch.uint8).numpy()), 0
+        view, done = memoryview(dest.reshape(-1).view(torch.uint8).numpy()), 0  # reshape: a 0-dim tensor too
         while done < len(view):  # preadv may return short reads
             got = os.preadv(self.fd, [view[done:]], offset + done)
             if got <= 0:
@@ -191,7 +191,8 @@ class StreamingSafetensors:
         self.f.write(struct.pack("<Q", len(raw)) + raw)
 
     def write(self, tensor: torch.Tensor) -> None:
-        self.f.write(tensor.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes())
+        # reshape(-1): a 0-dim tensor (a learned temperature) cannot be viewed as bytes as it is
+        self.f.write(tensor.detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy().tobytes())
 
     def close(self) -> None:
         self.f.close()
