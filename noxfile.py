@@ -132,12 +132,22 @@ def tests(session: nox.Session) -> None:
     _run(session, bin_dir, "pytest", *paths)
 
 
+def _parts(plugin: pathlib.Path) -> list[pathlib.Path]:
+    """The sibling plugins a composite plugin's ``parts`` extra names (shard-llava: shard-clip, shard-llama):
+    installed beside it, as its users install them."""
+    import tomllib
+
+    extras = tomllib.loads((plugin / "pyproject.toml").read_text())["project"].get("optional-dependencies", {})
+    return [ROOT / "plugins" / name for name in extras.get("parts", [])]
+
+
 @nox.session
 @nox.parametrize("plugin", [p.name for p in PLUGINS])
 def isolated(session: nox.Session, plugin: str) -> None:
-    """One plugin installed alone beside the core (no other plugin): its own tests pass."""
+    """One plugin installed alone beside the core (no other plugin but the parts a composite plugin
+    delegates to): its own tests pass."""
     path = ROOT / "plugins" / plugin
-    bin_dir = _install(session, ROOT / ".nox" / f"isolated-{plugin}", [path])
+    bin_dir = _install(session, ROOT / ".nox" / f"isolated-{plugin}", [path, *_parts(path)])
     _run(session, bin_dir, "pytest", str(path / "tests"), *session.posargs)
 
 
