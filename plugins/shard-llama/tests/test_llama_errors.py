@@ -46,12 +46,14 @@ def test_tp_larger_than_world():
 def test_model_without_plugin_names_class_plugins_and_fix():
     import transformers
 
-    config = transformers.BloomConfig(hidden_size=32, n_layer=1, n_head=2, vocab_size=64)
-    model = transformers.BloomForCausalLM(config)  # no plugin covers it, and its config has no tp_plan
+    config = transformers.GPTNeoConfig(
+        hidden_size=32, num_layers=1, num_heads=2, vocab_size=64, attention_types=[[["global"], 1]]
+    )
+    model = transformers.GPTNeoForCausalLM(config)  # no plugin covers it, and its config has no tp_plan
     with pytest.raises(NoPolicyError) as err:
         shardcore.optimize(model)
     msg = str(err.value)
-    assert "transformers.models.bloom.modeling_bloom.BloomForCausalLM" in msg
+    assert "transformers.models.gpt_neo.modeling_gpt_neo.GPTNeoForCausalLM" in msg
     assert "llama (" in msg and "LlamaForCausalLM" in msg
     assert "policy=" in msg
 
