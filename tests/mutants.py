@@ -650,6 +650,14 @@ MUTANTS: dict[str, Mutant] = {
             "expected size 128 along dim 0, got shape (64, 64)",
         ),
         _m(
+            "sam-rel-pos-gradient-partial",
+            "shard-sam: the relative-position tables' gradient left at this rank's heads' share (not summed)",
+            "plugins/shard-sam/shard_sam/policy.py",
+            ("        for name in self.grad_sum_parameters:\n", "        for name in []:\n"),
+            "plugins/shard-sam/tests/test_sam_tp.py::test_matches_unsharded[rel-pos-tp2]",
+            "gradient of vision_encoder.layers.0.attn.rel_pos_h",
+        ),
+        _m(
             "explain-row-bytes-of-its-slice",
             "explain: a row-parallel layer's all-reduce counted at its input slice's width, not its output's",
             "shardcore/tensor_parallel/linear.py",
