@@ -1,0 +1,77 @@
+"""Plugins written against 0.1's import paths keep working, warned: ``shardcore.layers`` (now
+``shardcore.tensor_parallel``) and its modules, one ``DeprecationWarning`` naming the new import."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from toy_models import ToyBlock, ToyLM, toy_batch
+
+from shardcore import ModulePolicyDescription, Policy, ShardConfig, SubModuleReplacementDescription
+from shardcore.testing import assert_sharded_matches, run_on_ranks
+
+
+def test_importing_the_old_package_warns_naming_the_new_import():
+    code = (
+        "import warnings; warnings.simplefilter('error', DeprecationWarning)\n"
+        "try:\n    import shardcore.layers\nexcept DeprecationWarning as w:\n    print(w)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "import from shardcore.tensor_parallel instead" in out and "goes away in 0.3" in out, out
+
+
+def test_every_old_module_is_the_new_code():
+    code = (
+        "import warnings; warnings.simplefilter('ignore', DeprecationWarning)\n"
+        "from shardcore.layers import Linear1D_Col, VocabParallelEmbedding1D\n"
+        "from shardcore.layers.comm import copy_to_tp, enter_tp_region\n"
+        "from shardcore.layers.linear import Linear1D_Row\n"
+        "from shardcore.layers.shard_spec import ShardSpec\n"
+        "import shardcore.tensor_parallel as tp\n"
+        "from shardcore.tensor_parallel import mappings, regions\n"
+        "assert (Linear1D_Col, Linear1D_Row, VocabParallelEmbedding1D, ShardSpec) == "
+        "(tp.Linear1D_Col, tp.Linear1D_Row, tp.VocabParallelEmbedding1D, tp.ShardSpec)\n"
+        "assert copy_to_tp is mappings.copy_to_tp and enter_tp_region is regions.enter_tp_region\n"
+        "print('same')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "same"
+
+
+class OldPathsPolicy(Policy):
+    """A 0.1 plugin's policy, word for word its imports: ``shardcore.layers``."""
+
+    def blocks(self):
+        return self.blocks_in(self.model.blocks)
+
+    def module_policy(self):
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # the first test checks the warning
+            from shardcore.layers import FusedLinear1D_Col, Linear1D_Col, Linear1D_Row
+
+        block = self.model.blocks[0]
+        sub = SubModuleReplacementDescription
+        qkv = {"heads": (block.num_heads,) * 3, "head_dim": block.head_dim}
+        return {
+            ToyBlock: ModulePolicyDescription(
+                attribute_replacement={"num_heads": block.num_heads // self.tp_size},
+                sub_module_replacement=[
+                    sub(suffix="qkv", target_module=FusedLinear1D_Col, kwargs=qkv),
+                    sub(suffix="proj", target_module=Linear1D_Row),
+                    sub(suffix="fc1", target_module=Linear1D_Col),
+                    sub(suffix="fc2", target_module=Linear1D_Row),
+                ],
+            )
+        }
+
+
+def _check(tp: int) -> dict:
+    return assert_sharded_matches(ToyLM, toy_batch(), ShardConfig(tensor_parallel_size=tp), policy=OldPathsPolicy)
+
+
+def test_a_policy_on_the_old_paths_passes_the_kit():
+    for report in run_on_ranks(2, _check, 2):
+        assert report["max_abs_diff_after_steps"] <= 1e-5, report
