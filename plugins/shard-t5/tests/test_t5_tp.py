@@ -119,3 +119,23 @@ def _refused(tp: int, cfg: dict) -> str:
 )
 def test_not_divisible_refused_on_every_rank(cfg, message):
     assert all(message in m for m in run_on_ranks(4, _refused, 4, cfg))
+
+
+def _layout_refused(config: dict) -> str:
+    return refusal_message(build, ShardConfig(**config))
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ({"pipeline_parallel_size": 2}, "T5Policy does not support pipeline parallelism"),
+        (
+            {"tensor_parallel_size": 2, "enable_sequence_parallelism": True},
+            "T5Policy does not support sequence_parallelism_mode",
+        ),
+    ],
+    ids=["pipeline", "sequence"],
+)
+def test_pipeline_and_sequence_parallelism_refused_by_name(config, message):
+    """What the README says is refused: on every rank, before any collective."""
+    assert all(message in m for m in run_on_ranks(2, _layout_refused, config))
