@@ -7,6 +7,7 @@ from clip_cases import batch_for, build
 
 from shardcore import ShardConfig
 from shardcore.testing import (
+    assert_explain_matches,
     assert_save_pretrained_matches,
     assert_sharded_matches,
     hidden_state_loss,
@@ -72,3 +73,18 @@ def _refused(tp: int) -> str:
 
 def test_heads_not_divisible_refused_on_every_rank():
     assert all("num_attention_heads=2 is not divisible" in m for m in run_on_ranks(4, _refused, 4))
+
+
+def _explain(tp: int) -> dict:
+    name = "CLIPVisionModel"  # image inputs: the collectives by kind and rank 0's bytes (no token count to price)
+    return assert_explain_matches(
+        lambda: build(name),
+        batch_for(name),
+        ShardConfig(tensor_parallel_size=tp),
+        loss_fn=hidden_state_loss(*LOSSES[name]),
+    )
+
+
+def test_explain_predicts_a_step():
+    report = run_on_ranks(2, _explain, 2)[0]
+    assert report["collectives_per_step"]["forward"] == {"all_reduce": 4}, report["collectives_per_step"]
