@@ -7,6 +7,7 @@ from sam_cases import batch_for, build
 
 from shardcore import ShardConfig
 from shardcore.testing import (
+    assert_explain_matches,
     assert_save_pretrained_matches,
     assert_sharded_matches,
     hidden_state_loss,
@@ -49,3 +50,14 @@ def _refused(tp: int) -> str:
 
 def test_heads_not_divisible_refused_on_every_rank():
     assert all("vision_config.num_attention_heads=2 is not divisible" in m for m in run_on_ranks(4, _refused, 4))
+
+
+def _explain(tp: int) -> dict:
+    return assert_explain_matches(build, batch_for(), ShardConfig(tensor_parallel_size=tp), loss_fn=LOSS)
+
+
+def test_explain_predicts_a_step():
+    """explain (meta device) predicts a real step's collectives by kind (the summed relative-position
+    gradients among them) and rank 0's bytes."""
+    report = run_on_ranks(2, _explain, 2)[0]
+    assert report["collectives_per_step"]["backward"]["all_reduce"] > 0, report["collectives_per_step"]
