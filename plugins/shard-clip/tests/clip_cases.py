@@ -21,6 +21,7 @@ TEXT = {
     "vocab_size": VOCAB,
     "max_position_embeddings": 16,
     "eos_token_id": VOCAB - 1,  # the pooled output reads the last token (which attends to every other)
+    "bos_token_id": 1,  # CLIP's own, 49406, lies outside the tiny vocabulary
 }
 
 
