@@ -207,16 +207,11 @@ class PlanPolicy(Policy):
         get_head = getattr(self.model, "get_output_embeddings", None)
         defer_logits_gather(self.model, get_head() if callable(get_head) else None)
         if self._grad_sum:
-            from ..distributed.collectives import all_reduce
-            from ..tensor_parallel.parallel_module import ParallelModule
+            from ..tensor_parallel import ParallelModule, sum_gradients_over_group
 
             group = next(m.process_group for m in self.model.modules() if isinstance(m, ParallelModule))
             params = dict(self.model.named_parameters(remove_duplicate=False))
-            for name in self._grad_sum:
-                where = f"backward of {name} (gradient summed over the group)"
-                params[name].register_hook(
-                    lambda g, where=where: all_reduce(g.contiguous().clone(), group, where=where)
-                )
+            sum_gradients_over_group({name: params[name] for name in self._grad_sum}, group)
         return self.model
 
 

@@ -4,6 +4,7 @@ from ..distributed.collectives import count_collectives
 from .column_embedding import ColumnParallelEmbedding1D
 from .conv1d import Conv1D_Col, Conv1D_Row, FusedConv1D_Col
 from .embedding import VocabParallelEmbedding1D, VocabParallelLMHead1D
+from .grad_sum import sum_gradients_over_group, summed_over
 from .linear import FusedLinear1D_Col, Linear1D_Col, Linear1D_Row
 from .loss import vocab_parallel_cross_entropy
 from .mappings import copy_to_tp, gather_from_tp, reduce_from_tp, split_to_tp
@@ -39,5 +40,7 @@ __all__ = [
     "run_in_shared_rng",
     "run_in_tp_rng",
     "split_to_tp",
+    "sum_gradients_over_group",
+    "summed_over",
     "vocab_parallel_cross_entropy",
 ]

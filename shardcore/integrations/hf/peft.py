@@ -33,7 +33,7 @@ import sys
 import torch
 from torch import nn
 
-from ...distributed.collectives import all_reduce
+from ...tensor_parallel.grad_sum import summed_over
 from ...tensor_parallel.linear import Linear1D_Col, Linear1D_Row, sum_replica_rows
 from ...tensor_parallel.mappings import copy_to_tp, reduce_from_tp, split_to_tp
 from ...tensor_parallel.parallel_module import ParallelModule
@@ -106,13 +106,6 @@ def _refuse(layer: nn.Module, base: nn.Module, where: str) -> None:
         raise NotImplementedError(f"LoRA on {where}: DoRA (use_dora=True) is not supported on a sharded layer")
 
 
-def _sum_over(group, where: str):
-    def hook(grad: torch.Tensor) -> torch.Tensor:
-        return all_reduce(grad.contiguous().clone(), group, where=where)
-
-    return hook
-
-
 def _column(a: nn.Linear, b: nn.Linear, base: Linear1D_Col, dropout: nn.Module, where: str) -> None:
     group, spec = base.process_group, base.spec
     with torch.no_grad():
@@ -120,7 +113,7 @@ def _column(a: nn.Linear, b: nn.Linear, base: Linear1D_Col, dropout: nn.Module, 
         if b.bias is not None:
             b.bias.data = spec.shard(b.bias.data, base.tp_rank)
     b.process_group, b.shard_specs = group, {"weight": spec, **({"bias": spec} if b.bias is not None else {})}
-    a.weight.register_hook(_sum_over(group, f"backward of {where}.lora_A (replicated, partial gradients)"))
+    a.weight.register_hook(summed_over(group, f"backward of {where}.lora_A (replicated, partial gradients)"))
     if base._replica_groups is not None:  # replicated KV rows: their gradient summed over the replicas
         groups, at = base._replica_groups, f"backward of {where}.lora_B (replicated KV rows)"
         b.weight.register_hook(lambda g: sum_replica_rows(g, spec, groups, at))
