@@ -196,17 +196,14 @@ class MoePolicy(Policy):
         over_global_batch(self.model, gather)
 
     def postprocess(self):
-        from shardcore.distributed.collectives import all_reduce
-        from shardcore.tensor_parallel import ParallelModule
+        from shardcore.tensor_parallel import ParallelModule, sum_gradients_over_group
 
         if self.tp_size == 1:  # expert parallelism alone: nothing tensor-parallel
             return self.model
         tp_layers = (m for m in self.model.modules() if isinstance(m, ParallelModule) and not isinstance(m, ExpertsEP))
         group = next(m.process_group for m in tp_layers)
         params = dict(self.model.named_parameters())
-        for name in self.grad_sum_parameters:
-            where = f"backward of {name} (gradient summed over the group)"
-            params[name].register_hook(lambda g, where=where: all_reduce(g.contiguous().clone(), group, where=where))
+        sum_gradients_over_group({name: params[name] for name in self.grad_sum_parameters}, group)
         return self.model
 
 
