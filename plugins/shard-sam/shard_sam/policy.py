@@ -89,11 +89,9 @@ class SamPolicy(Policy):
 
     def postprocess(self):
         """Sum the relative-position tables' gradients over the group (each rank's is its heads' share)."""
-        from shardcore.distributed.collectives import all_reduce
+        from shardcore.tensor_parallel import sum_gradients_over_group
 
-        group = self._vision.layers[0].attn.proj.process_group
         params = dict(self.model.named_parameters())
-        for name in self.grad_sum_parameters:
-            where = f"backward of {name} (gradient summed over the group)"
-            params[name].register_hook(lambda g, where=where: all_reduce(g.contiguous().clone(), group, where=where))
+        names = self.grad_sum_parameters
+        sum_gradients_over_group({n: params[n] for n in names}, self._vision.layers[0].attn.proj.process_group)
         return self.model
