@@ -270,7 +270,7 @@ MUTANTS: dict[str, Mutant] = {
             "a column layer's replicated LoRA A keeps its partial gradient (no all-reduce)",
             "shardcore/integrations/hf/peft.py",
             (
-                '    a.weight.register_hook(_sum_over(group, f"backward of {where}.lora_A (replicated, partial gradients)"))\n',
+                '    a.weight.register_hook(summed_over(group, f"backward of {where}.lora_A (replicated, partial gradients)"))\n',
                 "",
             ),
             f"{LLAMA}/test_llama_peft.py::test_lora_matches_unsharded_peft_model[optimize-then-lora-2]",
@@ -653,7 +653,7 @@ MUTANTS: dict[str, Mutant] = {
             "sam-rel-pos-gradient-partial",
             "shard-sam: the relative-position tables' gradient left at this rank's heads' share (not summed)",
             "plugins/shard-sam/shard_sam/policy.py",
-            ("        for name in self.grad_sum_parameters:\n", "        for name in []:\n"),
+            ("        names = self.grad_sum_parameters\n", "        names = []\n"),
             "plugins/shard-sam/tests/test_sam_tp.py::test_matches_unsharded[rel-pos-tp2]",
             "gradient of vision_encoder.layers.0.attn.rel_pos_h",
         ),
