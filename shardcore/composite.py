@@ -72,9 +72,10 @@ class CompositePolicy(Policy):
             made = (self.model, {p: resolve_policy(self.model.get_submodule(p), self.part_policy(p)) for p in paths})
             self.__dict__["_made"] = made
         policies = made[1]
-        for policy in policies.values():
-            policy.set_shard_config(self.shard_config, self.tp_size)
-            policy.layout = self.layout
+        if hasattr(self, "shard_config"):  # set by optimize before anything asks a part more than its class
+            for policy in policies.values():
+                policy.set_shard_config(self.shard_config, self.tp_size)
+                policy.layout = self.layout
         return policies
 
     # -- what the sharder and the rest of shardcore ask ---------------------------------------------
@@ -83,6 +84,7 @@ class CompositePolicy(Policy):
         return self.glue_policy()
 
     def config_sanity_check(self) -> None:
+        """Every part's checks, each error named with its part (a subclass with glue to check calls this too)."""
         for path, policy in self.part_policies().items():
             try:
                 policy.config_sanity_check()
@@ -122,6 +124,11 @@ class CompositePolicy(Policy):
             for path, policy in self.part_policies().items()
             for name, module in policy.fusible_modules()
         ]
+
+    @property
+    def share_tp_copies(self) -> bool:
+        """Whether a part's layers count on one copy per tensor per forward (a plan's part, zero-config)."""
+        return any(policy.share_tp_copies for policy in self.part_policies().values())
 
     @property
     def grad_sum_parameters(self) -> list[str]:
