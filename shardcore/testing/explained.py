@@ -21,11 +21,17 @@ def assert_explain_matches(
     *,
     loss_fn: Callable[[Any], torch.Tensor] | None = None,
     seed: int = 0,
+    price_bytes: bool = True,
 ) -> dict[str, Any]:
     """On every rank of a live group: :func:`shardcore.explain.explain` of ``build_fn()`` built on
     the meta device must predict the collectives a steady-state forward + backward issues (counted,
     by kind: the second step, as the first also checks the inputs unless ``check_inputs="always"``,
-    which explain then counts) and rank 0's parameter bytes. Returns the report."""
+    which explain then counts) and rank 0's parameter bytes. Returns the report.
+
+    explain prices each block's collectives at the input ids' length; ``price_bytes=False`` leaves
+    out the bytes per step (still checking the collectives by kind and the held bytes) for a model
+    whose blocks run on other lengths than its ids (a vision tower's patches beside a language
+    model's tokens)."""
     import shardcore
     from shardcore.distributed.collectives import count_collective_bytes, count_collectives, group_rank
     from shardcore.explain import explain
@@ -33,7 +39,8 @@ def assert_explain_matches(
     with shardcore.init_empty():
         meta = build_fn()
     ids = inputs.get("input_ids")
-    shape = {"seq": ids.shape[-1], "batch": ids.numel() // ids.shape[-1]} if isinstance(ids, torch.Tensor) else {}
+    priced = price_bytes and isinstance(ids, torch.Tensor)
+    shape = {"seq": ids.shape[-1], "batch": ids.numel() // ids.shape[-1]} if priced else {}
     report = explain(
         meta,
         config.tensor_parallel_size,
