@@ -8,6 +8,7 @@ from llava_cases import batch_for, build
 
 from shardcore import ShardConfig
 from shardcore.testing import (
+    assert_explain_matches,
     assert_generate_matches,
     assert_save_pretrained_matches,
     assert_sharded_matches,
@@ -93,3 +94,15 @@ def _pipeline_refused() -> str:
 def test_pipeline_refused_by_name():
     """A composite declares no pipeline stages: refused on every rank, naming the policy."""
     assert all("LlavaPolicy does not support pipeline parallelism" in m for m in run_on_ranks(2, _pipeline_refused))
+
+
+def _explain(tp: int) -> dict:
+    # the vision tower runs on patches, the Llama on tokens: explain's bytes (priced at the ids' length) left out
+    return assert_explain_matches(build, batch_for(), ShardConfig(tensor_parallel_size=tp), price_bytes=False)
+
+
+def test_explain_predicts_a_step():
+    """explain (meta device) predicts a real step's collectives by kind, each part's, and rank 0's bytes."""
+    report = run_on_ranks(2, _explain, 2)[0]
+    layers = report["collectives_per_layer"]
+    assert layers["CLIPEncoderLayer"]["forward"] == layers["LlamaDecoderLayer"]["forward"] == {"all_reduce": 2}, layers
