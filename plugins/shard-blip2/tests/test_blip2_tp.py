@@ -9,6 +9,7 @@ from blip2_cases import batch_for, build
 
 from shardcore import ShardConfig
 from shardcore.testing import (
+    assert_explain_matches,
     assert_generate_matches,
     assert_save_pretrained_matches,
     assert_sharded_matches,
@@ -83,3 +84,16 @@ def test_a_part_s_refusal_names_the_part_on_every_rank():
     for message in run_on_ranks(4, _refused, 4):
         assert "Blip2ForConditionalGeneration.language_model (OPTPolicy)" in message, message
         assert "num_attention_heads=2 is not divisible" in message, message
+
+
+def _explain(tp: int) -> dict:
+    # the vision encoder runs on patches, the Q-Former on its queries: explain's bytes (priced at the ids' length) left out
+    return assert_explain_matches(build, batch_for(), ShardConfig(tensor_parallel_size=tp), price_bytes=False)
+
+
+def test_explain_predicts_a_step():
+    """explain (meta device) predicts a real step's collectives by kind, each part's, and rank 0's bytes."""
+    report = run_on_ranks(2, _explain, 2)[0]
+    layers = report["collectives_per_layer"]
+    assert layers["Blip2EncoderLayer"]["forward"] == {"all_reduce": 1}, layers  # its MLP: the attention is whole
+    assert layers["OPTDecoderLayer"]["forward"] == {"all_reduce": 2}, layers
