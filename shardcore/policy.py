@@ -239,3 +239,15 @@ class Policy(SequenceHooks, PipelineHooks, DataParallelHooks, ExpertParallelHook
                 f"{model}: {field}={value} is not divisible by tensor_parallel_size={tp_size}; "
                 f"use a tensor_parallel_size among {divisors}."
             )
+
+    @staticmethod
+    def require_kv_heads(kv_heads: int, heads: int, tp_size: int, model: str) -> None:
+        """Raise ``ValueError`` unless ``kv_heads`` key/value heads can be split over ``tp_size`` ranks
+        (it divides them) or replicated on them (a multiple of them: each head on ``tp_size // kv_heads``
+        ranks, as :meth:`ShardSpec.heads <shardcore.tensor_parallel.ShardSpec.heads>` lays them out)."""
+        if kv_heads % tp_size and tp_size % kv_heads:
+            raise ValueError(
+                f"{model}: num_key_value_heads={kv_heads} can neither be split over nor replicated on "
+                f"tensor_parallel_size={tp_size}; use a tensor_parallel_size that divides {kv_heads} or is a "
+                f"multiple of it (and divides num_attention_heads={heads})."
+            )
