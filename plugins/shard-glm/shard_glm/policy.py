@@ -50,12 +50,7 @@ class GlmPolicy(Policy):
         heads, kv, _ = self._dims()
         self.require_divisible(heads, tp, "num_attention_heads", name)
         self.require_divisible(cfg.intermediate_size, tp, "intermediate_size", name)
-        if kv % tp and tp % kv:
-            raise ValueError(
-                f"{name}: num_key_value_heads={kv} can neither be split over nor replicated on "
-                f"tensor_parallel_size={tp}; use a tensor_parallel_size that divides {kv} or is a multiple of it "
-                f"(and divides num_attention_heads={heads})."
-            )
+        self.require_kv_heads(kv, heads, tp, name)
 
     def module_policy(self):
         cfg, tp = self.model.config, self.tp_size
