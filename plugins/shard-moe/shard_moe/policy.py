@@ -76,11 +76,7 @@ class MoePolicy(Policy):
         name = type(self.model).__name__
         heads, kv, _ = self._dims()
         self.require_divisible(heads, tp, "num_attention_heads", name)
-        if kv % tp and tp % kv:
-            raise ValueError(
-                f"{name}: num_key_value_heads={kv} can neither be split over nor replicated on "
-                f"tensor_parallel_size={tp}; use a tensor_parallel_size that divides {kv} or is a multiple of it"
-            )
+        self.require_kv_heads(kv, heads, tp, name)
         layouts = {type(m).__name__ for n, m in self.model.named_modules() if n.endswith(".experts")}
         unfused = [
             m for n, m in self.model.named_modules() if n.endswith(".experts") and not hasattr(m, "gate_up_proj")
