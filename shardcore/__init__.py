@@ -15,11 +15,13 @@ from .hookspecs import hookimpl
 from .inference import ParallelModel, parallelize
 from .meta import init_empty
 from .pipeline import pipeline_step
+from .plan.syntax import PlanError
 from .plugins import NoPolicyError
 from .policy import ModulePolicyDescription, Policy, SubModuleReplacementDescription
 from .sharded_state import full_named_tensors
 from .sharder import resolve_policy
 from .tensor_parallel.parallel_module import ParallelModule
+from .verify import ShardingCheckError
 
 __version__ = "0.1.0"
 
@@ -35,8 +37,10 @@ __all__ = [
     "ParallelLayout",
     "ParallelModel",
     "ParallelModule",
+    "PlanError",
     "Policy",
     "ShardConfig",
+    "ShardingCheckError",
     "SubModuleReplacementDescription",
     "__version__",
     "clip_grad_norm_",

@@ -113,7 +113,8 @@ def test_plugins_win_over_the_fallback():
 
 
 def test_unsupported_tp_style_is_named():
-    """A shipped plan with a style the fallback cannot translate: an error naming it and the way out."""
+    """A shipped plan with a style zero-config does not translate (one transformers may add later,
+    or sequence_parallel): an error naming it, the styles it does translate, and the way out."""
     import transformers
 
     from shardcore.plan import PlanError, hf_tp_plan
@@ -126,10 +127,10 @@ def test_unsupported_tp_style_is_named():
         num_attention_heads=2,
         num_key_value_heads=2,
     )
-    with pytest.raises(
-        PlanError, match="'colwise_gather_output', which shardcore's zero-config fallback does not translate"
-    ):
-        hf_tp_plan(transformers.Olmo2ForCausalLM(config))
+    model = transformers.Olmo2ForCausalLM(config)
+    model.config.base_model_tp_plan = {**config.base_model_tp_plan, "norm": "sequence_parallel"}
+    with pytest.raises(PlanError, match="'sequence_parallel', which shardcore's zero-config does not translate"):
+        hf_tp_plan(model)
 
 
 def _from_yaml(tp: int, path: str) -> dict:

@@ -12,8 +12,9 @@ from torch import nn
 
 from ..policy import ModulePolicyDescription, Policy
 from ..policy import SubModuleReplacementDescription as Sub
-from ..tensor_parallel import Linear1D_Col
+from ..tensor_parallel import InPlace, Linear1D_Col
 from .layers import Layers
+from .styles import module_layer, param_split
 from .syntax import _HEAD_ATTRS, _INDEX, GRAD_SUM, PlanError, _Plan, _regex, load_plan
 
 
@@ -32,6 +33,7 @@ class PlanPolicy(Policy):
         modules = dict(self.model.named_modules())
         out: dict[str, tuple[str, list | None]] = {}
         self._activations: list[tuple[str, str, int | None, list | None]] = []
+        self._styles: dict[str, tuple[str, str]] = {}  # {module path: (key, style)}
         for key, spec in self.plan.specs.items():
             regex = _regex(key)
             hits = [n for n in params if regex.match(n)]
@@ -47,6 +49,14 @@ class PlanPolicy(Policy):
             m = _INDEX.match(key)
             mod_regex = _regex(m.group("name"))
             mod_hits = [n for n in modules if n and mod_regex.match(n)]
+            if mod_hits and isinstance(spec, str) and m.group("i") is None:  # a style for the module
+                for path in mod_hits:
+                    if spec == GRAD_SUM:
+                        for pname, _ in modules[path].named_parameters(recurse=False):
+                            out[f"{path}.{pname}"] = (key, GRAD_SUM)
+                    else:
+                        self._styles[path] = (key, spec)
+                continue
             if mod_hits:
                 index = int(m.group("i")) if m.group("i") is not None else None
                 self._activations += [(key, n, index, spec) for n in mod_hits]
@@ -63,13 +73,22 @@ class PlanPolicy(Policy):
         """``{module path: (parallel layer class, kwargs, key)}``, every split checked against the model."""
         resolved = self._resolve()
         modules = dict(self.model.named_modules())
+        params = dict(self.model.named_parameters(remove_duplicate=False))
         head = self.model.get_output_embeddings() if hasattr(self.model, "get_output_embeddings") else None
         embeddings = {id(m.weight) for m in modules.values() if isinstance(m, nn.Embedding)}
         self._check_ties(resolved)
         self._grad_sum = [n for n, (_, spec) in resolved.items() if spec == GRAD_SUM]
         by_module: dict[str, dict[str, tuple[str, list | None]]] = {}
+        in_place: dict[str, dict] = {}  # {module path: InPlace kwargs}: bare parameters cut, hooks
         for pname, (key, spec) in resolved.items():
             mod_path, _, attr = pname.rpartition(".")
+            spec = self._as_spec(key, pname, modules[mod_path], spec)
+            if isinstance(spec, str):  # a style for a bare parameter (fused experts, a per-head vector)
+                split = param_split(self.plan.where(key), pname, params[pname], spec)
+                if split is not None:
+                    entry = in_place.setdefault(mod_path, {"where": mod_path, "params": {}, "_key": key})
+                    entry["params"][attr] = split
+                continue
             by_module.setdefault(mod_path, {})[attr] = (key, None if spec == GRAD_SUM else spec)
         layers = Layers(self.plan, self.tp_size, type(self.model).__name__, self._vocab_pad())
         plans: dict[str, tuple[type, dict, str]] = {}
@@ -80,7 +99,53 @@ class PlanPolicy(Policy):
             layer = layers.layer(mod_path, module, entries, parent, is_head)
             if layer is not None:
                 plans[mod_path] = layer
+        for path, (key, style) in self._styles.items():
+            if path in plans:
+                raise PlanError(
+                    f"{self.plan.where(key)}: {path} has the style {style!r} and its parameters a spec "
+                    f"({plans[path][2]!r}); give it one or the other"
+                )
+            layer = module_layer(
+                self.plan.where(key), path, modules[path], style, self._vocab_pad(), self._config_of(path)
+            )
+            if layer is None:
+                continue
+            cls, kwargs = layer
+            if cls is InPlace:
+                entry = in_place.setdefault(path, {"where": path, "params": {}, "_key": key})
+                entry.update(kwargs)
+            else:
+                plans[path] = (cls, kwargs, key)
+        for path, entry in in_place.items():
+            key = entry.pop("_key")
+            plans[path] = (InPlace, entry, key)
         return plans
+
+    def _as_spec(self, key: str, pname: str, owner: nn.Module, spec):
+        """A colwise/rowwise style on a plain linear layer's (or embedding's) parameter, as a spec."""
+        plain = isinstance(owner, nn.Linear | nn.Embedding) and pname.rpartition(".")[2] in ("weight", "bias")
+        if not (isinstance(spec, str) and plain) or spec == GRAD_SUM:
+            return spec
+        if spec in ("colwise", "rowwise"):
+            column = spec == "colwise"
+            if pname.endswith(".bias"):
+                return ["tp"] if column else [None]
+            return ["tp", None] if column else [None, "tp"]
+        if spec in ("replicate", "local_params"):
+            return None
+        raise PlanError(
+            f"{self.plan.where(key)}: {pname}: the style {spec!r} applies to the module "
+            f"{pname.rpartition('.')[0]}, not to its parameter; give the module the style"
+        )
+
+    def _config_of(self, path: str):
+        """The config of the closest module holding ``path`` that has one (a composite's sub-model)."""
+        modules = dict(self.model.named_modules())
+        while True:
+            config = getattr(modules.get(path), "config", None)
+            if config is not None or not path:
+                return config if config is not None else getattr(self.model, "config", None)
+            path = path.rpartition(".")[0]
 
     def _check_ties(self, resolved: dict[str, tuple[str, list | None]]) -> None:
         """Tied parameters (an LM head sharing the embedding) must be split alike."""
@@ -102,12 +167,14 @@ class PlanPolicy(Policy):
 
     def _check_activations(self, plans: dict[str, tuple[type, dict, str]]) -> None:
         for key, path, index, spec in self._activations:
-            layer = plans.get(path, (None,))[0]
-            split_last = layer is Linear1D_Col  # a column layer's output stays split over tp
+            layer, kwargs = plans.get(path, (None, {}))[:2]
+            split_last = layer is Linear1D_Col and not kwargs.get("gather_output")  # stays split over tp
             if spec is None:
                 continue
-            if spec == GRAD_SUM:
-                raise PlanError(f"{self.plan.where(key)}: {key!r}: {GRAD_SUM} is a parameter spec; {path} is a module")
+            if isinstance(spec, str):
+                raise PlanError(
+                    f"{self.plan.where(key)}: {key!r}: a style names a module, not one element of its output"
+                )
             expected = "split over tp on its last dimension" if split_last else "replicated (all null)"
             given_split = [i for i, a in enumerate(spec) if a is not None]
             ok = (given_split == [len(spec) - 1]) if split_last else not given_split

@@ -1,58 +1,121 @@
-"""Zero-config: the tensor-parallel plan a HuggingFace model ships, as a PlanPolicy."""
+"""Zero-config: the tensor-parallel plans a HuggingFace model ships, as a PlanPolicy.
+
+A model's config may ship a plan (``base_model_tp_plan``), and so may each of its sub-configs
+(``text_config``, ``vision_config``, ... of a vision-language model): each plan shards the
+sub-model built from that config, the rest stays whole. Every style transformers ships is
+translated with transformers' meaning (:mod:`shardcore.plan.styles`); a style it adds later is
+refused by name.
+"""
 
 from __future__ import annotations
 
 from torch import nn
 
 from .policy import PlanPolicy
-from .syntax import GRAD_SUM, PlanError, _Plan, _regex
+from .syntax import GRAD_SUM, STYLES, PlanError, _Plan, _regex
 
-_STYLES = {"colwise": ["tp", None], "rowwise": [None, "tp"]}
+_PLAIN = (nn.Embedding.forward, nn.Linear.forward)
+
+
+def shipped_plans(model: nn.Module) -> list[tuple[str, dict[str, str], str]]:
+    """``(prefix, plan, source)`` for each plan the model's config and sub-configs ship: ``prefix``
+    is the path of the sub-model the plan's patterns are relative to (its base model)."""
+    config = getattr(model, "config", None)
+    if config is None:
+        return []
+    named = [*model.named_modules(), *model.named_parameters()]
+    paths = {id(m): n for n, m in model.named_modules()}
+    found = []
+    name = type(model).__name__
+
+    def add(holder: nn.Module, plan, source: str) -> None:
+        # the patterns are relative to the base model built from the same config: the holder's
+        # base_model, or the outermost module under it with that config where the patterns match
+        base = getattr(holder, "base_model", holder)
+        candidates = [base, *(m for m in holder.modules() if getattr(m, "config", None) is holder.config)]
+        for module in candidates:
+            prefix = paths.get(id(module), "")
+            prefix = f"{prefix}." if prefix else ""
+            if any(_regex(f"{prefix}{p}").match(n) for p in plan for n, _ in named):
+                break
+        else:
+            prefix = paths.get(id(base), "")
+            prefix = f"{prefix}." if prefix else ""
+        found.append((prefix, dict(plan), source))
+
+    if getattr(config, "base_model_tp_plan", None):
+        add(model, config.base_model_tp_plan, f"{name}.config.base_model_tp_plan")
+    for key in getattr(config, "sub_configs", None) or {}:
+        sub = getattr(config, key, None)
+        plan = getattr(sub, "base_model_tp_plan", None)
+        if not plan:
+            continue
+        holders = [(n, m) for n, m in model.named_modules() if n and getattr(m, "config", None) is sub]
+        if holders:  # the outermost module built from this sub-config
+            add(min(holders, key=lambda h: h[0].count("."))[1], plan, f"{name}.config.{key}.base_model_tp_plan")
+    return found
 
 
 def hf_tp_plan(model: nn.Module) -> dict[str, list | str | None] | None:
-    """The plan a HuggingFace model's ``config.base_model_tp_plan`` describes, in shardcore's syntax
-    (each parameter of a ``replicated_with_grad_allreduce`` module gets that spec); ``None`` if the
-    model ships no plan. The embedding and the LM head are split over the vocabulary too
-    (transformers keeps them replicated) when they are plain ``nn.Embedding`` / ``nn.Linear``."""
-    config = getattr(model, "config", None)
-    base_plan = getattr(config, "base_model_tp_plan", None)
-    if not base_plan:
+    """The plans a HuggingFace model ships (its config's and its sub-configs'), in shardcore's syntax;
+    ``None`` if it ships none. ``colwise`` / ``rowwise`` on plain linear layers become specs of
+    their weights, each parameter of a ``replicated_with_grad_allreduce`` module gets that spec, the
+    other styles stay as they are (:mod:`shardcore.plan.styles`). The embedding and the LM head are
+    split over the vocabulary too (transformers keeps them replicated) when they are plain
+    ``nn.Embedding`` / ``nn.Linear`` and no plan names them."""
+    plans = shipped_plans(model)
+    if not plans:
         return None
-    base = getattr(model, "base_model", model)
-    paths = {id(m): n for n, m in model.named_modules()}
-    prefix = paths.get(id(base), "")
-    prefix = f"{prefix}." if prefix else ""
+    modules = dict(model.named_modules())
+    params = dict(model.named_parameters(remove_duplicate=False))
     specs: dict[str, list | str | None] = {}
-    for pattern, style in base_plan.items():
-        if style in _STYLES:
-            specs[f"{prefix}{pattern}.weight"] = list(_STYLES[style])
-        elif style == GRAD_SUM:
-            regex = _regex(f"{prefix}{pattern}")
-            module = next((m for n, m in model.named_modules() if regex.match(n)), None)
-            for pname, _ in module.named_parameters(recurse=False) if module is not None else ():
-                specs[f"{prefix}{pattern}.{pname}"] = GRAD_SUM
-        else:
-            raise PlanError(
-                f"{type(model).__name__}: base_model_tp_plan gives {pattern!r} the style {style!r}, which shardcore's "
-                f"zero-config fallback does not translate (colwise, rowwise and {GRAD_SUM} are); "
-                "write a plan (shardcore plan MODEL writes one to start from) or a plugin"
-            )
-    embed = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    ends = [m for m in (embed, head) if m is not None]
-    tied = head is not None and embed is not None and head.weight is embed.weight
-    plain = all(type(m).forward in (nn.Embedding.forward, nn.Linear.forward) for m in ends)
-    if plain or not tied:  # a tied pair is split together or not at all
-        for m in ends:
-            if type(m).forward in (nn.Embedding.forward, nn.Linear.forward) and id(m) in paths:
-                specs[f"{paths[id(m)]}.weight"] = ["tp", None]
+    for prefix, plan, source in plans:
+        for pattern, style in plan.items():
+            key = f"{prefix}{pattern}"
+            if style not in STYLES:
+                raise PlanError(
+                    f"{type(model).__name__}: {source} gives {pattern!r} the style {style!r}, which shardcore's "
+                    f"zero-config does not translate (it translates {', '.join(STYLES)}); "
+                    "write a plan (shardcore plan MODEL writes one to start from) or a plugin"
+                )
+            regex = _regex(key)
+            hits = [m for n, m in modules.items() if regex.match(n)]
+            if not hits and not any(regex.match(n) for n in params):
+                continue  # a shipped plan covers the family's variants (dense layers, say): not this one's
+            if style in ("colwise", "rowwise") and hits and all(type(m).forward is nn.Linear.forward for m in hits):
+                specs[f"{key}.weight"] = ["tp", None] if style == "colwise" else [None, "tp"]
+            elif style == GRAD_SUM and hits:
+                for pname, _ in hits[0].named_parameters(recurse=False):
+                    specs[f"{key}.{pname}"] = GRAD_SUM
+            else:
+                specs[key] = style
+    _split_ends(model, specs)
     return specs
 
 
+def _split_ends(model: nn.Module, specs: dict) -> None:
+    """The vocabulary-parallel embedding and LM head, unless a plan names them."""
+    paths = {id(m): n for n, m in model.named_modules()}
+    embed = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    ends = [m for m in (embed, head) if m is not None and id(m) in paths]
+    regexes = [_regex(k) for k in specs]
+    named = [m for m in ends if any(r.match(paths[id(m)]) or r.match(f"{paths[id(m)]}.weight") for r in regexes)]
+    tied = head is not None and embed is not None and head.weight is embed.weight
+    if named and tied:
+        return  # the plan says what to do with the pair
+    ends = [m for m in ends if m not in named]
+    plain = all(type(m).forward in _PLAIN for m in ends)
+    if plain or not tied:  # a tied pair is split together or not at all
+        for m in ends:
+            if type(m).forward in _PLAIN:
+                specs[f"{paths[id(m)]}.weight"] = ["tp", None]
+
+
 def zero_config_policy(model: nn.Module) -> PlanPolicy | None:
-    """The fallback policy for a model no plugin covers: its HuggingFace TP plan, if it ships one."""
+    """The fallback policy for a model no plugin covers: the HuggingFace TP plans it ships, if any."""
     specs = hf_tp_plan(model)
     if specs is None:
         return None
-    return PlanPolicy(_Plan(specs, {}, f"{type(model).__name__}.config.base_model_tp_plan"))
+    sources = " + ".join(source for _, _, source in shipped_plans(model))
+    return PlanPolicy(_Plan(specs, {}, sources))

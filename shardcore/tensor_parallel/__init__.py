@@ -5,6 +5,7 @@ from .column_embedding import ColumnParallelEmbedding1D
 from .conv1d import Conv1D_Col, Conv1D_Row, FusedConv1D_Col
 from .embedding import VocabParallelEmbedding1D, VocabParallelLMHead1D
 from .grad_sum import sum_gradients_over_group, summed_over
+from .in_place import InPlace
 from .linear import FusedLinear1D_Col, Linear1D_Col, Linear1D_Row
 from .loss import vocab_parallel_cross_entropy
 from .mappings import copy_to_tp, gather_from_tp, reduce_from_tp, split_to_tp
@@ -23,6 +24,7 @@ __all__ = [
     "FusedLayerNorm",
     "FusedLinear1D_Col",
     "FusedRMSNorm",
+    "InPlace",
     "Linear1D_Col",
     "Linear1D_Row",
     "ParallelModule",

@@ -29,7 +29,7 @@ from ..distributed.groups import replica_group
 from .mappings import gather_from_tp, split_to_tp
 from .parallel_module import ParallelModule
 from .regions import enter_region, linear_leave_region
-from .shard_spec import ShardSpec
+from .shard_spec import Segment, ShardSpec
 
 __all__ = ["FusedLinear1D_Col", "Linear1D_Col", "Linear1D_Row", "sum_replica_rows"]
 
@@ -120,21 +120,31 @@ class Linear1D_Col(FromLinear, ParallelModule, nn.Linear):
         num_heads: int | None = None,
         head_dim: int | None = None,
         copy_input: bool = True,
+        packed: int = 1,
     ) -> Linear1D_Col:
-        """Split ``module``'s outputs evenly, or head-wise when ``num_heads`` is given.
+        """Split ``module``'s outputs evenly, or head-wise when ``num_heads`` is given, or each of
+        ``packed`` equal parts on its own (a fused ``[gate; up]``: rank ``r`` holds ``[gate_r; up_r]``).
 
         With ``num_heads`` smaller than the group (key/value heads of grouped-query attention),
         heads are replicated; the group size must then be a multiple of ``num_heads``.
         """
         weight, bias, _, out_features = cls._native(module)
         tp = group_size(process_group)
-        if num_heads is None:
+        if packed > 1:
+            part = out_features // packed
+            if out_features % packed or part % tp:
+                raise ValueError(
+                    f"out_features={out_features} of {module} in {packed} packed parts cannot be split over "
+                    f"tensor_parallel_size={tp}; use a tensor_parallel_size that divides {part}"
+                )
+            spec = ShardSpec(dim=0, tp_size=tp, segments=(Segment(part, tp, part),) * packed)
+        elif num_heads is None:
             spec = ShardSpec.even(out_features, tp, what=f"out_features of {module}")
         else:
             head_dim = head_dim or out_features // num_heads
             spec = ShardSpec.heads((num_heads,), head_dim, tp)
-        if gather_output and spec.is_replicated:
-            raise ValueError("gather_output=True is not supported for replicated heads")
+        if gather_output and (spec.is_replicated or packed > 1):
+            raise ValueError("gather_output=True is not supported for replicated heads or packed parts")
         return cls(weight, bias, spec, process_group, gather_output=gather_output, copy_input=copy_input)
 
     def _weights(self):
