@@ -1,5 +1,5 @@
-"""The family sweep: every causal-LM, masked-LM, seq2seq and image-classification family of the
-installed transformers, sharded at TP=2 with no policy passed (a plugin's, else the plans its
+"""The family sweep: every causal-LM, masked-LM, seq2seq, image-classification and vision-language
+(run on text alone) family of the installed transformers, sharded at TP=2 with no policy passed (a plugin's, else the plans its
 config ships: zero-config), on a tiny random config, against the unsharded model.
 
     python benchmarks/families.py [--only TYPE ...] [--task causal-lm ...] [--out PATH]
@@ -34,6 +34,7 @@ TASKS = {
     "masked-lm": "MODEL_FOR_MASKED_LM_MAPPING_NAMES",
     "seq2seq": "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES",
     "image-classification": "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES",
+    "vision-language": "MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES",  # run on text alone: the language model
 }
 #: a tiny size for every common config field (set where the family's config has the field)
 TINY = {
@@ -80,6 +81,10 @@ TINY = {
     "patch_size": 8,
     "num_labels": 3,
     "num_kv_shared_layers": 0,
+    "rotary_dim": 8,
+    "depth": 2,
+    "embed_dim": 64,
+    "out_hidden_size": 64,
 }
 #: a list per layer, made one entry per tiny layer (its first entries)
 PER_LAYER = ("layer_types", "activation_sparsity_pattern", "mlp_layer_types")
@@ -92,6 +97,10 @@ def _overrides(defaults: dict, sub_configs: dict) -> dict:
     out = {k: v for k, v in TINY.items() if k in defaults and not isinstance(defaults[k], dict | list)}
     if "kv_lora_rank" in defaults and "num_key_value_heads" in out:  # MLA: as many key/value heads as queries
         out["num_key_value_heads"] = out.get("num_attention_heads", 4)
+    if (
+        isinstance(defaults.get("rope_parameters"), dict) and "num_attention_heads" in defaults
+    ):  # multimodal rotary sections: over the tiny head_dim / 2
+        out["rope_parameters"] = {**defaults["rope_parameters"], "mrope_section": [2, 2, 4]}
     layers = out.get("num_hidden_layers", out.get("num_layers"))
     for k in PER_LAYER:
         if layers and isinstance(defaults.get(k), list | tuple) and len(defaults[k]) > layers:
@@ -194,8 +203,9 @@ def _compare(out_ref, ref_grads: dict, out, loss, grads: dict) -> tuple[str, dic
     return ("wrong" if bad else "exact"), extra
 
 
-def one_family(model_type: str, task: str, class_name: str) -> dict:
-    """One family on this rank (every rank of the pool calls it): its outcome as a dict."""
+def one_family(model_type: str, task: str, class_name: str, *, zero_config: bool = False) -> dict:
+    """One family on this rank (every rank of the pool calls it): its outcome as a dict.
+    ``zero_config``: the plans the config ships even where a plugin covers the family."""
     import torch
     import transformers
 
@@ -222,8 +232,19 @@ def one_family(model_type: str, task: str, class_name: str) -> dict:
     try:
         torch.manual_seed(0)
         model = cls(config).float().eval()
-        model = shardcore.optimize(model, shardcore.ShardConfig(tensor_parallel_size=2))
-    except (shardcore.NoPolicyError, shardcore.PlanError, NotImplementedError, ValueError) as err:
+        policy = None
+        if zero_config:
+            from shardcore.plan import zero_config_policy
+
+            policy = zero_config_policy(model)
+        model = shardcore.optimize(model, shardcore.ShardConfig(tensor_parallel_size=2), policy=policy)
+    except (
+        shardcore.NoPolicyError,
+        shardcore.PlanError,
+        shardcore.ShardingCheckError,
+        NotImplementedError,
+        ValueError,
+    ) as err:
         return done("refused", reason=f"{type(err).__name__}: {str(err)[:300]}", at="optimize")
     except Exception as err:
         return done("error", reason=f"{type(err).__name__}: {str(err)[:300]}", at="optimize")

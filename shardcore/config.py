@@ -149,6 +149,13 @@ class ShardConfig:
             two int64 per rank, one device-to-host read) and raises on every rank, naming the
             input, when they differ; forwards with unchanged shapes (a training loop's steady
             state) cost nothing. ``"always"``: every forward is checked. ``False``: none.
+        verify: check the sharded model against the unsharded one (see :mod:`shardcore.verify`):
+            at ``optimize`` one block of each kind and the model's output on a small random input,
+            and at the first backward every replicated parameter's gradient across the
+            tensor-parallel group (a checksum, one small collective); a difference raises
+            :class:`~shardcore.ShardingCheckError` naming what differs. ``None`` (default): on for
+            plans shardcore did not write (zero-config, ``plan=``), off for plugins' policies;
+            ``True``: on for every policy; ``False``: off. Steady-state steps are not touched.
         collective_timeout: seconds one of shardcore's collectives may wait for the other ranks
             before raising an error that names it (layer, forward/backward, sequence number); on
             NCCL the host never waits on it: a watch reports the named cause at the bound and
@@ -197,6 +204,7 @@ class ShardConfig:
     parallel_output: bool = attrs.field(default=False, validator=v.instance_of(bool))
     make_vocab_size_divisible_by: int = attrs.field(default=64, validator=[v.instance_of(int), v.ge(1)])
     check_inputs: bool | str = attrs.field(default=True, validator=v.in_((True, False, "always")))
+    verify: bool | None = attrs.field(default=None, validator=v.optional(v.instance_of(bool)))
     collective_timeout: float | None = attrs.field(
         default=None, validator=v.optional([v.instance_of((int, float)), v.gt(0)])
     )

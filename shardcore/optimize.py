@@ -5,8 +5,8 @@ bad input fails on every rank alike and leaves nobody waiting; the first collect
 same-weights check. A step that has nothing to do for a layout (sharding at TP=1, the pipeline
 without ``pp``) returns at once: no layout runs its own copy of the order.
 
-    layout -> policy -> checks -> kernels -> same_weights -> shard -> sequence -> jit -> guards
-           -> pipeline -> data_parallel -> register
+    layout -> policy -> checks -> plan -> kernels -> same_weights -> probe -> shard -> sequence -> jit
+           -> guards -> verify -> pipeline -> data_parallel -> register
 
 ``STEPS`` is public so that tools can run a prefix of it (``shardcore explain`` runs the checks on
 paper) and tests can name the step that failed.
@@ -14,6 +14,7 @@ paper) and tests can name the step that failed.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -49,6 +50,9 @@ from .sharder import (
 )
 from .tensor_parallel.regions import SequenceParallel
 from .tensor_parallel.rng import STREAMS
+from .verify import BlockProbe, check_first_backward, sum_found
+
+log = logging.getLogger("shardcore")
 
 __all__ = ["PAPER_STEPS", "STEPS", "Build", "optimize", "run_steps"]
 
@@ -70,6 +74,7 @@ class Build:
     pipeline: Any = None
     data_parallel: str | None = None
     scope: Scope | None = None  # the model's collectives: their bound and counts
+    probe: Any = None  # the unsharded blocks' results, for ShardConfig(verify=...)
     #: what a block recomputed by activation checkpointing must see as its forward did (the sequence split)
     recompute: list = attrs.field(factory=list)
 
@@ -143,6 +148,44 @@ def _same_weights(b: Build) -> None:
     """The first collective: every rank holds the same weights before anything is cut."""
     if b.tensor_parallel or b.whole_world:
         check_same_weights(b.model, dist.group.WORLD if b.whole_world else _tp_group(b))
+
+
+def _verifying(b: Build) -> bool:
+    """Whether the sharded model is checked against the unsharded one (``ShardConfig.verify``)."""
+    if not b.tensor_parallel or b.config.verify is False:
+        return False
+    from .plan import PlanPolicy
+
+    return b.config.verify is True or isinstance(b.policy, PlanPolicy)
+
+
+def _probe(b: Build) -> None:
+    """While the weights are whole: the unsharded blocks' outputs and gradients, for ``verify`` (no collective)."""
+    if _verifying(b) and not any(p.device.type == "meta" for p in b.model.parameters()):
+        b.probe = BlockProbe(b.model, b.policy.blocks(), type(b.model).__name__)
+        b.probe.record()
+
+
+def _verify(b: Build) -> None:
+    """The sharded blocks and model against the probe; the first backward's gradient check armed."""
+    if not _verifying(b):
+        return
+    name = type(b.model).__name__
+    if b.probe is not None:
+        found = b.probe.compare(b.group)
+        if found:
+            sum_found(b.model, b.policy.blocks(), found, b.group)
+    if b.config.inference_only:
+        return
+    if b.config.data_parallel is not None:
+        log.warning(
+            "shardcore: %s: the first-step gradient check does not run with data_parallel=%r "
+            "(the data-parallel reduction races it); the block check at optimize did",
+            name,
+            b.config.data_parallel,
+        )
+        return
+    check_first_backward(b.model, b.group, name)
 
 
 def _tp_group(b: Build):
@@ -241,10 +284,12 @@ STEPS: list[tuple[str, Callable[[Build], None]]] = [
     ("plan", _plan),
     ("kernels", _kernels),
     ("same_weights", _same_weights),
+    ("probe", _probe),
     ("shard", _shard),
     ("sequence", _sequence),
     ("jit", _jit),
     ("guards", _guards),
+    ("verify", _verify),
     ("pipeline", _pipeline),
     ("data_parallel", _data_parallel),
     ("register", _register),

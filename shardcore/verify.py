@@ -1,9 +1,317 @@
-"""Checks that a sharded model computes what the unsharded one did."""
+"""Checks that a sharded model computes what the unsharded one did, for plans shardcore did not write.
+
+A plan read from a model's config (zero-config), a YAML file or a dict can be wrong in ways no
+structural check sees: a replicated parameter applied to split activations (its gradient is then
+each rank's share only), a module whose forward reduces over a dimension the plan split (the
+output is then another number). :func:`shardcore.optimize` runs two checks, on by default for such
+plans and for every policy with ``ShardConfig(verify=True)``:
+
+* **at optimize** (:class:`BlockProbe`): while the weights are whole, the model runs once on a small
+  random input; the inputs of one block of each kind are kept, the block is run forward and
+  backward on them, and the model's output is kept. After sharding the same block runs again on
+  the same inputs, and the model too: the outputs, the input gradient and every parameter's
+  gradient (gathered) are compared. A replicated parameter whose gradient is, summed over the
+  group, the unsharded one gets that sum from now on (named in a warning); any other difference
+  raises :class:`ShardingCheckError` naming the block and the parameters, before any training.
+* **at the first backward** (:func:`check_first_backward`): a checksum of every replicated
+  parameter's gradient is compared across the tensor-parallel group (one all-gather of two
+  numbers per parameter); ranks that disagree raise :class:`ShardingCheckError` naming the
+  parameters and the fix. Later steps are not touched: the hooks are removed after the first.
+
+Both use shardcore's collectives over the tensor-parallel group, every rank alike.
+"""
 
 from __future__ import annotations
 
-__all__ = ["ShardingCheckError"]
+import logging
+from typing import Any
+
+import torch
+from torch import nn
+
+from .distributed.collectives import all_gather_cat, all_reduce, group_size
+
+__all__ = ["BlockProbe", "ShardingCheckError", "check_first_backward"]
+
+log = logging.getLogger("shardcore")
+
+_RTOL = {torch.float32: 1e-4, torch.float64: 1e-8}  # of the largest entry; 2e-2 for half precision
 
 
 class ShardingCheckError(RuntimeError):
     """A plan shardcore did not author gave a different result from the unsharded model."""
+
+
+def _tolerance(t: torch.Tensor) -> float:
+    return _RTOL.get(t.dtype, 2e-2)
+
+
+def _rel(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    if not expected.numel():
+        return 0.0
+    scale = max(expected.detach().abs().max().item(), 1e-6)
+    return (actual.detach().float() - expected.detach().float()).abs().max().item() / scale
+
+
+def _clone(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, tuple | list):
+        return type(value)(_clone(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _clone(v) for k, v in value.items()}
+    return value
+
+
+def _first_tensor(output: Any) -> torch.Tensor | None:
+    if isinstance(output, torch.Tensor):
+        return output
+    if isinstance(output, tuple | list):
+        return next((t for t in map(_first_tensor, output) if t is not None), None)
+    for name in ("logits", "last_hidden_state"):
+        if isinstance(getattr(output, name, None), torch.Tensor):
+            return getattr(output, name)
+    if isinstance(output, dict):
+        return next((t for t in map(_first_tensor, output.values()) if t is not None), None)
+    return None
+
+
+def probe_inputs(model: nn.Module, seed: int = 0) -> dict[str, torch.Tensor] | None:
+    """A small random input for a HuggingFace model (token ids, or an image), ``None`` if it takes neither."""
+    gen = torch.Generator().manual_seed(seed)
+    name = getattr(model, "main_input_name", "input_ids")
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    config = getattr(model, "config", None)
+    if name == "input_ids":
+        embed = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+        vocab = getattr(embed, "num_embeddings", None)
+        if not isinstance(vocab, int):
+            return None
+        ids = torch.randint(min(3, vocab - 1), vocab, (2, 8), generator=gen).to(device)
+        inputs = {"input_ids": ids}
+        if getattr(config, "is_encoder_decoder", False):
+            inputs["decoder_input_ids"] = ids[:, :6].clone()
+    elif name == "pixel_values":
+        vision = getattr(config, "vision_config", config)
+        size = getattr(vision, "image_size", None)
+        size = size[0] if isinstance(size, list | tuple) else size
+        if not isinstance(size, int):
+            return None
+        channels = getattr(vision, "num_channels", 3)
+        inputs = {"pixel_values": torch.randn(2, channels, size, size, generator=gen).to(device)}
+    else:
+        return None
+    if config is not None and hasattr(config, "use_cache"):
+        inputs["use_cache"] = False
+    return inputs
+
+
+class BlockProbe:
+    """The check at optimize (see the module docstring): :meth:`record` before sharding, :meth:`compare` after."""
+
+    def __init__(self, model: nn.Module, blocks: list[tuple[str, nn.Module]], name: str) -> None:
+        self.model, self.name = model, name
+        seen: dict[type, tuple[str, nn.Module]] = {}
+        for path, block in blocks:
+            seen.setdefault(type(block), (path, block))
+        self.blocks = list(seen.values())
+        self.kept: dict[str, dict] = {}
+        self.output: torch.Tensor | None = None
+        self.inputs: dict | None = None
+        self.skipped: str | None = None
+
+    # -- before sharding -----------------------------------------------------------------------
+
+    def record(self) -> None:
+        """Run the whole model once (no gradient) keeping each chosen block's inputs, then each block
+        forward and backward on them; a model this cannot run is named in a warning (``skipped``)."""
+        try:
+            self.inputs = probe_inputs(self.model)
+        except Exception as err:
+            self.inputs, self.skipped = None, f"no probe input ({type(err).__name__}: {err})"
+            return
+        if self.inputs is None or not self.blocks:
+            self.skipped = "it takes neither token ids nor an image" if self.blocks else "it has no blocks"
+            return
+        captured: dict[str, tuple] = {}
+        handles = []
+        for path, block in self.blocks:
+
+            def keep(module, args, kwargs, path=path):
+                captured.setdefault(path, (_clone(args), _clone(kwargs)))
+
+            handles.append(block.register_forward_pre_hook(keep, with_kwargs=True))
+        training = self.model.training
+        try:
+            self.model.eval()
+            with torch.no_grad():
+                self.output = _clone(_first_tensor(self.model(**self.inputs)))
+            for path, block in self.blocks:
+                if path in captured:
+                    self.kept[path] = self._run(block, *captured[path])
+        except Exception as err:
+            self.skipped = f"{type(err).__name__}: {err}"
+            self.kept = {}
+        finally:
+            for h in handles:
+                h.remove()
+            self.model.train(training)
+
+    @staticmethod
+    def _run(block: nn.Module, args: tuple, kwargs: dict) -> dict:
+        args, kwargs = _clone(args), _clone(kwargs)
+        x = args[0] if args else kwargs.get("hidden_states")
+        if not (isinstance(x, torch.Tensor) and x.is_floating_point()):
+            raise TypeError(f"{type(block).__name__}'s first input is not a floating-point tensor")
+        x.requires_grad_(True)
+        before = {p: p.grad for p in block.parameters()}  # the caller's gradients, put back after
+        for p in before:
+            p.grad = None
+        out = _first_tensor(block(*args, **kwargs))
+        weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(out)
+        (out.float() * weights.float()).sum().backward()
+        grads = {n: (p.grad.detach().clone() if p.grad is not None else None) for n, p in block.named_parameters()}
+        for p in block.parameters():
+            p.grad = before.get(p)
+        return {"args": args, "kwargs": kwargs, "out": out.detach(), "x_grad": x.grad.detach(), "grads": grads}
+
+    # -- after sharding ------------------------------------------------------------------------
+
+    def compare(self, group) -> list[str]:
+        """Run the blocks and the model again, sharded; raise :class:`ShardingCheckError` on every rank
+        on a difference; return the replicated parameters whose gradient now gets summed."""
+        if self.skipped is not None:
+            log.warning(
+                "shardcore: %s: the block check at optimize did not run (%s); the first-step gradient check still runs",
+                self.name,
+                self.skipped,
+            )
+            return []
+        problems: list[str] = []
+        summed: list[str] = []
+        training = self.model.training
+        self.model.eval()
+        try:
+            for path, block in self.blocks:
+                if path in self.kept:
+                    problems += self._compare_block(path, block, self.kept[path], group, summed)
+            with torch.no_grad():
+                out = _first_tensor(self.model(**self.inputs))
+            if out is not None and self.output is not None:
+                err = _rel(out, self.output)
+                if out.shape != self.output.shape or err > _tolerance(out) * 10:
+                    problems.append(
+                        f"the model's output differs from the unsharded one's by {err:.2g} of its largest entry"
+                    )
+        finally:
+            self.model.train(training)
+        flag = torch.tensor([float(bool(problems))], device=_device(self.model))
+        all_reduce(flag, group, op=torch.distributed.ReduceOp.MAX, where="the block check of optimize")
+        if flag.item():
+            said = "; ".join(problems) if problems else "another rank found a difference (see its error)"
+            raise ShardingCheckError(
+                f"{self.name}: the sharded model does not compute what the unsharded one did: {said}. "
+                "The plan is wrong for this model: fix it (give those parameters or modules other specs), "
+                "write a policy, or pass ShardConfig(verify=False) to shard anyway"
+            )
+        return summed
+
+    def _compare_block(self, path: str, block: nn.Module, ref: dict, group, summed: list[str]) -> list[str]:
+        from .sharded_state import parameter_specs
+
+        now = self._run(block, ref["args"], ref["kwargs"])
+        what = f"{path} ({type(block).__name__})"
+        out_err, in_err = _rel(now["out"], ref["out"]), _rel(now["x_grad"], ref["x_grad"])
+        problems = []
+        if out_err > _tolerance(ref["out"]):
+            problems.append(f"{what}: its output differs by {out_err:.2g}")
+        if in_err > _tolerance(ref["x_grad"]):
+            problems.append(f"{what}: the gradient of its input differs by {in_err:.2g}")
+        specs = parameter_specs(block)
+        wrong = []
+        for name, expected in ref["grads"].items():
+            grad = now["grads"].get(name)
+            if expected is None or grad is None:
+                continue
+            if name in specs:
+                spec, pgroup = specs[name]
+                grad = spec.gather(grad, pgroup)
+            if grad.shape != expected.shape:
+                continue  # a parameter whose split the gather does not describe: the output checks cover it
+            if _rel(grad, expected) <= _tolerance(expected):
+                continue
+            total = all_reduce(grad.clone(), group, where=f"the block check of optimize ({path}.{name})")
+            if name not in specs and _rel(total, expected) <= _tolerance(expected):
+                summed.append(f"{type(block).__name__}.{name}")
+            else:
+                wrong.append(f"{name} ({_rel(grad, expected):.2g})")
+        if wrong:
+            problems.append(f"{what}: the gradients of {', '.join(wrong)} differ")
+        return problems
+
+
+def _device(model: nn.Module) -> torch.device:
+    return next((p.device for p in model.parameters()), torch.device("cpu"))
+
+
+def sum_found(model: nn.Module, blocks: list[tuple[str, nn.Module]], found: list[str], group) -> list[str]:
+    """Sum over ``group`` the gradients of the replicated parameters the block check found (``Class.param``),
+    in every block of that class; return their full names."""
+    from .tensor_parallel import sum_gradients_over_group
+
+    names = []
+    for path, block in blocks:
+        for name, param in block.named_parameters():
+            if f"{type(block).__name__}.{name}" in found:
+                names.append(f"{path}.{name}")
+                sum_gradients_over_group({names[-1]: param}, group)
+    if names:
+        log.warning(
+            "shardcore: %s are replicated but act on split activations (the block check found their gradients "
+            "partial); their gradients are summed over the tensor-parallel group",
+            ", ".join(sorted(found)),
+        )
+    return names
+
+
+def check_first_backward(model: nn.Module, group, name: str) -> None:
+    """At the end of the model's first backward, compare every replicated parameter's gradient across
+    ``group`` (see the module docstring); the hooks then go."""
+    from .sharded_state import parameter_specs
+
+    split = set(parameter_specs(model))
+    params = [(n, p) for n, p in model.named_parameters() if p.requires_grad and n not in split]
+    if not params or group_size(group) == 1:
+        return
+    handles: list = []
+    state = {"queued": False}
+
+    def check() -> None:
+        for h in handles:
+            h.remove()
+        zero = torch.zeros(2, dtype=torch.float64, device=_device(model))
+        local = torch.stack(
+            [
+                zero if p.grad is None else torch.stack([p.grad.double().sum(), p.grad.double().abs().sum()])
+                for _, p in params
+            ]
+        ).unsqueeze(0)
+        every = all_gather_cat(local, group, 0, where="the first-step gradient check")
+        scale = every[..., 1].abs().amax(dim=0).clamp_min(1e-12)
+        spread = (every - every[:1]).abs().amax(dim=0).amax(dim=-1) / scale
+        bad = [params[i][0] for i in torch.nonzero(spread > 1e-4).flatten().tolist()]
+        if bad:
+            raise ShardingCheckError(
+                f"{name}: at the first backward the gradients of {', '.join(bad[:8])}"
+                f"{f' (and {len(bad) - 8} more)' if len(bad) > 8 else ''} differ across the tensor-parallel ranks: "
+                "they are replicated but used on split activations, so each rank holds its share only. "
+                "Give them the spec replicated_with_grad_allreduce in the plan (their gradients are then summed), "
+                "or split the modules around them differently"
+            )
+
+    def on_grad(param) -> None:
+        if not state["queued"]:
+            state["queued"] = True
+            torch.autograd.Variable._execution_engine.queue_callback(check)
+
+    handles += [p.register_post_accumulate_grad_hook(on_grad) for _, p in params]

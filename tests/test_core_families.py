@@ -1,0 +1,42 @@
+"""The family sweep's fast subset (``benchmarks/families.py``; the whole sweep is ``nox -s families``):
+families through zero-config, each style transformers ships among them, and some plugins' families,
+at TP=2 on tiny configs against the unsharded model. A transformers release that breaks one fails here."""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+
+import pytest
+
+from shardcore.testing import run_on_ranks
+
+_PATH = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "families.py"
+_spec = importlib.util.spec_from_file_location("families", _PATH)
+families = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(families)
+
+#: (model type, task, model class, through zero-config even where a plugin covers it): what it shows
+EXACT = [
+    ("gpt_neox", "causal-lm", "GPTNeoXForCausalLM", False),  # embedding_rowwise (the 5.24 regression)
+    ("phi3", "causal-lm", "Phi3ForCausalLM", False),  # colwise_gather_output / rowwise_split_input
+    ("olmo2", "causal-lm", "Olmo2ForCausalLM", False),  # q/k norms over the gathered width
+    ("glm4", "causal-lm", "Glm4ForCausalLM", True),  # gathered fused gate_up (shard-glm covers it too)
+    ("deepseek_v3", "causal-lm", "DeepseekV3ForCausalLM", False),  # mla_kv_a_proj, moe_tp_experts, packed_colwise
+    ("llama4_text", "causal-lm", "Llama4ForCausalLM", False),  # packed_rowwise experts, colwise 3-D down_proj
+    ("apertus", "causal-lm", "ApertusForCausalLM", False),  # alpha_p/alpha_n found and summed by the block check
+    ("qwen2_vl", "vision-language", "Qwen2VLForConditionalGeneration", False),  # a plan inside text_config
+    ("qwen3_moe", "causal-lm", "Qwen3MoeForCausalLM", True),  # fused experts, per-head norms
+    ("codegen", "causal-lm", "CodeGenForCausalLM", False),  # embedding_rowwise
+    ("llama", "causal-lm", "LlamaForCausalLM", False),  # a plugin's family (shard-llama)
+    ("gpt2", "causal-lm", "GPT2LMHeadModel", False),  # a plugin's family (shard-gpt2)
+    ("t5", "seq2seq", "T5ForConditionalGeneration", False),  # a plugin's family (shard-t5)
+]
+
+
+@pytest.mark.parametrize("family", EXACT, ids=[f[0] for f in EXACT])
+def test_family_exact(family):
+    model_type, task, name, zero_config = family
+    for result in run_on_ranks(2, families.one_family, model_type, task, name, zero_config=zero_config):
+        assert result["outcome"] == "exact", result
+        assert (result["policy"] == "PlanPolicy") == (zero_config or model_type not in ("llama", "gpt2", "t5"))

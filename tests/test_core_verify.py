@@ -1,0 +1,122 @@
+"""ShardConfig(verify=...): plans shardcore did not write are checked against the unsharded model,
+at optimize (one block of each kind, and the model's output) and at the first backward (every
+replicated gradient across the group). Toy models whose plans are wrong in the two ways a real
+one was (Apertus: a replicated parameter on split activations; Gemma-3n: a reduction over a
+split dimension)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from torch import nn
+
+from shardcore import ShardConfig
+from shardcore.testing import run_on_ranks
+
+PLAN = {"layers.*.up.weight": ["tp", None], "layers.*.down.weight": [None, "tp"]}
+
+
+class Block(nn.Module):
+    def __init__(self, width: int, mode: str) -> None:
+        super().__init__()
+        self.up, self.down, self.mode = nn.Linear(width, 4 * width), nn.Linear(4 * width, width), mode
+        self.alpha = nn.Parameter(torch.tensor([0.7]))  # a scalar applied to the split activation
+
+    def forward(self, x):
+        y = self.up(x)
+        if self.mode == "scale":
+            y = y * self.alpha
+        elif self.mode == "norm":  # a reduction over the split width: another number per rank
+            y = y / y.norm(dim=-1, keepdim=True)
+        return x + self.down(torch.tanh(y))
+
+
+class Toy(nn.Module):
+    main_input_name = "input_ids"
+
+    def __init__(self, mode: str, *, embeddings: bool = True) -> None:
+        super().__init__()
+        self.embed, self.head, self.embeddings = nn.Embedding(50, 16), nn.Linear(16, 50), embeddings
+        self.layers = nn.ModuleList(Block(16, mode) for _ in range(2))
+
+    def get_input_embeddings(self):
+        return self.embed if self.embeddings else None  # None: no probe input, the block check cannot run
+
+    def forward(self, input_ids):
+        h = self.embed(input_ids)
+        for block in self.layers:
+            h = block(h)
+        return self.head(h)
+
+
+def _ids() -> torch.Tensor:
+    return torch.randint(0, 50, (2, 6), generator=torch.Generator().manual_seed(3))
+
+
+def _grads(model) -> dict:
+    from shardcore import full_named_tensors
+
+    (model(_ids()) ** 2).mean().backward()
+    return dict(full_named_tensors(model, grads=True))
+
+
+def _run(tp: int, mode: str, embeddings: bool = True, verify=None) -> dict:
+    import shardcore
+
+    torch.manual_seed(0)
+    ref = Toy(mode)
+    expected = {n: g.clone() for n, g in _grads(ref).items() if g is not None}
+    torch.manual_seed(0)
+    model = Toy(mode, embeddings=embeddings)
+    records: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: records.append(record.getMessage())
+    logging.getLogger("shardcore").addHandler(handler)
+    try:
+        model = shardcore.optimize(model, ShardConfig(tensor_parallel_size=tp, plan=PLAN, verify=verify))
+        try:
+            got = _grads(model)
+        except shardcore.ShardingCheckError as err:
+            return {"first_step": str(err), "log": records}
+    except shardcore.ShardingCheckError as err:
+        return {"optimize": str(err), "log": records}
+    finally:
+        logging.getLogger("shardcore").removeHandler(handler)
+    worst = {n: ((got[n] - g).abs().max() / g.abs().max()).item() for n, g in expected.items()}
+    return {"worst": worst, "log": records}
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_replicated_parameter_on_split_activations_gets_its_gradient_summed(tp):
+    """The block check finds alpha's gradient partial (its sum over the group is the unsharded one):
+    it is summed from then on, named in a warning, and every gradient equals the unsharded one."""
+    for result in run_on_ranks(tp, _run, tp, "scale"):
+        assert max(result["worst"].values()) < 1e-5, result["worst"]
+        assert any("Block.alpha are replicated but act on split activations" in m for m in result["log"])
+
+
+def test_a_plan_that_changes_the_output_is_refused_at_optimize():
+    """A normalization over the split width: the block's output differs: refused, naming the block."""
+    for result in run_on_ranks(2, _run, 2, "norm"):
+        assert "layers.0 (Block): its output differs" in result["optimize"]
+        assert "ShardConfig(verify=False)" in result["optimize"]
+
+
+def test_the_first_backward_check_names_partial_gradients():
+    """No probe input (the block check says it did not run, in a warning): the first backward finds
+    alpha's gradient different across the ranks and refuses, naming the parameters and the fix."""
+    for result in run_on_ranks(2, _run, 2, "scale", False):
+        assert "the block check at optimize did not run" in " ".join(result["log"])
+        assert (
+            "gradients of layers.0.alpha, layers.1.alpha differ across the tensor-parallel ranks"
+            in (result["first_step"])
+        )
+        assert "replicated_with_grad_allreduce" in result["first_step"]
+
+
+def test_verify_false_turns_both_checks_off():
+    """verify=False: no check (what the switch promises), so the partial gradient goes unsummed."""
+    (result, _) = run_on_ranks(2, _run, 2, "scale", False, False)
+    assert result["worst"]["layers.0.alpha"] > 0.1
