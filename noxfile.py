@@ -232,6 +232,15 @@ def bench(session: nox.Session) -> None:
 
 
 @nox.session(default=False)
+def families(session: nox.Session) -> None:
+    """Not a test: every causal-LM, masked-LM, seq2seq, image-classification and vision-language family of
+    the installed transformers at TP=2 on tiny configs against the unsharded model; writes
+    benchmarks/results/families.json and .md (``-- --only gpt_neox phi3`` for some)."""
+    bin_dir = _install(session)
+    _run(session, bin_dir, "python", "benchmarks/families.py", *session.posargs)
+
+
+@nox.session(default=False)
 def memory(session: nox.Session) -> None:
     """Benchmark (not a test): RSS and time to load a ~0.9 GB Llama at TP=2, vs HuggingFace's loaders."""
     bin_dir = _install(session)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import pathlib
 import sys
 import time
@@ -262,6 +263,37 @@ def one_family(model_type: str, task: str, class_name: str, *, zero_config: bool
     return done(outcome, policy=policy, **extra)
 
 
+def reference_check(model_type: str, task: str, class_name: str, limit: float) -> dict | None:
+    """In the driver, before any rank: build the family and run it unsharded within ``limit``
+    seconds; its "cannot build" outcome, or ``None`` when it builds in time."""
+    import signal
+
+    import torch
+    import transformers
+
+    start = time.perf_counter()
+
+    def over(signum, frame):
+        raise TimeoutError(f"over the time limit of {limit:.0f} s at tiny size")
+
+    previous = signal.signal(signal.SIGALRM, over)
+    signal.setitimer(signal.ITIMER_REAL, limit)
+    try:
+        config = tiny_config(model_type)
+        torch.manual_seed(0)
+        model = getattr(transformers, class_name)(config).float().eval()
+        _loss(model(**_inputs(task, config))).backward()
+        return None
+    except Exception as err:
+        reason = f"{type(err).__name__}: {str(err)[:300]}"
+        seconds = round(time.perf_counter() - start, 2)
+        return {"family": model_type, "task": task, "model": class_name, "outcome": "cannot build", "reason": reason,
+                "seconds": seconds}  # fmt: skip
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 def table(results: list[dict], version: str) -> str:
     """The counts and the list, as markdown."""
     order = ["exact", "refused", "cannot build", "error", "wrong"]
@@ -289,9 +321,11 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="*", help="model types (default: every family)")
     parser.add_argument("--task", nargs="*", choices=sorted(TASKS), default=sorted(TASKS))
+    parser.add_argument("--limit", type=float, default=60.0, help="seconds a family may take to build and run")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "families.json"))
     args = parser.parse_args(argv)
     sys.path.insert(0, str(ROOT / "benchmarks"))  # the pool's workers import this module by name
+    os.environ.setdefault("SHARDCORE_COLLECTIVE_TIMEOUT", "120")  # a family that hangs a collective ends there
     import families as me  # by its importable name: the pool's workers import it
     import transformers
 
@@ -302,7 +336,10 @@ def main(argv: list[str]) -> int:
     print(f"{len(chosen)} families, transformers {transformers.__version__}", flush=True)
     try:
         for i, (model_type, task, name) in enumerate(chosen):
-            result = run_on_ranks(2, me.one_family, model_type, task, name)[0]
+            result = (
+                reference_check(model_type, task, name, args.limit)
+                or run_on_ranks(2, me.one_family, model_type, task, name)[0]
+            )
             results.append(result)
             print(f"[{i + 1}/{len(chosen)}] {model_type} {task}: {result['outcome']} "
                   f"({result['seconds']} s) {result.get('reason', result.get('worst', ''))}"[:240], flush=True)  # fmt: skip

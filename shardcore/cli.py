@@ -22,9 +22,10 @@ def _plugins(as_json: bool) -> int:
         }
         for p in registry.plugins.values()
     ]
+    failed = 1 if any(r["error"] for r in rows) else 0  # a plugin that cannot load is an error, not a note
     if as_json:
         print(json.dumps(rows, indent=2))
-        return 0
+        return failed
     if not rows:
         print("No shardcore plugins installed (pip install shard-llama, shard-bert, ...).")
         return 0
@@ -44,8 +45,8 @@ def _plugins(as_json: bool) -> int:
         print("  ".join(str(c).ljust(w) for c, w in zip(line[:-1], widths, strict=True)) + "  " + line[-1])
     for r in rows:
         if r["error"]:
-            print(f"\n{r['name']}: {r['error']}")
-    return 0
+            print(f"\n{r['name']}: {r['error']}", file=sys.stderr)
+    return failed
 
 
 def _explain(args) -> int:

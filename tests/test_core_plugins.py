@@ -155,10 +155,11 @@ def test_cli_table_and_json(fake_entry_points, monkeypatch, capsys):
         md.EntryPoint("missing", "fake_module_that_does_not_exist", "shardcore"),
     ]
     monkeypatch.setattr(plugins, "_REGISTRY", None)
-    assert cli_main(["plugins"]) == 0
-    table = capsys.readouterr().out
-    assert "good" in table and "Widget" in table and "FAILED" in table and "ModuleNotFoundError" in table
-    assert cli_main(["plugins", "--json"]) == 0
+    assert cli_main(["plugins"]) == 1  # a plugin that cannot be imported: a non-zero exit
+    out = capsys.readouterr()
+    table = out.out
+    assert "good" in table and "Widget" in table and "FAILED" in table and "ModuleNotFoundError" in out.err
+    assert cli_main(["plugins", "--json"]) == 1
     rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
     assert rows["good"]["models"] == [qualname(Widget)] and rows["good"]["error"] is None
     assert rows["missing"]["error"].startswith("import failed")
@@ -191,3 +192,46 @@ def test_optimize_without_plugin_or_policy_fails_clearly(fake_entry_points, monk
     ):
         shardcore.optimize(Widget())
     monkeypatch.setattr(plugins, "_REGISTRY", None)
+
+
+def test_zero_config_fallback_names_a_broken_plugin(fake_entry_points, monkeypatch):
+    """A plugin that fails to import is no silent fallback: a model no loaded plugin covers is
+    sharded by its shipped plan with a RuntimeWarning naming the broken plugin and its error."""
+    import transformers
+
+    import shardcore.plugins as plugins
+    from shardcore import resolve_policy
+
+    fake_entry_points.append(md.EntryPoint("shard-broken", "fake_module_that_does_not_exist", "shardcore"))
+    monkeypatch.setattr(plugins, "_REGISTRY", None)
+    config = transformers.Qwen3Config(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, head_dim=16
+    )
+    with pytest.warns(
+        RuntimeWarning, match="the plugin 'shard-broken' failed to load \\(import failed: ModuleNotFound"
+    ):
+        policy = resolve_policy(transformers.Qwen3ForCausalLM(config))
+    assert type(policy).__name__ == "PlanPolicy"
+    monkeypatch.setattr(plugins, "_REGISTRY", None)
+
+
+def test_core_sdist_holds_the_core_and_the_license(tmp_path):
+    """The core's source distribution: the package, its README, the Apache-2.0 LICENSE it declares;
+    no plugin, benchmark or CI file (each plugin is its own distribution)."""
+    import pathlib
+    import tarfile
+
+    from hatchling.builders.sdist import SdistBuilder
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    assert (
+        "Apache License" in (root / "LICENSE").read_text()
+        and "Version 2.0, January 2004" in (root / "LICENSE").read_text()
+    )
+    (path,) = SdistBuilder(str(root)).build(directory=str(tmp_path), versions=["standard"])
+    with tarfile.open(path) as sdist:
+        top = {name.split("/")[1] for name in sdist.getnames() if name.count("/")}
+        info = sdist.extractfile(next(n for n in sdist.getnames() if n.endswith("/PKG-INFO"))).read().decode()
+    assert top <= {"shardcore", "README.md", "LICENSE", "pyproject.toml", "PKG-INFO", ".gitignore"}, top
+    assert {"shardcore", "LICENSE"} <= top
+    assert "License-Expression: Apache-2.0" in info and "License-File: LICENSE" in info
