@@ -805,6 +805,45 @@ MUTANTS: dict[str, Mutant] = {
             f"{LLAMA}/test_llama_tp.py::test_kit_sees_a_replica_that_diverged",
             "DID NOT RAISE",
         ),
+        # -- plans shardcore did not write: the checks and the styles ---------------------------------
+        _m(
+            "block-check-disabled",
+            "the block check at optimize compares nothing (BlockProbe.compare returns at once)",
+            "shardcore/verify.py",
+            (
+                "        problems: list[str] = []\n        summed: list[str] = []\n",
+                "        return []\n        problems: list[str] = []\n        summed: list[str] = []\n",
+            ),
+            "tests/test_core_verify.py::test_a_plan_that_changes_the_output_is_refused_at_optimize",
+            "the block check let a wrong plan through",
+        ),
+        _m(
+            "found-partial-gradients-not-summed",
+            "the replicated parameters the block check finds partial are named but never summed",
+            "shardcore/verify.py",
+            ("                sum_gradients_over_group({names[-1]: param}, group)\n", "                pass\n"),
+            "tests/test_core_verify.py::test_replicated_parameter_on_split_activations_gets_its_gradient_summed[2]",
+            "a partial gradient left unsummed",
+        ),
+        _m(
+            "first-step-check-disabled",
+            "the first-backward gradient check never armed (check_first_backward returns at once)",
+            "shardcore/verify.py",
+            ("    split = set(parameter_specs(model))\n", "    return\n    split = set(parameter_specs(model))\n"),
+            "tests/test_core_verify.py::test_the_first_backward_check_names_partial_gradients",
+            "the first-step check let partial gradients through",
+        ),
+        _m(
+            "moe-experts-output-not-summed",
+            "moe_tp_experts without the all-reduce of the experts' partial output",
+            "shardcore/tensor_parallel/in_place.py",
+            (
+                "            module.register_forward_pre_hook(enter, with_kwargs=True)\n            module.register_forward_hook(lambda mod, args, out: reduce_from_tp(out, group))\n",
+                "            module.register_forward_pre_hook(enter, with_kwargs=True)\n",
+            ),
+            "tests/test_core_families.py::test_family_exact[deepseek_v3]",
+            "deepseek_v3: refused: ShardingCheckError",
+        ),
     ]
 }
 
@@ -812,7 +851,7 @@ MUTANTS: dict[str, Mutant] = {
 def _copy() -> pathlib.Path:
     scratch = pathlib.Path(tempfile.mkdtemp(prefix="shardcore-mutant-"))
     ignore = shutil.ignore_patterns(".nox", ".git", "__pycache__", "bench-results", "*.egg-info", ".ruff_cache")
-    for name in ("shardcore", "plugins", "tests", "examples", "pyproject.toml"):
+    for name in ("shardcore", "plugins", "tests", "examples", "benchmarks", "pyproject.toml"):
         src = ROOT / name
         (shutil.copytree if src.is_dir() else shutil.copy2)(
             src, scratch / name, **({"ignore": ignore} if src.is_dir() else {})

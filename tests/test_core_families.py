@@ -38,5 +38,6 @@ EXACT = [
 def test_family_exact(family):
     model_type, task, name, zero_config = family
     for result in run_on_ranks(2, families.one_family, model_type, task, name, zero_config=zero_config):
-        assert result["outcome"] == "exact", result
+        why = result.get("reason") or result.get("wrong_grads") or result.get("worst")
+        assert result["outcome"] == "exact", f"{model_type}: {result['outcome']}: {why}"
         assert (result["policy"] == "PlanPolicy") == (zero_config or model_type not in ("llama", "gpt2", "t5"))

@@ -93,13 +93,15 @@ def test_replicated_parameter_on_split_activations_gets_its_gradient_summed(tp):
     """The block check finds alpha's gradient partial (its sum over the group is the unsharded one):
     it is summed from then on, named in a warning, and every gradient equals the unsharded one."""
     for result in run_on_ranks(tp, _run, tp, "scale"):
-        assert max(result["worst"].values()) < 1e-5, result["worst"]
+        assert "worst" in result, f"a partial gradient left unsummed, caught at the first step: {result}"
+        assert max(result["worst"].values()) < 1e-5, f"a partial gradient left unsummed: {result['worst']}"
         assert any("Block.alpha are replicated but act on split activations" in m for m in result["log"])
 
 
 def test_a_plan_that_changes_the_output_is_refused_at_optimize():
     """A normalization over the split width: the block's output differs: refused, naming the block."""
     for result in run_on_ranks(2, _run, 2, "norm"):
+        assert "optimize" in result, f"the block check let a wrong plan through: {result}"
         assert "layers.0 (Block): its output differs" in result["optimize"]
         assert "ShardConfig(verify=False)" in result["optimize"]
 
@@ -109,6 +111,7 @@ def test_the_first_backward_check_names_partial_gradients():
     alpha's gradient different across the ranks and refuses, naming the parameters and the fix."""
     for result in run_on_ranks(2, _run, 2, "scale", False):
         assert "the block check at optimize did not run" in " ".join(result["log"])
+        assert "first_step" in result, f"the first-step check let partial gradients through: {result}"
         assert (
             "gradients of layers.0.alpha, layers.1.alpha differ across the tensor-parallel ranks"
             in (result["first_step"])
