@@ -163,6 +163,19 @@ def _where_hook(label: str):
     return hook
 
 
+def install_sequence_check(model: nn.Module, group, config) -> None:
+    """The input check over the sequence-parallel ``group`` (every rank must see the same batch)."""
+    if not config.check_inputs:
+        return
+    name = type(model).__name__
+    gate = InputGate(config.check_inputs == "always")
+
+    def same_inputs(module, args, kwargs):
+        gate.check(group, f"{name}.forward (sequence-parallel group)", args, kwargs)
+
+    model.register_forward_pre_hook(same_inputs, with_kwargs=True, prepend=True)
+
+
 def install(model: nn.Module, group, config) -> None:
     """Add the input check, the sampling sync and the collective naming to a sharded ``model``."""
     holders = set()

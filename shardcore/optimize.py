@@ -14,7 +14,6 @@ paper) and tests can name the step that failed.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -22,7 +21,7 @@ import attrs
 import torch.distributed as dist
 from torch import nn
 
-from . import consistency, distributed, kernels
+from . import consistency, distributed, kernels, verify
 from .config import OVER_SP_MODES, ShardConfig
 from .data_parallel import apply_data_parallel, check_data_parallel
 from .distributed import ParallelLayout
@@ -50,9 +49,6 @@ from .sharder import (
 )
 from .tensor_parallel.regions import SequenceParallel
 from .tensor_parallel.rng import STREAMS
-from .verify import BlockProbe, check_first_backward, sum_found
-
-log = logging.getLogger("shardcore")
 
 __all__ = ["PAPER_STEPS", "STEPS", "Build", "optimize", "run_steps"]
 
@@ -150,42 +146,14 @@ def _same_weights(b: Build) -> None:
         check_same_weights(b.model, dist.group.WORLD if b.whole_world else _tp_group(b))
 
 
-def _verifying(b: Build) -> bool:
-    """Whether the sharded model is checked against the unsharded one (``ShardConfig.verify``)."""
-    if not b.tensor_parallel or b.config.verify is False:
-        return False
-    from .plan import PlanPolicy
-
-    return b.config.verify is True or isinstance(b.policy, PlanPolicy)
-
-
 def _probe(b: Build) -> None:
-    """While the weights are whole: the unsharded blocks' outputs and gradients, for ``verify`` (no collective)."""
-    if _verifying(b) and not any(p.device.type == "meta" for p in b.model.parameters()):
-        b.probe = BlockProbe(b.model, b.policy.blocks(), type(b.model).__name__)
-        b.probe.record()
+    """While the weights are whole: the unsharded blocks' results, for ``ShardConfig.verify`` (no collective)."""
+    b.probe = verify.probe(b.model, b.policy, b.config, b.tensor_parallel)
 
 
 def _verify(b: Build) -> None:
     """The sharded blocks and model against the probe; the first backward's gradient check armed."""
-    if not _verifying(b):
-        return
-    name = type(b.model).__name__
-    if b.probe is not None:
-        found = b.probe.compare(b.group)
-        if found:
-            sum_found(b.model, b.policy.blocks(), found, b.group)
-    if b.config.inference_only:
-        return
-    if b.config.data_parallel is not None:
-        log.warning(
-            "shardcore: %s: the first-step gradient check does not run with data_parallel=%r "
-            "(the data-parallel reduction races it); the block check at optimize did",
-            name,
-            b.config.data_parallel,
-        )
-        return
-    check_first_backward(b.model, b.group, name)
+    verify.verify(b.model, b.policy, b.config, b.group, b.probe, b.tensor_parallel)
 
 
 def _tp_group(b: Build):
@@ -216,14 +184,7 @@ def _sequence(b: Build) -> None:
         state = SequenceParallel(group, b.layout.sp, b.sequence_mode)
         apply_ulysses(b.model, b.policy, state)
         b.recompute.append(state)
-        if b.config.check_inputs:  # the same batch on the sequence-parallel ranks
-            name = type(b.model).__name__
-            gate = consistency.InputGate(b.config.check_inputs == "always")
-
-            def same_inputs(module, args, kwargs):
-                gate.check(group, f"{name}.forward (sequence-parallel group)", args, kwargs)
-
-            b.model.register_forward_pre_hook(same_inputs, with_kwargs=True, prepend=True)
+        consistency.install_sequence_check(b.model, group, b.config)  # the same batch on the sequence ranks
 
 
 def _jit(b: Build) -> None:
@@ -277,22 +238,9 @@ def _register(b: Build) -> None:
 
 
 #: The order of :func:`optimize`, by name.
+_ORDER = (_layout, _policy, _checks, _plan, _kernels, _same_weights, _probe, _shard, _sequence, _jit, _guards, _verify)
 STEPS: list[tuple[str, Callable[[Build], None]]] = [
-    ("layout", _layout),
-    ("policy", _policy),
-    ("checks", _checks),
-    ("plan", _plan),
-    ("kernels", _kernels),
-    ("same_weights", _same_weights),
-    ("probe", _probe),
-    ("shard", _shard),
-    ("sequence", _sequence),
-    ("jit", _jit),
-    ("guards", _guards),
-    ("verify", _verify),
-    ("pipeline", _pipeline),
-    ("data_parallel", _data_parallel),
-    ("register", _register),
+    (step.__name__.lstrip("_"), step) for step in (*_ORDER, _pipeline, _data_parallel, _register)
 ]
 
 

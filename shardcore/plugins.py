@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 import importlib.metadata as md
 import os
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -234,3 +235,18 @@ def reset_registry() -> None:
 
 def get_policy(model: nn.Module) -> Policy:
     return get_registry().get_policy(model)
+
+
+def warn_broken_plugins(model_name: str, fallback: object) -> None:
+    """A model no loaded plugin covers falls back to zero-config (``fallback`` is its policy, or
+    ``None``): if any plugin failed to load, say so loudly, naming each and its error."""
+    broken = [p for p in get_registry().plugins.values() if p.error is not None]
+    if fallback is not None and broken:
+        warnings.warn(
+            f"shardcore: no loaded plugin covers {model_name}, so it is sharded by the plan its config ships "
+            "(zero-config); but "
+            + "; ".join(f"the plugin {p.name!r} failed to load ({p.error})" for p in broken)
+            + ". If one of them covers this model, fix it (`shardcore plugins` lists every plugin)",
+            RuntimeWarning,
+            stacklevel=4,
+        )

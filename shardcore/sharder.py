@@ -4,7 +4,6 @@ the checks and guards :mod:`shardcore.optimize` runs around it."""
 from __future__ import annotations
 
 import types
-import warnings
 from collections import defaultdict
 
 import attrs
@@ -229,19 +228,10 @@ def resolve_policy(model: nn.Module, policy: Policy | type[Policy] | None = None
             policy = get_policy(model)
         except NoPolicyError as err:
             from .plan import zero_config_policy
-            from .plugins import get_registry
+            from .plugins import warn_broken_plugins
 
             policy = zero_config_policy(model)
-            broken = [p for p in get_registry().plugins.values() if p.error is not None]
-            if policy is not None and broken:  # not what the user installed: say so, loudly
-                warnings.warn(
-                    f"shardcore: no loaded plugin covers {type(model).__name__}, so it is sharded by the plan its "
-                    "config ships (zero-config); but "
-                    + "; ".join(f"the plugin {p.name!r} failed to load ({p.error})" for p in broken)
-                    + ". If one of them covers this model, fix it (`shardcore plugins` lists every plugin)",
-                    RuntimeWarning,
-                    stacklevel=3,
-                )
+            warn_broken_plugins(type(model).__name__, policy)
             if policy is None:
                 raise NoPolicyError(
                     f"{err}\nNor does the model ship a tensor-parallel plan (config.base_model_tp_plan)."

@@ -21,7 +21,7 @@ TIERS = [
     ["policy", "sharded_state", "grad_norm", "losses", "builders", "plugins"],
     ["checkpoint"],
     ["integrations"],
-    ["plan"],
+    ["plan", "verify"],  # verify: the checks of plans shardcore did not write
     ["sharder", "optimize", "composite"],  # composite: a part's policy found as resolve_policy finds one
     ["inference"],
     ["explain"],

@@ -1,25 +1,4 @@
-"""Checks that a sharded model computes what the unsharded one did, for plans shardcore did not write.
-
-A plan read from a model's config (zero-config), a YAML file or a dict can be wrong in ways no
-structural check sees: a replicated parameter applied to split activations (its gradient is then
-each rank's share only), a module whose forward reduces over a dimension the plan split (the
-output is then another number). :func:`shardcore.optimize` runs two checks, on by default for such
-plans and for every policy with ``ShardConfig(verify=True)``:
-
-* **at optimize** (:class:`BlockProbe`): while the weights are whole, the model runs once on a small
-  random input; the inputs of one block of each kind are kept, the block is run forward and
-  backward on them, and the model's output is kept. After sharding the same block runs again on
-  the same inputs, and the model too: the outputs, the input gradient and every parameter's
-  gradient (gathered) are compared. A replicated parameter whose gradient is, summed over the
-  group, the unsharded one gets that sum from now on (named in a warning); any other difference
-  raises :class:`ShardingCheckError` naming the block and the parameters, before any training.
-* **at the first backward** (:func:`check_first_backward`): a checksum of every replicated
-  parameter's gradient is compared across the tensor-parallel group (one all-gather of two
-  numbers per parameter); ranks that disagree raise :class:`ShardingCheckError` naming the
-  parameters and the fix. Later steps are not touched: the hooks are removed after the first.
-
-Both use shardcore's collectives over the tensor-parallel group, every rank alike.
-"""
+"""The check at optimize: one block of each kind (and the model's output) before and after sharding."""
 
 from __future__ import annotations
 
@@ -29,17 +8,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from .distributed.collectives import all_gather_cat, all_reduce, group_size
+from ..distributed.collectives import all_reduce
+from .errors import ShardingCheckError
 
-__all__ = ["BlockProbe", "ShardingCheckError", "check_first_backward"]
+__all__ = ["BlockProbe", "probe_inputs", "sum_found"]
 
 log = logging.getLogger("shardcore")
 
 _RTOL = {torch.float32: 1e-4, torch.float64: 1e-8}  # of the largest entry; 2e-2 for half precision
-
-
-class ShardingCheckError(RuntimeError):
-    """A plan shardcore did not author gave a different result from the unsharded model."""
 
 
 def _tolerance(t: torch.Tensor) -> float:
@@ -217,7 +193,7 @@ class BlockProbe:
         return summed
 
     def _compare_block(self, path: str, block: nn.Module, ref: dict, group, summed: list[str]) -> list[str]:
-        from .sharded_state import parameter_specs
+        from ..sharded_state import parameter_specs
 
         now = self._run(block, ref["args"], ref["kwargs"])
         what = f"{path} ({type(block).__name__})"
@@ -257,7 +233,7 @@ def _device(model: nn.Module) -> torch.device:
 def sum_found(model: nn.Module, blocks: list[tuple[str, nn.Module]], found: list[str], group) -> list[str]:
     """Sum over ``group`` the gradients of the replicated parameters the block check found (``Class.param``),
     in every block of that class; return their full names."""
-    from .tensor_parallel import sum_gradients_over_group
+    from ..tensor_parallel import sum_gradients_over_group
 
     names = []
     for path, block in blocks:
@@ -272,46 +248,3 @@ def sum_found(model: nn.Module, blocks: list[tuple[str, nn.Module]], found: list
             ", ".join(sorted(found)),
         )
     return names
-
-
-def check_first_backward(model: nn.Module, group, name: str) -> None:
-    """At the end of the model's first backward, compare every replicated parameter's gradient across
-    ``group`` (see the module docstring); the hooks then go."""
-    from .sharded_state import parameter_specs
-
-    split = set(parameter_specs(model))
-    params = [(n, p) for n, p in model.named_parameters() if p.requires_grad and n not in split]
-    if not params or group_size(group) == 1:
-        return
-    handles: list = []
-    state = {"queued": False}
-
-    def check() -> None:
-        for h in handles:
-            h.remove()
-        zero = torch.zeros(2, dtype=torch.float64, device=_device(model))
-        local = torch.stack(
-            [
-                zero if p.grad is None else torch.stack([p.grad.double().sum(), p.grad.double().abs().sum()])
-                for _, p in params
-            ]
-        ).unsqueeze(0)
-        every = all_gather_cat(local, group, 0, where="the first-step gradient check")
-        scale = every[..., 1].abs().amax(dim=0).clamp_min(1e-12)
-        spread = (every - every[:1]).abs().amax(dim=0).amax(dim=-1) / scale
-        bad = [params[i][0] for i in torch.nonzero(spread > 1e-4).flatten().tolist()]
-        if bad:
-            raise ShardingCheckError(
-                f"{name}: at the first backward the gradients of {', '.join(bad[:8])}"
-                f"{f' (and {len(bad) - 8} more)' if len(bad) > 8 else ''} differ across the tensor-parallel ranks: "
-                "they are replicated but used on split activations, so each rank holds its share only. "
-                "Give them the spec replicated_with_grad_allreduce in the plan (their gradients are then summed), "
-                "or split the modules around them differently"
-            )
-
-    def on_grad(param) -> None:
-        if not state["queued"]:
-            state["queued"] = True
-            torch.autograd.Variable._execution_engine.queue_callback(check)
-
-    handles += [p.register_post_accumulate_grad_hook(on_grad) for _, p in params]
