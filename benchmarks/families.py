@@ -91,6 +91,7 @@ TINY = {
 PER_LAYER = ("layer_types", "activation_sparsity_pattern", "mlp_layer_types")
 ZERO = ("dropout", "dropout_rate", "attention_dropout", "hidden_dropout", "hidden_dropout_prob",
         "attention_probs_dropout_prob", "resid_pdrop", "embd_pdrop", "attn_pdrop", "activation_dropout")  # fmt: skip
+MAX_PARAMS = 40_000_000  # parameters of one tiny model (each of 2 ranks holds it twice, and its gradients)
 EXACT_RTOL = 2e-3  # the worst relative difference (to the tensor's largest entry) of an exact family
 
 
@@ -282,6 +283,11 @@ def reference_check(model_type: str, task: str, class_name: str, limit: float) -
         config = tiny_config(model_type)
         torch.manual_seed(0)
         model = getattr(transformers, class_name)(config).float().eval()
+        size = sum(p.numel() for p in model.parameters())
+        if size > MAX_PARAMS:  # a size the tiny overrides do not reach: two ranks x two copies would not fit
+            raise MemoryError(
+                f"{size / 1e6:.0f} M parameters at the tiny config (the sweep's limit: {MAX_PARAMS / 1e6:.0f} M)"
+            )
         _loss(model(**_inputs(task, config))).backward()
         return None
     except Exception as err:
@@ -329,6 +335,7 @@ def main(argv: list[str]) -> int:
     import families as me  # by its importable name: the pool's workers import it
     import transformers
 
+    from shardcore.distributed.launcher import RankError
     from shardcore.testing import close_pools, run_on_ranks
 
     results = []
@@ -336,10 +343,14 @@ def main(argv: list[str]) -> int:
     print(f"{len(chosen)} families, transformers {transformers.__version__}", flush=True)
     try:
         for i, (model_type, task, name) in enumerate(chosen):
-            result = (
-                reference_check(model_type, task, name, args.limit)
-                or run_on_ranks(2, me.one_family, model_type, task, name)[0]
-            )
+            try:
+                result = (
+                    reference_check(model_type, task, name, args.limit)
+                    or run_on_ranks(2, me.one_family, model_type, task, name)[0]
+                )
+            except RankError as err:  # a rank died (the pool is made anew for the next family)
+                result = {"family": model_type, "task": task, "model": name, "outcome": "error",
+                          "reason": f"RankError: {str(err)[:300]}", "seconds": None}  # fmt: skip
             results.append(result)
             print(f"[{i + 1}/{len(chosen)}] {model_type} {task}: {result['outcome']} "
                   f"({result['seconds']} s) {result.get('reason', result.get('worst', ''))}"[:240], flush=True)  # fmt: skip

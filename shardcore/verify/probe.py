@@ -170,9 +170,16 @@ class BlockProbe:
         try:
             for path, block in self.blocks:
                 if path in self.kept:
-                    problems += self._compare_block(path, block, self.kept[path], group, summed)
-            with torch.no_grad():
-                out = _first_tensor(self.model(**self.inputs))
+                    try:  # every rank runs the same block on the same input: they raise alike
+                        problems += self._compare_block(path, block, self.kept[path], group, summed)
+                    except Exception as err:
+                        problems.append(f"{path} ({type(block).__name__}) raised, sharded: {type(err).__name__}: {err}")
+            try:
+                with torch.no_grad():
+                    out = _first_tensor(self.model(**self.inputs))
+            except Exception as err:
+                out = None
+                problems.append(f"the sharded model raised: {type(err).__name__}: {err}")
             if out is not None and self.output is not None:
                 err = _rel(out, self.output)
                 if out.shape != self.output.shape or err > _tolerance(out) * 10:
