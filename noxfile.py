@@ -48,7 +48,7 @@ ENV = pathlib.Path(os.environ.get("SHARDCORE_NOX_ENV", ROOT / ".nox" / "shared")
 TORCH = os.environ.get("SHARDCORE_TORCH", "torch==2.13.0")
 TORCH_VISION = os.environ.get("SHARDCORE_TORCH_VISION", "torch==2.14.1 torchvision==0.29.1")
 NEEDS_TORCHVISION = {"shard-vit"}
-TOOLS = ["pytest>=8", "ruff>=0.6", "hatchling>=1.21", "tqdm"]
+TOOLS = ["pytest>=8", "ruff>=0.6", "hatchling>=1.21", "hatch-fancy-pypi-readme>=24", "tqdm"]
 
 nox.options.sessions = ["lint", "tests"]
 nox.options.default_venv_backend = "none"

@@ -235,3 +235,14 @@ def test_core_sdist_holds_the_core_and_the_license(tmp_path):
     assert top <= {"shardcore", "README.md", "LICENSE", "pyproject.toml", "PKG-INFO", ".gitignore"}, top
     assert {"shardcore", "LICENSE"} <= top
     assert "License-Expression: Apache-2.0" in info and "License-File: LICENSE" in info
+    # the long description: every link absolute (an index page has no docs/ beside it)
+    relative = re.findall(r"\]\((?!https?://|#)[^)]*\)", info)
+    assert not relative and "Description-Content-Type: text/markdown" in info, relative
+
+
+def test_plugin_readmes_link_nowhere_relative():
+    """A plugin's README is its long description on an index page: no relative link."""
+    import pathlib
+
+    for readme in (pathlib.Path(__file__).resolve().parents[1] / "plugins").glob("*/README.md"):
+        assert not re.findall(r"\]\((?!https?://|#)[^)]*\)", readme.read_text()), readme
