@@ -809,7 +809,7 @@ MUTANTS: dict[str, Mutant] = {
         _m(
             "block-check-disabled",
             "the block check at optimize compares nothing (BlockProbe.compare returns at once)",
-            "shardcore/verify.py",
+            "shardcore/verify/probe.py",
             (
                 "        problems: list[str] = []\n        summed: list[str] = []\n",
                 "        return []\n        problems: list[str] = []\n        summed: list[str] = []\n",
@@ -820,7 +820,7 @@ MUTANTS: dict[str, Mutant] = {
         _m(
             "found-partial-gradients-not-summed",
             "the replicated parameters the block check finds partial are named but never summed",
-            "shardcore/verify.py",
+            "shardcore/verify/probe.py",
             ("                sum_gradients_over_group({names[-1]: param}, group)\n", "                pass\n"),
             "tests/test_core_verify.py::test_replicated_parameter_on_split_activations_gets_its_gradient_summed[2]",
             "a partial gradient left unsummed",
@@ -828,7 +828,7 @@ MUTANTS: dict[str, Mutant] = {
         _m(
             "first-step-check-disabled",
             "the first-backward gradient check never armed (check_first_backward returns at once)",
-            "shardcore/verify.py",
+            "shardcore/verify/first_step.py",
             ("    split = set(parameter_specs(model))\n", "    return\n    split = set(parameter_specs(model))\n"),
             "tests/test_core_verify.py::test_the_first_backward_check_names_partial_gradients",
             "the first-step check let partial gradients through",

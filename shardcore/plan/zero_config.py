@@ -84,6 +84,8 @@ def hf_tp_plan(model: nn.Module) -> dict[str, list | str | None] | None:
                 continue  # a shipped plan covers the family's variants (dense layers, say): not this one's
             if style in ("colwise", "rowwise") and hits and all(type(m).forward is nn.Linear.forward for m in hits):
                 specs[f"{key}.weight"] = ["tp", None] if style == "colwise" else [None, "tp"]
+            elif style == "embedding_rowwise" and hits and all(type(m).forward is nn.Embedding.forward for m in hits):
+                specs[f"{key}.weight"] = ["tp", None]  # the vocabulary split (a tied head follows it)
             elif style == GRAD_SUM and hits:
                 for pname, _ in hits[0].named_parameters(recurse=False):
                     specs[f"{key}.{pname}"] = GRAD_SUM
@@ -99,12 +101,16 @@ def _split_ends(model: nn.Module, specs: dict) -> None:
     embed = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     ends = [m for m in (embed, head) if m is not None and id(m) in paths]
-    regexes = [_regex(k) for k in specs]
-    named = [m for m in ends if any(r.match(paths[id(m)]) or r.match(f"{paths[id(m)]}.weight") for r in regexes)]
+    regexes = [(_regex(k), v) for k, v in specs.items()]
+
+    def named(m: nn.Module) -> list:
+        return [v for r, v in regexes if r.match(paths[id(m)]) or r.match(f"{paths[id(m)]}.weight")]
+
     tied = head is not None and embed is not None and head.weight is embed.weight
-    if named and tied:
-        return  # the plan says what to do with the pair
-    ends = [m for m in ends if m not in named]
+    said = [v for m in ends for v in named(m)]
+    if said and tied and any(v != ["tp", None] for v in said):
+        return  # the plan keeps the pair whole (or splits it otherwise): its word
+    ends = [m for m in ends if not named(m)]
     plain = all(type(m).forward in _PLAIN for m in ends)
     if plain or not tied:  # a tied pair is split together or not at all
         for m in ends:
