@@ -86,6 +86,17 @@ TINY = {
     "depth": 2,
     "embed_dim": 64,
     "out_hidden_size": 64,
+    "vocab_size_per_layer_input": 512,
+    "hidden_size_per_layer_input": 16,
+    "emb_dim": 64,
+    "n_layers": 2,
+    "n_heads": 4,
+    "dim": 64,
+    "hidden_dim": 128,
+    "expert_ffn_hidden_size": 64,
+    "ffn_hidden_size": 128,
+    "entity_vocab_size": 64,
+    "entity_emb_size": 32,
 }
 #: a list per layer, made one entry per tiny layer (its first entries)
 PER_LAYER = ("layer_types", "activation_sparsity_pattern", "mlp_layer_types")
@@ -95,7 +106,17 @@ MAX_PARAMS = 40_000_000  # parameters of one tiny model (each of 2 ranks holds i
 EXACT_RTOL = 2e-3  # the worst relative difference (to the tensor's largest entry) of an exact family
 
 
-def _overrides(defaults: dict, sub_configs: dict) -> dict:
+def _mrope(cls) -> bool:
+    """Whether a config class's module speaks of multimodal rotary sections (Qwen2-VL and kin)."""
+    import inspect
+
+    try:
+        return "mrope_section" in inspect.getsource(sys.modules[cls.__module__])
+    except (OSError, TypeError, KeyError):
+        return False
+
+
+def _overrides(defaults: dict, sub_configs: dict, mrope: bool = False) -> dict:
     out = {k: v for k, v in TINY.items() if k in defaults and not isinstance(defaults[k], dict | list)}
     if "kv_lora_rank" in defaults and "num_key_value_heads" in out:  # MLA: as many key/value heads as queries
         out["num_key_value_heads"] = out.get("num_attention_heads", 4)
@@ -106,15 +127,26 @@ def _overrides(defaults: dict, sub_configs: dict) -> dict:
     layers = out.get("num_hidden_layers", out.get("num_layers"))
     for k in PER_LAYER:
         if layers and isinstance(defaults.get(k), list | tuple) and len(defaults[k]) > layers:
-            out[k] = list(defaults[k][:layers])
+            kinds = list(defaults[k][: layers - 1])  # the first ones, the last layer of a kind not yet seen
+            kinds.append(next((x for x in defaults[k] if x not in kinds), defaults[k][layers - 1]))
+            out[k] = kinds
     out.update({k: 0.0 for k in ZERO if isinstance(defaults.get(k), float)})
     for k in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
         if isinstance(defaults.get(k), int):
             out[k] = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2, "decoder_start_token_id": 0}[k]
     for key, cls in sub_configs.items():
         if isinstance(defaults.get(key), dict):
-            sub = cls() if isinstance(cls, type) else None
-            out[key] = {**defaults[key], **_overrides(sub.to_dict() if sub is not None else defaults[key], {})}
+            given = defaults[key]
+            try:  # the sub-config's own defaults (an AutoConfig slot: those of the model type it holds)
+                from transformers import CONFIG_MAPPING
+
+                kind = given.get("model_type")
+                sub = CONFIG_MAPPING[kind]() if kind in CONFIG_MAPPING else cls()
+                sub_defaults = {**sub.to_dict(), **given}
+                nested, mrope_sub = getattr(type(sub), "sub_configs", None) or {}, _mrope(type(sub))
+            except Exception:
+                sub_defaults, nested, mrope_sub = given, {}, False
+            out[key] = {**given, **_overrides(sub_defaults, nested, mrope_sub)}
     return out
 
 
@@ -124,7 +156,7 @@ def tiny_config(model_type: str):
 
     cls = CONFIG_MAPPING[model_type]
     defaults = cls().to_dict()
-    config = cls(**_overrides(defaults, getattr(cls, "sub_configs", None) or {}))
+    config = cls(**_overrides(defaults, getattr(cls, "sub_configs", None) or {}, _mrope(cls)))
     config._attn_implementation = "eager"
     return config
 
@@ -159,6 +191,8 @@ def _inputs(task: str, config, seed: int = 1) -> dict:
         }
     ids = torch.randint(3, min(vocab, 512), (2, 8), generator=g)
     batch = {"input_ids": ids, "labels": ids.clone()}
+    if getattr(text, "use_cache", None) is not None:
+        batch["use_cache"] = False  # no cache: hybrid (linear-attention) layers build none worth checking
     if task == "seq2seq":
         batch["decoder_input_ids"] = torch.randint(3, min(vocab, 512), (2, 6), generator=g)
         batch["labels"] = batch["decoder_input_ids"].clone()
@@ -205,9 +239,21 @@ def _compare(out_ref, ref_grads: dict, out, loss, grads: dict) -> tuple[str, dic
     return ("wrong" if bad else "exact"), extra
 
 
-def one_family(model_type: str, task: str, class_name: str, *, zero_config: bool = False) -> dict:
+def _uncovered(model) -> bool:
+    """Neither a plugin nor a shipped plan covers ``model``."""
+    import shardcore
+
+    try:
+        shardcore.resolve_policy(model)
+    except shardcore.NoPolicyError:
+        return True
+    return False
+
+
+def one_family(model_type: str, task: str, class_name: str, *, zero_config: bool = False, derive: bool = False) -> dict:
     """One family on this rank (every rank of the pool calls it): its outcome as a dict.
-    ``zero_config``: the plans the config ships even where a plugin covers the family."""
+    ``zero_config``: the plans the config ships even where a plugin covers the family; ``derive``:
+    ``ShardConfig(plan="derive")`` for a family neither a plugin nor a shipped plan covers."""
     import torch
     import transformers
 
@@ -239,7 +285,9 @@ def one_family(model_type: str, task: str, class_name: str, *, zero_config: bool
             from shardcore.plan import zero_config_policy
 
             policy = zero_config_policy(model)
-        model = shardcore.optimize(model, shardcore.ShardConfig(tensor_parallel_size=2), policy=policy)
+        plan = "derive" if derive and policy is None and _uncovered(model) else None
+        result["derived"] = plan is not None
+        model = shardcore.optimize(model, shardcore.ShardConfig(tensor_parallel_size=2, plan=plan), policy=policy)
     except (
         shardcore.NoPolicyError,
         shardcore.PlanError,
@@ -301,17 +349,21 @@ def reference_check(model_type: str, task: str, class_name: str, limit: float) -
 
 
 def table(results: list[dict], version: str) -> str:
-    """The counts and the list, as markdown."""
+    """The counts and the list, as markdown. Families sharded by a derived plan (``--derive``) count
+    as refused (no plugin, no plan) in the first row, by their own outcome in the second."""
     order = ["exact", "refused", "cannot build", "error", "wrong"]
-    counts = {o: sum(r["outcome"] == o for r in results) for o in order}
+    default = [("refused" if r.get("derived") else r["outcome"]) for r in results]
+    rows = [("by default", default)]
+    if any(r.get("derived") for r in results):
+        rows.append(('with plan="derive" where nothing covers a family', [r["outcome"] for r in results]))
     lines = [
         f"# Family sweep: transformers {version}, TP=2, {len(results)} families",
         "",
         "Written by `nox -s families` (`python benchmarks/families.py`); see the script's docstring for the outcomes.",
         "",
-        "| " + " | ".join(order) + " |",
-        "|" + "---|" * len(order),
-        "| " + " | ".join(str(counts[o]) for o in order) + " |",
+        "| | " + " | ".join(order) + " |",
+        "|---|" + "---|" * len(order),
+        *(f"| {name} | " + " | ".join(str(row.count(o)) for o in order) + " |" for name, row in rows),
         "",
         "| family | task | outcome | policy | worst difference / reason |",
         "|---|---|---|---|---|",
@@ -319,7 +371,8 @@ def table(results: list[dict], version: str) -> str:
     for r in results:
         what = r.get("reason") or ", ".join(f"{k} {v}" for k, v in r.get("worst", {}).items())
         what = what.replace("|", "\\|").replace("\n", " ")[:160]
-        lines.append(f"| {r['family']} | {r['task']} | {r['outcome']} | {r.get('policy', '')} | {what} |")
+        policy = r.get("policy", "") + (" (derived)" if r.get("derived") else "")
+        lines.append(f"| {r['family']} | {r['task']} | {r['outcome']} | {policy} | {what} |")
     return "\n".join(lines) + "\n"
 
 
@@ -327,6 +380,7 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="*", help="model types (default: every family)")
     parser.add_argument("--task", nargs="*", choices=sorted(TASKS), default=sorted(TASKS))
+    parser.add_argument("--derive", action="store_true", help='plan="derive" where no plugin nor plan covers a family')
     parser.add_argument("--limit", type=float, default=60.0, help="seconds a family may take to build and run")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "families.json"))
     args = parser.parse_args(argv)
@@ -346,7 +400,7 @@ def main(argv: list[str]) -> int:
             try:
                 result = (
                     reference_check(model_type, task, name, args.limit)
-                    or run_on_ranks(2, me.one_family, model_type, task, name)[0]
+                    or run_on_ranks(2, me.one_family, model_type, task, name, derive=args.derive)[0]
                 )
             except RankError as err:  # a rank died (the pool is made anew for the next family)
                 result = {"family": model_type, "task": task, "model": name, "outcome": "error",

@@ -133,6 +133,8 @@ class ShardConfig:
             whole global batch (summed over the data-parallel ranks) instead of each rank's part.
         plan: a sharding plan (torchprime's syntax), a YAML path or a dict: shards by it instead of
             a plugin's policy (see :mod:`shardcore.plan`); refused together with ``policy=``.
+            ``"derive"``: a plan derived from the model's modules (attention by heads, MLP pairs
+            column then row), checked by ``verify`` (see :mod:`shardcore.plan.derive`).
         tensor_parallel_process_group: an existing process group to use instead of building one;
             its size then is the tensor-parallel size.
         enable_tensor_parallelism: ``False`` leaves the model unsharded (policies still run their

@@ -107,9 +107,10 @@ def _policy(b: Build) -> None:
             raise ValueError(
                 "optimize: ShardConfig(plan=...) and policy=... both say how to shard the model; pass one of them"
             )
-        from .plan import PlanPolicy
+        from .plan import DERIVE, PlanPolicy, derived_policy
 
-        b.policy = PlanPolicy(b.config.plan)  # reads and checks the plan's syntax: no collective
+        derive = b.config.plan == DERIVE  # from the model's modules, verified as any plan we did not write
+        b.policy = derived_policy(b.model) if derive else PlanPolicy(b.config.plan)  # no collective
     b.policy = resolve_policy(b.model, b.policy)
     b.policy.set_shard_config(b.config, b.layout.tp)
     b.policy.layout = b.layout  # every degree (the experts' groups come from it)

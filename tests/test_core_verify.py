@@ -123,3 +123,33 @@ def test_verify_false_turns_both_checks_off():
     """verify=False: no check (what the switch promises), so the partial gradient goes unsummed."""
     (result, _) = run_on_ranks(2, _run, 2, "scale", False, False)
     assert result["worst"]["layers.0.alpha"] > 0.1
+
+
+def _derive(tp: int, mode: str) -> dict:
+    import shardcore
+
+    torch.manual_seed(0)
+    expected = {n: g.clone() for n, g in _grads(Toy(mode)).items() if g is not None}
+    torch.manual_seed(0)
+    try:
+        model = shardcore.optimize(Toy(mode), ShardConfig(tensor_parallel_size=tp, plan="derive"))
+    except shardcore.ShardingCheckError as err:
+        return {"optimize": str(err)}
+    kinds = {n: type(m).__name__ for n, m in model.named_modules() if n.startswith("layers.0.")}
+    got = _grads(model)
+    return {"kinds": kinds, "worst": max(((got[n] - g).abs().max() / g.abs().max()).item() for n, g in expected.items())}
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_derived_plan_splits_the_mlp_pair_and_is_verified(tp):
+    """plan="derive" on a model with no plugin and no plan: up column, down row, ends by the vocabulary;
+    the block check finds alpha partial and sums it; every gradient equals the unsharded one."""
+    for result in run_on_ranks(tp, _derive, tp, "scale"):
+        assert result["kinds"]["layers.0.up"] == "Linear1D_Col" and result["kinds"]["layers.0.down"] == "Linear1D_Row"
+        assert result["worst"] < 1e-5
+
+
+def test_derived_plan_that_is_wrong_is_refused():
+    """A derived plan whose block computes another number (a norm over the split width): refused at optimize."""
+    (result, _) = run_on_ranks(2, _derive, 2, "norm")
+    assert "layers.0 (Block): its output differs" in result["optimize"]

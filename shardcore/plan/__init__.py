@@ -33,8 +33,18 @@ checked in :meth:`PlanPolicy.config_sanity_check`, before any collective.
 
 from __future__ import annotations
 
+from .derive import DERIVE, derived_plan, derived_policy
 from .policy import PlanPolicy
 from .syntax import PlanError, load_plan
 from .zero_config import hf_tp_plan, zero_config_policy
 
-__all__ = ["PlanError", "PlanPolicy", "hf_tp_plan", "load_plan", "zero_config_policy"]
+__all__ = [
+    "DERIVE",
+    "PlanError",
+    "PlanPolicy",
+    "derived_plan",
+    "derived_policy",
+    "hf_tp_plan",
+    "load_plan",
+    "zero_config_policy",
+]

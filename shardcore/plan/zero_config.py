@@ -91,11 +91,11 @@ def hf_tp_plan(model: nn.Module) -> dict[str, list | str | None] | None:
                     specs[f"{key}.{pname}"] = GRAD_SUM
             else:
                 specs[key] = style
-    _split_ends(model, specs)
+    split_ends(model, specs)
     return specs
 
 
-def _split_ends(model: nn.Module, specs: dict) -> None:
+def split_ends(model: nn.Module, specs: dict) -> None:
     """The vocabulary-parallel embedding and LM head, unless a plan names them."""
     paths = {id(m): n for n, m in model.named_modules()}
     embed = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None

@@ -30,12 +30,16 @@ def _steps(config: ShardConfig, kv: int) -> dict:
     torch.manual_seed(0)
     model = shardcore.optimize(build("LlamaForCausalLM", kv=kv), config)
     batch = lm_batch()
+    with count_collectives() as first:  # the first step: the input check, and a plan's gradient check
+        model(**batch).loss.backward()
+    model.zero_grad(set_to_none=True)
     with count_collectives() as fwd:
         out = model(**batch)
     with count_collectives() as bwd:
         out.loss.backward()
     kinds = {n: type(m).__name__ for n, m in model.named_modules() if "layers.0." in n or "." not in n}
-    return {"counts": (dict(fwd), dict(bwd)), "logits": out.logits.detach(), "kinds": kinds}
+    first.subtract(fwd + bwd)  # what the first step issued beyond a steady one
+    return {"counts": (dict(fwd), dict(bwd)), "first": +first, "logits": out.logits.detach(), "kinds": kinds}
 
 
 def _plan_vs_plugin(tp: int, kv: int, path: str) -> dict:
@@ -51,11 +55,14 @@ def test_yaml_plan_reproduces_the_plugin(tmp_path, tp, kv):
     """The plan: outputs, loss, every gradient and 3 AdamW steps equal to unsharded; logits
     bit-identical to the plugin path; the same layers and the same collectives, forward and
     backward (q/k/v and gate/up share one backward all-reduce, as the plugin's regions do; the
-    loss on the vocabulary slices while the logits are gathered, as the plugin's)."""
+    loss on the vocabulary slices while the logits are gathered, as the plugin's); the plan's first
+    step alone adds one all-gather, the check of its replicated gradients (ShardConfig.verify)."""
     path = _write(tmp_path, LLAMA_PLAN)
     for result in run_on_ranks(tp, _plan_vs_plugin, tp, kv, path):
         assert result["plan"]["counts"] == result["plugin"]["counts"]
         assert result["plan"]["kinds"] == result["plugin"]["kinds"]
+        # both first steps check the inputs (one all-gather); the plan's checks its replicated gradients too
+        assert result["plan"]["first"] - result["plugin"]["first"] == {"all_gather": 1}
 
 
 def _refusal(text: str, tmp: str, intermediate: int) -> str:
