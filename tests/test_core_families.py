@@ -41,3 +41,11 @@ def test_family_exact(family):
         why = result.get("reason") or result.get("wrong_grads") or result.get("worst")
         assert result["outcome"] == "exact", f"{model_type}: {result['outcome']}: {why}"
         assert (result["policy"] == "PlanPolicy") == (zero_config or model_type not in ("llama", "gpt2", "t5"))
+
+
+@pytest.mark.parametrize("family", [("mpt", "MptForCausalLM"), ("xglm", "XGLMForCausalLM")], ids=["mpt", "xglm"])
+def test_family_derived_plan_exact(family):
+    """Families with neither a plugin nor a shipped plan, sharded by ShardConfig(plan="derive")."""
+    model_type, name = family
+    for result in run_on_ranks(2, families.one_family, model_type, "causal-lm", name, derive=True):
+        assert result["derived"] and result["outcome"] == "exact", result

@@ -137,7 +137,10 @@ def _derive(tp: int, mode: str) -> dict:
         return {"optimize": str(err)}
     kinds = {n: type(m).__name__ for n, m in model.named_modules() if n.startswith("layers.0.")}
     got = _grads(model)
-    return {"kinds": kinds, "worst": max(((got[n] - g).abs().max() / g.abs().max()).item() for n, g in expected.items())}
+    return {
+        "kinds": kinds,
+        "worst": max(((got[n] - g).abs().max() / g.abs().max()).item() for n, g in expected.items()),
+    }
 
 
 @pytest.mark.parametrize("tp", [2, 4])
@@ -153,3 +156,19 @@ def test_derived_plan_that_is_wrong_is_refused():
     """A derived plan whose block computes another number (a norm over the split width): refused at optimize."""
     (result, _) = run_on_ranks(2, _derive, 2, "norm")
     assert "layers.0 (Block): its output differs" in result["optimize"]
+
+
+def test_derive_names_what_it_could_not_read():
+    """No repeated block, or none with a pair it can read: a PlanError saying what it looked for and where."""
+    from shardcore.plan import PlanError, derived_plan
+
+    with pytest.raises(PlanError, match="no repeated blocks"):
+        derived_plan(nn.Sequential(nn.Linear(4, 4)))
+
+    class Gated(nn.Module):  # three linears the pair rule does not explain
+        def __init__(self):
+            super().__init__()
+            self.layers = nn.ModuleList(nn.ModuleDict({"a": nn.Linear(8, 8), "b": nn.Linear(8, 8)}) for _ in range(2))
+
+    with pytest.raises(PlanError, match=r"found in layers\.0 \(ModuleDict\)"):
+        derived_plan(Gated())
