@@ -141,7 +141,7 @@ def defer_logits_gather(model, head) -> bool:
     causal_lm_loss = getattr(model, "loss_function", None)
     if not (isinstance(head, VocabParallelLMHead1D) and head.gather_output):
         return False
-    if getattr(causal_lm_loss, "__name__", None) != "ForCausalLMLoss":
+    if getattr(causal_lm_loss, "__name__", None) != "ForCausalLMLoss" or not _forward_calls_loss_function(model):
         return False
 
     on_slices = _loss_on_slices_of(head)
@@ -173,6 +173,17 @@ def defer_logits_gather(model, head) -> bool:
     model.loss_function = loss_function
     model.forward = forward
     return True
+
+
+def _forward_calls_loss_function(model) -> bool:
+    """Whether the model's forward computes its loss by ``self.loss_function`` (some compute their own
+    cross entropy on the logits, which must then be the gathered ones)."""
+    import inspect
+
+    try:
+        return "self.loss_function(" in inspect.getsource(type(model).forward)
+    except (OSError, TypeError):
+        return False
 
 
 def _put_full_logits(model, head, output, local: torch.Tensor, full: torch.Tensor):

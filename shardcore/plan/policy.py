@@ -105,8 +105,9 @@ class PlanPolicy(Policy):
                     f"{self.plan.where(key)}: {path} has the style {style!r} and its parameters a spec "
                     f"({plans[path][2]!r}); give it one or the other"
                 )
+            parent = modules.get(path.rpartition(".")[0])
             layer = module_layer(
-                self.plan.where(key), path, modules[path], style, self._vocab_pad(), self._config_of(path)
+                self.plan.where(key), path, modules[path], style, self._vocab_pad(), self._config_of(path), parent
             )
             if layer is None:
                 continue

@@ -53,7 +53,21 @@ HOOKS = {"all_reduce": "reduce", "moe_tp_experts": "partial", "moe_identity_expe
 WHOLE = ("replicate", "local_params")
 
 
-def module_layer(at: str, path: str, module: nn.Module, style: str, vocab_pad: int, config) -> tuple | None:
+def rope_dim(parent: nn.Module | None, config) -> int | None:
+    """MLA's rotary width: the attention's own ``qk_rope_head_dim``, else the config's (a config whose
+    layers differ raises on the global read: then ``None``)."""
+    value = getattr(parent, "qk_rope_head_dim", None)
+    if isinstance(value, int):
+        return value
+    try:
+        return getattr(config, "qk_rope_head_dim", None)
+    except Exception:
+        return None
+
+
+def module_layer(
+    at: str, path: str, module: nn.Module, style: str, vocab_pad: int, config, parent=None
+) -> tuple | None:
     """``(layer class, kwargs)`` for a module given ``style``, ``None`` when it stays whole (and
     needs no hook). The styles of plain linear layers (colwise/rowwise) are specs already."""
     linear = isinstance(module, nn.Linear) and type(module).forward is nn.Linear.forward
@@ -63,9 +77,12 @@ def module_layer(at: str, path: str, module: nn.Module, style: str, vocab_pad: i
     if style in HOOKS:
         return InPlace, {"hook": HOOKS[style], "where": path}
     if style == "mla_kv_a_proj":
-        tail = getattr(config, "qk_rope_head_dim", None)
+        tail = rope_dim(parent, config)
         if not isinstance(tail, int):
-            raise PlanError(f"{at}: {path}: mla_kv_a_proj needs the config's qk_rope_head_dim, which it lacks")
+            raise PlanError(
+                f"{at}: {path}: mla_kv_a_proj needs the rotary width (qk_rope_head_dim) of its attention or of "
+                "one config for every layer; neither gives one"
+            )
         return InPlace, {"hook": "tail_grad", "tail": tail, "where": path}
     if style in ("colwise_gather_output", "colwise_rep") and linear:
         return Linear1D_Col, {"gather_output": True}

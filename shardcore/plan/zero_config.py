@@ -100,6 +100,9 @@ def split_ends(model: nn.Module, specs: dict) -> None:
     paths = {id(m): n for n, m in model.named_modules()}
     embed = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    weight = getattr(embed, "weight", None)
+    if weight is not None and getattr(head, "weight", None) is not weight:  # a head tied to it, undeclared
+        head = next((m for m in model.modules() if m is not embed and getattr(m, "weight", None) is weight), head)
     ends = [m for m in (embed, head) if m is not None and id(m) in paths]
     regexes = [(_regex(k), v) for k, v in specs.items()]
 

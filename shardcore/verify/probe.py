@@ -67,7 +67,7 @@ def probe_inputs(model: nn.Module, seed: int = 0) -> dict[str, torch.Tensor] | N
             return None
         ids = torch.randint(min(3, vocab - 1), vocab, (2, 8), generator=gen).to(device)
         inputs = {"input_ids": ids}
-        if getattr(config, "is_encoder_decoder", False):
+        if getattr(config, "is_encoder_decoder", False) and _takes(model, "decoder_input_ids"):
             inputs["decoder_input_ids"] = ids[:, :6].clone()
     elif name == "pixel_values":
         vision = getattr(config, "vision_config", config)
@@ -79,9 +79,17 @@ def probe_inputs(model: nn.Module, seed: int = 0) -> dict[str, torch.Tensor] | N
         inputs = {"pixel_values": torch.randn(2, channels, size, size, generator=gen).to(device)}
     else:
         return None
-    if config is not None and hasattr(config, "use_cache"):
+    if config is not None and hasattr(config, "use_cache") and _takes(model, "use_cache"):
         inputs["use_cache"] = False
     return inputs
+
+
+def _takes(model: nn.Module, name: str) -> bool:
+    """Whether ``model.forward`` takes the keyword ``name`` (or any keyword)."""
+    import inspect
+
+    params = inspect.signature(model.forward).parameters
+    return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
 
 
 class BlockProbe:
