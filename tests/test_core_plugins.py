@@ -167,9 +167,10 @@ def test_cli_table_and_json(fake_entry_points, monkeypatch, capsys):
 
 
 def test_import_and_discovery_do_not_import_model_libraries():
-    """`import shardcore`, plugin discovery and `shardcore plugins` never import transformers or timm."""
+    """`import shardcore`, the plugin-author API, plugin discovery and `shardcore plugins` never import
+    transformers or timm."""
     code = (
-        "import sys, shardcore\n"
+        "import sys, shardcore, shardcore.plugin_api\n"
         "from shardcore.plugins import get_registry\n"
         "from shardcore.cli import main\n"
         "reg = get_registry()\n"
@@ -246,3 +247,24 @@ def test_plugin_readmes_link_nowhere_relative():
 
     for readme in (pathlib.Path(__file__).resolve().parents[1] / "plugins").glob("*/README.md"):
         assert not re.findall(r"\]\((?!https?://|#)[^)]*\)", readme.read_text()), readme
+
+
+def test_the_plugin_author_api_exports_what_every_bundled_plugin_imports():
+    """shardcore.plugin_api: every name a bundled plugin imports from shardcore, whichever module it
+    imports it from, is exported there and is the same object (one documented place to depend on)."""
+    import ast
+    import importlib
+    import pathlib
+
+    import shardcore.plugin_api as api
+
+    root = pathlib.Path(__file__).resolve().parents[1] / "plugins"
+    seen = set()
+    for path in root.glob("shard-*/shard_*/**/*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("shardcore"):
+                seen |= {(node.module, a.name) for a in node.names}
+    assert len(seen) > 30, seen
+    for module, name in sorted(seen):
+        assert name in api.__all__, f"{module}.{name} (imported by a plugin) is not in shardcore.plugin_api"
+        assert getattr(api, name) is getattr(importlib.import_module(module), name), (module, name)
