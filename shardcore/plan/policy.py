@@ -200,6 +200,21 @@ class PlanPolicy(Policy):
                     return blocks
         return []
 
+    def planned_blocks(self) -> list[tuple[str, nn.Module]]:
+        """The blocks of every outermost ``nn.ModuleList`` holding a planned module (a composite's
+        towers and language model alike): what ``ShardConfig(verify=...)`` checks."""
+        names = list(self._plans if getattr(self, "_plans", None) is not None else {})
+        found: list[tuple[str, nn.Module]] = []
+        for path, container in self.model.named_modules():
+            if not (isinstance(container, nn.ModuleList) and len(container)):
+                continue
+            if any(path.startswith(f"{b}.") for b, _ in found):
+                continue  # inside a block already chosen
+            blocks = self.blocks_in(container)
+            if any(any(n.startswith(b + ".") for n in names) for b, _ in blocks):
+                found += blocks
+        return found
+
     def config_sanity_check(self) -> None:
         self._plans = self._layers()
         self._check_activations(self._plans)

@@ -43,6 +43,12 @@ def verifying(model, policy, config, tensor_parallel: bool) -> bool:
     return config.verify is True or isinstance(policy, PlanPolicy)
 
 
+def _blocks(policy) -> list:
+    """The blocks to check: a plan's in every container it touches, else the policy's."""
+    planned = getattr(policy, "planned_blocks", None)
+    return planned() if callable(planned) else policy.blocks()
+
+
 def probe(model, policy, config, tensor_parallel: bool) -> BlockProbe | None:
     """While the weights are whole: the unsharded blocks' outputs and gradients (no collective);
     ``None`` when not verifying, or for a model on the meta device (nothing to run)."""
@@ -54,7 +60,7 @@ def probe(model, policy, config, tensor_parallel: bool) -> BlockProbe | None:
             type(model).__name__,
         )
         return None
-    found = BlockProbe(model, policy.blocks(), type(model).__name__)
+    found = BlockProbe(model, _blocks(policy), type(model).__name__)
     found.record()
     return found
 
@@ -68,7 +74,7 @@ def verify(model, policy, config, group, probed: BlockProbe | None, tensor_paral
     if probed is not None:
         found = probed.compare(group)
         if found:
-            sum_found(model, policy.blocks(), found, group)
+            sum_found(model, _blocks(policy), found, group)
     if config.inference_only:
         return
     if config.data_parallel is not None:

@@ -41,6 +41,11 @@ def _clone(value: Any) -> Any:
     return value
 
 
+def _is_cache(value: Any) -> bool:
+    """A model library's key/value cache object (transformers' ``Cache``), by what it does."""
+    return callable(getattr(value, "get_seq_length", None)) and callable(getattr(value, "update", None))
+
+
 def _first_tensor(output: Any) -> torch.Tensor | None:
     if isinstance(output, torch.Tensor):
         return output
@@ -97,9 +102,9 @@ class BlockProbe:
 
     def __init__(self, model: nn.Module, blocks: list[tuple[str, nn.Module]], name: str) -> None:
         self.model, self.name = model, name
-        seen: dict[type, tuple[str, nn.Module]] = {}
-        for path, block in blocks:
-            seen.setdefault(type(block), (path, block))
+        seen: dict[tuple, tuple[str, nn.Module]] = {}
+        for path, block in blocks:  # one of each kind: its class and its children's (hybrid layers differ)
+            seen.setdefault((type(block), *(type(m) for m in block.children())), (path, block))
         self.blocks = list(seen.values())
         self.kept: dict[str, dict] = {}
         self.output: torch.Tensor | None = None
@@ -125,6 +130,8 @@ class BlockProbe:
         for path, block in self.blocks:
 
             def keep(module, args, kwargs, path=path):
+                # a key/value cache the forward made anyway: left out (run again, the block would extend it)
+                kwargs = {k: (None if _is_cache(v) else v) for k, v in kwargs.items()}
                 captured.setdefault(path, (_clone(args), _clone(kwargs)))
 
             handles.append(block.register_forward_pre_hook(keep, with_kwargs=True))
