@@ -296,8 +296,3 @@ class PlanPolicy(Policy):
             params = dict(self.model.named_parameters(remove_duplicate=False))
             sum_gradients_over_group({name: params[name] for name in self._grad_sum}, group)
         return self.model
-
-
-# -- zero-config: the plan a HuggingFace model ships ---------------------------------------------------
-
-#: transformers' tensor-parallel styles the fallback turns into specs.
