@@ -105,9 +105,10 @@ def split_ends(model: nn.Module, specs: dict) -> None:
         head = next((m for m in model.modules() if m is not embed and getattr(m, "weight", None) is weight), head)
     ends = [m for m in (embed, head) if m is not None and id(m) in paths]
     # every module sharing an end's weight (a decoder's embedding tied to the head) goes with it
+    weights = [w for w in (getattr(e, "weight", None) for e in ends) if isinstance(w, nn.Parameter)]
     partners = [
         m for m in model.modules()
-        if all(m is not e for e in ends) and any(getattr(m, "weight", None) is e.weight for e in ends)
+        if all(m is not e for e in ends) and any(getattr(m, "weight", None) is w for w in weights)
     ]  # fmt: skip
     ends += [m for m in partners if id(m) in paths]
     regexes = [(_regex(k), v) for k, v in specs.items()]
@@ -115,7 +116,7 @@ def split_ends(model: nn.Module, specs: dict) -> None:
     def named(m: nn.Module) -> list:
         return [v for r, v in regexes if r.match(paths[id(m)]) or r.match(f"{paths[id(m)]}.weight")]
 
-    tied = bool(partners) or (head is not None and embed is not None and head.weight is embed.weight)
+    tied = bool(partners) or (weight is not None and getattr(head, "weight", None) is weight)
     said = [v for m in ends for v in named(m)]
     if said and tied and any(v != ["tp", None] for v in said):
         return  # the plan keeps the pair whole (or splits it otherwise): its word
