@@ -240,6 +240,13 @@ def families(session: nox.Session) -> None:
     _run(session, bin_dir, "python", "benchmarks/families.py", *session.posargs)
 
 
+@nox.session(name="bench-verify", default=False)
+def bench_verify(session: nox.Session) -> None:
+    """Benchmark (not a test): what ShardConfig(verify=True) costs at optimize, the first step and after."""
+    bin_dir = _install(session)
+    _bench(session, bin_dir, "verify", "benchmarks/bench_verify.py")
+
+
 @nox.session(default=False)
 def memory(session: nox.Session) -> None:
     """Benchmark (not a test): RSS and time to load a ~0.9 GB Llama at TP=2, vs HuggingFace's loaders."""

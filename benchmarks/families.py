@@ -239,9 +239,13 @@ def _compare(out_ref, ref_grads: dict, out, loss, grads: dict) -> tuple[str, dic
     return ("wrong" if bad else "exact"), extra
 
 
-def _checked(shardcore) -> type | tuple:
+class _Never(Exception):
+    """Raised by nothing: the checks' error of an older shardcore, which has none."""
+
+
+def _checked(shardcore) -> type:
     """The error of shardcore's checks (an older shardcore, swept for a before/after count, has none)."""
-    return getattr(shardcore, "ShardingCheckError", ())
+    return getattr(shardcore, "ShardingCheckError", _Never)
 
 
 def _uncovered(model) -> bool:
