@@ -54,6 +54,12 @@ def probe(model, policy, config, tensor_parallel: bool) -> BlockProbe | None:
     ``None`` when not verifying, or for a model on the meta device (nothing to run)."""
     if not verifying(model, policy, config, tensor_parallel):
         return None
+    if config.enable_sequence_parallelism:  # a block alone would get the whole sequence, not its slice
+        log.warning(
+            "shardcore: %s: the block check at optimize does not run with sequence parallelism; the first-step check does",
+            type(model).__name__,
+        )
+        return None
     if any(p.device.type == "meta" for p in model.parameters()):
         log.warning(
             "shardcore: %s: the block check at optimize does not run on meta weights; the first-step check does",
