@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import shutil
 from pathlib import Path
 
 import torch
@@ -19,10 +20,13 @@ from .hf import _full_shape, model_tensors
 from .materialize import checkpoint_policy
 from .safetensors_io import (
     INDEX,
+    MARKER,
     SINGLE,
+    STAGING,
     StreamingSafetensors,
     parse_size,
     tensor_nbytes,
+    weight_files,
 )
 
 
@@ -124,16 +128,12 @@ def save_checkpoint(model: nn.Module, path: str | os.PathLike, *, max_shard_size
         if len(files) == 1
         else [f"model-{i + 1:05d}-of-{len(files):05d}.safetensors" for i in range(len(files))]
     )
+    stage = path / STAGING  # written whole there first: the directory's checkpoint stays until this one is
     if writer:
-        path.mkdir(parents=True, exist_ok=True)
-        _save_config(model, path, entries)
-        if len(files) > 1:
-            index = {renamed.get(e[0], e[0]): n for n, group in zip(names, files, strict=True) for e in group}
-            total = sum(tensor_nbytes(shape, dtype) for _, shape, dtype in entries)
-            (path / INDEX).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": index}, indent=2))
+        _stage(model, stage, entries, names, files, renamed)
     for file_name, group in zip(names, files, strict=True):
         on_disk = [(renamed.get(name, name), shape, dtype) for name, shape, dtype in group]
-        stream = StreamingSafetensors(path / file_name, on_disk) if writer else None
+        stream = StreamingSafetensors(stage / file_name, on_disk) if writer else None
         for name, shape, dtype in group:
             full = None
             if name in tensors and (not stage_of or stage_of[name] == _coords(model)["pp"]):
@@ -147,5 +147,41 @@ def save_checkpoint(model: nn.Module, path: str | os.PathLike, *, max_shard_size
             del full
         if stream is not None:
             stream.close()
+    if writer:
+        _replace(path, stage)
     if dist.is_initialized():
         dist.barrier()
+
+
+def _stage(model: nn.Module, stage: Path, entries, names: list[str], files: list, renamed: dict) -> None:
+    """The staging directory, fresh, with the config and (several files) the index."""
+    if stage.exists():  # an earlier save that never finished
+        shutil.rmtree(stage)
+    stage.mkdir(parents=True)
+    _save_config(model, stage, entries)
+    if len(files) > 1:
+        index = {renamed.get(e[0], e[0]): n for n, group in zip(names, files, strict=True) for e in group}
+        total = sum(tensor_nbytes(shape, dtype) for _, shape, dtype in entries)
+        (stage / INDEX).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": index}, indent=2))
+
+
+def _replace(path: Path, stage: Path) -> None:
+    """Make the checkpoint written whole in ``stage`` the directory's: no file of an earlier checkpoint
+    survives (a stale index would be read first). :data:`MARKER` says "incomplete" while the files
+    move and lists the new weight files, with their sizes, once they are all in place."""
+    marker, tmp = path / MARKER, path / (MARKER + ".tmp")
+    marker.write_text(json.dumps({"complete": False}))
+    for old in weight_files(path):
+        if old != marker:
+            old.unlink()
+    written = sorted(stage.iterdir())
+    for new in written:
+        os.replace(new, path / new.name)
+    stage.rmdir()
+    weights = {
+        f.name: (path / f.name).stat().st_size
+        for f in written
+        if f.name.endswith((".safetensors", ".json")) and f.name != "config.json"
+    }
+    tmp.write_text(json.dumps({"complete": True, "files": weights}, indent=1))
+    os.replace(tmp, marker)

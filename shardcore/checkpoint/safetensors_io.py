@@ -17,12 +17,16 @@ import torch
 
 __all__ = [
     "INDEX",
+    "MARKER",
     "SINGLE",
+    "STAGING",
     "CheckpointError",
     "SafetensorsFile",
     "StreamingSafetensors",
+    "check_marker",
     "parse_size",
     "tensor_nbytes",
+    "weight_files",
     "weight_map",
 ]
 
@@ -138,8 +142,53 @@ class SafetensorsFile:
         return out.to(dtype)
 
 
+#: written last by :func:`~shardcore.checkpoint.save_checkpoint`: the files of a complete checkpoint
+#: and their sizes (``"complete": false`` while an earlier checkpoint in the directory is being replaced)
+MARKER = "shardcore_checkpoint.json"
+#: where :func:`~shardcore.checkpoint.save_checkpoint` writes a checkpoint before it replaces the directory's
+STAGING = ".shardcore-saving"
+
+
+def weight_files(path: Path) -> list[Path]:
+    """The weight files a directory holds (one file, or an index and its shards), partial ones too."""
+    names = (SINGLE, INDEX, MARKER)
+    return [f for f in path.iterdir() if f.name in names or (f.name.startswith("model-") and ".safetensors" in f.name)]
+
+
+def check_marker(path: Path) -> None:
+    """Refuse a directory :func:`~shardcore.checkpoint.save_checkpoint` left incomplete or whose files
+    changed since (a crash while it replaced the files, another writer after it). A directory
+    without the marker (a checkpoint another tool wrote) is read as it is."""
+    marker = path / MARKER
+    if not marker.is_file():
+        return
+    try:
+        record = json.loads(marker.read_text())
+    except ValueError as exc:
+        raise CheckpointError(
+            f"{marker} is not a shardcore checkpoint record ({exc}); save the checkpoint again"
+        ) from None
+    if not record.get("complete"):
+        raise CheckpointError(
+            f"{path}: a save_checkpoint into it was interrupted while it replaced the checkpoint there ({MARKER} "
+            "says incomplete): its weights are a mix of two checkpoints; save again, or load an earlier checkpoint"
+        )
+    wrong = [
+        f"{name} ({'missing' if not (path / name).is_file() else f'{(path / name).stat().st_size} bytes, not {size}'})"
+        for name, size in record.get("files", {}).items()
+        if not (path / name).is_file() or (path / name).stat().st_size != size
+    ]
+    if wrong:
+        raise CheckpointError(
+            f"{path}: the files save_checkpoint wrote changed since ({', '.join(wrong)}): another writer mixed "
+            f"its files with these; save the checkpoint again (or delete {MARKER} to read what is there as it is)"
+        )
+
+
 def weight_map(path: Path) -> dict[str, Path]:
     """``{tensor name: file}`` of a checkpoint directory (or a single ``.safetensors`` file)."""
+    if path.is_dir():
+        check_marker(path)
     if path.is_file():
         files = [path]
     elif (path / INDEX).is_file():
