@@ -805,6 +805,14 @@ MUTANTS: dict[str, Mutant] = {
             f"{LLAMA}/test_llama_tp.py::test_kit_sees_a_replica_that_diverged",
             "DID NOT RAISE",
         ),
+        _m(
+            "stale-checkpoint-files-kept",
+            "save_checkpoint over an earlier checkpoint leaves its files (a stale index is read first)",
+            "shardcore/checkpoint/hf_save.py",
+            ("        if old != marker:\n            old.unlink()\n", "        pass\n"),
+            "tests/test_core_checkpoint_safety.py::test_a_save_over_an_earlier_checkpoint_replaces_it_wholly[many-then-one]",
+            "the load returned the earlier checkpoint's weights",
+        ),
         # -- plans shardcore did not write: the checks and the styles ---------------------------------
         _m(
             "block-check-disabled",

@@ -14,7 +14,7 @@ from ..policy import ModulePolicyDescription, Policy
 from ..policy import SubModuleReplacementDescription as Sub
 from ..tensor_parallel import InPlace, Linear1D_Col
 from .layers import Layers
-from .styles import module_layer, param_split
+from .styles import config_of, linear_spec, module_layer, param_split
 from .syntax import _HEAD_ATTRS, _INDEX, GRAD_SUM, PlanError, _Plan, _regex, load_plan
 
 
@@ -82,7 +82,7 @@ class PlanPolicy(Policy):
         in_place: dict[str, dict] = {}  # {module path: InPlace kwargs}: bare parameters cut, hooks
         for pname, (key, spec) in resolved.items():
             mod_path, _, attr = pname.rpartition(".")
-            spec = self._as_spec(key, pname, modules[mod_path], spec)
+            spec = linear_spec(self.plan.where(key), pname, modules[mod_path], spec)
             if isinstance(spec, str):  # a style for a bare parameter (fused experts, a per-head vector)
                 split = param_split(self.plan.where(key), pname, params[pname], spec)
                 if split is not None:
@@ -107,7 +107,13 @@ class PlanPolicy(Policy):
                 )
             parent = modules.get(path.rpartition(".")[0])
             layer = module_layer(
-                self.plan.where(key), path, modules[path], style, self._vocab_pad(), self._config_of(path), parent
+                self.plan.where(key),
+                path,
+                modules[path],
+                style,
+                self._vocab_pad(),
+                config_of(path, modules, self.model),
+                parent,
             )
             if layer is None:
                 continue
@@ -121,32 +127,6 @@ class PlanPolicy(Policy):
             key = entry.pop("_key")
             plans[path] = (InPlace, entry, key)
         return plans
-
-    def _as_spec(self, key: str, pname: str, owner: nn.Module, spec):
-        """A colwise/rowwise style on a plain linear layer's (or embedding's) parameter, as a spec."""
-        plain = isinstance(owner, nn.Linear | nn.Embedding) and pname.rpartition(".")[2] in ("weight", "bias")
-        if not (isinstance(spec, str) and plain) or spec == GRAD_SUM:
-            return spec
-        if spec in ("colwise", "rowwise"):
-            column = spec == "colwise"
-            if pname.endswith(".bias"):
-                return ["tp"] if column else [None]
-            return ["tp", None] if column else [None, "tp"]
-        if spec in ("replicate", "local_params"):
-            return None
-        raise PlanError(
-            f"{self.plan.where(key)}: {pname}: the style {spec!r} applies to the module "
-            f"{pname.rpartition('.')[0]}, not to its parameter; give the module the style"
-        )
-
-    def _config_of(self, path: str):
-        """The config of the closest module holding ``path`` that has one (a composite's sub-model)."""
-        modules = dict(self.model.named_modules())
-        while True:
-            config = getattr(modules.get(path), "config", None)
-            if config is not None or not path:
-                return config if config is not None else getattr(self.model, "config", None)
-            path = path.rpartition(".")[0]
 
     def _check_ties(self, resolved: dict[str, tuple[str, list | None]]) -> None:
         """Tied parameters (an LM head sharing the embedding) must be split alike."""

@@ -116,3 +116,31 @@ def param_split(at: str, name: str, param: nn.Parameter, style: str) -> tuple[in
     if style == "packed_rowwise":
         return None if ndim == 1 else (ndim - 1, 2)
     raise PlanError(f"{at}: {name} is a parameter; the style {style!r} applies to a module")
+
+
+def linear_spec(at: str, pname: str, owner: nn.Module, spec):
+    """A colwise/rowwise style on a plain linear layer's (or embedding's) parameter, as a spec;
+    any other spec as it is."""
+    plain = isinstance(owner, nn.Linear | nn.Embedding) and pname.rpartition(".")[2] in ("weight", "bias")
+    if not (isinstance(spec, str) and plain) or spec == GRAD_SUM:
+        return spec
+    if spec in ("colwise", "rowwise"):
+        column = spec == "colwise"
+        if pname.endswith(".bias"):
+            return ["tp"] if column else [None]
+        return ["tp", None] if column else [None, "tp"]
+    if spec in WHOLE:
+        return None
+    raise PlanError(
+        f"{at}: {pname}: the style {spec!r} applies to the module {pname.rpartition('.')[0]}, not to its "
+        "parameter; give the module the style"
+    )
+
+
+def config_of(path: str, modules: dict[str, nn.Module], model: nn.Module):
+    """The config of the closest module holding ``path`` that has one (a composite's sub-model)."""
+    while True:
+        config = getattr(modules.get(path), "config", None)
+        if config is not None or not path:
+            return config if config is not None else getattr(model, "config", None)
+        path = path.rpartition(".")[0]
