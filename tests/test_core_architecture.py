@@ -26,7 +26,15 @@ TIERS = [
     ["inference"],
     ["explain"],
     ["cost"],  # the machine's measured profile (shardcore calibrate), the cost model over explain's counts
-    ["testing", "cli", "hf", "__main__", "layers", "plugin_api", ""],  # "": the package itself; layers: 0.1's paths, deprecated
+    [
+        "testing",
+        "cli",
+        "hf",
+        "__main__",
+        "layers",
+        "plugin_api",
+        "",
+    ],  # "": the package itself; layers: 0.1's paths, deprecated
 ]
 
 #: Files over the size limit, each to be split; the list may only shrink (and never name a file
