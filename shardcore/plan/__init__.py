@@ -29,6 +29,12 @@ has a ``head_dim`` (KV heads fewer than the group are replicated, as the plugins
 layers reading one tensor share one backward all-reduce, so a plan costs the same collectives as
 a plugin. Every key must match something, every split must divide, every axis must be known: all
 checked in :meth:`PlanPolicy.config_sanity_check`, before any collective.
+
+A key may also take one of transformers' tensor-parallel style names (``colwise_gather_output``,
+``packed_colwise``, ``moe_tp_experts``, ...: :mod:`shardcore.plan.styles`), which is how the plans
+a model ships are applied (zero-config: :mod:`shardcore.plan.zero_config`); ``plan="derive"`` derives
+one from the model's modules (:mod:`shardcore.plan.derive`). Plans shardcore did not write are
+checked against the unsharded model (``ShardConfig(verify=...)``, :mod:`shardcore.verify`).
 """
 
 from __future__ import annotations
