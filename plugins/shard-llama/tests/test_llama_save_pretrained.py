@@ -46,7 +46,13 @@ def test_save_pretrained_loads_unsharded(config, flag, tmp_path):
     batch = {"batch": 4, "pad": False} if "data_parallel" in config else {}
     reports = run_on_ranks(world, _save, config, str(tmp_path / "ckpt"), flag, **batch)
     assert all(r["tensors"] > 0 and r["max_abs_diff_tensors"] <= 1e-6 for r in reports)
-    assert sorted(os.listdir(tmp_path / "ckpt")) == ["config.json", "generation_config.json", "model.safetensors"]
+    # HF's files, and the record save_checkpoint writes last (its files and sizes: a complete save)
+    assert sorted(os.listdir(tmp_path / "ckpt")) == [
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "shardcore_checkpoint.json",
+    ]
 
 
 def _save_to(path: str):

@@ -192,6 +192,7 @@ def test_checkpoints_load_unsharded_and_resume_exactly(reference, tmp_path):
             "generation_config.json",
             "model.safetensors",
             "scheduler.pt",
+            "shardcore_checkpoint.json",  # save_checkpoint's record of a complete save
             "trainer_state.json",
             "training_args.bin",
             *(f"optimizer.rank{r}-of-4.pt" for r in range(4)),
