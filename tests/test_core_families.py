@@ -49,3 +49,25 @@ def test_family_derived_plan_exact(family):
     model_type, name = family
     for result in run_on_ranks(2, families.one_family, model_type, "causal-lm", name, derive=True):
         assert result["derived"] and result["outcome"] == "exact", result
+
+
+def _moe_save(tp: int, path: str) -> dict:
+    import transformers
+
+    from shardcore import ShardConfig
+    from shardcore.testing import assert_save_pretrained_matches
+
+    config = families.tiny_config("deepseek_v3")
+
+    def build():
+        return transformers.DeepseekV3ForCausalLM(config).float()
+
+    batch = families._inputs("causal-lm", config)
+    return assert_save_pretrained_matches(build, batch, ShardConfig(tensor_parallel_size=tp), path)
+
+
+def test_zero_config_moe_save_pretrained_loads_unsharded(tmp_path):
+    """DeepSeek-V3 through zero-config: the fused experts cut in place (packed gate/up, down by its
+    input) are gathered into save_pretrained's files, which from_pretrained loads unsharded."""
+    for report in run_on_ranks(2, _moe_save, 2, str(tmp_path / "ckpt")):
+        assert report["tensors"] > 0
