@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .distributed.collectives import all_gather_cat, broadcast, current_scope, group_ranks
+from .distributed.collectives import all_gather_cat, broadcast, current_scope, group_device, group_ranks
 from .tensor_parallel.parallel_module import ParallelModule
 
 __all__ = ["InputGate", "InputMismatch", "check_inputs", "input_digests", "install", "sync_random_state"]
@@ -68,11 +68,11 @@ def input_digests(args: tuple, kwargs: dict) -> dict[str, tuple[str, int]]:
     return out
 
 
-def _combined(digests: dict[str, tuple[str, int]]) -> torch.Tensor:
+def _combined(digests: dict[str, tuple[str, int]], device: torch.device) -> torch.Tensor:
     total = 0
     for name in sorted(digests):
         total = (total * 1_000_003 + zlib.crc32(name.encode()) + digests[name][1]) & _MASK
-    return torch.tensor([[len(digests), total]], dtype=torch.int64)
+    return torch.tensor([[len(digests), total]], dtype=torch.int64, device=device)
 
 
 def _mismatch_message(model_name: str, tables: list[dict[str, tuple[str, int]]], ranks: list[int]) -> str:
@@ -104,7 +104,7 @@ def check_inputs(group, where: str, args: tuple, kwargs: dict) -> None:
     """Raise :class:`InputMismatch` on every rank of ``group`` if their tensor arguments differ
     (one all-gather of 16 bytes per rank; a second, of the per-input table, only on a mismatch)."""
     digests = input_digests(args, kwargs)
-    mine = _combined(digests)
+    mine = _combined(digests, group_device(group))  # on the device an NCCL-only group needs
     gathered = all_gather_cat(mine, group, dim=0, where=f"input check at the entry of {where}")
     if torch.equal(gathered, mine.expand_as(gathered)):
         return

@@ -813,6 +813,14 @@ MUTANTS: dict[str, Mutant] = {
             "tests/test_core_checkpoint_safety.py::test_a_save_over_an_earlier_checkpoint_replaces_it_wholly[many-then-one]",
             "the load returned the earlier checkpoint's weights",
         ),
+        _m(
+            "input-digest-on-the-cpu",
+            "the input check's digest made on the CPU whatever the group (an NCCL-only group refuses it)",
+            "shardcore/consistency.py",
+            ("    mine = _combined(digests, group_device(group))", '    mine = _combined(digests, torch.device("cpu"))'),
+            "tests/test_core_devices.py::test_the_input_check_puts_its_digest_where_the_group_needs_it",
+            "the input check's digest was made on the CPU",
+        ),
         # -- plans shardcore did not write: the checks and the styles ---------------------------------
         _m(
             "block-check-disabled",

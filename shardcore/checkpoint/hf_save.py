@@ -14,6 +14,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..data_parallel import dp_full, native_class, reshard
+from ..distributed.collectives import group_device
 from ..pipeline import tensor_aliases
 from ..sharded_state import parameter_specs
 from .hf import _full_shape, model_tensors
@@ -65,11 +66,12 @@ def _to_writer(model: nn.Module, full: torch.Tensor | None, stage: int, shape, d
     )
     if stage == 0:
         return full  # the writer's own stage
+    device = group_device(dist.group.WORLD)  # an NCCL-only world sends and receives device tensors
     if dist.get_rank() == source:
-        dist.send(full.contiguous(), dst=0)
+        dist.send(full.contiguous().to(device), dst=0)
         return None
     if dist.get_rank() == 0:
-        buffer = torch.empty(shape, dtype=dtype)
+        buffer = torch.empty(shape, dtype=dtype, device=device)
         dist.recv(buffer, src=source)
         return buffer
     return None

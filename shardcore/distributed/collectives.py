@@ -38,7 +38,7 @@ from .scope import (
     resolve_timeout,
     set_collective_timeout,
 )
-from .watch import WATCH, backend_of, blocks_host, watched
+from .watch import WATCH, backend_of, blocks_host, group_device, watched
 
 __all__ = [
     "COUNTS",
@@ -61,6 +61,7 @@ __all__ = [
     "count_collectives",
     "current_scope",
     "enter_scope_per_forward",
+    "group_device",
     "group_key",
     "group_rank",
     "group_ranks",

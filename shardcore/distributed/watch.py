@@ -31,7 +31,9 @@ import attrs
 import torch
 import torch.distributed as dist
 
-__all__ = ["REPORTS", "WATCH", "WATCHDOG_BACKENDS", "Watch", "backend_of", "blocks_host", "watched"]
+from .ranks import PaperGroup
+
+__all__ = ["REPORTS", "WATCH", "WATCHDOG_BACKENDS", "Watch", "backend_of", "blocks_host", "group_device", "watched"]
 
 #: backends whose process groups have their own watchdog, where shardcore never blocks the host
 WATCHDOG_BACKENDS = frozenset({"nccl", "xccl", "hccl"})
@@ -49,6 +51,19 @@ def backend_of(group, device: torch.device) -> str:
         return name
     per_device = dict(part.split(":", 1) for part in name.split(","))
     return per_device.get(device.type, next(iter(per_device.values())))
+
+
+def group_device(group) -> torch.device:
+    """Where a tensor of shardcore's own (a digest, a flag, a receive buffer) must live for a collective
+    of ``group``: the CPU when the group has a CPU backend (gloo, ``"cpu:gloo,cuda:nccl"``, or no
+    process group at all), else the current CUDA device (an NCCL-only group takes no CPU tensor)."""
+    if not dist.is_initialized() or isinstance(group, PaperGroup):
+        return torch.device("cpu")  # a single process, or a paper group (explain)
+    name = str(dist.get_backend_config(group))
+    backends = dict(part.split(":", 1) for part in name.split(",")) if ":" in name else {"": name}
+    if "cpu" in backends or "nccl" not in backends.values() or not torch.cuda.is_available():
+        return torch.device("cpu")
+    return torch.device("cuda", torch.cuda.current_device())
 
 
 def blocks_host(group, device: torch.device) -> bool:

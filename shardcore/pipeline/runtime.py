@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..distributed.collectives import group_device
 from .check import PipelineInfo, _stage_indices
 from .schedule import _is_single, _schedule_class
 
@@ -27,7 +28,7 @@ def _recv(peer: int, group) -> tuple:
     dist.recv_object_list(meta, src=src, group=group)
     out = []
     for shape, dtype in meta[0]:
-        t = torch.empty(shape, dtype=dtype)
+        t = torch.empty(shape, dtype=dtype, device=group_device(group))
         dist.recv(t, src=src, group=group)
         out.append(t)
     return tuple(out)
@@ -60,7 +61,7 @@ def _forward_only(model: nn.Module, policy, info: PipelineInfo, args: tuple, kwa
         src = dist.get_global_rank(info.group, owner[-1])
         dist.broadcast_object_list(meta, src=src, group=info.group)
         if owner[-1] != me:
-            x = tuple(torch.empty(shape, dtype=dtype) for shape, dtype in meta[0])
+            x = tuple(torch.empty(shape, dtype=dtype, device=group_device(info.group)) for shape, dtype in meta[0])
         for t in x:
             dist.broadcast(t, src=src, group=info.group)
         logits = x[0]
@@ -145,10 +146,15 @@ def pipeline_step(model: nn.Module, batch: Mapping[str, Any]) -> torch.Tensor:
     for param, group in info.tied:  # the input and output embeddings: one parameter, two stages
         if param.grad is not None:
             dist.all_reduce(param.grad, group=group)
-    total = torch.stack([x.detach().float() for x in losses]).sum() if losses else torch.zeros(())
+    total = torch.stack([x.detach().float() for x in losses]).sum() if losses else _zero(info.group)
     src = dist.get_global_rank(info.group, info.last_stage_rank)
     dist.broadcast(total, src=src, group=info.group)
     return total
+
+
+def _zero(group) -> torch.Tensor:
+    """A stage without the loss receives it into this (on the device the group needs)."""
+    return torch.zeros((), device=group_device(group))
 
 
 def tensor_aliases(model: nn.Module) -> dict[str, list[str]]:

@@ -1,0 +1,46 @@
+"""No CPU tensor on a device group: the tensors shardcore makes for its own collectives (the input
+check's digest, the pipeline's and the checkpoint writer's receive buffers, the pipeline loss) live
+on the device the group needs: the CPU for gloo or a group with a CPU backend, the current CUDA
+device for an NCCL-only group. Checked here by the rule itself, and by the input check asking it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from shardcore import consistency
+from shardcore.distributed import watch
+
+
+@pytest.mark.parametrize(
+    ("backend", "expected"),
+    [("nccl", "cuda:3"), ("cuda:nccl", "cuda:3"), ("gloo", "cpu"), ("cpu:gloo,cuda:nccl", "cpu"), ("fake", "cpu")],
+)
+def test_the_device_a_group_needs(monkeypatch, backend, expected):
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_backend_config", lambda group: backend)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    assert watch.group_device(object()) == torch.device(expected)
+
+
+def test_no_process_group_means_the_cpu(monkeypatch):
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    assert watch.group_device(None) == torch.device("cpu")
+
+
+def test_the_input_check_puts_its_digest_where_the_group_needs_it(monkeypatch):
+    """The default first forward's all-gather (the check of the inputs across the group) gets its
+    digest on the group's device, not on the CPU (an NCCL-only group refuses CPU tensors)."""
+    seen = []
+
+    def gather(tensor, group, dim, where=None):
+        seen.append(tensor.device)
+        return tensor
+
+    monkeypatch.setattr(consistency, "group_device", lambda group: torch.device("meta"))
+    monkeypatch.setattr(consistency, "all_gather_cat", gather)
+    monkeypatch.setattr(torch, "equal", lambda a, b: True)  # meta tensors hold no values to compare
+    consistency.check_inputs(object(), "Toy.forward", (torch.ones(2, 3),), {})
+    assert seen == [torch.device("meta")], "the input check's digest was made on the CPU, not the group's device"
