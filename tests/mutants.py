@@ -817,7 +817,10 @@ MUTANTS: dict[str, Mutant] = {
             "input-digest-on-the-cpu",
             "the input check's digest made on the CPU whatever the group (an NCCL-only group refuses it)",
             "shardcore/consistency.py",
-            ("    mine = _combined(digests, group_device(group))", '    mine = _combined(digests, torch.device("cpu"))'),
+            (
+                "    mine = _combined(digests, group_device(group))",
+                '    mine = _combined(digests, torch.device("cpu"))',
+            ),
             "tests/test_core_devices.py::test_the_input_check_puts_its_digest_where_the_group_needs_it",
             "the input check's digest was made on the CPU",
         ),
