@@ -71,3 +71,23 @@ def test_zero_config_moe_save_pretrained_loads_unsharded(tmp_path):
     input) are gathered into save_pretrained's files, which from_pretrained loads unsharded."""
     for report in run_on_ranks(2, _moe_save, 2, str(tmp_path / "ckpt")):
         assert report["tensors"] > 0
+
+
+def test_expert_parallel_over_a_shipped_plan_is_refused_saying_why():
+    """expert_parallel_size on a zero-config MoE: the check optimize runs before any collective says
+    the plan's experts are split by tensor parallelism and expert parallelism over plans is not built."""
+    import types
+
+    import transformers
+
+    from shardcore import ShardConfig
+    from shardcore.expert_parallel import check_expert_parallel
+    from shardcore.plan import zero_config_policy
+
+    model = transformers.DeepseekV3ForCausalLM(families.tiny_config("deepseek_v3"))
+    config = ShardConfig(tensor_parallel_size=2, data_parallel="ddp", expert_parallel_size=2)
+    layout = types.SimpleNamespace(ep=2, pp=1, sp=1)
+    with pytest.raises(
+        NotImplementedError, match=r"splits a plan's fused experts by tensor parallelism \(moe_tp_experts\)"
+    ):
+        check_expert_parallel(model, zero_config_policy(model), config, layout)

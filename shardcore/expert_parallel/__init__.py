@@ -46,9 +46,11 @@ def check_expert_parallel(model: nn.Module, policy, config, layout) -> None:
     if layout.ep > 1 or config.global_batch_balance:
         what = f"expert_parallel_size={layout.ep}" if layout.ep > 1 else "global_batch_balance=True"
         if not policy.supports_expert_parallel:
+            why = policy.expert_parallel_refusal or (
+                "has no experts to split or route; expert parallelism is for mixture-of-experts models (shard-moe)"
+            )
             raise NotImplementedError(
-                f"ShardConfig({what}): {type(policy).__name__} ({name}) has no experts to split or route; "
-                "expert parallelism is for mixture-of-experts models (shard-moe); leave it at its default"
+                f"ShardConfig({what}): {type(policy).__name__} ({name}) {why}; leave it at its default"
             )
         if config.data_parallel is None:
             raise ValueError(

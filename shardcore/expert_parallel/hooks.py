@@ -13,6 +13,8 @@ class ExpertParallelHooks:
     #: Whether the policy splits its experts over ``ShardConfig(expert_parallel_size=...)`` ranks
     #: (its experts modules then carry ``expert_parallel = True``). ``optimize`` refuses the size otherwise.
     supports_expert_parallel: bool = False
+    #: Why the policy refuses ``expert_parallel_size`` (``None``: it has no experts to split or route).
+    expert_parallel_refusal: str | None = None
 
     def balance_over_global_batch(self, gather: Callable[[torch.Tensor], torch.Tensor]) -> None:
         """Make the model's router load-balancing loss count the routing of the whole global batch

@@ -169,6 +169,10 @@ class PlanPolicy(Policy):
     # -- the Policy interface --------------------------------------------------------------------
 
     share_tp_copies = True  # column layers reading one tensor share one backward all-reduce
+    expert_parallel_refusal = (
+        "splits a plan's fused experts by tensor parallelism (moe_tp_experts), not over expert-parallel ranks "
+        "(not built for plans); a plugin whose policy routes experts does that (shard-moe)"
+    )
 
     def blocks(self):
         plans = self._plans if getattr(self, "_plans", None) is not None else {}
