@@ -23,7 +23,7 @@ def shipped_plans(model: nn.Module) -> list[tuple[str, dict[str, str], str]]:
     config = getattr(model, "config", None)
     if config is None:
         return []
-    named = [*model.named_modules(), *model.named_parameters()]
+    names = [n for n, _ in (*model.named_modules(), *model.named_parameters())]
     paths = {id(m): n for n, m in model.named_modules()}
     found = []
     name = type(model).__name__
@@ -36,7 +36,8 @@ def shipped_plans(model: nn.Module) -> list[tuple[str, dict[str, str], str]]:
         for module in candidates:
             prefix = paths.get(id(module), "")
             prefix = f"{prefix}." if prefix else ""
-            if any(_regex(f"{prefix}{p}").match(n) for p in plan for n, _ in named):
+            regexes = [_regex(f"{prefix}{p}") for p in plan]  # compiled once per candidate, not per name
+            if any(r.match(n) for r in regexes for n in names):
                 break
         else:
             prefix = paths.get(id(base), "")
@@ -101,10 +102,9 @@ def split_ends(model: nn.Module, specs: dict) -> None:
     embed = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     weight = getattr(embed, "weight", None)
-    if weight is not None and getattr(head, "weight", None) is not weight:  # a head tied to it, undeclared
-        head = next((m for m in model.modules() if m is not embed and getattr(m, "weight", None) is weight), head)
     ends = [m for m in (embed, head) if m is not None and id(m) in paths]
-    # every module sharing an end's weight (a decoder's embedding tied to the head) goes with it
+    # every module sharing an end's weight (a head tied to the embedding that get_output_embeddings
+    # does not declare, a decoder's embedding tied to the head) goes with it
     weights = [w for w in (getattr(e, "weight", None) for e in ends) if isinstance(w, nn.Parameter)]
     partners = [
         m for m in model.modules()
