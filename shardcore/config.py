@@ -11,25 +11,6 @@ from attrs import validators as v
 
 __all__ = ["AutoLayout", "ShardConfig"]
 
-#: Features whose fields exist (with Shardformer's names and meaning) but are not built yet.
-#: Each maps to the only value accepted until it is built.
-_NOT_BUILT: dict[str, Any] = {}
-#: The layout degrees and modes of the next features, refused by :meth:`ShardConfig.check_built`
-#: (at ``optimize``) rather than the constructor: the layout must first be checked against the world.
-_NOT_BUILT_LAYOUT: dict[str, Any] = {}
-_NOT_BUILT.update(_NOT_BUILT_LAYOUT)
-_CHECKED_AT_OPTIMIZE = tuple(_NOT_BUILT_LAYOUT)
-
-
-def _refuse_unbuilt(name: str, value: Any) -> None:
-    default = _NOT_BUILT[name]
-    if value != default:
-        raise NotImplementedError(
-            f"ShardConfig.{name}={value!r} is not supported by this shardcore version yet; "
-            f"leave it at its default ({default!r})."
-        )
-
-
 #: Every sequence_parallelism_mode (built or not: see shardcore.sequence).
 SEQUENCE_MODES = ("split_gather", "all_to_all", "ring_attn", "all_gather_kv")
 #: the modes that run over the mesh's sp dim, through the attention registry
@@ -124,7 +105,18 @@ class ShardConfig:
             optimizer state split over the data-parallel ranks too) or ``"ddp"`` (whole
             tensor-parallel slices on each replica, gradients all-reduced). ``None`` (default):
             nothing; the ``dp`` replicas are the caller's to synchronize. Each data-parallel rank
-            feeds its own part of the global batch; gradients are averaged over them.
+            feeds its own part of the global batch; gradients are averaged over them. ``"zero2"``:
+            FSDP2 with the parameters kept gathered from forward to backward (ZeRO-2: gradients and
+            optimizer state split, no re-gather in the backward). ``"hsdp"``: FSDP2 on a 2-D mesh,
+            parameters split over ``data_parallel_shard_size`` ranks (one node) and replicated over
+            the others. With ``pipeline_parallel_size > 1`` each stage is wrapped and its gradients
+            reduced once per step, after the last microbatch.
+        data_parallel_shard_size: under ``data_parallel="hsdp"``, the ranks each parameter is split
+            over (a divisor of the data-parallel degree; consecutive data-parallel ranks).
+        mixed_precision: ``"bf16"`` or ``"fp16"``: FSDP2's ``MixedPrecisionPolicy`` (under ``"fsdp"``,
+            ``"zero2"``, ``"hsdp"``): forward and backward computed in that dtype, the weights and
+            optimizer state kept in fp32, gradients reduced in fp32. ``None`` (default): the
+            parameters' dtype. Without FSDP use ``torch.autocast``.
         expert_parallel_size: the experts of each mixture-of-experts layer split over this many
             data-parallel ranks (carved from ``dp``, see :mod:`shardcore.expert_parallel`): tokens
             travel to their experts' ranks and back by all-to-all, the dense weights stay
@@ -233,7 +225,11 @@ class ShardConfig:
         default=None, validator=v.optional([v.instance_of(int), v.ge(1)])
     )
     sequence_parallel_size: int = attrs.field(default=1, validator=[v.instance_of(int), v.ge(1)])
-    data_parallel: str | None = attrs.field(default=None, validator=v.optional(v.in_(("ddp", "fsdp"))))
+    data_parallel: str | None = attrs.field(default=None, validator=v.optional(v.in_(("ddp", "fsdp", "zero2", "hsdp"))))
+    data_parallel_shard_size: int | None = attrs.field(
+        default=None, validator=v.optional([v.instance_of(int), v.ge(1)])
+    )
+    mixed_precision: str | None = attrs.field(default=None, validator=v.optional(v.in_(("bf16", "fp16"))))
     expert_parallel_size: int = attrs.field(default=1, validator=[v.instance_of(int), v.ge(1)])
     global_batch_balance: bool = attrs.field(default=False, validator=v.instance_of(bool))
     plan: Any = attrs.field(default=None, validator=v.optional(v.instance_of((str, os.PathLike, Mapping))))
@@ -248,6 +244,18 @@ class ShardConfig:
                     f"ShardConfig(auto=...) chooses the layout, but {', '.join(f'{k}={getattr(self, k)!r}' for k in chosen)} "
                     "was given too; leave those unset, or drop auto and set the layout yourself"
                 )
+        if self.data_parallel_shard_size is not None and self.data_parallel != "hsdp":
+            raise ValueError(
+                f"ShardConfig(data_parallel_shard_size={self.data_parallel_shard_size}) is HSDP's shard group, but "
+                f"data_parallel={self.data_parallel!r}; set data_parallel='hsdp' or leave data_parallel_shard_size unset"
+            )
+        if self.mixed_precision is not None and self.data_parallel not in ("fsdp", "zero2", "hsdp"):
+            raise ValueError(
+                f"ShardConfig(mixed_precision={self.mixed_precision!r}) is FSDP2's mixed precision (weights and "
+                f"gradient reduction in fp32, compute in {self.mixed_precision}), but data_parallel="
+                f"{self.data_parallel!r}; use data_parallel='fsdp', 'zero2' or 'hsdp', or run the forward under "
+                "torch.autocast (what DDP and tensor parallelism alone use)"
+            )
         if not self.enable_sequence_parallelism and self.enable_sequence_overlap:
             raise ValueError(
                 "ShardConfig(enable_sequence_overlap=True) overlaps sequence-parallel communication, but "
@@ -267,14 +275,6 @@ class ShardConfig:
                     f"ShardConfig: tensor_parallel_size={self.tensor_parallel_size} but "
                     f"tensor_parallel_process_group has {group_size} ranks; pass one or make them agree."
                 )
-
-    def check_built(self) -> None:
-        """Refuse, with ``NotImplementedError`` naming the field, a layout feature not built yet.
-
-        Called by :func:`shardcore.optimize` right after the layout was checked against the world.
-        """
-        for name in _CHECKED_AT_OPTIMIZE:
-            _refuse_unbuilt(name, getattr(self, name))
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None, **overrides: Any) -> ShardConfig:

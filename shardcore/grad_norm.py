@@ -11,8 +11,8 @@ split parameter, ``tp`` for a parameter every tensor-parallel rank holds whole (
 ``tp // num_shards`` for replicated key/value heads, 0 (left out) for vocabulary padding rows, times
 ``sp`` under Ulysses / ring attention (every sequence rank holds the whole model), times the stages
 holding a tied parameter under pipeline parallelism. The sum is all-reduced over the ranks of one
-replica — ``tp``, ``sp``, ``pp`` and, under FSDP, ``dp`` (whose ranks hold disjoint shards); DDP's
-replicas hold equal gradients and are not summed over. The infinity norm is a max over the same
+replica — ``tp``, ``sp``, ``pp`` and, under FSDP or ZeRO-2, ``dp`` (whose ranks hold disjoint shards;
+under HSDP its shard dim); DDP's replicas hold equal gradients and are not summed over. The infinity norm is a max over the same
 ranks, padding left out. One all-reduce per dimension of size > 1, of one scalar; no host sync.
 
 Three ways in, one computation (:func:`grad_norm`):
@@ -41,7 +41,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .data_parallel import reshard
+from .data_parallel import dp_shard_group, reshard
 from .distributed.collectives import all_reduce, group_key, group_rank, group_size
 from .sharded_state import parameter_specs
 
@@ -121,9 +121,9 @@ def _replica_groups(info, group, *, main: bool) -> list:
     layout = info.layout
     groups = [group]
     groups += [layout.group(d) for d in ("sp", "pp") if getattr(layout, d) > 1]
-    if main and info.data_parallel == "fsdp" and layout.dp > 1:
-        groups.append(layout.group("dp"))
-    return [g for g in groups if group_size(g) > 1]
+    if main and info.data_parallel is not None:
+        groups.append(dp_shard_group(info.config, layout))  # None under DDP: its replicas are equal
+    return [g for g in groups if g is not None and group_size(g) > 1]
 
 
 def grad_norm(
@@ -145,7 +145,7 @@ def grad_norm(
     specs = parameter_specs(reshard(model))
     tp = group_size(info.process_group)
     copies = float(tp * info.layout.sp)
-    tied = {id(p): group_size(g) for p, g in getattr(info.pipeline, "tied", [])}
+    tied = {name: group_size(g) for name, g in getattr(info.pipeline, "tied", [])}
     # the sums per group whose ranks hold disjoint parts: the tensor-parallel one, and the experts'
     # (expert parallelism: ep x tp ranks hold one copy of every expert, the data-parallel ranks the rest)
     buckets = {group_key(info.process_group): (info.process_group, [])}
@@ -156,7 +156,7 @@ def grad_norm(
         if p.grad is None or (chosen is not None and id(p) not in chosen):
             continue
         spec, group = specs.get(name, (None, info.process_group))
-        n = (copies / tp if spec is not None else copies) * tied.get(id(p), 1)  # copies besides the spec's
+        n = (copies / tp if spec is not None else copies) * tied.get(name, 1)  # copies besides the spec's
         weights = _row_weights(spec, group_rank(group), n, p.grad) if spec is not None else None
         dim = spec.dim if spec is not None else 0
         local, weights = _local(p.grad, weights, dim)

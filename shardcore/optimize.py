@@ -22,6 +22,7 @@ import torch.distributed as dist
 from torch import nn
 
 from . import consistency, distributed, kernels, verify
+from .amp import install_overflow_agreement
 from .config import OVER_SP_MODES, ShardConfig
 from .data_parallel import apply_data_parallel, check_data_parallel
 from .distributed import ParallelLayout
@@ -98,7 +99,6 @@ def _layout(b: Build) -> None:
     timeout = resolve_timeout(b.config.collective_timeout)  # a malformed environment value fails here
     distributed.init_from_env(timeout)
     b.layout = ParallelLayout.from_config(b.config)
-    b.config.check_built()
 
 
 def _policy(b: Build) -> None:
@@ -201,6 +201,8 @@ def _guards(b: Build) -> None:
         b.scope = Scope(type(b.model).__name__, timeout)  # this model's bound, whatever other models use
         set_collective_timeout(timeout)  # and the collectives outside any model's forward (clipping, saving)
         consistency.install(b.model, b.group, b.config)
+        if not b.config.inference_only:  # before data parallelism wraps the model: FSDP's backward work first
+            install_overflow_agreement(b.model, dist.group.WORLD if b.whole_world else b.group, b.config)
     freeze_for_inference(b.model, b.config)
 
 
@@ -212,7 +214,7 @@ def _pipeline(b: Build) -> None:
 def _data_parallel(b: Build) -> None:
     if not b.sharded:
         return
-    b.data_parallel = apply_data_parallel(b.model, b.policy, b.config, b.layout)  # wraps the sharded model
+    b.data_parallel = apply_data_parallel(b.model, b.policy, b.config, b.layout, b.pipeline)  # wraps model or stages
     install_expert_parallel(b.model, b.policy, b.config, b.layout)  # expert gradients averaged as DDP's
     if b.data_parallel is None and b.tensor_parallel:
         # a DDP over the whole world (accelerate's prepare) leaves the slices alone

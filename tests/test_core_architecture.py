@@ -17,7 +17,7 @@ TIERS = [
     ["config", "hookspecs", "meta"],
     ["distributed"],  # groups, the layout and its mesh, bounded + counted collectives, the rank launcher
     ["tensor_parallel"],  # Megatron's mappings and regions, the parallel layers, per-rank random streams
-    ["sequence", "pipeline", "data_parallel", "expert_parallel", "kernels", "consistency"],
+    ["amp", "sequence", "pipeline", "data_parallel", "expert_parallel", "kernels", "consistency"],
     ["policy", "sharded_state", "grad_norm", "losses", "builders", "plugins"],
     ["checkpoint"],
     ["integrations"],

@@ -50,7 +50,11 @@ def dp_full(tensor: torch.Tensor | None) -> torch.Tensor | None:
     data-parallel shards gathered (a collective over ``dp``: every rank of it must call)."""
     if tensor is None or not is_dtensor(tensor):
         return tensor
-    return tensor.full_tensor()
+    full = tensor.full_tensor()
+    # torch may hand back an AsyncCollectiveTensor, a wrapper with no storage of its own: point-to-point
+    # sends read a tensor's memory directly, so wait for the plain tensor (no copy)
+    wait = getattr(full, "wait", None)
+    return wait() if callable(wait) else full
 
 
 def dp_assign(tensor: torch.Tensor, full: torch.Tensor) -> None:
@@ -74,7 +78,9 @@ def reshard(model: nn.Module) -> nn.Module:
         from torch.distributed.fsdp import FSDPModule
     except ImportError:  # pragma: no cover - torch 2.13+ has it
         return model
-    for module in model.modules():
+    pipeline = getattr(getattr(model, "shardcore", None), "pipeline", None)
+    stages = list(pipeline.submods.values()) if pipeline is not None else []  # roots outside model.modules()
+    for module in [*model.modules(), *stages]:
         if isinstance(module, FSDPModule):
             module.reshard()
     return model
@@ -95,6 +101,10 @@ def native_class(model: nn.Module) -> type:
     return next(c for c in type(model).__mro__ if not issubclass(c, (FSDPModule, DDP)))
 
 
+#: ``ShardConfig.data_parallel``'s values run on FSDP2's ``fully_shard`` (parameters split over ``dp``)
+SHARDED_MODES = ("fsdp", "zero2", "hsdp")
+
+
 def check_data_parallel(model: nn.Module, policy, config, layout) -> None:
     """Refuse what ``config.data_parallel`` cannot run, before any collective (same on every rank)."""
     mode = config.data_parallel
@@ -106,23 +116,30 @@ def check_data_parallel(model: nn.Module, policy, config, layout) -> None:
             "tensor_parallel_process_group was given; leave it out and let tensor_parallel_size and "
             "data_parallel_size cut the world"
         )
-    if mode == "fsdp":
+    if mode in SHARDED_MODES:
         try:
             blocks = policy.blocks()
         except NotImplementedError as err:
             raise NotImplementedError(
-                f"ShardConfig(data_parallel='fsdp') wraps each block of {type(policy).__name__}.blocks(), which "
+                f"ShardConfig(data_parallel={mode!r}) wraps each block of {type(policy).__name__}.blocks(), which "
                 f"this policy does not implement ({err}); use data_parallel='ddp' or implement blocks()"
             ) from None
         if not blocks:
-            raise ValueError(f"ShardConfig(data_parallel='fsdp'): {type(policy).__name__}.blocks() is empty")
+            raise ValueError(f"ShardConfig(data_parallel={mode!r}): {type(policy).__name__}.blocks() is empty")
         grad_sum = getattr(policy, "grad_sum_parameters", [])
         if grad_sum and layout.tp > 1:
             raise NotImplementedError(
-                f"ShardConfig(data_parallel='fsdp'): the plan gives {grad_sum[:3]} the spec "
+                f"ShardConfig(data_parallel={mode!r}): the plan gives {grad_sum[:3]} the spec "
                 "replicated_with_grad_allreduce, whose gradient sums hook the parameters FSDP replaces; "
                 "use data_parallel='ddp' for this plan"
             )
+    shard = config.data_parallel_shard_size
+    if mode == "hsdp" and (shard is None or layout.dp % shard):
+        raise ValueError(
+            f"ShardConfig(data_parallel='hsdp', data_parallel_shard_size={shard}): HSDP splits each parameter over "
+            f"data_parallel_shard_size ranks and replicates that over the rest of the {layout.dp} data-parallel "
+            f"ranks; give a data_parallel_shard_size that divides {layout.dp} (e.g. the GPUs of one node)"
+        )
     if mode == "ddp" and config.inference_only:
         raise ValueError(
             "ShardConfig(data_parallel='ddp', inference_only=True): DDP only synchronizes gradients, and an "
@@ -131,11 +148,69 @@ def check_data_parallel(model: nn.Module, policy, config, layout) -> None:
         )
 
 
-def apply_data_parallel(model: nn.Module, policy, config, layout) -> str | None:
+def dp_mesh(config, layout):
+    """The mesh ``config.data_parallel`` runs on: the ``dp`` dim, or for ``"hsdp"`` a 2-D
+    ``("dp_replicate", "dp_shard")`` mesh over the same ranks (collective on first use)."""
+    if config.data_parallel == "hsdp":
+        return layout.hsdp_mesh(config.data_parallel_shard_size)
+    return layout.mesh()["dp"]
+
+
+def dp_shard_group(config, layout):
+    """The group whose ranks hold disjoint data-parallel shards of each parameter (``None`` under DDP,
+    or without data parallelism): ``dp`` under FSDP and ZeRO-2, the shard dim of HSDP's mesh."""
+    if config.data_parallel not in SHARDED_MODES or layout.dp == 1:
+        return None
+    mesh = dp_mesh(config, layout)
+    return mesh.get_group("dp_shard") if config.data_parallel == "hsdp" else mesh.get_group()
+
+
+def _fsdp_kwargs(model: nn.Module, policy, config, experts: list) -> dict:
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+    from torch.distributed.tensor import Shard
+
+    dims = policy.data_parallel_shard_dims()
+    placement = {id(p): Shard(dims[n]) for n, p in model.named_parameters(remove_duplicate=False) if n in dims}
+    kwargs: dict = {"shard_placement_fn": (lambda p: placement.get(id(p)))} if placement else {}
+    if experts:
+        kwargs["ignored_params"] = {p for m in experts for p in m.parameters()}
+    if config.mixed_precision is not None:  # compute in it, gradients reduced and weights kept in fp32
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=mixed_dtype(config), reduce_dtype=torch.float32)
+    return kwargs
+
+
+def mixed_dtype(config) -> torch.dtype | None:
+    """The compute dtype ``config.mixed_precision`` names (``None``: none)."""
+    return {None: None, "bf16": torch.bfloat16, "fp16": torch.float16}[config.mixed_precision]
+
+
+def _roots(model: nn.Module, policy, pipeline) -> list[tuple[nn.Module, list[nn.Module]]]:
+    """``[(root, its blocks)]``: the modules data parallelism wraps, each block its own FSDP unit;
+    the model, or under pipeline parallelism each stage this rank runs."""
+    if pipeline is None:
+        return [(model, [block for _, block in policy.blocks()])]
+    roots = [(st, st.blocks) for st in pipeline.submods.values()]
+    owned = {id(p) for root, _ in roots for p in root.parameters()}
+    outside = [n for n, p in model.named_parameters() if p.requires_grad and id(p) not in owned]
+    if outside:
+        raise NotImplementedError(
+            f"{type(model).__name__}: pipeline stages with data parallelism: {outside[:4]} belong to no stage "
+            f"(neither a block nor one of {type(policy).__name__}.pipeline_ends()), so nothing would average "
+            "their gradients over the data-parallel ranks; name their modules in pipeline_ends()"
+        )
+    return roots
+
+
+def apply_data_parallel(model: nn.Module, policy, config, layout, pipeline=None) -> str | None:
     """Wrap ``model`` for ``config.data_parallel`` over the ``dp`` mesh dimension (collective).
 
-    Returns what runs (``"fsdp"``, ``"ddp"``) or ``None`` when there is nothing to do
-    (``data_parallel=None`` or a data-parallel degree of 1).
+    Under pipeline parallelism (``pipeline``: ``model.shardcore.pipeline``) each stage this rank
+    runs is wrapped instead, as ``torch.distributed.pipelining`` expects: its blocks and then the
+    stage (its end modules) by ``fully_shard``, or the stage by FSDP's ``replicate`` for DDP; the
+    schedule then reduces gradients once, after the last microbatch.
+
+    Returns what runs (``"fsdp"``, ``"zero2"``, ``"hsdp"``, ``"ddp"``) or ``None`` when there is
+    nothing to do (``data_parallel=None`` or a data-parallel degree of 1).
     """
     mode = config.data_parallel
     if mode is None:
@@ -143,22 +218,27 @@ def apply_data_parallel(model: nn.Module, policy, config, layout) -> str | None:
     if layout.dp == 1:
         log.info("shardcore: data_parallel=%r with data_parallel_size=1: nothing to shard or synchronize", mode)
         return None
-    mesh = layout.mesh()["dp"]
+    mesh = dp_mesh(config, layout)
     from ..expert_parallel import expert_modules
 
     experts = expert_modules(model)  # split over the expert-parallel ranks: averaged by their own hooks
-    if mode == "fsdp":
+    roots = _roots(model, policy, pipeline)
+    if mode in SHARDED_MODES:
         from torch.distributed.fsdp import fully_shard
-        from torch.distributed.tensor import Shard
 
-        dims = policy.data_parallel_shard_dims()
-        placement = {id(p): Shard(dims[n]) for n, p in model.named_parameters(remove_duplicate=False) if n in dims}
-        kwargs = {"shard_placement_fn": (lambda p: placement.get(id(p)))} if placement else {}
-        if experts:
-            kwargs["ignored_params"] = {p for m in experts for p in m.parameters()}
-        for _, block in policy.blocks():
-            fully_shard(block, mesh=mesh, **kwargs)
-        fully_shard(model, mesh=mesh, **kwargs)
+        kwargs = _fsdp_kwargs(model, policy, config, experts)
+        if mode == "zero2":  # weights stay gathered from forward to backward: ZeRO-2's memory, no re-gather
+            kwargs["reshard_after_forward"] = False
+        for root, blocks in roots:
+            for block in blocks:
+                fully_shard(block, mesh=mesh, **kwargs)
+            fully_shard(root, mesh=mesh, **kwargs)
+    elif pipeline is not None:  # the stages reduce once per step: FSDP's replicate, which the schedule drives
+        from torch.distributed._composable.replicate_with_fsdp import replicate
+
+        ignored = {p for m in experts for p in m.parameters()} or None
+        for root, _ in roots:
+            replicate(root, mesh=mesh, ignored_params=ignored)
     else:
         from torch.distributed._composable.replicate import replicate
 

@@ -140,6 +140,19 @@ class ParallelLayout:
             _MESHES[key] = (dist.group.WORLD, init_device_mesh(device, key, mesh_dim_names=DIMS))
         return _MESHES[key][1]
 
+    def hsdp_mesh(self, shard: int) -> DeviceMesh:
+        """The data-parallel ranks as a 2-D ``("dp_replicate", "dp_shard")`` mesh, ``shard`` consecutive
+        data-parallel ranks per shard group (HSDP); cached like :meth:`mesh` (collective on first use)."""
+        key = ("hsdp", shard, *self.degrees.values())
+        if _MESHES.get(key, (None,))[0] is not dist.group.WORLD:
+            from torch.distributed.device_mesh import init_device_mesh
+
+            device = "cuda" if dist.is_initialized() and dist.get_backend() == "nccl" else "cpu"
+            shape = (self.dp // shard, shard, self.pp, self.sp, self.tp)
+            full = init_device_mesh(device, shape, mesh_dim_names=("dp_replicate", "dp_shard", *DIMS[1:]))
+            _MESHES[key] = (dist.group.WORLD, full["dp_replicate", "dp_shard"])
+        return _MESHES[key][1]
+
     def tp_groups(self) -> list[list[int]]:
         """Every tensor-parallel group's global ranks (TP is the mesh's innermost dim)."""
         return [list(range(start, start + self.tp)) for start in range(0, self.world_size, self.tp)]

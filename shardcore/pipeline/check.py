@@ -10,6 +10,9 @@ from torch import nn
 
 from .schedule import _DEFAULT_SCHEDULE, _SINGLE, _is_single, schedule_names, split_layers
 
+#: the schedules that split the backward into input and weight gradients (zero bubble)
+_SPLIT_BACKWARD = ("InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
+
 
 @attrs.define
 class PipelineInfo:
@@ -22,12 +25,15 @@ class PipelineInfo:
     group: Any
     num_microbatches: int
     stages: list = attrs.field(factory=list)  # torch PipelineStage objects
+    submods: dict = attrs.field(factory=dict)  # {stage index: the module its PipelineStage runs}, built once
     schedule: Any = None
-    tied: list = attrs.field(factory=list)  # (parameter, group) whose gradients are summed over first/last stages
+    tied: list = attrs.field(factory=list)  # (parameter name, group) whose gradients are summed over first/last stages
     last_stage_rank: int = 0  # in the pp group
     num_items: Any = None  # the loss terms of the batch in flight (pipeline_step sets it)
     shapes: Any = None  # the input shapes the stages were built for
     rebuild: Any = None
+    loss_scale: Any = None  # pipeline_step(loss_scale=...) of the step in flight, and its unscaled losses
+    unscaled: list = attrs.field(factory=list)
     input_gates: dict = attrs.field(factory=dict)  # per group dimension: which steps check the batch
     #: ``{name: [other names]}`` of parameters the unsharded model holds under several names (tied
     #: embeddings): a stage may hold one under a name a checkpoint stores under another.
@@ -69,10 +75,11 @@ def check_pipeline(model: nn.Module, policy, config, layout) -> tuple[str, list[
             "pipeline parallelism runs on shardcore's device mesh, but a tensor_parallel_process_group was given; "
             "leave it out and let the parallel sizes cut the world"
         )
-    if config.data_parallel is not None:
+    if config.data_parallel is not None and name in _SPLIT_BACKWARD:
         raise NotImplementedError(
-            f"ShardConfig(data_parallel={config.data_parallel!r}) together with pipeline parallelism is not "
-            "built yet; use one of them"
+            f"ShardConfig(pipeline_schedule={name!r}, data_parallel={config.data_parallel!r}): a zero-bubble schedule "
+            "computes weight gradients apart from the backward, outside what FSDP's reduction follows (measured: "
+            "wrong gradients), so it is not built with data parallelism; use 1F1B, GPipe, Interleaved1F1B or LoopedBFS"
         )
     return name, _stage_layers(model, policy, config, layout.pp, per_rank), per_rank
 

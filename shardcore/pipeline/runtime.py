@@ -10,7 +10,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..distributed.collectives import group_device
+from ..amp import agree_on_overflow, fp16_in_play
+from ..distributed.collectives import all_reduce, group_device
 from .check import PipelineInfo, _stage_indices
 from .schedule import _is_single, _schedule_class
 
@@ -90,7 +91,7 @@ def _make_schedule(info: PipelineInfo, loss_fn):
     return cls(stage, info.num_microbatches, **kwargs)
 
 
-def pipeline_step(model: nn.Module, batch: Mapping[str, Any]) -> torch.Tensor:
+def pipeline_step(model: nn.Module, batch: Mapping[str, Any], *, loss_scale=None) -> torch.Tensor:
     """One training step's forward and backward over the whole ``batch`` (as the unsharded model
     would take it, labels included); the gradients are left accumulated in the parameters this
     rank holds, and the loss of the whole batch is returned on every rank.
@@ -99,12 +100,18 @@ def pipeline_step(model: nn.Module, batch: Mapping[str, Any]) -> torch.Tensor:
     configured schedule; each microbatch's loss is weighed by the whole batch's number of loss
     terms, so the result equals the unsharded model's loss also when microbatches hold different
     numbers of label tokens. Without pipeline parallelism: ``model(**batch).loss.backward()``.
+
+    ``loss_scale``: what multiplies each loss before its backward, for fp16 loss scaling: the user's
+    ``torch.amp.GradScaler``'s ``scaler.scale`` (then ``scaler.step(optimizer)``, ``scaler.update()``
+    as usual; an overflow on any rank skips the step on every rank, see :mod:`shardcore.amp`). It is
+    called on every rank, with a zero on ranks whose stages compute no loss (so a scaler that starts
+    lazily starts there too). The returned loss is unscaled.
     """
     info = getattr(getattr(model, "shardcore", None), "pipeline", None)
     if info is None:
         out = model(**batch)
         loss = out["loss"] if isinstance(out, Mapping) else out.loss
-        loss.backward()
+        (loss if loss_scale is None else loss_scale(loss)).backward()
         return loss.detach()
     policy = model.shardcore.policy
     if model.shardcore.config.inference_only:
@@ -121,15 +128,7 @@ def pipeline_step(model: nn.Module, batch: Mapping[str, Any]) -> torch.Tensor:
             f"pipeline_step: batch size {size} is not divisible by num_microbatches={info.num_microbatches}; "
             "give a batch whose size is a multiple of it (or change num_microbatches)"
         )
-    check = model.shardcore.config.check_inputs
-    if check:  # every rank of a pipeline (and of its TP groups) gets the same batch
-        from ..consistency import InputGate
-
-        layout = model.shardcore.layout
-        for dim in ("pp", "tp"):
-            if layout.degrees[dim] > 1:
-                gate = info.input_gates.setdefault(dim, InputGate(check == "always"))
-                gate.check(layout.group(dim), "pipeline_step", (), dict(batch))
+    _check_same_batch(model, info, batch)
     info.num_items = policy.pipeline_num_items(labels)
     shapes = tuple(tuple(a.shape) for a in args)
     device = next(model.parameters()).device
@@ -139,17 +138,50 @@ def pipeline_step(model: nn.Module, batch: Mapping[str, Any]) -> torch.Tensor:
         info.rebuild()
     info.shapes = shapes
     losses: list[torch.Tensor] = []
+    info.loss_scale, info.unscaled = loss_scale, []
     if info.is_first:
         info.schedule.step(*args, target=labels, losses=losses, return_outputs=False)
     else:
         info.schedule.step(target=labels, losses=losses, return_outputs=False)
-    for param, group in info.tied:  # the input and output embeddings: one parameter, two stages
-        if param.grad is not None:
-            dist.all_reduce(param.grad, group=group)
+    _after_step(model, info)
+    if loss_scale is not None and not info.unscaled:  # a rank without the loss: its scaler starts here too
+        loss_scale(torch.zeros((), device=device))
+    losses = info.unscaled if loss_scale is not None else losses
     total = torch.stack([x.detach().float() for x in losses]).sum() if losses else _zero(info.group)
     src = dist.get_global_rank(info.group, info.last_stage_rank)
     dist.broadcast(total, src=src, group=info.group)
     return total
+
+
+def _check_same_batch(model: nn.Module, info: PipelineInfo, batch: Mapping[str, Any]) -> None:
+    """Every rank of a pipeline (and of its TP groups) gets the same batch (``check_inputs``)."""
+    check = model.shardcore.config.check_inputs
+    if not check:
+        return
+    from ..consistency import InputGate
+
+    layout = model.shardcore.layout
+    for dim in ("pp", "tp"):
+        if layout.degrees[dim] > 1:
+            gate = info.input_gates.setdefault(dim, InputGate(check == "always"))
+            gate.check(layout.group(dim), "pipeline_step", (), dict(batch))
+
+
+def _after_step(model: nn.Module, info: PipelineInfo) -> None:
+    """Tied parameters' gradients summed over their stages; under fp16 an overflow anywhere agreed on."""
+    for name, group in info.tied:  # the input and output embeddings: one parameter, two stages
+        param = model.get_parameter(name)
+        if param.grad is not None:  # under FSDP the stages' data-parallel shards of it line up: sum those
+            all_reduce(_local(param.grad), group, where="pipeline_step: a tied parameter's gradient")
+    if fp16_in_play(model, model.shardcore.config):  # an overflow on any stage or rank skips the step everywhere
+        agree_on_overflow(model.parameters(), dist.group.WORLD)
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's part of ``tensor`` (a DTensor's local shard, under FSDP)."""
+    from torch.distributed.tensor import DTensor
+
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
 def _zero(group) -> torch.Tensor:

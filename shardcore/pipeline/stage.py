@@ -32,6 +32,11 @@ class _Stage(nn.Module):
         self._policy, self._first, self._last = policy, first, last
         self._others = others  # (path, module, hole) of what this rank holds for its other stages
 
+    @property
+    def blocks(self) -> list[nn.Module]:
+        """The stage's blocks (each its own unit under data parallelism), without its end modules."""
+        return list(self.own)[: self.num_blocks]
+
     def forward(self, *inputs):
         for name, _, hole in self._others:
             _set(self.model, name, hole)
@@ -158,7 +163,7 @@ def _tied_groups(model: nn.Module, layout, owners_of: dict) -> list:
             g = dist.new_group(ranks)
             if dist.get_rank() in ranks:
                 groups[owners] = g
-    live = {id(p): p for p in model.parameters()}
+    live = {id(p): n for n, p in model.named_parameters()}  # by name: data parallelism replaces the objects
     return [(live[pid], groups[owners]) for pid, owners in owners_of.items() if pid in live]
 
 
@@ -207,8 +212,11 @@ def _make_stages(model: nn.Module, policy, info: PipelineInfo, blocks, stage_blo
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     info.stages = []
     for s in indices:
+        if s in info.submods:  # rebuilt for new shapes: the same modules (data parallelism wraps them once)
+            info.stages.append(PipelineStage(info.submods[s], s, num_stages, device, group=info.group))
+            continue
         others = [(blocks[b][0], blocks[b][1], block_holes[b]) for t in indices if t != s for b in stage_blocks[t]]
-        own = [blocks[b][1] for b in sorted(stage_blocks[s])]
+        own = [blocks[b][1] for b in sorted(stage_blocks[s])]  # its blocks first: _Stage.blocks
         own_params = []
         for path, stage in end_stage.items():
             if path in param_ends:
@@ -218,11 +226,16 @@ def _make_stages(model: nn.Module, policy, info: PipelineInfo, blocks, stage_blo
                 own.append(model.get_submodule(path))
             elif stage in indices:  # this rank runs that end in another of its stages: a hole while this one runs
                 others.append((path, model.get_submodule(path), end_holes[path]))
-        stage = _Stage(model, policy, s == 0, s == num_stages - 1, own, own_params, others)
+        stage = info.submods[s] = _Stage(model, policy, s == 0, s == num_stages - 1, own, own_params, others)
+        stage.num_blocks = len(stage_blocks[s])
         info.stages.append(PipelineStage(stage, s, num_stages, device, group=info.group))
 
     def loss_fn(output, target):
-        return policy.pipeline_loss(output, target, info.num_items)
+        loss = policy.pipeline_loss(output, target, info.num_items)
+        if info.loss_scale is None:
+            return loss
+        info.unscaled.append(loss.detach())  # what pipeline_step reports; the backward runs on the scaled one
+        return info.loss_scale(loss)
 
     info.schedule = _make_schedule(info, loss_fn)
 

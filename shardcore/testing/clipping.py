@@ -41,11 +41,11 @@ def _sharded_backward(model: nn.Module, batch: Mapping[str, Any], loss_fn) -> No
     import shardcore
 
     info = model.shardcore
+    if info.data_parallel is not None:
+        batch = dp_part(batch, info.layout.coordinates(dist.get_rank())["dp"], info.layout.dp)
     if info.pipeline is not None:
         shardcore.pipeline_step(model, batch)
         return
-    if info.data_parallel is not None:
-        batch = dp_part(batch, info.layout.coordinates(dist.get_rank())["dp"], info.layout.dp)
     _loss(model(**batch), loss_fn).backward()
 
 

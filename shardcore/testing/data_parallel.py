@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..data_parallel import SHARDED_MODES
 from .compare import (
     _backward_loss,
     _build_pair,
@@ -126,12 +127,36 @@ def _check_wrapping(info, config) -> None:
     """What ``optimize`` made is what ``config`` asked; under FSDP every block is its own unit."""
     if info.data_parallel != config.data_parallel:
         raise AssertionError(f"model.shardcore.data_parallel is {info.data_parallel!r}, asked {config.data_parallel!r}")
-    if info.data_parallel == "fsdp":  # each block its own all-gather unit, as fully_shard per block makes it
+    if info.data_parallel in SHARDED_MODES:  # each block its own all-gather unit, as fully_shard per block makes it
         from torch.distributed.fsdp import FSDPModule
 
         loose = [name for name, block in info.policy.blocks() if not isinstance(block, FSDPModule)]
         if loose:
             raise AssertionError(f"blocks {loose} are not wrapped by fully_shard: the whole model is gathered at once")
+        _check_placements(info, config)
+
+
+def _check_placements(info, config) -> None:
+    """Every FSDP parameter on the mesh ``config`` asks: ``dp`` (one dim, sharded), or HSDP's 2-D mesh
+    (replicated over ``dp_replicate``, sharded over ``data_parallel_shard_size`` ranks); ZeRO-2 keeps
+    the weights gathered after forward, FSDP does not."""
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.tensor import DTensor, Replicate
+
+    hsdp = config.data_parallel == "hsdp"
+    for name, param in info.policy.model.named_parameters():
+        if not isinstance(param, DTensor):
+            continue
+        mesh, kinds = param.device_mesh, param.placements
+        want = (config.data_parallel_shard_size,) if hsdp else (mesh.size(),)
+        if hsdp and (mesh.ndim != 2 or not isinstance(kinds[0], Replicate) or tuple(mesh.shape[1:]) != want):
+            raise AssertionError(f"{name}: HSDP wants a (replicate, shard={want[0]}) mesh, it is on {mesh} as {kinds}")
+        if not hsdp and mesh.ndim != 1:
+            raise AssertionError(f"{name}: {config.data_parallel} wants the 1-D dp mesh, it is on {mesh}")
+    groups = [b._get_fsdp_state()._fsdp_param_group for _, b in info.policy.blocks() if isinstance(b, FSDPModule)]
+    keeps = {g.post_forward_mesh_info is None for g in groups if g is not None}  # no resharding after forward
+    if keeps != {config.data_parallel == "zero2"}:
+        raise AssertionError(f"data_parallel={config.data_parallel!r}: weights kept gathered after forward: {keeps}")
 
 
 def _reference_step(ref: nn.Module, inputs: Mapping[str, Any], loss_fn, parts: int):

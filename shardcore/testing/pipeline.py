@@ -20,6 +20,7 @@ from .compare import (
     _grad_check,
     _train_side_by_side,
 )
+from .data_parallel import dp_part
 
 __all__ = ["assert_pipeline_matches"]
 
@@ -52,6 +53,9 @@ def assert_pipeline_matches(
     match (relative norm ``grad_rtol``; gathered also ``allclose(rtol=grad_rtol, atol=grad_atol)``);
     so must every held parameter after ``steps`` AdamW steps (``atol_step``), gathered and local. Every held parameter name must be a name of the
     unsharded model, and every parameter of the unsharded model must be held by some rank.
+    Under data parallelism (``data_parallel=...``, ``data_parallel_size > 1``) each data-parallel rank
+    runs its part of ``batch`` (:func:`~shardcore.testing.dp_part`; every part the same number of
+    loss terms) and the mean of their losses must equal the unsharded loss on the whole batch.
     ``reference_loss(model, batch)`` is the unsharded model's loss (default ``model(**batch).loss``;
     a model that takes no labels, timm's, says how its loss is computed).
     """
@@ -64,6 +68,7 @@ def assert_pipeline_matches(
     ref_named = dict(ref.named_parameters(remove_duplicate=False))  # tied weights under each of their names
     held = _check_names(model, ref_named)
     report: dict[str, Any] = {"stages": info.stage_indices, "schedule": info.schedule_name, "held": len(held)}
+    mine, mean_over_dp = _data_parallel_part(model, batch, report)
 
     def ref_step():
         loss = reference_loss(ref, batch) if reference_loss is not None else ref(**batch).loss
@@ -71,15 +76,31 @@ def assert_pipeline_matches(
         return loss
 
     def first(loss, loss_ref):
-        report.update(_check_loss(loss, loss_ref, rtol_loss, what="pipeline_step loss"))
+        report.update(_check_loss(mean_over_dp(loss), loss_ref, rtol_loss, what="pipeline_step loss"))
         check = _grad_check({n: p.grad for n, p in ref_named.items()}, grad_rtol, grad_floor, zero_grads)
         report["max_rel_err_grads"] = _check_held_grads(model, ref_named, held, check, grad_atol)
 
-    step = functools.partial(shardcore.pipeline_step, model, batch)  # forward and backward over the microbatches
+    step = functools.partial(shardcore.pipeline_step, model, mine)  # forward and backward over the microbatches
     _train_side_by_side(ref, model, step, ref_step, steps, first, lr=lr, eps=adam_eps)
     if steps:  # no declared-zero allowance here: every parameter within atol_step
         report["max_abs_diff_after_steps"] = _check_params_after(model, ref_named, steps, atol_step)
     return report
+
+
+def _data_parallel_part(model: nn.Module, batch: Mapping[str, Any], report: dict):
+    """``(this rank's part of batch, the mean of a loss over the data-parallel ranks)``: the whole
+    batch and the loss itself without data parallelism."""
+    layout, mode = model.shardcore.layout, model.shardcore.data_parallel
+    report["data_parallel"] = mode
+    if mode is None or layout.dp == 1:
+        return batch, lambda loss: loss
+
+    def mean(loss: torch.Tensor) -> torch.Tensor:  # each rank's loss on its part: their mean is the whole batch's
+        total = loss.detach().clone()
+        dist.all_reduce(total, group=layout.group("dp"))
+        return total / layout.dp
+
+    return dp_part(batch, layout.coordinates(dist.get_rank())["dp"], layout.dp), mean
 
 
 def _check_names(model: nn.Module, ref_named: Mapping[str, nn.Parameter]) -> list[str]:

@@ -85,9 +85,9 @@ BAD = {
         {"pipeline_parallel_size": 2, "pipeline_layers": [1, 2]},
         "pipeline_layers=[1, 2]: give 2 numbers of blocks, each at least 1, summing to the model's 4 blocks",
     ),
-    "with data parallel": (
-        {"pipeline_parallel_size": 2, "tensor_parallel_size": 1, "data_parallel": "fsdp"},
-        "together with pipeline parallelism is not built yet",
+    "zero bubble with data parallel": (
+        {"pipeline_parallel_size": 2, "data_parallel": "fsdp", "pipeline_schedule": "InterleavedZeroBubble"},
+        "pipeline_schedule='InterleavedZeroBubble', data_parallel='fsdp'): a zero-bubble schedule computes weight",
     ),
 }
 
