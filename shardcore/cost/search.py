@@ -132,14 +132,29 @@ def workload_facts(
     batch: int,
     base: ShardConfig | None = None,
     tp_cache: dict | None = None,
+    built: dict | None = None,
 ) -> dict:
     """The cost model's input for ``layout``: optimize's checks on a paper build of a copy of the
     meta ``model`` (raising :class:`~shardcore.explain.ExplainError` or ``NotImplementedError`` as
-    ``optimize`` would). ``tp_cache``: tensor-parallel traffic already computed, by degree."""
+    ``optimize`` would). ``tp_cache``: tensor-parallel traffic already computed, by degree;
+    ``built``: facts already computed, by every degree and mode but the data-parallel engine (DDP
+    and FSDP shard the same blocks alike; the cost model tells them apart)."""
     config = shard_config(layout, base)
     dp, sp, tp = layout["dp"], layout["sp"], layout["tp"]
     kw = dict(pp=layout["pp"], sp=sp, ep=layout["ep"], dp=dp, config=config)
     check_on_paper(model, tp, **kw)  # refused layouts cost no copy of the model
+    key = tuple(layout[k] for k in ("dp", "pp", "sp", "tp", "ep", "mode", "microbatches"))
+    if built is not None and key in built:
+        return dict(built[key])
+    facts = _facts(model, layout, seq, batch, base, kw, tp_cache)
+    if built is not None:
+        built[key] = facts
+    return dict(facts)
+
+
+def _facts(model: nn.Module, layout: dict, seq: int, batch: int, base, kw: dict, tp_cache: dict | None) -> dict:
+    """:func:`workload_facts` of a layout not computed yet: a paper build of a copy of ``model``."""
+    dp, sp, tp = layout["dp"], layout["sp"], layout["tp"]
     report, build, blocks = explain_on_paper(copy.deepcopy(model), tp, seq=seq, batch=batch // dp, **kw)
     sharded = build.model
     itemsize = report["dtype_bytes"]
@@ -189,10 +204,10 @@ def search(
     cap = memory if memory is not None else profile.get("memory_bytes_per_rank") or float("inf")
     experts = _expert_count(model)
     blocks = len(_blocks_of(copy.deepcopy(model), base))
-    ranked, refused, tp_cache = [], [], {}
+    ranked, refused, tp_cache, built = [], [], {}, {}
     for layout in candidates(world, batch=batch, seq=seq, blocks=blocks, experts=experts):
         try:
-            facts = workload_facts(model, layout, seq=seq, batch=batch, base=base, tp_cache=tp_cache)
+            facts = workload_facts(model, layout, seq=seq, batch=batch, base=base, tp_cache=tp_cache, built=built)
         except (ExplainError, NotImplementedError, ValueError) as err:
             why = str(err).splitlines()[0].split(" (tensor_parallel_size values this model accepts")[0]
             refused.append({"layout": layout, "name": name(layout), "refused": why})
