@@ -8,7 +8,8 @@ the Llama bench model of ``bench_llama_tp.py`` with AdamW on one global batch, l
 * ``TP=4``: tensor parallel over the 4 ranks, every rank runs the whole batch;
 * ``FSDPxTP 2x2``: ``ShardConfig(tensor_parallel_size=2, data_parallel_size=2, data_parallel="fsdp")``;
 * ``DDPxTP 2x2``: the same with ``data_parallel="ddp"``;
-* ``FSDP=4``: ``tensor_parallel_size=1, data_parallel_size=4, data_parallel="fsdp"``;
+* ``FSDP=4``, ``DDP=4``, ``ZeRO-2=4``: ``tensor_parallel_size=1, data_parallel_size=4`` and that engine;
+* ``HSDP 2x2``: ``data_parallel="hsdp", data_parallel_shard_size=2`` (split over 2, replicated over 2);
 * ``unsharded``: the whole model, whole batch, in one process with one thread.
 
 Each layout runs in fresh processes: it builds the model on the meta device
@@ -17,7 +18,8 @@ so no rank ever holds the whole model, then runs ``--warmup`` + ``--steps`` opti
 data-parallel rank on its part of the batch). Measured per rank: the step time (median; a step
 ends when the slowest rank does), the peak RSS of the process (``VmHWM``) and its increase over
 the RSS before the model was built (imports and the process group already there), and the bytes
-of parameters + AdamW state it holds. The first step's loss
+of parameters + AdamW state it holds, beside what ``explain``'s cost model predicts for the layout
+(:func:`shardcore.cost.model.memory_per_rank`, on paper). The first step's loss
 (mean over the data-parallel ranks) must equal the unsharded loss (relative 1e-4) or the run
 stops. Times are also given as ratios to TP=4 in the same run. Writes ``bench-results/data_parallel.json``.
 """
@@ -44,8 +46,30 @@ LAYOUTS = {
     "FSDPxTP 2x2": {"tensor_parallel_size": 2, "data_parallel_size": 2, "data_parallel": "fsdp"},
     "DDPxTP 2x2": {"tensor_parallel_size": 2, "data_parallel_size": 2, "data_parallel": "ddp"},
     "FSDP=4": {"tensor_parallel_size": 1, "data_parallel_size": 4, "data_parallel": "fsdp"},
+    "DDP=4": {"tensor_parallel_size": 1, "data_parallel_size": 4, "data_parallel": "ddp"},
+    "ZeRO-2=4": {"tensor_parallel_size": 1, "data_parallel_size": 4, "data_parallel": "zero2"},
+    "HSDP 2x2": {"tensor_parallel_size": 1, "data_parallel": "hsdp", "data_parallel_shard_size": 2},
     "unsharded": None,
 }
+
+
+def predicted(name: str, args) -> dict | None:
+    """``explain``'s cost model for the layout (on paper, a meta model): bytes per rank."""
+    import shardcore
+    from shardcore.cost.model import memory_per_rank
+    from shardcore.cost.search import workload_facts
+
+    fields = LAYOUTS[name]
+    if fields is None:
+        return None
+    tp = fields["tensor_parallel_size"]
+    dp = 4 // tp
+    layout = {"dp": dp, "pp": 1, "sp": 1, "tp": tp, "ep": 1, "mode": None, "microbatches": 1}
+    layout.update(data_parallel=fields.get("data_parallel"), shard=fields.get("data_parallel_shard_size", dp))
+    with shardcore.init_empty():
+        model = build()
+    facts = workload_facts(model, layout, seq=args.seq, batch=args.batch)
+    return memory_per_rank(facts, layout, "adamw")
 
 
 def worker(args, checkpoint: str, name: str) -> dict:
@@ -114,17 +138,25 @@ def report(results: list[dict], args, out: pathlib.Path) -> None:
     tp4 = next(r for r in results if r["layout"] == "TP=4")["step_s"]
     print(f"\nLlama bench model {CONFIG}, AdamW, global batch {args.batch} x seq {args.seq}")
     print("4 gloo ranks x 1 thread on this machine's 2 cores; unsharded: one process, one thread\n")
-    print("| layout | step s | vs TP=4 | per-rank peak RSS MB (max) | its increase MB | params+AdamW MB/rank |")
-    print("|---|---|---|---|---|---|")
+    print(
+        "| layout | step s | vs TP=4 | per-rank peak RSS MB (max) | its increase MB | params+AdamW MB/rank "
+        "| explain: params+AdamW MB | explain: + gradients, gathered, activations MB |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    predictions = {}
     for name in LAYOUTS:
         rows = [r for r in results if r["layout"] == name and (name != "unsharded" or r["rank"] == 0)]
         step = rows[0]["step_s"]
+        mem = predictions[name] = predicted(name, args)
+        held = "" if mem is None else f"{(mem['parameters'] + mem['optimizer']) / 2**20:.1f}"
+        rest = "" if mem is None else f"{(mem['gradients'] + mem['gathered'] + mem['activations']) / 2**20:.1f}"
         print(
             f"| {name} | {step:.3f} | {step / tp4:.2f}x | {max(r['peak_rss_mb'] for r in rows):.0f} | "
-            f"{max(r['rss_increase_mb'] for r in rows):.0f} | {max(r['state_mb'] for r in rows):.1f} |"
+            f"{max(r['rss_increase_mb'] for r in rows):.0f} | {max(r['state_mb'] for r in rows):.1f} | {held} | {rest} |"
         )
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"config": CONFIG, "batch": args.batch, "seq": args.seq, "results": results}, indent=2))
+    record = {"config": CONFIG, "batch": args.batch, "seq": args.seq, "results": results, "explain": predictions}
+    out.write_text(json.dumps(record, indent=2))
     print(f"\nwritten: {out}")
 
 

@@ -166,7 +166,7 @@ def predict(facts: dict, layout: dict, profile: dict, *, optimizer: str = "adamw
     whole = batch // dp * seq if sp > 1 else tokens  # after the last block the sequence is whole again
     heads, dim, causal = facts["attention"]
     attn_per_token = 4 * seq * heads * dim * (0.5 if causal else 1.0)
-    shard = dp if layout["data_parallel"] == "fsdp" else 1
+    shard = dp_shard(layout)
     stages = []  # per stage: its compute, its collectives, its optimizer step
     for s in facts["stages"]:
         body = s.matmul_weights - s.tail_weights
@@ -241,15 +241,27 @@ def communication(facts: dict, layout: dict, profile: dict, stage: StageFacts) -
     return out
 
 
+def dp_shard(layout: dict) -> int:
+    """The ranks each dense parameter is split over by data parallelism: ``dp`` under FSDP and ZeRO-2,
+    HSDP's shard group (``layout["shard"]``), 1 under DDP or none."""
+    mode, dp = layout["data_parallel"], layout["dp"]
+    if mode in ("fsdp", "zero2"):
+        return dp
+    return layout.get("shard", dp) if mode == "hsdp" else 1
+
+
 def _data_parallel(profile: dict, layout: dict, stage: StageFacts) -> float:
     dp, ep = layout["dp"], layout["ep"]
     world = dp * layout["pp"] * layout["sp"] * layout["tp"]
     seconds = 0.0
-    if dp > 1 and layout["data_parallel"] == "fsdp":
+    split = dp_shard(layout)
+    if dp > 1 and split > 1:  # FSDP, ZeRO-2 (gathered once: kept to the backward), HSDP (then summed across)
         units = stage.blocks + 1
-        shard = stage.dense_bytes / dp
-        seconds += 2 * collective_seconds(profile, "all_gather", dp, units, shard, world)
-        seconds += collective_seconds(profile, "reduce_scatter", dp, units, stage.dense_bytes, world)
+        gathers = 1 if layout["data_parallel"] == "zero2" else 2
+        seconds += gathers * collective_seconds(profile, "all_gather", split, units, stage.dense_bytes / split, world)
+        seconds += collective_seconds(profile, "reduce_scatter", split, units, stage.dense_bytes, world)
+        if dp // split > 1:
+            seconds += collective_seconds(profile, "all_reduce", dp // split, units, stage.dense_bytes / split, world)
     elif dp > 1:
         buckets = max(1, math.ceil(stage.dense_bytes / DDP_BUCKET_BYTES))
         seconds += collective_seconds(profile, "all_reduce", dp, buckets, stage.dense_bytes, world)
@@ -259,18 +271,21 @@ def _data_parallel(profile: dict, layout: dict, stage: StageFacts) -> float:
 
 
 def memory_per_rank(facts: dict, layout: dict, optimizer: str = "adamw") -> dict[str, int]:
-    """Bytes the largest stage's rank holds: parameters, gradients, optimizer state, activations."""
+    """Bytes the largest stage's rank holds: parameters, gradients, optimizer state, activations, and
+    under ZeRO-2 the gathered weights (every block's stay whole from its forward to its backward)."""
     dp, pp, sp = layout["dp"], layout["pp"], layout["sp"]
     m = layout["microbatches"]
     tokens_mb = facts["batch"] // dp // m * facts["seq"] // sp
     worst = {}
     for s, stage in enumerate(facts["stages"]):
-        dense = stage.dense_bytes / dp if layout["data_parallel"] == "fsdp" and dp > 1 else stage.dense_bytes
+        dense = stage.dense_bytes / dp_shard(layout)
         params = int(dense + stage.expert_bytes)
+        gathered = stage.dense_bytes if layout["data_parallel"] == "zero2" and dp > 1 else 0
         in_flight = min(pp - s, m) if pp > 1 else 1
         acts = int(tokens_mb * in_flight * stage.activation_elements * facts["itemsize"])
         row = {
             "parameters": params,
+            "gathered": int(gathered),
             "gradients": params,
             "optimizer": OPTIMIZER_STATES[optimizer] * params,
             "activations": acts,

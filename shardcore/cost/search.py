@@ -87,6 +87,8 @@ def _layout_fields(layout: dict) -> dict[str, Any]:
         expert_parallel_size=layout["ep"],
         data_parallel=layout["data_parallel"],
     )
+    if layout["data_parallel"] == "hsdp":
+        fields.update(data_parallel_shard_size=layout.get("shard", layout["dp"]))
     if layout["sp"] > 1:
         fields.update(enable_sequence_parallelism=True, sequence_parallelism_mode=layout["mode"])
     if layout["pp"] > 1:

@@ -64,16 +64,28 @@ def peft_base_model(model: nn.Module) -> nn.Module | None:
 
 def check_lora(model: nn.Module, config, plan=(), *, adding: bool = False) -> None:
     """Refuse LoRA adapters where they are not built yet, by name, before any collective: beside
-    data parallelism, pipeline stages or sequence parallelism, and (``plan``: the sharder's
+    FSDP (DDP is built: adapters added before ``optimize``), pipeline stages or sequence parallelism, and (``plan``: the sharder's
     ``(name, module, description)`` list) on a layer a policy turns into anything but a column- or
     row-parallel ``nn.Linear``, or with DoRA. ``adding``: a LoRA layer is being set into the model."""
     if not adding and not any(is_lora_layer(m) for m in model.modules()):
         return
-    if config.data_parallel is not None or config.pipeline_parallel_size > 1 or config.enable_sequence_parallelism:
+    if config.pipeline_parallel_size > 1 or config.enable_sequence_parallelism:
         raise NotImplementedError(
-            f"LoRA adapters on a sharded {type(model).__name__} with data_parallel={config.data_parallel!r}, "
-            f"pipeline_parallel_size={config.pipeline_parallel_size}, enable_sequence_parallelism="
-            f"{config.enable_sequence_parallelism}: not supported yet; use tensor parallelism alone"
+            f"LoRA adapters on a sharded {type(model).__name__} with pipeline_parallel_size="
+            f"{config.pipeline_parallel_size}, enable_sequence_parallelism={config.enable_sequence_parallelism}: "
+            "not supported yet; use tensor (and data) parallelism"
+        )
+    if config.data_parallel in ("fsdp", "zero2", "hsdp"):
+        raise NotImplementedError(
+            f"LoRA adapters on a sharded {type(model).__name__} with data_parallel={config.data_parallel!r}: the "
+            "adapters' tensor-parallel gradient sums hook their parameters, which FSDP replaces (measured: wrong "
+            "adapter gradients); use data_parallel='ddp' (the adapters are small: FSDP saves little on them)"
+        )
+    if config.data_parallel is not None and adding:
+        raise NotImplementedError(
+            f"LoRA adapters added to a {type(model).__name__} already wrapped by data_parallel="
+            f"{config.data_parallel!r}: the data-parallel engine only reduces the gradients of the parameters it "
+            "wrapped; add the adapters first (peft.get_peft_model), then shardcore.optimize"
         )
     for name, module, desc in plan:
         for sub in desc.sub_module_replacement:
