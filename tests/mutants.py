@@ -887,7 +887,10 @@ MUTANTS: dict[str, Mutant] = {
             "hsdp-on-the-flat-mesh",
             "data_parallel='hsdp' runs on the 1-D dp mesh: plain FSDP, nothing replicated",
             "shardcore/data_parallel/__init__.py",
-            ('    if config.data_parallel == "hsdp":\n        return layout.hsdp_mesh', '    if False:\n        return layout.hsdp_mesh'),
+            (
+                '    if config.data_parallel == "hsdp":\n        return layout.hsdp_mesh',
+                "    if False:\n        return layout.hsdp_mesh",
+            ),
             f"{LLAMA}/test_llama_data_parallel.py::test_trains_like_unsharded_full_batch[hsdp2x2]",
             "HSDP wants a (replicate, shard=2) mesh",
         ),
