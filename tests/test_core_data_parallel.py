@@ -69,6 +69,12 @@ FSDP = {"tensor_parallel_size": 2, "data_parallel_size": 2, "data_parallel": "fs
             ToyPolicy,
             "ep=2 does not divide the data-parallel degree (dp=1, pp=2, sp=1, tp=2",
         ),
+        (
+            {"tensor_parallel_size": 1, "data_parallel": "hsdp", "data_parallel_shard_size": 3},
+            ToyPolicy,
+            "give a data_parallel_shard_size that divides 4",
+        ),
+        ({**FSDP, "data_parallel": "zero2"}, _NoBlocks, "ShardConfig(data_parallel='zero2') wraps each block"),
     ],
     ids=[
         "fsdp-without-blocks",
@@ -77,6 +83,8 @@ FSDP = {"tensor_parallel_size": 2, "data_parallel_size": 2, "data_parallel": "fs
         "ep-without-experts",
         "balance-without-experts",
         "ep-not-dividing-dp",
+        "hsdp-shard-not-dividing-dp",
+        "zero2-without-blocks",
     ],
 )
 def test_refused_before_any_collective_on_every_rank(config, policy, expected):
@@ -93,6 +101,12 @@ def test_weights_differing_across_data_parallel_ranks_are_detected():
 def test_data_parallel_mode_is_validated():
     with pytest.raises(ValueError, match="data_parallel"):
         ShardConfig(data_parallel="zero3")
+    with pytest.raises(ValueError, match=r"data_parallel_shard_size=2\) is HSDP's shard group, but data_parallel='fsdp'"):
+        ShardConfig(data_parallel="fsdp", data_parallel_shard_size=2)
+    with pytest.raises(ValueError, match=r"mixed_precision='bf16'\) is FSDP2's mixed precision .* use data_parallel="):
+        ShardConfig(data_parallel="ddp", mixed_precision="bf16")
+    with pytest.raises(ValueError, match="mixed_precision"):
+        ShardConfig(data_parallel="fsdp", mixed_precision="fp8")
 
 
 def test_data_parallel_of_one_rank_changes_nothing():
