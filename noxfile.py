@@ -273,7 +273,8 @@ def bench_gpu(session: nox.Session) -> None:
 
 @nox.session(name="bench-dp", default=False)
 def bench_dp(session: nox.Session) -> None:
-    """Benchmark (not a test): FSDPxTP 2x2 vs DDPxTP 2x2 vs TP=4 vs FSDP=4 on 4 ranks; writes bench-results/data_parallel.json."""
+    """Benchmark (not a test): TP=4, FSDPxTP 2x2, DDPxTP 2x2, FSDP=4, DDP=4, ZeRO-2=4, HSDP 2x2 on 4 ranks, memory
+    against explain's prediction; writes benchmarks/results/data_parallel.json."""
     bin_dir = _install(session)
     _bench(session, bin_dir, "data_parallel", "benchmarks/bench_data_parallel.py")
 
