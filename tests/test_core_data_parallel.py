@@ -101,7 +101,9 @@ def test_weights_differing_across_data_parallel_ranks_are_detected():
 def test_data_parallel_mode_is_validated():
     with pytest.raises(ValueError, match="data_parallel"):
         ShardConfig(data_parallel="zero3")
-    with pytest.raises(ValueError, match=r"data_parallel_shard_size=2\) is HSDP's shard group, but data_parallel='fsdp'"):
+    with pytest.raises(
+        ValueError, match=r"data_parallel_shard_size=2\) is HSDP's shard group, but data_parallel='fsdp'"
+    ):
         ShardConfig(data_parallel="fsdp", data_parallel_shard_size=2)
     with pytest.raises(ValueError, match=r"mixed_precision='bf16'\) is FSDP2's mixed precision .* use data_parallel="):
         ShardConfig(data_parallel="ddp", mixed_precision="bf16")
