@@ -128,8 +128,16 @@ def tests(session: nox.Session) -> None:
     """The whole test suite on real multi-process gloo groups (CPU)."""
     bin_dir = _install(session)
     # the slowest tests in every log, so the suite's time budget (8 min) is watched
-    paths = session.posargs or ["--durations=25", "tests", *(str(p / "tests") for p in PLUGINS)]
+    paths = session.posargs or ["--durations=25", "-m", "not slow", "tests", *(str(p / "tests") for p in PLUGINS)]
     _run(session, bin_dir, "pytest", *paths)
+
+
+@nox.session(name="tests-slow")
+def tests_slow(session: nox.Session) -> None:
+    """The tests marked ``slow`` (8-rank layouts, scripts in fresh processes, machine calibration): the rest
+    of the suite, kept out of ``nox -s tests``'s 8 minutes; CI runs both."""
+    bin_dir = _install(session)
+    _run(session, bin_dir, "pytest", "--durations=10", "-m", "slow", "tests", *(str(p / "tests") for p in PLUGINS))
 
 
 def _parts(plugin: pathlib.Path) -> list[pathlib.Path]:

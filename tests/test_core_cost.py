@@ -22,6 +22,7 @@ def test_the_line_fit_recovers_latency_and_bandwidth():
     assert fit_line([(10, 1.0), (20, 0.5)])[0] >= 0  # noise that slopes down: clamped, never negative
 
 
+@pytest.mark.slow  # measures this machine: nox -s tests-slow
 def test_calibrate_measures_once_and_caches(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("SHARDCORE_CACHE", str(tmp_path))
     start = time.perf_counter()

@@ -88,6 +88,7 @@ def test_refuses_split_outputs(handle):
         handle[1](ids=toy_batch(128)["ids"], output_attentions=True)
 
 
+@pytest.mark.slow  # a script in fresh processes: nox -s tests-slow
 def test_exception_on_one_rank_raises_promptly_and_closes():
     h = shardcore.parallelize(_model(), world_size=2, policy=ToyPolicy)
     h._pool.error_grace = 3.0
@@ -210,6 +211,7 @@ NO_GUARD = """
 """
 
 
+@pytest.mark.slow  # a script in fresh processes: nox -s tests-slow
 def test_script_without_main_guard_runs_once_and_exits_clean(tmp_path):
     script = _script(tmp_path, NO_GUARD.format(tail="# no close(): the interpreter's exit closes it"))
     done = subprocess.run([sys.executable, str(script)], env=_env(), capture_output=True, text=True, timeout=180)
@@ -246,6 +248,7 @@ def _start_and_wait_for_call(script: Path) -> tuple[subprocess.Popen, list[int]]
     return proc, pids
 
 
+@pytest.mark.slow  # a script in fresh processes: nox -s tests-slow
 def test_ctrl_c_stops_everything(tmp_path):
     script = _script(tmp_path, NO_GUARD.format(tail='print("CALL", flush=True); h(**batch, sleep=120)'))
     proc, pids = _start_and_wait_for_call(script)
@@ -263,6 +266,7 @@ def test_ctrl_c_stops_everything(tmp_path):
     assert pids and _gone(pids)
 
 
+@pytest.mark.slow  # a script in fresh processes: nox -s tests-slow
 def test_workers_exit_when_the_caller_is_killed(tmp_path):
     script = _script(tmp_path, NO_GUARD.format(tail='print("CALL", flush=True); h(**batch, sleep=120)'))
     proc, pids = _start_and_wait_for_call(script)
@@ -271,6 +275,7 @@ def test_workers_exit_when_the_caller_is_killed(tmp_path):
     assert pids and _gone(pids, within=5.0), "workers outlived a killed caller"
 
 
+@pytest.mark.slow  # a script in fresh processes: nox -s tests-slow
 def test_unguarded_script_sending_its_own_function_gets_the_guard_error(tmp_path):
     script = _script(
         tmp_path,
@@ -289,6 +294,7 @@ def test_unguarded_script_sending_its_own_function_gets_the_guard_error(tmp_path
     assert done.stdout.count("ran") == 0
 
 
+@pytest.mark.slow  # a script in fresh processes: nox -s tests-slow
 def test_guarded_script_sends_its_own_function_and_model_class(tmp_path):
     script = _script(
         tmp_path,

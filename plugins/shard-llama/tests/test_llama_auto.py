@@ -159,6 +159,7 @@ def test_explain_auto_prints_the_choice_and_its_config(tmp_path, capsys):
     assert {r["layout"]["dp"] for r in json.loads(capsys.readouterr().out)["ranked"]} == {1}
 
 
+@pytest.mark.slow  # an 80-layer model on paper, 64 ranks: nox -s tests-slow
 def test_explain_auto_for_a_70b_llama_on_64_ranks_answers_in_seconds_without_the_model(tmp_path):
     profile = tmp_path / "profile.json"
     profile.write_text(json.dumps(synthetic_profile()))

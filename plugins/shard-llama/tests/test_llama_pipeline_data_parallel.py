@@ -122,11 +122,13 @@ def eight_ranks():
         pool.close()
 
 
+@pytest.mark.slow  # 8 processes: nox -s tests-slow
 def test_pp2_x_fsdp2_x_tp2_on_8_ranks(eight_ranks):
     for r in run_on_ranks(8, _pp_fsdp_tp):
         assert r["loss_rel_diff"] <= 1e-6 and r["max_abs_diff_after_steps"] <= 1e-5, r
 
 
+@pytest.mark.slow  # 8 processes: nox -s tests-slow
 def test_hsdp_2x2_x_tp2_on_8_ranks(eight_ranks):
     reports = run_on_ranks(8, _hsdp_tp)
     for r in reports:  # split over the 2 ranks of a shard group and over TP; replicated over the other pair
