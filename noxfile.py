@@ -125,7 +125,7 @@ def _bench(session: nox.Session, bin_dir: pathlib.Path, name: str, script: str, 
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """The whole test suite on real multi-process gloo groups (CPU)."""
+    """The test suite on real multi-process gloo groups (CPU), all but the tests marked slow (``tests-slow``)."""
     bin_dir = _install(session)
     # the slowest tests in every log, so the suite's time budget (8 min) is watched
     paths = session.posargs or ["--durations=25", "-m", "not slow", "tests", *(str(p / "tests") for p in PLUGINS)]
