@@ -64,8 +64,8 @@ def agree_on_overflow(parameters, group) -> torch.Tensor:
 
 
 def fp16_in_play(model: nn.Module, config) -> bool:
-    """Whether this forward computes in float16: autocast to it on the parameters' device, a float16
-    parameter, or FSDP's mixed precision in it (the same answer on every rank of an SPMD job)."""
+    """Whether this forward computes in float16: autocast to it on the parameters' device, parameters
+    in float16, or FSDP's mixed precision in it (the same answer on every rank of an SPMD job)."""
     if getattr(config, "mixed_precision", None) == "fp16":
         return True
     param = next(model.parameters(), None)
@@ -74,7 +74,7 @@ def fp16_in_play(model: nn.Module, config) -> bool:
     kind = param.device.type
     if torch.is_autocast_enabled(kind) and torch.get_autocast_dtype(kind) == torch.float16:
         return True
-    return any(p.dtype == torch.float16 for p in model.parameters())
+    return param.dtype == torch.float16  # a model in fp16 (model.half()): its first parameter says it, per forward
 
 
 def install_overflow_agreement(model: nn.Module, group, config) -> None:
