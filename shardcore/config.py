@@ -11,6 +11,8 @@ from attrs import validators as v
 
 __all__ = ["AutoLayout", "ShardConfig"]
 
+#: ``ShardConfig.data_parallel``'s values that run on FSDP2's ``fully_shard`` (parameters split over ``dp``)
+SHARDED_MODES = ("fsdp", "zero2", "hsdp")
 #: Every sequence_parallelism_mode (built or not: see shardcore.sequence).
 SEQUENCE_MODES = ("split_gather", "all_to_all", "ring_attn", "all_gather_kv")
 #: the modes that run over the mesh's sp dim, through the attention registry
@@ -225,7 +227,7 @@ class ShardConfig:
         default=None, validator=v.optional([v.instance_of(int), v.ge(1)])
     )
     sequence_parallel_size: int = attrs.field(default=1, validator=[v.instance_of(int), v.ge(1)])
-    data_parallel: str | None = attrs.field(default=None, validator=v.optional(v.in_(("ddp", "fsdp", "zero2", "hsdp"))))
+    data_parallel: str | None = attrs.field(default=None, validator=v.optional(v.in_(("ddp", *SHARDED_MODES))))
     data_parallel_shard_size: int | None = attrs.field(
         default=None, validator=v.optional([v.instance_of(int), v.ge(1)])
     )
@@ -249,7 +251,7 @@ class ShardConfig:
                 f"ShardConfig(data_parallel_shard_size={self.data_parallel_shard_size}) is HSDP's shard group, but "
                 f"data_parallel={self.data_parallel!r}; set data_parallel='hsdp' or leave data_parallel_shard_size unset"
             )
-        if self.mixed_precision is not None and self.data_parallel not in ("fsdp", "zero2", "hsdp"):
+        if self.mixed_precision is not None and self.data_parallel not in SHARDED_MODES:
             raise ValueError(
                 f"ShardConfig(mixed_precision={self.mixed_precision!r}) is FSDP2's mixed precision (weights and "
                 f"gradient reduction in fp32, compute in {self.mixed_precision}), but data_parallel="

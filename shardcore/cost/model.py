@@ -38,6 +38,7 @@ import itertools
 import math
 from typing import Any
 
+from ..config import SHARDED_MODES
 from .facts import StageFacts
 
 DDP_BUCKET_BYTES = 25 * 2**20
@@ -245,9 +246,9 @@ def dp_shard(layout: dict) -> int:
     """The ranks each dense parameter is split over by data parallelism: ``dp`` under FSDP and ZeRO-2,
     HSDP's shard group (``layout["shard"]``), 1 under DDP or none."""
     mode, dp = layout["data_parallel"], layout["dp"]
-    if mode in ("fsdp", "zero2"):
-        return dp
-    return layout.get("shard", dp) if mode == "hsdp" else 1
+    if mode == "hsdp":
+        return layout.get("shard", dp)
+    return dp if mode in SHARDED_MODES else 1
 
 
 def _data_parallel(profile: dict, layout: dict, stage: StageFacts) -> float:

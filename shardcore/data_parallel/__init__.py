@@ -26,6 +26,8 @@ import logging
 import torch
 from torch import nn
 
+from ..config import SHARDED_MODES
+
 __all__ = [
     "apply_data_parallel",
     "check_data_parallel",
@@ -99,10 +101,6 @@ def native_class(model: nn.Module) -> type:
     from torch.distributed.fsdp import FSDPModule
 
     return next(c for c in type(model).__mro__ if not issubclass(c, (FSDPModule, DDP)))
-
-
-#: ``ShardConfig.data_parallel``'s values run on FSDP2's ``fully_shard`` (parameters split over ``dp``)
-SHARDED_MODES = ("fsdp", "zero2", "hsdp")
 
 
 def check_data_parallel(model: nn.Module, policy, config, layout) -> None:

@@ -33,6 +33,7 @@ import sys
 import torch
 from torch import nn
 
+from ...config import SHARDED_MODES
 from ...tensor_parallel.grad_sum import summed_over
 from ...tensor_parallel.linear import Linear1D_Col, Linear1D_Row, sum_replica_rows
 from ...tensor_parallel.mappings import copy_to_tp, reduce_from_tp, split_to_tp
@@ -75,7 +76,7 @@ def check_lora(model: nn.Module, config, plan=(), *, adding: bool = False) -> No
             f"{config.pipeline_parallel_size}, enable_sequence_parallelism={config.enable_sequence_parallelism}: "
             "not supported yet; use tensor (and data) parallelism"
         )
-    if config.data_parallel in ("fsdp", "zero2", "hsdp"):
+    if config.data_parallel in SHARDED_MODES:
         raise NotImplementedError(
             f"LoRA adapters on a sharded {type(model).__name__} with data_parallel={config.data_parallel!r}: the "
             "adapters' tensor-parallel gradient sums hook their parameters, which FSDP replaces (measured: wrong "
