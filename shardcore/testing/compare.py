@@ -237,12 +237,19 @@ def _check_every_grad(model: nn.Module, ref_params: Mapping[str, nn.Parameter], 
     return max(worst, _check_local_grads(model, ref_grads, **check))
 
 
+def _later_losses(mean: Callable, rtol: float, what: str) -> Callable:
+    """``every`` of :func:`_train_side_by_side`: each later step's loss (``mean``: over the ranks that
+    split the batch) against the unsharded one, within ``rtol``."""
+    return lambda loss, loss_ref: _check_loss(mean(loss), loss_ref, rtol, what=f"{what}, a later step")
+
+
 def _train_side_by_side(ref: nn.Module, model: nn.Module, step: Callable, ref_step: Callable, steps: int,
-                        first: Callable, **adamw) -> tuple:  # fmt: skip
+                        first: Callable, every: Callable | None = None, **adamw) -> tuple:  # fmt: skip
     """``max(steps, 1)`` rounds on both models: gradients zeroed, ``step()`` and ``ref_step()`` (each
     runs a forward and its backward and returns the loss), ``first(loss, loss_ref)`` in the first
-    round (the gradients of the initial weights), then an AdamW step on both (none when ``steps`` is
-    0). Returns the two optimizers."""
+    round (the gradients of the initial weights), ``every(loss, loss_ref)`` in each later one (the
+    loss of every step), then an AdamW step on both (none when ``steps`` is 0). Returns the two
+    optimizers."""
     opt_ref, opt = torch.optim.AdamW(ref.parameters(), **adamw), torch.optim.AdamW(model.parameters(), **adamw)
     for round_ in range(max(steps, 1)):
         opt_ref.zero_grad()
@@ -250,6 +257,8 @@ def _train_side_by_side(ref: nn.Module, model: nn.Module, step: Callable, ref_st
         loss, loss_ref = step(), ref_step()
         if round_ == 0:
             first(loss, loss_ref)
+        elif every is not None:
+            every(loss, loss_ref)
         if steps == 0:
             break
         opt_ref.step()

@@ -20,6 +20,7 @@ from .compare import (
     _check_loss,
     _check_params_after,
     _grad_check,
+    _later_losses,
     _train_side_by_side,
 )
 
@@ -39,6 +40,22 @@ def dp_part(inputs: Mapping[str, Any], dp_rank: int, dp_size: int) -> dict[str, 
             value = value.chunk(dp_size)[dp_rank]
         out[key] = value
     return out
+
+
+def _data_parallel_part(model: nn.Module, batch: Mapping[str, Any], report: dict):
+    """``(this rank's part of batch, the mean of a loss over the data-parallel ranks)``: the whole
+    batch and the loss itself without data parallelism."""
+    layout, mode = model.shardcore.layout, model.shardcore.data_parallel
+    report["data_parallel"] = mode
+    if mode is None or layout.dp == 1:
+        return batch, lambda loss: loss
+
+    def mean(loss: torch.Tensor) -> torch.Tensor:  # each rank's loss on its part: their mean is the whole batch's
+        total = loss.detach().clone()
+        dist.all_reduce(total, group=layout.group("dp"))
+        return total / layout.dp
+
+    return dp_part(batch, layout.coordinates(dist.get_rank())["dp"], layout.dp), mean
 
 
 def state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> int:
@@ -64,6 +81,7 @@ def assert_data_parallel_matches(
     lr: float = 1e-3,
     adam_eps: float = 1e-5,
     rtol_loss: float = 1e-6,
+    rtol_loss_steps: float = 1e-5,
     grad_rtol: float = 1e-4,
     grad_floor: float = 1e-5,
     zero_grads: tuple[str, ...] = (),
@@ -74,38 +92,37 @@ def assert_data_parallel_matches(
     """Check a data-parallel (x tensor-parallel) model against the unsharded one; run on every rank.
 
     ``build()`` is called twice after ``torch.manual_seed(seed)``; one copy is optimized with
-    ``config`` (``data_parallel="fsdp"`` or ``"ddp"``, ``data_parallel_size > 1``). The unsharded
-    model runs the whole ``inputs``; each data-parallel rank its part (:func:`dp_part`). Then: the
-    mean of the ranks' losses equals the unsharded loss (``rtol_loss``; every part the same number
-    of loss terms), every gradient gathered over dp and tp equals the unsharded one (relative norm)
-    and so does each rank's part of it (its slice, its FSDP shard), and every parameter after
-    ``steps`` AdamW steps (``atol_step``), gathered and local. Names must be the unsharded model's. Reports ``state_fraction``: this rank's bytes of parameters and
-    AdamW state over the unsharded model's (at most ``max_state_fraction`` if given).
+    ``config`` (``data_parallel`` set, ``data_parallel_size > 1``). The unsharded model runs the
+    whole ``inputs``; each data-parallel rank its part (:func:`dp_part`). Then: the mean of the
+    ranks' losses equals the unsharded loss (``rtol_loss``; each later step, after AdamW moved both
+    by fp32 noise, ``rtol_loss_steps``; every part the same number of loss terms), every gradient
+    gathered over dp and tp equals the unsharded one (relative norm) and so does each rank's part
+    of it (its slice, its FSDP shard), and every parameter after ``steps`` AdamW steps
+    (``atol_step``), gathered and local. Names must be the unsharded model's. Reports
+    ``state_fraction``: this rank's bytes of parameters and AdamW state over the unsharded
+    model's (at most ``max_state_fraction`` if given).
 
     ``reference_on_parts=True``: the unsharded loss is the mean of its losses on the ranks' parts,
     each its own forward (DDP over the unsharded model: a router's load-balancing loss per part).
     Under expert parallelism, copies of an expert are compared over the ranks holding it.
     """
     ref, model = _build_pair(build, config, policy, seed, None)
-    info = model.shardcore
+    info, ref_params = model.shardcore, dict(ref.named_parameters())
     _check_wrapping(info, config)
     layout = info.layout
-    dp_group = layout.group("dp")
-    mine = dp_part(inputs, layout.coordinates(dist.get_rank())["dp"], layout.dp)
-    ref_params = dict(ref.named_parameters())
     _check_names(model, ref_params)
-    report: dict[str, Any] = {"dp": layout.dp, "tp": layout.tp, "data_parallel": info.data_parallel}
+    report: dict[str, Any] = {"dp": layout.dp, "tp": layout.tp}
+    mine, mean = _data_parallel_part(model, inputs, report)
 
     def first(loss, loss_ref):
-        mean = loss.detach().clone()
-        dist.all_reduce(mean, group=dp_group)
-        report.update(_check_loss(mean / layout.dp, loss_ref, rtol_loss, what="mean loss over the data-parallel ranks"))
+        report.update(_check_loss(mean(loss), loss_ref, rtol_loss, what="mean loss over the data-parallel ranks"))
         check = _grad_check({n: p.grad for n, p in ref_params.items()}, grad_rtol, grad_floor, zero_grads)
         report["max_rel_err_grads"] = _check_every_grad(model, ref_params, check, "gathered over dp and tp")
 
+    every = _later_losses(mean, rtol_loss_steps, "mean loss over the data-parallel ranks")
     step = functools.partial(_backward_loss, model, mine, loss_fn)
     ref_step = _reference_step(ref, inputs, loss_fn, layout.dp if reference_on_parts else 0)
-    opt_ref, opt = _train_side_by_side(ref, model, step, ref_step, steps, first, lr=lr, eps=adam_eps)
+    opt_ref, opt = _train_side_by_side(ref, model, step, ref_step, steps, first, every, lr=lr, eps=adam_eps)
     if steps:
         report["max_abs_diff_after_steps"] = _check_params_after(model, ref_params, steps, atol_step, zero_grads)
     if steps and info.data_parallel == "ddp":  # each replica holds its own copy: they must stay equal

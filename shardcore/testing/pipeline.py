@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..pipeline import pipeline_step
 from .compare import (
     _build_pair,
     _check_grads,
@@ -18,9 +19,10 @@ from .compare import (
     _check_loss,
     _check_params_after,
     _grad_check,
+    _later_losses,
     _train_side_by_side,
 )
-from .data_parallel import dp_part
+from .data_parallel import _data_parallel_part
 
 __all__ = ["assert_pipeline_matches"]
 
@@ -36,6 +38,7 @@ def assert_pipeline_matches(
     lr: float = 1e-3,
     adam_eps: float = 1e-5,
     rtol_loss: float = 1e-6,
+    rtol_loss_steps: float = 1e-5,
     grad_rtol: float = 1e-4,
     grad_atol: float = 1e-6,
     grad_floor: float = 1e-5,
@@ -46,21 +49,18 @@ def assert_pipeline_matches(
     """Check a pipelined model against the unsharded one; run on every rank of the world.
 
     ``build()`` is called twice after ``torch.manual_seed(seed)``; one copy is optimized with
-    ``config`` (``pipeline_parallel_size > 1``). Both take the whole ``batch``: the loss
-    :func:`shardcore.pipeline_step` returns, on every rank, must equal the unsharded model's
-    (relative ``rtol_loss``; ragged label counts over the microbatches included); every gradient
-    this rank holds, gathered over its tensor-parallel group and as this rank's own slice, must
-    match (relative norm ``grad_rtol``; gathered also ``allclose(rtol=grad_rtol, atol=grad_atol)``);
-    so must every held parameter after ``steps`` AdamW steps (``atol_step``), gathered and local. Every held parameter name must be a name of the
-    unsharded model, and every parameter of the unsharded model must be held by some rank.
-    Under data parallelism (``data_parallel=...``, ``data_parallel_size > 1``) each data-parallel rank
-    runs its part of ``batch`` (:func:`~shardcore.testing.dp_part`; every part the same number of
-    loss terms) and the mean of their losses must equal the unsharded loss on the whole batch.
+    ``config`` (``pipeline_parallel_size > 1``). Both take the whole ``batch`` (under data parallelism
+    each data-parallel rank its part, :func:`~shardcore.testing.dp_part`, every part the same number
+    of loss terms, and the mean of their losses counts): the loss :func:`shardcore.pipeline_step`
+    returns on every rank must equal the unsharded model's (relative ``rtol_loss``, each later step
+    ``rtol_loss_steps``; ragged label counts over the microbatches included); every gradient this
+    rank holds, gathered over its tensor-parallel group and as its own slice, must match (relative
+    norm ``grad_rtol``; gathered also ``allclose(rtol=grad_rtol, atol=grad_atol)``); so must every
+    held parameter after ``steps`` AdamW steps (``atol_step``), gathered and local. Every held name
+    must be the unsharded model's, and every unsharded parameter held by some rank.
     ``reference_loss(model, batch)`` is the unsharded model's loss (default ``model(**batch).loss``;
     a model that takes no labels, timm's, says how its loss is computed).
     """
-    import shardcore
-
     ref, model = _build_pair(build, config, policy, seed, None)
     info = model.shardcore.pipeline
     if info is None:
@@ -80,27 +80,12 @@ def assert_pipeline_matches(
         check = _grad_check({n: p.grad for n, p in ref_named.items()}, grad_rtol, grad_floor, zero_grads)
         report["max_rel_err_grads"] = _check_held_grads(model, ref_named, held, check, grad_atol)
 
-    step = functools.partial(shardcore.pipeline_step, model, mine)  # forward and backward over the microbatches
-    _train_side_by_side(ref, model, step, ref_step, steps, first, lr=lr, eps=adam_eps)
+    step = functools.partial(pipeline_step, model, mine)  # forward and backward over the microbatches
+    every = _later_losses(mean_over_dp, rtol_loss_steps, "pipeline_step loss")
+    _train_side_by_side(ref, model, step, ref_step, steps, first, every, lr=lr, eps=adam_eps)
     if steps:  # no declared-zero allowance here: every parameter within atol_step
         report["max_abs_diff_after_steps"] = _check_params_after(model, ref_named, steps, atol_step)
     return report
-
-
-def _data_parallel_part(model: nn.Module, batch: Mapping[str, Any], report: dict):
-    """``(this rank's part of batch, the mean of a loss over the data-parallel ranks)``: the whole
-    batch and the loss itself without data parallelism."""
-    layout, mode = model.shardcore.layout, model.shardcore.data_parallel
-    report["data_parallel"] = mode
-    if mode is None or layout.dp == 1:
-        return batch, lambda loss: loss
-
-    def mean(loss: torch.Tensor) -> torch.Tensor:  # each rank's loss on its part: their mean is the whole batch's
-        total = loss.detach().clone()
-        dist.all_reduce(total, group=layout.group("dp"))
-        return total / layout.dp
-
-    return dp_part(batch, layout.coordinates(dist.get_rank())["dp"], layout.dp), mean
 
 
 def _check_names(model: nn.Module, ref_named: Mapping[str, nn.Parameter]) -> list[str]:
