@@ -164,6 +164,10 @@ class RankPool:
     def _died(self, rank: int) -> str:
         return f"worker died ({_describe_exit(self._procs[rank].poll())})"
 
+    def deaths(self) -> dict[int, str]:
+        """``{rank: how it ended}`` of the workers that have exited (none once the pool is closed)."""
+        return {rank: self._died(rank) for rank, proc in enumerate(self._procs) if proc.poll() is not None}
+
     def _run(self, name: str, task: bytes) -> list[Any]:  # noqa: C901, PLR0912
         results: list[Any] = [None] * self.world_size
         errors: dict[int, str] = {}

@@ -168,6 +168,14 @@ class ParallelModel:
 
     def _call(self, method: str, args: tuple, kwargs: dict) -> Any:
         if not self._pool.alive:
+            deaths = self._pool.deaths()  # a worker that died between calls: named, the others reaped
+            if deaths:
+                self._pool.close(force=True)
+                raise RankError(
+                    f"{method} on a ParallelModel whose workers died since the last call: "
+                    + "; ".join(f"rank {r}: {how}" for r, how in sorted(deaths.items()))
+                    + "; create a new one with shardcore.parallelize"
+                )
             raise RankError(
                 "this ParallelModel is closed (a worker died, did not answer, or close() was called); "
                 "create a new one with shardcore.parallelize"

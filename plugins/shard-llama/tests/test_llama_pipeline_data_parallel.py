@@ -61,12 +61,24 @@ def test_pp2_x_dp2_trains_like_unsharded(mode, schedule):
     assert firsts == [0, 1, 0, 1], firsts
 
 
-def _clip() -> dict:
-    return assert_clipping_matches(lambda: build("LlamaForCausalLM", **CFG), _batch(), _config(2, 2, 1, "fsdp"))
+def _clip(config: dict) -> dict:
+    return assert_clipping_matches(lambda: build("LlamaForCausalLM", **CFG), _batch(), ShardConfig(**config))
 
 
-def test_clipping_across_stages_and_data_parallel_shards():
-    for r in run_on_ranks(4, _clip):
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"pipeline_parallel_size": 2, "data_parallel_size": 2, "data_parallel": "fsdp", "num_microbatches": 2},
+        {
+            "tensor_parallel_size": 1,
+            "data_parallel": "hsdp",
+            "data_parallel_shard_size": 2,
+        },  # summed over the shard pair
+    ],
+    ids=["pp2xfsdp2", "hsdp2x2"],
+)
+def test_clipping_across_stages_and_data_parallel_shards(config):
+    for r in run_on_ranks(4, _clip, config):
         assert r["norm_rel_diff"] <= 1e-5 and r["max_abs_diff_after_step"] <= 1e-5, r
 
 
