@@ -25,6 +25,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .data_parallel import dp_local
 from .distributed.collectives import all_reduce, group_device, group_size
 
 __all__ = ["agree_on_overflow", "fp16_in_play", "install_overflow_agreement"]
@@ -32,17 +33,11 @@ __all__ = ["agree_on_overflow", "fp16_in_play", "install_overflow_agreement"]
 _WHERE = "fp16 overflow agreement (end of backward): every rank of the model runs the backward"
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
-    from torch.distributed.tensor import DTensor
-
-    return t.to_local() if isinstance(t, DTensor) else t
-
-
 def agree_on_overflow(parameters, group) -> torch.Tensor:
     """Make every rank of ``group`` see an overflow when any rank's gradient of ``parameters`` holds a
     non-finite value (a NaN written into one entry of each local gradient); returns the agreed flag
     (a 0-d float tensor, 1.0 when some rank overflowed). One all-reduce, no host sync."""
-    grads = [g for g in (_local(p.grad) for p in parameters if p.grad is not None) if g.numel()]
+    grads = [g for g in (dp_local(p.grad) for p in parameters if p.grad is not None) if g.numel()]
     device = grads[0].device if grads else group_device(group)
     flag = torch.zeros((), dtype=torch.float32, device=device)
     by_dtype: dict = {}

@@ -33,6 +33,7 @@ __all__ = [
     "check_data_parallel",
     "dp_assign",
     "dp_full",
+    "dp_local",
     "local_nbytes",
     "native_class",
     "reshard",
@@ -57,6 +58,11 @@ def dp_full(tensor: torch.Tensor | None) -> torch.Tensor | None:
     # sends read a tensor's memory directly, so wait for the plain tensor (no copy)
     wait = getattr(full, "wait", None)
     return wait() if callable(wait) else full
+
+
+def dp_local(tensor: torch.Tensor) -> torch.Tensor:
+    """What this rank holds of ``tensor``: an FSDP DTensor's local shard, else ``tensor`` (no communication)."""
+    return tensor.to_local() if is_dtensor(tensor) else tensor
 
 
 def dp_assign(tensor: torch.Tensor, full: torch.Tensor) -> None:
@@ -90,7 +96,7 @@ def reshard(model: nn.Module) -> nn.Module:
 
 def local_nbytes(tensor: torch.Tensor) -> int:
     """Bytes this rank holds of ``tensor`` (its data-parallel shard, for a DTensor)."""
-    local = tensor.to_local() if is_dtensor(tensor) else tensor
+    local = dp_local(tensor)
     return local.numel() * local.element_size()
 
 

@@ -11,6 +11,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..amp import agree_on_overflow, fp16_in_play
+from ..data_parallel import dp_local
 from ..distributed.collectives import all_reduce, group_device
 from .check import PipelineInfo, _stage_indices
 from .schedule import _is_single, _schedule_class
@@ -172,16 +173,9 @@ def _after_step(model: nn.Module, info: PipelineInfo) -> None:
     for name, group in info.tied:  # the input and output embeddings: one parameter, two stages
         param = model.get_parameter(name)
         if param.grad is not None:  # under FSDP the stages' data-parallel shards of it line up: sum those
-            all_reduce(_local(param.grad), group, where="pipeline_step: a tied parameter's gradient")
+            all_reduce(dp_local(param.grad), group, where="pipeline_step: a tied parameter's gradient")
     if fp16_in_play(model, model.shardcore.config):  # an overflow on any stage or rank skips the step everywhere
         agree_on_overflow(model.parameters(), dist.group.WORLD)
-
-
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    """This rank's part of ``tensor`` (a DTensor's local shard, under FSDP)."""
-    from torch.distributed.tensor import DTensor
-
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
 def _zero(group) -> torch.Tensor:
