@@ -27,10 +27,10 @@ import functools
 import zlib
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from .distributed.collectives import all_gather_cat, broadcast, current_scope, group_device, group_ranks
+from .distributed.objects import all_gather_object
 from .tensor_parallel.parallel_module import ParallelModule
 
 __all__ = ["InputGate", "InputMismatch", "check_inputs", "input_digests", "install", "sync_random_state"]
@@ -109,8 +109,7 @@ def check_inputs(group, where: str, args: tuple, kwargs: dict) -> None:
     if torch.equal(gathered, mine.expand_as(gathered)):
         return
     ranks = group_ranks(group)
-    tables: list = [None] * len(ranks)
-    dist.all_gather_object(tables, digests, group=group)
+    tables = all_gather_object(digests, group, where=f"input check at the entry of {where}: the per-input table")
     raise InputMismatch(_mismatch_message(where, tables, ranks))
 
 
@@ -148,8 +147,9 @@ def sync_random_state(group, device: torch.device) -> None:
         states.append(torch.cuda.get_rng_state(device))
     sizes = [s.numel() for s in states]
     buffer = torch.cat(states)
-    backend_device = device if dist.get_backend(group) == "nccl" else torch.device("cpu")
-    buffer = broadcast(buffer.to(backend_device), group, where="generate() entry: random state from the first rank")
+    buffer = broadcast(
+        buffer.to(group_device(group)), group, where="generate() entry: random state from the first rank"
+    )
     buffer = buffer.cpu()
     torch.set_rng_state(buffer[: sizes[0]].clone())
     if device.type == "cuda":

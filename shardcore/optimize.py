@@ -233,7 +233,7 @@ def _register(b: Build) -> None:
     if b.tensor_parallel:
         # LoRA added after optimize: cut when peft sets its layer in (so merge_and_unload is right before
         # any forward), and adapters added to a wrapped layer before the next forward (and its input check)
-        watch_adapters()
+        watch_adapters(model)
         model.register_forward_pre_hook(lambda module, args: shard_new_adapters(module), prepend=True)
     guard_meta(model)
     if b.scope is not None:  # registered last, runs first: every hook's collectives are the model's

@@ -154,6 +154,20 @@ class Policy(SequenceHooks, PipelineHooks, DataParallelHooks, ExpertParallelHook
             out += [(prefix + name, child) for name, child in container.named_children()]
         return out
 
+    def sequence_attention_problem(self, mode: str = "all_to_all") -> str | None:
+        """Why :meth:`set_sequence_attention` cannot run ``mode`` on this model (``None``: it can);
+        asked before any collective. The default asks HuggingFace's attention registry."""
+        from .kernels import ulysses_problem
+
+        return ulysses_problem(self.model, mode)
+
+    def set_sequence_attention(self, state) -> str:
+        """Make the model's attention run under ``state.mode`` (see :mod:`shardcore.sequence`); the name
+        now in use. The default registers it in HuggingFace's attention registry around the model's own."""
+        from .kernels import use_ulysses_attention
+
+        return use_ulysses_attention(self.model, state.mode)
+
     def set_attention_backend(self, backend: str) -> str:
         """Make the model's attention run on ``backend`` (``"flash_attention_2"`` or ``"sdpa"``, see
         :func:`shardcore.kernels.attention_backend`) for ``ShardConfig(enable_flash_attention=True)``;

@@ -281,7 +281,7 @@ MUTANTS: dict[str, Mutant] = {
             "lora-cut-only-at-forward",
             "adapters peft adds after optimize cut only at the next forward (no registration hook)",
             "shardcore/optimize.py",
-            ("        watch_adapters()\n", ""),
+            ("        watch_adapters(model)\n", ""),
             f"{LLAMA}/test_llama_peft.py::test_merge_and_unload_before_any_forward",
             "_merge_before_forward failed on 2 of 2 ranks",
         ),
@@ -780,7 +780,7 @@ MUTANTS: dict[str, Mutant] = {
             "auto-choice-not-broadcast",
             "ShardConfig(auto=...): rank 0's choice (or its error) never sent to the other ranks",
             "shardcore/cost/auto.py",
-            ("    if world > 1:\n        dist.broadcast_object_list(message, src=0)\n", ""),
+            ('    message = broadcast_object(message, 0, where="the automatic layout chosen by rank 0")\n', ""),
             f"{LLAMA}/test_llama_auto.py::test_auto_refuses_alike_on_every_rank_with_what_to_do",
             "NoneType",
         ),
@@ -823,6 +823,25 @@ MUTANTS: dict[str, Mutant] = {
             ),
             "tests/test_core_devices.py::test_the_input_check_puts_its_digest_where_the_group_needs_it",
             "the input check's digest was made on the CPU",
+        ),
+        _m(
+            "pipeline-activations-on-the-default-device",
+            "the forward-only pipeline's broadcast buffers made without a device (the CPU on a GPU run)",
+            "shardcore/pipeline/runtime.py",
+            (
+                "            x = tuple(torch.empty(shape, dtype=dtype, device=group_device(info.group)) for",
+                "            x = tuple(torch.empty(shape, dtype=dtype) for",
+            ),
+            f"{LLAMA}/test_llama_device_audit.py::test_every_collective_gets_a_tensor_on_the_model_s_device[pipeline-forward-only]",
+            "broadcast (the forward-only pipeline's activations) got a tensor on meta",
+        ),
+        _m(
+            "save-rendezvous-on-the-default-device",
+            "save_pretrained's rendezvous tensor made without a device (a CPU tensor on an NCCL group)",
+            "shardcore/integrations/hf/save.py",
+            ("torch.zeros(1, device=group_device(world))", "torch.zeros(1)"),
+            f"{LLAMA}/test_llama_device_audit.py::test_every_collective_gets_a_tensor_on_the_model_s_device[save_pretrained]",
+            "all_reduce (save_pretrained of a sharded model: every rank must call it",
         ),
         # -- plans shardcore did not write: the checks and the styles ---------------------------------
         _m(

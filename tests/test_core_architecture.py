@@ -17,7 +17,8 @@ TIERS = [
     ["config", "hookspecs", "meta"],
     ["distributed"],  # groups, the layout and its mesh, bounded + counted collectives, the rank launcher
     ["tensor_parallel"],  # Megatron's mappings and regions, the parallel layers, per-rank random streams
-    ["amp", "sequence", "pipeline", "data_parallel", "expert_parallel", "kernels", "consistency"],
+    ["amp", "sequence", "pipeline", "data_parallel", "expert_parallel", "consistency"],
+    ["kernels"],  # above the parallelisms: it runs their attention (ring, Ulysses) through the registries
     ["policy", "sharded_state", "grad_norm", "losses", "builders", "plugins"],
     ["checkpoint"],
     ["integrations"],
@@ -121,14 +122,15 @@ def test_nothing_is_imported_from_a_higher_tier():
     assert not upward, "imports up the order (move the code down, or hand it in as an argument):\n" + "\n".join(upward)
 
 
-def _cycle() -> list[str] | None:
+def _cycle(graph: dict[str, list[str]] | None = None) -> list[str] | None:
+    graph = GRAPH if graph is None else graph
     state: dict[str, int] = {}
     stack: list[str] = []
 
     def visit(m: str) -> list[str] | None:
         state[m] = 1
         stack.append(m)
-        for t in GRAPH[m]:
+        for t in graph.get(m, ()):
             if state.get(t) == 1:
                 return [*stack[stack.index(t) :], t]
             if t not in state and (found := visit(t)):
@@ -137,7 +139,7 @@ def _cycle() -> list[str] | None:
         stack.pop()
         return None
 
-    for m in sorted(GRAPH):
+    for m in sorted(graph):
         if m not in state and (found := visit(m)):
             return found
     return None
@@ -145,6 +147,22 @@ def _cycle() -> list[str] | None:
 
 def test_no_import_cycle():
     assert _cycle() is None, "import cycle: " + " -> ".join(_cycle() or [])
+
+
+def _package_graph(graph: dict[str, list[str]]) -> dict[str, list[str]]:
+    """The import graph between top-level subpackages (and modules): ``sequence -> kernels`` when any
+    module of ``sequence`` imports any of ``kernels``."""
+    out: dict[str, set[str]] = {_area(m): set() for m in graph}
+    for m, targets in graph.items():
+        out[_area(m)] |= {_area(t) for t in targets} - {_area(m)}
+    return {a: sorted(ts) for a, ts in out.items()}
+
+
+def test_no_import_cycle_between_packages():
+    """Two subpackages importing each other (each module's imports acyclic, through function-local
+    imports) are one package in two folders: found here, though no module cycle exists."""
+    cycle = _cycle(_package_graph(GRAPH))
+    assert cycle is None, "package-level import cycle: " + " -> ".join(cycle or [])
 
 
 def test_no_private_name_from_another_subpackage():
@@ -158,7 +176,10 @@ def test_no_private_name_from_another_subpackage():
 
 
 def test_the_checks_see_what_they_claim(tmp_path):
-    """The graph is the source's: an upward import and a cycle planted in a copy are found."""
+    """The graph is the source's: an upward import, a cycle and a package-level cycle (two modules
+    of two subpackages importing each other's other modules) planted in a copy are found."""
+    packages = {"shardcore.sequence.hooks": ["shardcore.kernels"], "shardcore.kernels": ["shardcore.sequence.ring"]}
+    assert _cycle(packages) is None and _cycle(_package_graph(packages)) == ["kernels", "sequence", "kernels"]
     planted = {"shardcore.config": ["shardcore.sharder"], "shardcore.sharder": ["shardcore.config"]}
     assert any(_tier(t) > _tier(m) for m, ts in planted.items() for t in ts)
     saved = dict(GRAPH)

@@ -15,6 +15,7 @@ from torch import nn
 
 from ..data_parallel import dp_full, native_class, reshard
 from ..distributed.collectives import group_device
+from ..distributed.objects import all_gather_object, barrier, recv, send
 from ..pipeline import tensor_aliases
 from ..sharded_state import parameter_specs
 from .hf import _full_shape, model_tensors
@@ -40,8 +41,7 @@ def _pipeline_entries(model: nn.Module, local: list) -> tuple[list, dict[str, in
     A tied parameter is written once, under the name the first stage holding it gives it."""
     layout = model.shardcore.layout
     aliases = tensor_aliases(model)
-    everyone: list = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, (_coords(model), local))
+    everyone = all_gather_object((_coords(model), local), where="save_checkpoint: what each stage holds")
     entries, stage_of = [], {}
     for coords, held in sorted(everyone, key=lambda e: e[0]["pp"]):
         if any(coords[d] for d in ("dp", "sp", "tp")):
@@ -67,13 +67,12 @@ def _to_writer(model: nn.Module, full: torch.Tensor | None, stage: int, shape, d
     if stage == 0:
         return full  # the writer's own stage
     device = group_device(dist.group.WORLD)  # an NCCL-only world sends and receives device tensors
+    where = "save_checkpoint: a pipeline stage's tensor to the writer"
     if dist.get_rank() == source:
-        dist.send(full.contiguous().to(device), dst=0)
+        send(full.to(device), 0, None, where=where)
         return None
     if dist.get_rank() == 0:
-        buffer = torch.empty(shape, dtype=dtype, device=device)
-        dist.recv(buffer, src=source)
-        return buffer
+        return recv(torch.empty(shape, dtype=dtype, device=device), source, None, where=where)
     return None
 
 
@@ -152,7 +151,7 @@ def save_checkpoint(model: nn.Module, path: str | os.PathLike, *, max_shard_size
     if writer:
         _replace(path, stage)
     if dist.is_initialized():
-        dist.barrier()
+        barrier(where="save_checkpoint: every rank waits for the writer")
 
 
 def _stage(model: nn.Module, stage: Path, entries, names: list[str], files: list, renamed: dict) -> None:

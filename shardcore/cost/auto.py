@@ -21,6 +21,7 @@ from torch import nn
 
 from ..config import ShardConfig
 from ..distributed import init_from_env
+from ..distributed.objects import broadcast_object
 from ..integrations.hf.peft import peft_base_model
 from ..optimize import optimize as _optimize
 
@@ -96,23 +97,22 @@ def optimize(model: nn.Module, config: ShardConfig | None = None, *, policy=None
     init_from_env(config.collective_timeout)
     world = dist.get_world_size() if dist.is_initialized() else 1
     rank = dist.get_rank() if dist.is_initialized() else 0
-    message: list = [None]
+    message = None
     if rank == 0:
         try:
             resolved, row = choose(model, config, world)
-            message[0] = ("ok", resolved, row)
+            message = ("ok", resolved, row)
         except Exception as err:  # sent to every rank, raised there alike
-            message[0] = ("error", type(err), str(err))
-    if world > 1:
-        dist.broadcast_object_list(message, src=0)
-    if message[0][0] == "error":
-        _, kind, text = message[0]
+            message = ("error", type(err), str(err))
+    message = broadcast_object(message, 0, where="the automatic layout chosen by rank 0")
+    if message[0] == "error":
+        _, kind, text = message
         try:
             err = kind(text)
         except TypeError:  # an error class built from more than a message
             err = RuntimeError(f"{kind.__name__}: {text}")
         raise err
-    _, resolved, row = message[0]
+    _, resolved, row = message
     if rank == 0:
         log.info(
             "ShardConfig(auto): %s for %d ranks at seq %d x batch %d: predicted %.3f s per step, %.2f GiB per rank "

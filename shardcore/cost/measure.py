@@ -8,6 +8,9 @@ import time
 
 import torch
 
+from ..distributed.collectives import all_reduce
+from ..distributed.objects import barrier, swap
+
 
 def _device() -> tuple[torch.device, str]:
     if torch.cuda.is_available():
@@ -107,17 +110,19 @@ def _rounds(calls: dict, device: torch.device, rounds: int, seconds: float) -> d
     counts = {}
     for key, fn in calls.items():
         count = torch.tensor([max(1, int(seconds / max(_timed(fn, device, 3), 1e-9)))], device=device)
-        dist.all_reduce(count, op=dist.ReduceOp.MAX)  # NCCL: on the GPU
+        all_reduce(count, None, op=dist.ReduceOp.MAX, where="calibrate: calls per round")  # NCCL: on the GPU
         counts[key] = int(count)
     times: dict = {key: [] for key in calls}
     for _ in range(rounds):
         for key, fn in calls.items():
-            dist.barrier()
+            barrier(where="calibrate: a round starts together")
             start = time.perf_counter()
             for _ in range(counts[key]):
                 fn()
             _sync(device)
-            dist.barrier()  # until the last rank is done: a rank the scheduler favoured does not count as faster
+            barrier(
+                where="calibrate: a round ends with the last rank"
+            )  # until the last rank is done: a rank the scheduler favoured does not count as faster
             times[key].append((time.perf_counter() - start) / counts[key])
     return times
 
@@ -194,17 +199,15 @@ def measure_per_rank(sizes: tuple[int, ...], repeats: int, dtypes: tuple[str, ..
     for nbytes in sizes:
         send, recv = torch.ones(nbytes // 4, device=device), torch.empty(nbytes // 4, device=device)
 
-        def swap(send=send, recv=recv):
-            ops = [dist.P2POp(dist.isend, send, peer), dist.P2POp(dist.irecv, recv, peer)]
-            for work in dist.batch_isend_irecv(ops):
-                work.wait()
+        def exchange(send=send, recv=recv):
+            swap(send, recv, peer, where="calibrate: a point-to-point exchange")
 
-        swap()
+        exchange()
         samples = []
         for _ in range(repeats):
-            dist.barrier()
+            barrier(where="calibrate: an exchange starts together")
             start = time.perf_counter()
-            swap()
+            exchange()
             _sync(device)
             samples.append(time.perf_counter() - start)
         points.append((nbytes, statistics.median(samples)))

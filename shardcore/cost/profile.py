@@ -45,6 +45,7 @@ import time
 
 import torch
 
+from ..distributed.groups import new_group
 from .measure import _device, _rounds, _timed, fit_line
 
 __all__ = ["KINDS", "calibrate", "fit_line", "load_profile", "profile_path"]
@@ -104,7 +105,7 @@ def _measure_collectives(sizes: tuple[int, ...], repeats: int) -> dict:
     # the machine's speed between the two would otherwise read as the collective's time)
     a = torch.randn(384, 384, device=device)
     for g in [g for g in range(2, world + 1) if world % g == 0]:
-        groups = [dist.new_group(list(range(i, i + g))) for i in range(0, world, g)] if g < world else None
+        groups = [new_group(list(range(i, i + g))) for i in range(0, world, g)] if g < world else None
         group = groups[dist.get_rank() // g] if groups else None
         calls = {"base": lambda: a @ a}
         for kind in KINDS:

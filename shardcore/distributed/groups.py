@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from .ranks import PaperGroup, group_key, group_ranks, group_size
 
-__all__ = ["prepare_replica_groups", "replica_group"]
+__all__ = ["new_group", "prepare_replica_groups", "replica_group"]
 
 #: ``{(group key, blocks): (group, the sub-group holding this rank)}``; the group is held so a
 #: later group with the same ranks (after the first was destroyed) is not handed stale sub-groups
@@ -55,6 +55,13 @@ def prepare_replica_groups(group, tp_groups: list[list[int]] | None = None) -> N
                 if me in ranks:
                     mine = sub
         _REPLICA_GROUPS[(key, blocks)] = (group, mine)
+
+
+def new_group(ranks: list[int]):
+    """A process group of the global ``ranks``: collective over the whole world (every rank calls it,
+    in the same order, member or not), as ``torch.distributed.new_group``; the group's backend is
+    the default group's (``"cpu:gloo,cuda:nccl"`` gives it both)."""
+    return dist.new_group(ranks)
 
 
 def replica_group(group, blocks: int):

@@ -19,6 +19,8 @@ from collections.abc import Iterator
 import attrs
 import torch
 
+from . import audit
+
 COUNTS: Counter[str] = Counter()
 #: Bytes this process put into its collectives, by kind: what this rank contributes (the tensor an
 #: all-reduce sums, its part of an all-gather, the whole input of a reduce-scatter, what it sends).
@@ -133,6 +135,7 @@ def _count(kind: str, where, tensor: torch.Tensor | None = None) -> None:
     scope = _scope(where)
     COUNTS[kind] += 1
     if tensor is not None:
+        audit.check_device(kind, where, tensor)
         BYTES[kind] += tensor.numel() * tensor.element_size()
     if scope is not DEFAULT_SCOPE:
         scope.counts[kind] += 1

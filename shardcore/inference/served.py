@@ -62,10 +62,9 @@ def _structure(model: nn.Module, dtype: torch.dtype | None) -> bytes:
 
 
 def _build(key: str, source: Mapping, config: ShardConfig, policy, dtype, device_type: str) -> None:
-    import torch.distributed as dist
-
     from ..checkpoint import load_checkpoint
     from ..checkpoint.materialize import replace_tensors
+    from ..distributed.objects import barrier
     from ..meta import init_empty
     from ..optimize import optimize
 
@@ -99,7 +98,9 @@ def _build(key: str, source: Mapping, config: ShardConfig, policy, dtype, device
     # temporary checkpoint's disk space is freed when it is deleted, not when the workers exit)
     load_checkpoint(model, source["checkpoint"], device=device, progress=False, zero_copy=False)
     _MODELS[key] = model.eval()
-    dist.barrier()  # every worker holds its slices before the caller deletes a temporary checkpoint
+    barrier(
+        where="a served model's load"
+    )  # every worker holds its slices before the caller deletes a temporary checkpoint
 
 
 def _call(key: str, method: str, args: tuple, kwargs: dict) -> Any:

@@ -13,27 +13,26 @@ from torch import nn
 from ..amp import agree_on_overflow, fp16_in_play
 from ..data_parallel import dp_local
 from ..distributed.collectives import all_reduce, group_device
+from ..distributed.objects import broadcast_from, broadcast_object, recv, recv_object, send, send_object
 from .check import PipelineInfo, _stage_indices
 from .schedule import _is_single, _schedule_class
 
+#: what a forward-only pipeline's transfers say they are, in a time-out or an audit
+_WHERE = "the forward-only pipeline's activations"
+
 
 def _send(tensors: tuple, peer: int, group) -> None:
-    dst = dist.get_global_rank(group, peer)
-    dist.send_object_list([[(tuple(t.shape), t.dtype) for t in tensors]], dst=dst, group=group)
+    send_object([(tuple(t.shape), t.dtype) for t in tensors], peer, group, where=_WHERE)
     for t in tensors:
-        dist.send(t.contiguous(), dst=dst, group=group)
+        send(t, peer, group, where=_WHERE)
 
 
 def _recv(peer: int, group) -> tuple:
-    src = dist.get_global_rank(group, peer)
-    meta: list = [None]
-    dist.recv_object_list(meta, src=src, group=group)
-    out = []
-    for shape, dtype in meta[0]:
-        t = torch.empty(shape, dtype=dtype, device=group_device(group))
-        dist.recv(t, src=src, group=group)
-        out.append(t)
-    return tuple(out)
+    meta = recv_object(peer, group, where=_WHERE)
+    device = group_device(group)
+    return tuple(
+        recv(torch.empty(shape, dtype=dtype, device=device), peer, group, where=_WHERE) for shape, dtype in meta
+    )
 
 
 def _forward_only(model: nn.Module, policy, info: PipelineInfo, args: tuple, kwargs: dict):
@@ -59,13 +58,12 @@ def _forward_only(model: nn.Module, policy, info: PipelineInfo, args: tuple, kwa
             if s < info.num_stages - 1 and owner[s + 1] != me:
                 _send(x, owner[s + 1], info.group)
         x = tuple(t.contiguous() for t in x)  # a collective sends memory as it lies (logits may be a narrowed view)
-        meta = [[(tuple(t.shape), t.dtype) for t in x]] if owner[-1] == me else [None]
-        src = dist.get_global_rank(info.group, owner[-1])
-        dist.broadcast_object_list(meta, src=src, group=info.group)
+        meta = [(tuple(t.shape), t.dtype) for t in x] if owner[-1] == me else None
+        meta = broadcast_object(meta, owner[-1], info.group, where=_WHERE)
         if owner[-1] != me:
-            x = tuple(torch.empty(shape, dtype=dtype, device=group_device(info.group)) for shape, dtype in meta[0])
+            x = tuple(torch.empty(shape, dtype=dtype, device=group_device(info.group)) for shape, dtype in meta)
         for t in x:
-            dist.broadcast(t, src=src, group=info.group)
+            broadcast_from(t, owner[-1], info.group, where=_WHERE)
         logits = x[0]
         if isinstance(logits_to_keep, int) and logits_to_keep > 0:
             logits = logits[:, -logits_to_keep:]
@@ -149,8 +147,7 @@ def pipeline_step(model: nn.Module, batch: Mapping[str, Any], *, loss_scale=None
         loss_scale(torch.zeros((), device=device))
     losses = info.unscaled if loss_scale is not None else losses
     total = torch.stack([x.detach().float() for x in losses]).sum() if losses else _zero(info.group)
-    src = dist.get_global_rank(info.group, info.last_stage_rank)
-    dist.broadcast(total, src=src, group=info.group)
+    broadcast_from(total, info.last_stage_rank, info.group, where="the pipeline's loss")
     return total
 
 

@@ -8,6 +8,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..distributed.groups import new_group
 from .check import PipelineInfo, _stage_indices
 from .hole import PipelineHole
 from .runtime import _forward_only, _make_schedule, _stage_owner
@@ -160,7 +161,7 @@ def _tied_groups(model: nn.Module, layout, owners_of: dict) -> list:
     for owners in sorted(set(owners_of.values())):
         for key in keys:
             ranks = sorted(r for r, c in enumerate(coords) if (c["dp"], c["sp"], c["tp"]) == key and c["pp"] in owners)
-            g = dist.new_group(ranks)
+            g = new_group(ranks)
             if dist.get_rank() in ranks:
                 groups[owners] = g
     live = {id(p): n for n, p in model.named_parameters()}  # by name: data parallelism replaces the objects

@@ -33,15 +33,12 @@ class SequenceHooks:
 
     def sequence_attention_problem(self, mode: str = "all_to_all") -> str | None:
         """Why :meth:`set_sequence_attention` cannot run ``mode`` on this model (``None``: it can);
-        asked before any collective."""
-        from ..kernels import ulysses_problem
-
-        return ulysses_problem(self.model, mode)
+        asked before any collective. :class:`~shardcore.Policy` answers for HuggingFace's attention
+        registry; here, below the kernels, nothing can."""
+        return f"sequence_parallelism_mode={mode!r}: {type(self).__name__} does not say how its attention runs under it"
 
     def set_sequence_attention(self, state) -> str:
         """Make the model's attention run under ``all_to_all`` (see
-        :func:`shardcore.sequence.ulysses_attention`); returns the name now in use. The default
-        registers it in HuggingFace's attention registry around the model's implementation."""
-        from ..kernels import use_ulysses_attention
-
-        return use_ulysses_attention(self.model, state.mode)
+        :func:`shardcore.sequence.ulysses_attention`); returns the name now in use.
+        :class:`~shardcore.Policy` registers it in HuggingFace's attention registry."""
+        raise NotImplementedError(self.sequence_attention_problem(state.mode))

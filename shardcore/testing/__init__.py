@@ -55,7 +55,7 @@ from .refusals import count_c10d_calls, rank_zero_only, refusal_message
 from .saving import assert_save_pretrained_matches
 from .sequence import dropout_patterns
 from .structure import check_blocks
-from .syncs import Sync, as_watchdog_backend, record_syncs
+from .syncs import Sync, as_watchdog_backend, device_strict, record_syncs
 
 __all__ = [
     "CLIP_CALLS",
@@ -78,6 +78,7 @@ __all__ = [
     "check_blocks",
     "close_pools",
     "count_c10d_calls",
+    "device_strict",
     "dp_part",
     "dropout_patterns",
     "example_main",

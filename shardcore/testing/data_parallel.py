@@ -13,6 +13,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..data_parallel import SHARDED_MODES
+from ..distributed.collectives import all_reduce, broadcast
 from .compare import (
     _backward_loss,
     _build_pair,
@@ -51,8 +52,7 @@ def _data_parallel_part(model: nn.Module, batch: Mapping[str, Any], report: dict
         return batch, lambda loss: loss
 
     def mean(loss: torch.Tensor) -> torch.Tensor:  # each rank's loss on its part: their mean is the whole batch's
-        total = loss.detach().clone()
-        dist.all_reduce(total, group=layout.group("dp"))
+        total = all_reduce(loss.detach().clone(), layout.group("dp"), where="the kit: the loss's mean over dp")
         return total / layout.dp
 
     return dp_part(batch, layout.coordinates(dist.get_rank())["dp"], layout.dp), mean
@@ -204,8 +204,7 @@ def _check_replicas_equal(model: nn.Module, layout, steps: int) -> None:
         if group is None or dist.get_world_size(group) == 1:
             continue
         local = param.detach()
-        first = local.clone()
-        dist.broadcast(first, group=group, group_src=0)
+        first = broadcast(local.clone(), group, where="the kit: the first replica's parameters")
         if not torch.equal(first, local):
             raise AssertionError(f"parameter {name}: the data-parallel replicas drifted apart after {steps} steps")
 

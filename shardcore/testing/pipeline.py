@@ -8,9 +8,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
+from ..distributed.objects import all_gather_object
 from ..pipeline import pipeline_step
 from .compare import (
     _build_pair,
@@ -95,8 +95,7 @@ def _check_names(model: nn.Module, ref_named: Mapping[str, nn.Parameter]) -> lis
     unknown = sorted(set(held) - set(ref_named))
     if unknown:
         raise AssertionError(f"parameters named unlike the unsharded model: {unknown}")
-    everyone: list = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, held)
+    everyone = all_gather_object(held, where="the kit: the names each rank holds")
     somewhere = set().union(*everyone)
     aliases: dict[int, list[str]] = {}
     for n, p in ref_named.items():

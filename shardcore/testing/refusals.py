@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections import Counter
 from collections.abc import Callable, Iterator
 
 import torch
 from torch import nn
+
+from ..distributed.objects import barrier
 
 __all__ = ["count_c10d_calls", "rank_zero_only", "refusal_message"]
 
@@ -40,32 +43,33 @@ C10D_CALLS = (
 @contextlib.contextmanager
 def count_c10d_calls() -> Iterator[Counter[str]]:
     """Count the ``torch.distributed`` calls that involve other ranks made inside the block, from
-    any code (shardcore's, DeviceMesh's): ``{"all_gather": 1, "new_group": 2, ...}``. The
-    functions are wrapped where they are looked up (``torch.distributed``, its ``distributed_c10d``
-    and ``device_mesh`` modules) and restored afterwards."""
+    any code (shardcore's, DeviceMesh's): ``{"all_gather": 1, "new_group": 2, ...}``. Observed by a
+    profile function that knows the functions' code objects (this thread's calls; nothing of torch
+    is replaced); a call made by another of them (an object collective's all-gather) counts too."""
+    import inspect
+
     import torch.distributed as dist
     import torch.distributed.device_mesh as device_mesh
     import torch.distributed.distributed_c10d as c10d
 
-    counts: Counter[str] = Counter()
-    saved = []
+    codes = {}
     for module in (dist, c10d, device_mesh):
         for name in C10D_CALLS:
-            original = getattr(module, name, None)
-            if original is None:
-                continue
+            function = inspect.unwrap(getattr(module, name, None) or (lambda: None))
+            if getattr(function, "__module__", "").startswith("torch.distributed"):
+                codes[function.__code__] = name
+    counts: Counter[str] = Counter()
 
-            def counted(*args, __name=name, __original=original, **kwargs):
-                counts[__name] += 1
-                return __original(*args, **kwargs)
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code in codes:
+            counts[codes[frame.f_code]] += 1
 
-            saved.append((module, name, original))
-            setattr(module, name, counted)
+    saved = sys.getprofile()
+    sys.setprofile(profile)
     try:
         yield counts
     finally:
-        for module, name, original in saved:
-            setattr(module, name, original)
+        sys.setprofile(saved)
 
 
 def refusal_message(
@@ -98,7 +102,7 @@ def refusal_message(
         except errors as exc:
             message = f"{type(exc).__name__}: {exc}"
     if dist.is_initialized():
-        dist.barrier()  # every rank got here: nobody hangs in a collective
+        barrier(where="the kit: after the refusal")  # every rank got here: nobody hangs in a collective
     if message != "no error" and calls and not collectives_allowed:
         raise AssertionError(f"refused only after {dict(calls)} calls to other ranks: {message}")
     return message
@@ -122,7 +126,7 @@ def _on_rank_zero_only(prepare: Callable, args: tuple) -> str:
             return f"{time.monotonic() - start:.1f} {type(err).__name__}: {err}"
         return "0 returned without an error"
     try:
-        dist.barrier()
+        barrier(where="the kit: the rank the user's call left out")
     except RuntimeError as err:  # the group's own timeout
         return f"barrier: {err}"
     return "barrier returned"

@@ -7,8 +7,9 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
+
+from ..distributed.collectives import all_gather_cat
 
 __all__ = ["dropout_patterns"]
 
@@ -31,7 +32,6 @@ def dropout_patterns(model: nn.Module, batch: Mapping[str, Any], paths: tuple[st
     same = {}
     for path in paths:
         mask = seen[path].contiguous()
-        masks = [torch.empty_like(mask) for _ in range(dist.get_world_size())]
-        dist.all_gather(masks, mask)
+        masks = all_gather_cat(mask.unsqueeze(0), None, 0, where="the kit: each rank's mask")
         same[path] = all(torch.equal(m, masks[0]) for m in masks)
     return {"shapes": {path: tuple(seen[path].shape) for path in paths}, "same": same}

@@ -19,28 +19,17 @@ from collections.abc import Iterator
 
 import attrs
 import torch
-import torch.distributed as dist
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ..distributed import watch
+from ..distributed import audit, watch
 
-__all__ = ["Sync", "as_watchdog_backend", "record_syncs"]
+__all__ = ["Sync", "as_watchdog_backend", "device_strict", "record_syncs"]
 
 #: tensor methods and torch functions that read a device tensor's value on the host
 READS = frozenset(
     {"item", "tolist", "__bool__", "__int__", "__float__", "__index__", "equal", "allclose", "cpu", "numpy"}
     | {"nonzero", "masked_select", "unique"}  # the output's size depends on the values
-)
-#: torch.distributed calls that block the host whatever the backend (barrier, pickled objects)
-BLOCKING_CALLS = (
-    "barrier",
-    "all_gather_object",
-    "broadcast_object_list",
-    "gather_object",
-    "scatter_object_list",
-    "send_object_list",
-    "recv_object_list",
 )
 
 
@@ -56,6 +45,10 @@ class Sync:
         return self.site.split(":", 1)[0]
 
 
+#: frames passed over to find the caller: this module, and the wrapper's doors that tell it of a sync
+_SKIPPED = frozenset({__name__, "shardcore.distributed.audit", "shardcore.distributed.objects"})
+
+
 def _caller(packages: tuple[str, ...]) -> str | None:
     """``module/file.py:line (function)`` of the nearest frame outside torch, this module and
     contextlib, if its module (by name: ``shardcore.…``, ``shard_llama.…``) is one of ``packages``
@@ -64,7 +57,7 @@ def _caller(packages: tuple[str, ...]) -> str | None:
     while frame is not None:
         module = frame.f_globals.get("__name__", "")
         root = module.split(".")[0]
-        if root in ("torch", "contextlib") or module == __name__:
+        if root in ("torch", "contextlib") or module in _SKIPPED:
             frame = frame.f_back
             continue
         if root in packages or any(root.startswith(p) for p in packages if p.endswith("_")):
@@ -144,36 +137,36 @@ def as_watchdog_backend() -> Iterator[None]:
 @contextlib.contextmanager
 def record_syncs(packages: tuple[str, ...] = ("shardcore", "shard_")) -> Iterator[list[Sync]]:
     """Record each host sync made by code of ``packages`` inside the ``with`` block (see the module
-    docstring): device-to-host reads, ``Work.wait`` with a timeout, barriers and object collectives."""
+    docstring): device-to-host reads, and the waits the wrapper tells :mod:`shardcore.distributed.audit`
+    of (``wait(timeout)``, barriers and object collectives; nothing of torch's is patched)."""
     found: list[Sync] = []
-    work_cls = dist.distributed_c10d.Work
-    real_wait = work_cls.wait
 
-    def wait(work, *args, **kwargs):
-        if args or kwargs.get("timeout") is not None:  # NCCL blocks the host thread until it is done
-            site = _caller(packages)
-            if site is not None:
-                found.append(Sync("wait(timeout)", site))
-        return real_wait(work, *args, **kwargs)
+    def told(kind: str) -> None:
+        site = _caller(packages)
+        if site is not None:
+            found.append(Sync(kind, site))
 
-    def blocking(name, real):
-        def call(*args, **kwargs):
-            site = _caller(packages)
-            if site is not None:
-                found.append(Sync(name, site))
-            return real(*args, **kwargs)
-
-        return call
-
-    saved = {name: getattr(dist, name) for name in BLOCKING_CALLS}
-    work_cls.wait = wait
-    for name, real in saved.items():
-        setattr(dist, name, blocking(name, real))
+    audit.LISTENERS.append(told)
     try:
         reads = _Reads(found, packages)
         with _AtenReads(reads), reads:
             yield found
     finally:
-        work_cls.wait = real_wait
-        for name, real in saved.items():
-            setattr(dist, name, real)
+        audit.LISTENERS.remove(told)
+
+
+@contextlib.contextmanager
+def device_strict(device: torch.device | str = "cpu") -> Iterator[None]:
+    """The device-strict audit: inside, a tensor made without a device lands on ``meta`` (the default
+    device), and every tensor handed to one of shardcore's collectives must be on ``device`` (the
+    model's) or :class:`~shardcore.distributed.audit.DeviceAuditError` names the collective. On this
+    CPU-only machine a buffer a GPU run would allocate on the CPU (``torch.empty(shape)``, then a
+    receive or an all-gather on an NCCL group) is caught so: it is on ``meta``, not ``device``."""
+    audit.STRICT.append(torch.device(device))
+    previous = torch.get_default_device()
+    torch.set_default_device("meta")
+    try:
+        yield
+    finally:
+        torch.set_default_device(previous)
+        audit.STRICT.pop()

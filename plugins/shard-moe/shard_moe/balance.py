@@ -4,37 +4,21 @@ transformers computes the loss in the model's module (``load_balancing_loss_func
 num_experts, top_k, attention_mask)``, called by ``*ForCausalLM.forward``) from the router logits
 of the batch in hand: on a data-parallel rank, its part. Qwen's MoE report recommends balancing
 over the global batch instead: the fraction of tokens routed to each expert and the mean router
-probability counted over every rank's tokens. :func:`over_global_batch` wraps the module's own
-function (its arithmetic untouched): while a sharded model that asked for it runs its forward, the
-function receives every rank's router logits and attention mask, concatenated over the
-data-parallel ranks (the gradient of each rank's copy of the loss reaching every rank's router),
-so each rank's loss holds the unsharded model's auxiliary loss on the whole global batch. Other
-models in the process, and this one outside its forward, call the function as it was.
+probability counted over every rank's tokens. :func:`over_global_batch` adds a forward hook to the
+sharded model alone (nothing of transformers is replaced): after the model's forward it calls the
+module's own function (its arithmetic untouched) on every rank's router logits and attention mask,
+concatenated over the data-parallel ranks (the gradient of each rank's copy reaching every rank's
+router), and puts that in place of the rank's own: ``aux_loss`` becomes the global batch's, and the
+loss the model returned gets ``router_aux_loss_coef * (global - local)`` added, so each rank's loss
+holds the unsharded model's auxiliary loss on the whole global batch.
 """
 
 from __future__ import annotations
 
-import functools
+import inspect
 import sys
-import threading
 
 from torch import nn
-
-_ACTIVE = threading.local()
-
-
-def _wrapped(original):
-    @functools.wraps(original)
-    def load_balancing_loss_func(gate_logits, num_experts=None, top_k=2, attention_mask=None):
-        gather = getattr(_ACTIVE, "gather", None)
-        if gather is not None and isinstance(gate_logits, tuple):
-            gate_logits = tuple(gather(layer) for layer in gate_logits)
-            if attention_mask is not None:
-                attention_mask = gather(attention_mask)
-        return original(gate_logits, num_experts, top_k, attention_mask)
-
-    load_balancing_loss_func.shardcore_original = original
-    return load_balancing_loss_func
 
 
 def loss_module(model: nn.Module):
@@ -55,14 +39,20 @@ def over_global_batch(model: nn.Module, gather) -> None:
     """Make ``model``'s load-balancing loss the global batch's (see the module); every rank's
     batch must have the same shape (the gather concatenates equal shapes)."""
     module = loss_module(model)
-    if not hasattr(module.load_balancing_loss_func, "shardcore_original"):
-        module.load_balancing_loss_func = _wrapped(module.load_balancing_loss_func)
+    signature = inspect.signature(model.forward)
 
-    def enter(mod, args, kwargs):
-        _ACTIVE.gather = gather
+    def whole_batch(mod, args, kwargs, output):
+        logits, local = getattr(output, "router_logits", None), getattr(output, "aux_loss", None)
+        if not isinstance(logits, tuple) or local is None:  # output_router_logits=False: no auxiliary loss
+            return output
+        mask = signature.bind_partial(*args, **kwargs).arguments.get("attention_mask")
+        gathered = tuple(gather(layer) for layer in logits)
+        whole = module.load_balancing_loss_func(
+            gathered, mod.num_experts, mod.num_experts_per_tok, None if mask is None else gather(mask)
+        )
+        if getattr(output, "loss", None) is not None:
+            output.loss = output.loss + mod.router_aux_loss_coef * (whole - local).to(output.loss.device)
+        output.aux_loss = whole
+        return output
 
-    def leave(mod, args, kwargs, output):
-        _ACTIVE.gather = None
-
-    model.register_forward_pre_hook(enter, with_kwargs=True)
-    model.register_forward_hook(leave, with_kwargs=True, always_call=True)
+    model.register_forward_hook(whole_batch, with_kwargs=True)

@@ -29,6 +29,7 @@ added to a layer peft had wrapped already, ``add_adapter``).
 from __future__ import annotations
 
 import sys
+import weakref
 
 import torch
 from torch import nn
@@ -204,16 +205,33 @@ def shard_new_adapters(model: nn.Module) -> None:
 
 
 _WATCH = None
+#: the sharded models the registration hook is installed for: removed when the last is gone
+_WATCHED: weakref.WeakSet = weakref.WeakSet()
 
 
-def watch_adapters() -> None:
-    """Install, once per process, torch's global module-registration hook that shards a peft LoRA
-    layer the moment peft sets it into a sharded model (``get_peft_model`` after ``optimize``).
-    The hook returns at once for any other module (one ``sys.modules`` lookup while peft is not
-    imported, two attribute checks when it is)."""
+def watch_adapters(model: nn.Module) -> None:
+    """While ``model`` (or another sharded model) lives, torch's module-registration hook shards a
+    peft LoRA layer the moment peft sets it into a sharded model (``get_peft_model`` after
+    ``optimize``); the hook is removed when the last such model is garbage-collected, so nothing
+    of it outlives them. It returns at once for any other module (one ``sys.modules`` lookup while
+    peft is not imported, two attribute checks when it is)."""
     global _WATCH
+    _WATCHED.add(model)
+    weakref.finalize(model, _unwatch)
     if _WATCH is None:
         _WATCH = torch.nn.modules.module.register_module_module_registration_hook(_on_registration)
+
+
+def _unwatch() -> None:
+    global _WATCH
+    if _WATCH is not None and not any(True for _ in _WATCHED):  # the WeakSet holds live models only
+        _WATCH.remove()
+        _WATCH = None
+
+
+def watching() -> bool:
+    """Whether the registration hook is installed now (a sharded model with tensor parallelism lives)."""
+    return _WATCH is not None
 
 
 def _on_registration(parent: nn.Module, name: str, sub) -> None:

@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ...distributed.collectives import all_reduce
+from ...distributed.collectives import all_reduce, group_device
 
 __all__ = ["install_save_pretrained"]
 
@@ -65,7 +65,8 @@ def _refuse(name: str, kwargs: dict) -> None:
 def _rendezvous() -> None:
     """Every rank of the world arrives here before anything is written (bounded, named)."""
     if dist.is_initialized():
-        all_reduce(torch.zeros(1), dist.group.WORLD, where=_WHERE)
+        world = dist.group.WORLD
+        all_reduce(torch.zeros(1, device=group_device(world)), world, where=_WHERE)  # NCCL: on the GPU
 
 
 def _save(model: nn.Module, directory: Path, max_shard_size) -> None:
