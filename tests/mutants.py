@@ -4,9 +4,12 @@ itself, each of which one declared check must catch (``nox -s mutants``; CI runs
 Each mutant replaces snippets of one source file (each snippet must occur exactly once, so a
 mutant that no longer applies is an error, not a silent pass: ``tests/test_core_mutants.py``
 checks that in CI), in a scratch copy of the repository, and runs the ONE test it declares with
-the copy first on ``PYTHONPATH``. A mutant is *caught* only when that test fails with the
-declared message fragment in its output; any other failure (an error elsewhere, a crash with
-another message), a time-out or a hang is *not caught* and reported as such. The unmutated copy
+the copy first on ``PYTHONPATH``. A mutant is *caught* only when that test fails and its failure
+report (the exception's text, asserts run plain, no line of source: ``tests/mutant_report.py``)
+holds the declared message fragment, a fragment specific to that failure (:func:`vague`; each
+mutant's (test, message) pair its own); any other failure (an error elsewhere, a crash with
+another message, the message only in the test's code), a time-out or a hang is *not caught* and
+reported as such. The unmutated copy
 must pass the same tests first. The full run writes ``docs/mutants.json`` (committed, the score
 in docs/plugins.md); ``--fast`` writes ``bench-results/mutants-fast.json``.
 
@@ -19,6 +22,7 @@ import argparse
 import json
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -825,6 +829,17 @@ MUTANTS: dict[str, Mutant] = {
             "the input check's digest was made on the CPU",
         ),
         _m(
+            "sequence-imports-kernels",
+            "the sequence package's policy hooks import the kernels back (a package-level import cycle)",
+            "shardcore/sequence/hooks.py",
+            (
+                "        raise NotImplementedError(self.sequence_attention_problem(state.mode))",
+                "        from ..kernels import use_ulysses_attention\n\n        return use_ulysses_attention(self.model, state.mode)",
+            ),
+            "tests/test_core_architecture.py::test_no_import_cycle_between_packages",
+            "package-level import cycle: kernels -> sequence -> kernels",
+        ),
+        _m(
             "pipeline-activations-on-the-default-device",
             "the forward-only pipeline's broadcast buffers made without a device (the CPU on a GPU run)",
             "shardcore/pipeline/runtime.py",
@@ -944,29 +959,48 @@ def _copy() -> pathlib.Path:
     return scratch
 
 
-def _run(scratch: pathlib.Path, tests: list[str]) -> tuple[int | None, str, float]:
+def _run(scratch: pathlib.Path, tests: list[str]) -> tuple[int | None, str, float, dict[str, str]]:
+    """Run ``tests`` in ``scratch``: ``(exit code or None on a time-out, output, seconds, {failed test:
+    its failure report})``. Asserts run plain (their own message, no rewritten expression) and the
+    reports come from ``tests/mutant_report.py``: the exceptions' text, no source line."""
     plugins = [str(p) for p in sorted((scratch / "plugins").iterdir()) if (p / "pyproject.toml").is_file()]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(scratch), *plugins]), "PYTHONHASHSEED": "0"}
+    path = os.pathsep.join([str(scratch), *plugins, str(scratch / "tests")])
+    report = scratch / "failure-reports.json"
+    report.unlink(missing_ok=True)
+    env = {**os.environ, "PYTHONPATH": path, "PYTHONHASHSEED": "0", "SHARDCORE_MUTANT_REPORT": str(report)}
     start = time.perf_counter()
-    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-rf", "-p", "no:cacheprovider", *tests]
+    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-rf", "-p", "no:cacheprovider", "-p", "mutant_report"]
+    cmd += ["--assert=plain", *tests]
     try:
         proc = subprocess.run(cmd, cwd=scratch, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        return None, "", time.perf_counter() - start
-    return proc.returncode, proc.stdout + proc.stderr, time.perf_counter() - start
+        return None, "", time.perf_counter() - start, {}
+    reports = json.loads(report.read_text()) if report.is_file() else {}
+    return proc.returncode, proc.stdout + proc.stderr, time.perf_counter() - start, reports
 
 
-def _outcome(mutant: Mutant, code: int | None, output: str) -> str:
-    """``caught`` only when the declared test failed with the declared message."""
+def _outcome(mutant: Mutant, code: int | None, reports: dict[str, str]) -> str:
+    """``caught`` only when the declared test failed and its failure report (the exception's text,
+    not the test's source, not pytest's other output) holds the declared message."""
     if code is None:
         return f"not caught: time-out after {TIMEOUT_S} s (a hang)"
     if code == 0:
         return "not caught: the test passed"
-    if code != 1 or f"FAILED {mutant.test}" not in output:
+    if code != 1 or mutant.test not in reports:
         return f"not caught: pytest exit {code} without the declared test failing"
-    if mutant.expect not in output:
-        return f"not caught: {mutant.test} failed, but without {mutant.expect!r}"
+    if mutant.expect not in reports[mutant.test]:
+        return f"not caught: {mutant.test} failed, but its report lacks {mutant.expect!r}"
     return "caught"
+
+
+def vague(mutant: Mutant) -> str | None:
+    """Why ``mutant``'s declared message could match a failure other than its own (``None``: it
+    cannot): a bare exception name, or a fragment too short to say which check failed."""
+    if re.fullmatch(r"\w*(Error|Exception|Timeout|Lost)", mutant.expect):
+        return f"{mutant.name}: {mutant.expect!r} is a bare exception name, any failure of the test says it"
+    if len(mutant.expect) < 12:
+        return f"{mutant.name}: {mutant.expect!r} is too short to name one failure"
+    return None
 
 
 def apply(mutant: Mutant, text: str) -> str:
@@ -1002,7 +1036,7 @@ def main(argv: list[str]) -> int:
     scratch = _copy()
     results = []
     try:
-        code, output, seconds = _run(scratch, sorted({m.test for m in chosen}))
+        code, output, seconds, _ = _run(scratch, sorted({m.test for m in chosen}))
         print(f"baseline (no mutant): pytest exit {code} in {seconds:.0f} s")
         if code != 0:
             print(output[-3000:])
@@ -1013,10 +1047,10 @@ def main(argv: list[str]) -> int:
             original = target.read_text()
             target.write_text(apply(mutant, original))
             try:
-                code, output, seconds = _run(scratch, [mutant.test])
+                code, output, seconds, reports = _run(scratch, [mutant.test])
             finally:
                 target.write_text(original)
-            outcome = _outcome(mutant, code, output)
+            outcome = _outcome(mutant, code, reports)
             results.append(
                 {
                     "mutant": mutant.name,

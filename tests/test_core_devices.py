@@ -44,3 +44,20 @@ def test_the_input_check_puts_its_digest_where_the_group_needs_it(monkeypatch):
     monkeypatch.setattr(torch, "equal", lambda a, b: True)  # meta tensors hold no values to compare
     consistency.check_inputs(object(), "Toy.forward", (torch.ones(2, 3),), {})
     assert seen == [torch.device("meta")], "the input check's digest was made on the CPU, not the group's device"
+
+
+@pytest.mark.parametrize(("cuda", "expected"), [(True, "cpu:gloo,cuda:nccl"), (False, "gloo")])
+def test_the_group_shardcore_starts_has_a_cpu_backend_beside_nccl(monkeypatch, cuda, expected):
+    """``init_from_env`` on a GPU machine starts NCCL with gloo beside it (PyTorch routes a CPU tensor
+    to gloo), so a CPU tensor of anyone's never reaches NCCL; on a CPU machine, gloo."""
+    import shardcore.distributed as distributed
+
+    started = []
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
+    monkeypatch.setattr(dist, "init_process_group", lambda backend, **kwargs: started.append(backend))
+    distributed.init_from_env(1.0)
+    assert started == [expected]

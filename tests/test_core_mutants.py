@@ -14,6 +14,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("shardcore_mutants", ROOT / "tests" / "mutants.py")
 mutants = sys.modules.setdefault("shardcore_mutants", importlib.util.module_from_spec(_spec))
 _spec.loader.exec_module(mutants)
+_report_spec = importlib.util.spec_from_file_location("shardcore_mutant_report", ROOT / "tests" / "mutant_report.py")
+mutants_report = importlib.util.module_from_spec(_report_spec)
+_report_spec.loader.exec_module(mutants_report)
 
 
 @pytest.mark.parametrize("name", sorted(mutants.MUTANTS))
@@ -25,6 +28,25 @@ def test_mutant_applies_and_declares_its_check(name):
     assert (ROOT / path).is_file() and test, mutant.test
     assert f"def {test.split('[')[0]}(" in (ROOT / path).read_text(), f"{mutant.test}: no such test function"
     assert mutant.expect
+
+
+def test_every_declared_message_names_one_failure():
+    """A mutant's message says which check failed: not a bare exception name or a short word any
+    failure of its test prints, and no two mutants declare the same test and message."""
+    vague = [why for m in mutants.MUTANTS.values() if (why := mutants.vague(m))]
+    assert not vague, "\n".join(vague)
+    pairs = [(m.test, m.expect) for m in mutants.MUTANTS.values()]
+    shared = sorted({p for p in pairs if pairs.count(p) > 1})
+    assert not shared, f"mutants declaring the same test and message: {shared}"
+
+
+def test_the_report_holds_no_source_line():
+    """The failure report the harness matches strips the source lines a rank's traceback echoes."""
+    text = 'RankError: f failed\n  File "/t/test_x.py", line 9, in g\n    assert kept == 3\n    ^^^^\nValueError: boom'
+    assert (
+        mutants_report.without_source(text)
+        == 'RankError: f failed\n  File "/t/test_x.py", line 9, in g\nValueError: boom'
+    )
 
 
 def test_ci_runs_a_subset_that_covers_each_parallelism():

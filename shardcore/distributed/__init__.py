@@ -22,6 +22,7 @@ from .launcher import RankError, RankPool, close_pools, run_on_ranks
 from .layout import DIMS, ParallelLayout
 
 __all__ = [
+    "CUDA_BACKEND",
     "DIMS",
     "ParallelLayout",
     "RankError",
@@ -34,6 +35,8 @@ __all__ = [
 ]
 
 
+#: the backend shardcore starts on GPUs: NCCL for CUDA tensors, gloo for CPU ones (PyTorch's per-device form)
+CUDA_BACKEND = "cpu:gloo,cuda:nccl"
 #: the process group ``init_from_env`` creates waits this many collective bounds
 GROUP_WAIT_FACTOR = 2
 
@@ -41,7 +44,9 @@ GROUP_WAIT_FACTOR = 2
 def init_from_env(timeout_s: float | None = None) -> None:
     """Initialize ``torch.distributed`` from torchrun's variables if they are set and it is not yet.
 
-    gloo on CPU, nccl when CUDA is available. The group waits twice the collective bound
+    gloo on CPU; with CUDA, :data:`CUDA_BACKEND` (``"cpu:gloo,cuda:nccl"``): NCCL for device tensors
+    and gloo beside it for any CPU tensor (PyTorch picks by the tensor's device), so no CPU tensor
+    ever reaches NCCL. The group waits twice the collective bound
     (``timeout_s``, default ``$SHARDCORE_COLLECTIVE_TIMEOUT`` or 300 s), so that in an unmatched
     call the bounded shardcore collective gives up first and names the cause, rather than a
     peer's plain barrier. Without torchrun's variables nothing happens and the process is a world
@@ -54,6 +59,6 @@ def init_from_env(timeout_s: float | None = None) -> None:
     timeout = timedelta(seconds=GROUP_WAIT_FACTOR * resolve_timeout(timeout_s))
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        dist.init_process_group("nccl", timeout=timeout)
+        dist.init_process_group(CUDA_BACKEND, timeout=timeout)
     else:
         dist.init_process_group("gloo", timeout=timeout)

@@ -17,7 +17,6 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from . import audit
 from .ranks import PaperGroup, group_key, group_rank, group_ranks, group_size
 from .scope import (
     COUNTS,
@@ -116,7 +115,6 @@ def _wait(work, kind: str, group, where: str | None, seq: int | None = None, *, 
     host_bound = scope.timeout_s if scope.timeout_s is not None and blocks_host(group, device) else None
     try:
         if host_bound is not None:
-            audit.host_sync("wait(timeout)")  # NCCL would block the host thread until it is done
             work.wait(timeout=timedelta(seconds=host_bound))
         elif scope.timeout_s is not None:
             _wait_on_stream(work, device, scope.timeout_s, functools.partial(_likely_cause, kind, seq, where, group))

@@ -124,6 +124,7 @@ def main() -> None:
     torch.set_num_threads(int(os.environ.pop("SHARDCORE_RANK_THREADS")))
     if backend == "nccl":
         torch.cuda.set_device(rank % torch.cuda.device_count())
+        backend = "cpu:gloo,cuda:nccl"  # distributed.CUDA_BACKEND: a CPU tensor goes over gloo, never NCCL
     dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s))
     while True:
         try:

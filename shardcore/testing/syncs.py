@@ -19,6 +19,7 @@ from collections.abc import Iterator
 
 import attrs
 import torch
+import torch.distributed as dist
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -137,8 +138,11 @@ def as_watchdog_backend() -> Iterator[None]:
 @contextlib.contextmanager
 def record_syncs(packages: tuple[str, ...] = ("shardcore", "shard_")) -> Iterator[list[Sync]]:
     """Record each host sync made by code of ``packages`` inside the ``with`` block (see the module
-    docstring): device-to-host reads, and the waits the wrapper tells :mod:`shardcore.distributed.audit`
-    of (``wait(timeout)``, barriers and object collectives; nothing of torch's is patched)."""
+    docstring): device-to-host reads, the barriers and object collectives the wrapper tells
+    :mod:`shardcore.distributed.audit` of, and ``Work.wait`` with a timeout. That last one is any
+    code's call on a torch ``Work`` (a mutant's ``work.wait(timeout=...)`` too), so the audit wraps
+    the ``Work`` class's method for the block alone and puts it back on the way out: the one
+    instrument of torch's it holds, and never beyond the ``with``."""
     found: list[Sync] = []
 
     def told(kind: str) -> None:
@@ -146,12 +150,22 @@ def record_syncs(packages: tuple[str, ...] = ("shardcore", "shard_")) -> Iterato
         if site is not None:
             found.append(Sync(kind, site))
 
+    work_cls = dist.distributed_c10d.Work
+    real_wait = work_cls.wait
+
+    def wait(work, *args, **kwargs):
+        if args or kwargs.get("timeout") is not None:  # NCCL blocks the host thread until it is done
+            told("wait(timeout)")
+        return real_wait(work, *args, **kwargs)
+
     audit.LISTENERS.append(told)
+    work_cls.wait = wait
     try:
         reads = _Reads(found, packages)
         with _AtenReads(reads), reads:
             yield found
     finally:
+        work_cls.wait = real_wait
         audit.LISTENERS.remove(told)
 
 
@@ -163,10 +177,8 @@ def device_strict(device: torch.device | str = "cpu") -> Iterator[None]:
     CPU-only machine a buffer a GPU run would allocate on the CPU (``torch.empty(shape)``, then a
     receive or an all-gather on an NCCL group) is caught so: it is on ``meta``, not ``device``."""
     audit.STRICT.append(torch.device(device))
-    previous = torch.get_default_device()
-    torch.set_default_device("meta")
     try:
-        yield
+        with torch.device("meta"):  # the default device for the block alone (set_default_device would outlive it)
+            yield
     finally:
-        torch.set_default_device(previous)
         audit.STRICT.pop()
