@@ -108,27 +108,31 @@ def test_digests_see_order_values_shape_and_dtype():
     assert input_digests((x,), {})["arg0"][1] != input_digests((x + 1e-7,), {})["arg0"][1]
 
 
+#: the bound the test of a bound sets, and the process group's own timeout: a margin that scales with
+#: it (on a loaded machine the bound must still end the wait first, named, before the group's does)
+BOUND_S = 2
+GROUP_S = 3 * BOUND_S
+
+
 def _one_rank_calls(direction: str, check_inputs: bool, later_model: bool = False) -> str:
-    model = _sharded(check_inputs, timeout=3)
-    if later_model:  # a second model with a long bound: the first keeps its own 3 s
+    model = _sharded(check_inputs, timeout=BOUND_S)
+    if later_model:  # a second model with a long bound: the first keeps its own
         _sharded(check_inputs, timeout=300)
     batch = toy_batch(128)
     if direction == "backward":  # both ranks run forward; only rank 0 runs backward
         loss = model(**batch)["loss"]
         if dist.get_rank() == 0:
-            start = time.monotonic()
             with pytest.raises(CollectiveTimeout) as err:
                 loss.backward()
-            return f"{time.monotonic() - start:.1f} {err.value}"
-        time.sleep(4.5)  # past rank 0's 3 s bound
+            return str(err.value)
+        time.sleep(2 * BOUND_S)  # past rank 0's bound
         return "slept"
     if dist.get_rank() == 0:  # the user's `if rank == 0: model(...)`
-        start = time.monotonic()
         with pytest.raises(CollectiveTimeout) as err:
             model(**batch)
-        return f"{time.monotonic() - start:.1f} {err.value}"
+        return str(err.value)
     try:
-        dist.barrier()  # never matched: the group's own timeout (4.5 s here) ends it
+        dist.barrier()  # never matched: the group's own timeout (GROUP_S) ends it
     except RuntimeError as err:
         return f"barrier: {err}"
     return "barrier returned"
@@ -145,20 +149,19 @@ def _one_rank_calls(direction: str, check_inputs: bool, later_model: bool = Fals
     ],
 )
 def test_a_collective_only_some_ranks_call_raises_within_the_bound(direction, check_inputs, where):
-    """Within the model's own bound, also when a model built later in the process has another."""
+    """Within the model's own bound, also when a model built later in the process has another: the
+    error names the bound that ended the wait (no clock read: a loaded machine is slower, not red)."""
     direction, _, later = direction.partition("-")
-    pool = RankPool(2, timeout_s=4.5)  # a group of its own: it ends broken
+    pool = RankPool(2, timeout_s=GROUP_S)  # a group of its own: it ends broken
     try:
         message, other = pool.run(_one_rank_calls, direction, check_inputs, bool(later))
     finally:
         pool.close(force=True)
-    seconds, message = message.split(" ", 1)
-    assert 2.5 <= float(seconds) < 4.5, seconds  # the 3 s bound, not the group's 4.5 s
     if direction == "forward":
         # rank 1 never hangs: its barrier ends at the group's own timeout, or earlier when gloo closes
         # the pair rank 0 gave up on (which of the two comes first is a race inside gloo)
         assert other.startswith("barrier: ") and ("Timed out" in other or "Connection closed by peer" in other)
-    assert "waited more than 3 s for the other ranks of its tensor-parallel group [0, 1]" in message
+    assert f"waited more than {BOUND_S} s for the other ranks of its tensor-parallel group [0, 1]" in message, message
     assert where in message and "#" in message
     assert "`if rank == 0:` is the usual mistake" in message
 

@@ -48,11 +48,8 @@ def _hang_named_by_the_watch() -> str:
     model(**batch)  # both ranks: the input check's forward
     if dist.get_rank() == 0:  # the user's `if rank == 0: model(...)`
         reports = len(watch.REPORTS)
-        start = time.monotonic()
         with as_watchdog_backend(), pytest.raises(CollectiveTimeout) as err:
             model(**batch)  # not bounded on the host: gloo's own group timeout (4 s) ends it here
-        seconds = time.monotonic() - start
-        assert seconds > 3, seconds
         (report,) = watch.REPORTS[reports:]
         assert "waited past the process group's timeout" in str(err.value), err.value  # not the 1 s bound
         return report

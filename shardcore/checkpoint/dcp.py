@@ -9,20 +9,28 @@ asks DCP for exactly the pieces overlapping them, and assembles its slice: at th
 rank reads a full split tensor. Pieces are read whole, so a rank of a finer layout reads the saved
 pieces containing its rows (resharded from TP=2 to TP=4, a rank reads half of each split tensor). Optimizer state shaped like its parameter (AdamW's ``exp_avg``, ``exp_avg_sq``)
 is stored and resharded the same way; scalars and hyperparameters are stored whole.
+
+A save becomes the checkpoint only once every rank's part is written (:mod:`.atomic`: a hidden
+sibling, recorded, swapped in): a save killed midway leaves the earlier checkpoint in place, and
+:func:`load_distributed` refuses a directory that is not a complete checkpoint, naming why.
 """
 
 from __future__ import annotations
 
 import os
+import pathlib
 import re
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from ..data_parallel import dp_assign, dp_full, reshard
 from ..distributed.collectives import group_rank
+from ..distributed.objects import barrier
 from ..pipeline import tensor_aliases
 from ..sharded_state import parameter_specs
+from . import atomic
 
 __all__ = ["load_distributed", "save_distributed"]
 
@@ -72,7 +80,18 @@ def save_distributed(model: nn.Module, path: str | os.PathLike, optimizer: torch
         state["optim.param_groups"] = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
     import torch.distributed.checkpoint as dcp  # here: most processes never checkpoint (0.3 s of import)
 
-    dcp.save(state, checkpoint_id=str(path))
+    path = pathlib.Path(path)
+    first = not dist.is_initialized() or dist.get_rank() == 0
+    staging = atomic.prepare(path) if first else atomic.staging_dir(path)
+    if dist.is_initialized():
+        barrier(where="save_distributed: the staging directory is ready")
+    dcp.save(state, checkpoint_id=str(staging))
+    if dist.is_initialized():
+        barrier(where="save_distributed: every rank's part is written")
+    if first:
+        atomic.finish(path, staging)
+    if dist.is_initialized():
+        barrier(where="save_distributed: the checkpoint is in place")
 
 
 def load_distributed(model: nn.Module, path: str | os.PathLike, optimizer: torch.optim.Optimizer | None = None) -> None:
@@ -83,6 +102,7 @@ def load_distributed(model: nn.Module, path: str | os.PathLike, optimizer: torch
     """
     import torch.distributed.checkpoint as dcp  # here: most processes never checkpoint (0.3 s of import)
 
+    atomic.check(pathlib.Path(path))  # before any collective: every rank reads the same directory
     metadata = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
     saved: dict[str, list[tuple[int, int, str]]] = {}  # base -> (start, stop, key); (-1, -1) if whole
     split_dim: dict[str, int] = {}

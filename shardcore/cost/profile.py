@@ -41,6 +41,7 @@ import os
 import pathlib
 import platform
 import statistics
+import sys
 import time
 
 import torch
@@ -148,9 +149,13 @@ def calibrate(
     sizes: tuple[int, ...] = SIZES,
     repeats: int = 9,
     out: str | pathlib.Path | None = None,
+    progress: bool = True,
 ) -> dict:
     """Measure this machine (see the module docstring) and write the profile to ``out`` (default
-    :func:`profile_path`); returns it. Collectives run on ``group_sizes`` fresh local ranks each."""
+    :func:`profile_path`); returns it. Collectives run on ``group_sizes`` fresh local ranks each.
+    ``progress``: each stage is announced on stderr as it starts (a minute or more in all; longer
+    on a busy machine, which is measured slowly, never given up on: no deadline but each
+    collective's own bound)."""
     from ..distributed.launcher import RankPool
     from .measure import measure_per_rank
 
@@ -160,6 +165,8 @@ def calibrate(
         if n < 2 or (devices is not None and n > devices):
             raise ValueError(f"calibrate: group size {n} must be at least 2 (and at most the {devices} GPUs here)")
     start = time.perf_counter()
+    say = _announcer(progress, start)
+    say(f"matmul rates ({', '.join(str(d).removeprefix('torch.') for d in dtypes)})")
     profile = {
         "version": VERSION,
         "device": str(device),
@@ -173,10 +180,15 @@ def calibrate(
         "per_rank": {},
     }
     for n in group_sizes:  # each rank with its share of the CPU's threads, as a launched job would
-        pool = RankPool(n, timeout_s=120, threads=max(1, (os.cpu_count() or 1) // n), backend=backend)
+        threads = max(1, (os.cpu_count() or 1) // n)
+        # no deadline on a call (a busy machine takes longer): each collective waits at most 120 s
+        # and a rank that dies is noticed at once
+        pool = RankPool(n, timeout_s=120, threads=threads, backend=backend, call_timeout=None)
         try:
+            say(f"collectives over {n} ranks ({', '.join(KINDS)}; {len(sizes)} sizes each)")
             measured = pool.run(_measure_collectives, sizes, repeats)[0]
             names = tuple(str(d).removeprefix("torch.") for d in dtypes)
+            say(f"each of {n} ranks' compute, optimizer and point-to-point rates")
             per_rank = pool.run(measure_per_rank, sizes, repeats, names)
         finally:
             pool.close()
@@ -190,7 +202,18 @@ def calibrate(
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(profile, indent=2))
     profile["path"] = str(path)
+    say(f"done: {path}")
     return profile
+
+
+def _announcer(on: bool, start: float):
+    """``say(stage)``: one line on stderr per stage with the seconds since ``start`` (nothing when off)."""
+
+    def say(stage: str) -> None:
+        if on:
+            print(f"shardcore calibrate [{time.perf_counter() - start:5.1f} s]: {stage}", file=sys.stderr, flush=True)
+
+    return say
 
 
 def load_profile(
@@ -215,4 +238,5 @@ def load_profile(
             f"the machine profile {target} {what}: run `shardcore calibrate --world 2 <ranks per node>` "
             "once on this machine (outside the job), or pass the profile's path"
         )
+    print(f"shardcore: no profile of this machine at {target}: measuring it first", file=sys.stderr, flush=True)
     return calibrate(group_sizes, out=target)

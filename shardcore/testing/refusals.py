@@ -142,7 +142,9 @@ def rank_zero_only(prepare: Callable, *args, group_timeout_s: float = 5) -> tupl
     (the same named cause either way)."""
     from ..distributed import RankPool
 
-    pool = RankPool(2, timeout_s=group_timeout_s)
+    # the pool's own deadline far past the group's: on a loaded machine building the model takes
+    # longer, and the bound under test must end rank 0's wait, named, before the harness gives up
+    pool = RankPool(2, timeout_s=group_timeout_s, call_timeout=max(300.0, 20 * group_timeout_s))
     try:
         mine, other = pool.run(_on_rank_zero_only, prepare, args)
     finally:

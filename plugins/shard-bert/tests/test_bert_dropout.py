@@ -64,7 +64,8 @@ def _attention_draws_from_per_rank_stream(tp: int) -> bool:
 
 
 def test_attention_dropout_uses_the_per_rank_stream():
-    assert all(run_on_ranks(2, _attention_draws_from_per_rank_stream, 2))
+    moved = run_on_ranks(2, _attention_draws_from_per_rank_stream, 2)
+    assert all(moved), f"a training forward left the tensor-parallel random stream where it was: {moved}"
 
 
 def _mean_losses(tp: int, samples: int) -> tuple:
@@ -137,12 +138,17 @@ def test_gradient_checkpointing_is_exact():
     masks of its forward, the per-rank ones included: the gradients are those of the step without it."""
     for reentrant in (False, True):
         for dropout in (0.5, 0.0):
-            assert run_on_ranks(2, _checkpointed, dropout, reentrant) == [0.0, 0.0], (reentrant, dropout)
+            diff = run_on_ranks(2, _checkpointed, dropout, reentrant)
+            assert diff == [0.0, 0.0], (
+                f"checkpointed gradients off by {diff} (reentrant={reentrant}, dropout={dropout})"
+            )
 
 
 def test_a_checkpoint_shardcore_does_not_see_is_refused():
     """A checkpoint of the user's own would recompute per-rank dropout with other masks than its
     forward drew: refused, by name, on every rank; without attention dropout it is exact."""
     for out in run_on_ranks(2, _checkpointed, 0.5, False, True):
-        assert isinstance(out, str) and "recomputed by gradient (activation) checkpointing" in out, out
+        assert isinstance(out, str) and "recomputed by gradient (activation) checkpointing" in out, (
+            f"a checkpoint shardcore does not see ran unrefused (gradients off by {out})"
+        )
     assert run_on_ranks(2, _checkpointed, 0.0, False, True) == [0.0, 0.0]

@@ -119,7 +119,7 @@ def test_dropout_keeps_replicas_in_step():
     """Attention dropout runs on the per-rank stream, the residual dropout inside the attention
     module on the shared one: the replicated outputs stay bit-identical on every rank."""
     for same in run_on_ranks(2, _dropout_replicas, 2):
-        assert all(same)
+        assert all(same), f"the replicated hidden states differ between ranks (equal to rank 0's: {same})"
 
 
 def _refused(tp: int, **cfg) -> str:

@@ -127,7 +127,7 @@ def _clip_on(config: dict):
 
 
 def test_clipping_on_one_rank_only_names_the_cause():
-    seconds, message, other = rank_zero_only(_clip_on, {"tensor_parallel_size": 2, "collective_timeout": 3})
-    assert message.startswith(("CollectiveTimeout: ", "CollectivePeerLost: ")) and seconds < 6, message
+    _, message, other = rank_zero_only(_clip_on, {"tensor_parallel_size": 2, "collective_timeout": 3})
+    assert message.startswith(("CollectiveTimeout: ", "CollectivePeerLost: ")), message
     assert "gradient norm (clip_grad_norm_): every rank of the model must call it" in message, message
     assert ("waited more than 3 s" in message or "lost a peer" in message) and other.startswith("barrier: ")

