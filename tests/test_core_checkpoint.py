@@ -168,7 +168,7 @@ def test_init_empty_touches_nothing_outside_its_block_and_thread():
         worker.join()
     after = nn.Linear(4, 4)
     assert inside.weight.is_meta and inside.bias.is_meta
-    assert not other["linear"].weight.is_meta  # another thread building at the same time is untouched
+    assert not other["linear"].weight.is_meta, "init_empty moved another thread's new parameters to meta"
     assert not after.weight.is_meta
     assert dict(torch_module._global_parameter_registration_hooks) == hooks_before
     assert nn.Module.register_parameter is register_before

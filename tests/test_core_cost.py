@@ -48,7 +48,8 @@ def test_calibrate_measures_once_and_caches(tmp_path, monkeypatch, capsys):
     for shapes in mine["block_shapes"].values():  # a rank's block per TP degree and tokens per microbatch
         assert set(shapes) == {"1", "2", "4"} and all(set(t) == {"128", "512"} for t in shapes.values())
         assert all(0.05 < f < 5 for t in shapes.values() for f in t.values()), shapes
-        assert shapes["1"]["512"] == 1.0, shapes  # the reference shape (2 x 256 tokens, TP=1) is one of them
+        # the reference shape (2 x 256 tokens, TP=1) is one of them: its factor exactly 1
+        assert shapes["1"]["512"] == 1.0, f"the reference shape's factor is {shapes['1']['512']}, not 1: {shapes}"
     for name in ("adamw", "sgd"):  # per tensor size (MiB): small tensors update from cache
         assert set(mine["optimizer_bytes_per_s"][name]) == {"1", "4", "32"}
         assert min(mine["optimizer_bytes_per_s"][name].values()) > 1e6
@@ -94,7 +95,10 @@ def test_the_optimizer_step_is_timed_tensor_by_tensor():
     sizes = (32 * mib, 32 * mib) + (mib,) * 32
     stage = StageFacts(matmul_weights=0, activation_elements=0, attention_layers=0, dense_bytes=sum(sizes),
                        expert_bytes=mib, dense_tensors=len(sizes), blocks=1, dense_sizes=sizes, expert_sizes=(mib,))  # fmt: skip
-    assert optimizer_seconds(profile, 4, "adamw", stage) == pytest.approx(64 * mib / 1e9 + 33 * mib / 4e9)
+    priced = optimizer_seconds(profile, 4, "adamw", stage)
+    assert priced == pytest.approx(64 * mib / 1e9 + 33 * mib / 4e9), (
+        f"optimizer step priced {priced:.3e} s, not tensor by tensor"
+    )
     mean = (sum(sizes) + mib) / optimizer_rate(profile, 4, "adamw", sum(sizes) / len(sizes))
     assert optimizer_seconds(profile, 4, "adamw", stage) > 1.3 * mean
     # facts built by hand without the sizes (a count and bytes only): every byte at the mean size
@@ -136,7 +140,10 @@ def test_the_compute_rate_follows_the_rank_s_microbatch_shape():
     facts = {"seq": 128, "batch": 1, "dtype": "float32", "itemsize": 4, "attention": (1, 1, False), "stages": [stage]}
     layout = {"dp": 1, "pp": 1, "sp": 1, "tp": 1, "ep": 1, "microbatches": 1, "data_parallel": None}
     full, half = (predict(facts, layout, profile(f), optimizer="none")["compute_s"] for f in (1.0, 0.5))
-    assert half == pytest.approx(2 * full) and full == pytest.approx(3 * 128 * 2 * (1 << 20) / 1e10)
+    assert half == pytest.approx(2 * full), (
+        f"at half the reference block's rate the step took {half / full:.3f}x, not 2x"
+    )
+    assert full == pytest.approx(3 * 128 * 2 * (1 << 20) / 1e10)
 
 
 def test_a_pipeline_waits_on_the_other_stages_single_slots():
@@ -165,7 +172,9 @@ def test_a_pipeline_waits_on_the_other_stages_single_slots():
     even = step([1 << 20] * 4)
     assert even["step_s"] == pytest.approx(unit * 7 / 4) and even["bubble_s"] == pytest.approx(unit * 3 / 4)
     heavy = step([1 << 20] * 3 + [3 << 20])
-    assert heavy["step_s"] == pytest.approx(unit * (6 + 3 * 3) / 4)  # not 3 x 7 / 4 units
+    assert heavy["step_s"] == pytest.approx(unit * (6 + 3 * 3) / 4), (
+        f"a heavy last stage's step: {heavy['step_s'] / unit:.3f} units, not (6 + 3 x 3) / 4"
+    )
     assert heavy["bubble_s"] == pytest.approx(unit * 3 / 4) and heavy["compute_s"] == pytest.approx(3 * unit)
     # ranks sharing the device at half their unshared speed (a unit is at the shared speed): the
     # equal stages' path takes 7/8 of a unit, less than the device busy throughout (the average

@@ -49,12 +49,24 @@ def test_the_report_holds_no_source_line():
     )
 
 
-def test_ci_runs_a_subset_that_covers_each_parallelism():
+def test_ci_runs_a_subset_that_covers_each_part_of_the_core():
+    """CI's fast subset holds a mutant of every core subpackage (and top-level module) that has one,
+    and a plugin's: a part whose checks rot is seen in CI, not at the next full run."""
     fast = [m for m in mutants.MUTANTS.values() if m.fast]
-    files = {m.file for m in fast}
-    assert 6 <= len(fast) <= 10, [m.name for m in fast]
-    for part in ("tensor_parallel/", "grad_norm.py", "sequence/", "pipeline/", "compare.py", "peft.py"):
-        assert any(part in f for f in files), part
+    areas = {mutants.area(m.file) for m in mutants.MUTANTS.values() if m.file.startswith("shardcore/")}
+    missing = areas - {mutants.area(m.file) for m in fast}
+    assert not missing, f"no fast mutant in {sorted(missing)}"
+    assert any(m.file.startswith("plugins/") for m in fast)
+    assert len(fast) <= 20, [m.name for m in fast]  # CI's time: about 12 s each
+
+
+def test_no_new_computing_file_without_a_mutant():
+    """The computing source files without a mutant (docs/mutants-uncovered.txt) may only shrink: a new
+    file comes with its mutant, and a file given one leaves the list."""
+    listed = (ROOT / "docs" / "mutants-uncovered.txt").read_text().split()
+    now = mutants.uncovered()
+    assert not set(now) - set(listed), f"computing files without a mutant: {sorted(set(now) - set(listed))}"
+    assert not set(listed) - set(now), f"covered or gone now, remove from the list: {sorted(set(listed) - set(now))}"
 
 
 def test_committed_score_is_the_whole_harness_and_the_readme_quotes_it():

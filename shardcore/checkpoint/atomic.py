@@ -14,7 +14,7 @@ import shutil
 
 from .safetensors_io import CheckpointError
 
-__all__ = ["RECORD", "check", "finish", "staging_dir"]
+__all__ = ["RECORD", "check", "check_recorded", "finish", "prepare", "record", "staging_dir"]
 
 #: written last into a complete checkpoint: ``{"complete": true, "files": {name: bytes}}``
 RECORD = "shardcore_complete.json"
@@ -38,13 +38,23 @@ def prepare(path: pathlib.Path) -> pathlib.Path:
     return staging
 
 
+def record(directory: pathlib.Path) -> None:
+    """Write :data:`RECORD` into ``directory``, last: every file in it and its size."""
+    skip = (RECORD, RECORD + ".tmp")
+    files = {
+        f.relative_to(directory).as_posix(): f.stat().st_size
+        for f in sorted(directory.rglob("*"))
+        if f.is_file() and f.name not in skip
+    }
+    tmp = directory / skip[1]
+    tmp.write_text(json.dumps({"complete": True, "files": files}, indent=1))
+    os.replace(tmp, directory / RECORD)
+
+
 def finish(path: pathlib.Path, staging: pathlib.Path) -> None:
     """The first rank, once every rank's files are in ``staging``: record them, then swap ``staging``
     in for ``path`` (two renames; the earlier checkpoint is deleted only after the new one is in place)."""
-    files = {f.relative_to(staging).as_posix(): f.stat().st_size for f in sorted(staging.rglob("*")) if f.is_file()}
-    tmp = staging / (RECORD + ".tmp")
-    tmp.write_text(json.dumps({"complete": True, "files": files}, indent=1))
-    os.replace(tmp, staging / RECORD)
+    record(staging)
     old = _replaced_dir(path)
     if old.exists():
         shutil.rmtree(old)
@@ -71,14 +81,24 @@ def check(path: pathlib.Path, what: str = "distributed checkpoint") -> None:
             else ""
         )
         raise CheckpointError(f"{what} {path} does not exist{hint}")
-    record = path / RECORD
-    if not record.is_file():
+    if not (path / RECORD).is_file():
         if not (path / ".metadata").is_file():
             raise CheckpointError(
                 f"{what} {path} has neither {RECORD} nor .metadata: not a complete distributed checkpoint "
                 "(a save interrupted before its end writes neither); save it again"
             )
         return
+    check_recorded(path, what)
+
+
+def check_recorded(path: pathlib.Path, what: str) -> None:
+    """Refuse ``path`` unless its :data:`RECORD` is there and its files are those recorded."""
+    record = path / RECORD
+    if not record.is_file():
+        raise CheckpointError(
+            f"{what} {path} was never completed ({RECORD}, written last, is missing): the save was interrupted; "
+            "resume from an earlier checkpoint"
+        )
     try:
         files = json.loads(record.read_text())["files"]
     except (ValueError, KeyError) as exc:

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from datetime import timedelta
 
 import torch
@@ -57,8 +58,30 @@ def init_from_env(timeout_s: float | None = None) -> None:
     from .collectives import resolve_timeout
 
     timeout = timedelta(seconds=GROUP_WAIT_FACTOR * resolve_timeout(timeout_s))
+    backend = "gloo"
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        dist.init_process_group(CUDA_BACKEND, timeout=timeout)
-    else:
-        dist.init_process_group("gloo", timeout=timeout)
+        backend = CUDA_BACKEND
+    dist.init_process_group(backend, timeout=timeout, **_restart_store(timeout))
+
+
+def _restart_store(timeout: timedelta) -> dict:
+    """The store for a job torchrun restarted (``--max-restarts``): by default its workers share the
+    agent's store across attempts, whose keys still hold the previous attempt's addresses, and the
+    new group may connect to a dead rank and fail or hang (pytorch#135712). On one node every
+    worker restarts together, so each attempt gets keys of its own (a prefix naming the attempt);
+    across nodes the attempts' counts need not agree, and the fix is torchrun's own."""
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if attempt == 0 or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return {}
+    if os.environ.get("LOCAL_WORLD_SIZE") != os.environ["WORLD_SIZE"]:
+        warnings.warn(
+            f"shardcore: torchrun restarted this job (attempt {attempt}) on the store its rendezvous shares: PyTorch "
+            "may hand the new process group the previous attempt's addresses (pytorch#135712) and fail or hang "
+            "connecting; launch torchrun with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1",
+            stacklevel=3,
+        )
+        return {}
+    world, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
+    agent = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, False, timeout=timeout)
+    return {"store": dist.PrefixStore(f"shardcore/attempt-{attempt}", agent), "rank": rank, "world_size": world}

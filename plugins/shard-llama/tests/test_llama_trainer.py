@@ -193,6 +193,7 @@ def test_checkpoints_load_unsharded_and_resume_exactly(reference, tmp_path):
             "model.safetensors",
             "scheduler.pt",
             "shardcore_checkpoint.json",  # save_checkpoint's record of a complete save
+            "shardcore_complete.json",  # the Trainer checkpoint's record, written last
             "trainer_state.json",
             "training_args.bin",
             *(f"optimizer.rank{r}-of-4.pt" for r in range(4)),
@@ -294,3 +295,23 @@ def test_accelerate_prepare_is_right_or_loud():
         assert report.get("max_abs_diff_weights", 1.0) <= 1e-5, report
     for report in run_on_ranks(2, _accelerate_loop, True):  # the TP ranks got different batches
         assert "differs" in report.get("error", ""), report
+
+
+def test_resume_passes_over_an_interrupted_checkpoint_and_refuses_one_named(tmp_path):
+    """A checkpoint a crash interrupted has no record: ``resume_from_checkpoint=True`` takes the
+    newest recorded one and names the one it passed over; the interrupted one named is refused."""
+    from shardcore.checkpoint import CheckpointError, atomic
+    from shardcore.integrations.hf.trainer import _newest_complete
+
+    for step in (2, 4, 6):
+        (tmp_path / f"checkpoint-{step}").mkdir()
+        (tmp_path / f"checkpoint-{step}" / "model.safetensors").write_bytes(b"x" * step)
+    atomic.record(tmp_path / "checkpoint-2")
+    atomic.record(tmp_path / "checkpoint-4")
+    (tmp_path / "checkpoint-4" / "model.safetensors").write_bytes(b"y")  # changed behind the record
+    with pytest.warns(UserWarning, match="passing over: .*checkpoint-6 was never completed.*checkpoint-4: its files"):
+        assert _newest_complete(tmp_path) == str(tmp_path / "checkpoint-2")
+    with pytest.raises(CheckpointError, match="checkpoint-6 was never completed"):
+        atomic.check_recorded(tmp_path / "checkpoint-6", "shardcore.hf.Trainer checkpoint")
+    with pytest.raises(ValueError, match="No complete checkpoint"):
+        _newest_complete(tmp_path / "checkpoint-6")

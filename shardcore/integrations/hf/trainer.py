@@ -19,7 +19,10 @@ accumulation, the learning-rate schedule, callbacks, evaluation loss):
 * **checkpoints**: the weights via ``model.save_pretrained`` on every rank (a complete, unsharded
   HF checkpoint), each rank's optimizer state in a file of its own
   (``optimizer.rank{r}-of-{world}.pt``), and ``resume_from_checkpoint`` loads the weights with
-  :func:`shardcore.load_checkpoint` (each rank its slices) and each rank's optimizer state.
+  :func:`shardcore.load_checkpoint` (each rank its slices) and each rank's optimizer state. A
+  checkpoint is recorded complete last (``shardcore_complete.json``, once every rank's files are
+  written); ``resume_from_checkpoint=True`` resumes from the newest complete one, passing over
+  (and naming) one a crash interrupted, and a path to an incomplete one is refused by name.
 
 Pipeline stages are refused by name: the Trainer's step is one forward and backward of the whole
 model, which a pipelined model does not have (use :func:`shardcore.pipeline_step`).
@@ -28,13 +31,39 @@ model, which a pipelined model does not have (use :func:`shardcore.pipeline_step
 from __future__ import annotations
 
 import os
+import pathlib
+import warnings
 
 import torch
 import torch.distributed as dist
 import transformers
 from transformers.trainer import SCHEDULER_NAME
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+from ...checkpoint import CheckpointError, atomic
+from ...distributed.objects import barrier
 
 __all__ = ["Trainer"]
+
+
+def _newest_complete(output_dir: pathlib.Path) -> str:
+    """The newest checkpoint in ``output_dir`` whose record is there and true; the interrupted ones
+    newer than it are named in a warning."""
+    prefix = PREFIX_CHECKPOINT_DIR + "-"
+    found = [d for d in output_dir.glob(prefix + "*") if d.is_dir() and d.name[len(prefix) :].isdigit()]
+    skipped = []
+    for directory in sorted(found, key=lambda d: int(d.name[len(prefix) :]), reverse=True):
+        try:
+            atomic.check_recorded(directory, "shardcore.hf.Trainer checkpoint")
+        except CheckpointError as err:
+            skipped.append(str(err))
+            continue
+        if skipped:
+            warnings.warn("resuming from " + str(directory) + ", passing over: " + "; ".join(skipped), stacklevel=3)
+        return str(directory)
+    raise ValueError(
+        f"No complete checkpoint in {output_dir} to resume from" + (f": {'; '.join(skipped)}" if skipped else "")
+    )
 
 
 def _world() -> int:
@@ -206,6 +235,27 @@ class Trainer(transformers.Trainer):
         self.optimizer.load_state_dict(state["optimizer"])
         schedule = torch.load(os.path.join(checkpoint, SCHEDULER_NAME), map_location="cpu", weights_only=True)
         self.lr_scheduler.load_state_dict(schedule)
+
+    def _save_checkpoint(self, model, trial) -> None:
+        """The Trainer's checkpoint, then, once every rank's files are written, the record of them
+        (:mod:`shardcore.checkpoint.atomic`, written last): a checkpoint without it was interrupted."""
+        super()._save_checkpoint(model, trial)
+        if dist.is_initialized():
+            barrier(where="shardcore.hf.Trainer: every rank's checkpoint files are written")
+        if self.args.should_save:
+            folder = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+            atomic.record(pathlib.Path(self._get_output_dir(trial=trial)) / folder)
+        if dist.is_initialized():
+            barrier(where="shardcore.hf.Trainer: the checkpoint is recorded")
+
+    def train(self, resume_from_checkpoint=None, *args, **kwargs):
+        """``Trainer.train``; ``resume_from_checkpoint=True`` resumes from the newest *complete*
+        checkpoint (an interrupted one is named and passed over), a path must be a complete one."""
+        if resume_from_checkpoint is True:
+            resume_from_checkpoint = _newest_complete(pathlib.Path(self.args.output_dir))
+        elif resume_from_checkpoint:
+            atomic.check_recorded(pathlib.Path(resume_from_checkpoint), "shardcore.hf.Trainer checkpoint")
+        return super().train(resume_from_checkpoint, *args, **kwargs)
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
         from ...checkpoint import load_checkpoint
