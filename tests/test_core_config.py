@@ -161,7 +161,10 @@ def test_tp_is_innermost_consecutive_ranks():
 def test_layout_in_one_process():
     layout = shardcore.ParallelLayout.from_config(ShardConfig(pipeline_parallel_size=2, tensor_parallel_size=2), 8)
     assert layout.degrees == {"dp": 2, "pp": 2, "sp": 1, "tp": 2}
-    assert layout.coordinates(5) == {"dp": 1, "pp": 0, "sp": 1 - 1, "tp": 1}
+    by_hand = [{"dp": d, "pp": p, "sp": 0, "tp": t} for d in range(2) for p in range(2) for t in range(2)]
+    for rank, want in enumerate(by_hand):  # TP innermost: a TP group is consecutive ranks (one node's)
+        got = layout.coordinates(rank)
+        assert got == want, f"rank {rank} of dp2 x pp2 x tp2 sits at {got}, not {want}"
     assert shardcore.ParallelLayout.from_config(ShardConfig(), 4).degrees == {"dp": 1, "pp": 1, "sp": 1, "tp": 4}
     with pytest.raises(ValueError, match=r"dp=1, pp=2, sp=1, tp=2 uses 4 ranks, but the world size is 8"):
         shardcore.ParallelLayout(dp=1, pp=2, tp=2, world_size=8)

@@ -235,3 +235,31 @@ def test_the_group_optimize_creates_waits_longer_than_the_bound(monkeypatch):
     monkeypatch.setattr(sd.dist, "init_process_group", lambda backend, timeout: seen.update(timeout=timeout))
     sd.init_from_env(20.0)
     assert seen["timeout"].total_seconds() == 40.0  # 2 x the 20 s bound: the bounded collective names it first
+
+
+@pytest.mark.parametrize("nodes", [1, 2])
+def test_a_job_torchrun_restarted_gets_store_keys_of_its_own(monkeypatch, nodes):
+    """torchrun's workers share the agent's store across restarts, its keys still holding the dead
+    attempt's addresses (pytorch#135712: the new gloo group hung connecting to them). On one node
+    each attempt gets keys of its own; across nodes (restart counts need not agree) a warning names
+    torchrun's own fix."""
+    import shardcore.distributed as sd
+
+    seen = {}
+    env = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": str(2 // nodes), "MASTER_ADDR": "localhost"}
+    env |= {"MASTER_PORT": "29500", "TORCHELASTIC_RESTART_COUNT": "3", "TORCHELASTIC_USE_AGENT_STORE": "True"}
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(sd.dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(sd.dist, "TCPStore", lambda *args, **kwargs: ("agent store", args))
+    monkeypatch.setattr(sd.dist, "PrefixStore", lambda prefix, store: (prefix, store))
+    monkeypatch.setattr(sd.dist, "init_process_group", lambda backend, **kwargs: seen.update(kwargs))
+    if nodes == 2:
+        with pytest.warns(UserWarning, match="TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"):
+            sd.init_from_env(20.0)
+        assert "store" not in seen
+        return
+    sd.init_from_env(20.0)
+    assert seen["store"][0] == "shardcore/attempt-3", f"a restarted job's group used the shared store's keys: {seen}"
+    _, (_, (host, port, world, is_master)) = seen["store"]
+    assert (host, port, world, is_master, seen["rank"], seen["world_size"]) == ("localhost", 29500, 2, False, 1, 2)

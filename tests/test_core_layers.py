@@ -174,7 +174,7 @@ def _cross_entropy(tp: int) -> str:
         loss.backward()
     want = F.cross_entropy(full.flatten(0, 1), target.flatten(), ignore_index=-100)
     want.backward()
-    torch.testing.assert_close(loss, want.float(), rtol=1e-6, atol=0)
+    torch.testing.assert_close(loss, want.float(), rtol=1e-6, atol=0, msg=f"vocab-parallel loss {loss} vs {want}")
     torch.testing.assert_close(local.grad, full.grad[..., start:stop], rtol=1e-5, atol=1e-7)
     assert dict(comm) == {"all_gather": 1}, dict(comm)
     none = vocab_parallel_cross_entropy(local, target, vocab_start=start, process_group=g, reduction="none")
@@ -204,6 +204,43 @@ def test_shard_spec_round_trip_all_layouts():
         parts = [spec.shard(data, r) for r in range(spec.tp_size)]
         assert all(p.shape[0] == spec.local_size for p in parts)
         assert torch.equal(spec.unshard(parts), data), spec
+
+
+def _rows(full: torch.Tensor, *ranges: tuple[int, int], pad: int = 0) -> torch.Tensor:
+    """Rows ``ranges`` of ``full`` one after the other, then ``pad`` zero rows: a slice written by hand."""
+    return torch.cat([full[a:b] for a, b in ranges] + [full.new_zeros(pad, *full.shape[1:])])
+
+
+def test_each_rank_s_slice_is_the_rows_counted_by_hand():
+    """Every layout's slices against rows listed by hand, not against the spec's own arithmetic
+    (a round trip through shard and unshard passes whenever the two agree, right or wrong)."""
+    full = torch.arange(40, dtype=torch.float32).view(20, 2)  # row i holds 2i, 2i + 1
+    cases = {
+        "even(8, 2)": (ShardSpec.even(8, 2), {0: _rows(full, (0, 4)), 1: _rows(full, (4, 8))}),
+        # q: 4 heads of 2 rows split over 4 ranks; k (rows 8-11) and v (12-15): 2 heads, each on 2 ranks
+        "heads((4, 2, 2), 2, 4)": (
+            ShardSpec.heads((4, 2, 2), 2, 4),
+            {
+                0: _rows(full, (0, 2), (8, 10), (12, 14)),
+                1: _rows(full, (2, 4), (8, 10), (12, 14)),
+                2: _rows(full, (4, 6), (10, 12), (14, 16)),
+                3: _rows(full, (6, 8), (10, 12), (14, 16)),
+            },
+        ),
+        # 10 rows padded to 12 over 4 ranks: 3 each, the last rank's past row 9 zeros
+        "padded(10, 4, 1)": (
+            ShardSpec.padded(10, 4, 1),
+            {0: _rows(full, (0, 3)), 1: _rows(full, (3, 6)), 2: _rows(full, (6, 9)), 3: _rows(full, (9, 10), pad=2)},
+        ),
+    }
+    for name, (spec, by_rank) in cases.items():
+        data = full[: spec.full_size]
+        for rank, want in by_rank.items():
+            got = spec.shard(data, rank)
+            assert torch.equal(got, want), (
+                f"{name}: rank {rank} holds rows {(got[:, 0] / 2).long().tolist()}, not {(want[:, 0] / 2).long().tolist()}"
+            )
+        assert torch.equal(spec.unshard([by_rank[r] for r in range(spec.tp_size)]), data), f"{name}: unshard"
 
 
 def test_shard_spec_errors_name_the_fix():

@@ -5,6 +5,8 @@ exactly; the plain Trainer stays loud."""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from llama_cases import build
@@ -309,8 +311,12 @@ def test_resume_passes_over_an_interrupted_checkpoint_and_refuses_one_named(tmp_
     atomic.record(tmp_path / "checkpoint-2")
     atomic.record(tmp_path / "checkpoint-4")
     (tmp_path / "checkpoint-4" / "model.safetensors").write_bytes(b"y")  # changed behind the record
-    with pytest.warns(UserWarning, match="passing over: .*checkpoint-6 was never completed.*checkpoint-4: its files"):
-        assert _newest_complete(tmp_path) == str(tmp_path / "checkpoint-2")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        chosen = _newest_complete(tmp_path)
+    assert chosen == str(tmp_path / "checkpoint-2"), f"resumed from {chosen}, not the newest complete checkpoint-2"
+    said = [str(w.message) for w in caught]
+    assert any("checkpoint-6 was never completed" in m and "checkpoint-4: its files" in m for m in said), said
     with pytest.raises(CheckpointError, match="checkpoint-6 was never completed"):
         atomic.check_recorded(tmp_path / "checkpoint-6", "shardcore.hf.Trainer checkpoint")
     with pytest.raises(ValueError, match="No complete checkpoint"):
