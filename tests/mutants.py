@@ -930,6 +930,25 @@ MUTANTS: dict[str, Mutant] = {
             "OPTPolicy: 'self_attn.q_proj' of OPTDecoderLayer is built with copy_input=False",
         ),
         _m(
+            "safetensors-header-trusted",
+            "a safetensors header read as it says: a dtype or shape that does not fit its bytes reinterprets them",
+            "shardcore/checkpoint/safetensors_io.py",
+            ("    if stop - begin != nbytes:", "    if False:"),
+            "tests/test_core_bad_input.py::test_a_damaged_checkpoint_is_refused_by_name_on_every_rank_before_any_collective[header-lies-about-dtype]",
+            "the header-lies-about-dtype checkpoint: loaded",
+        ),
+        _m(
+            "vocab-loss-gradient-doubled",
+            "the vocab-parallel cross entropy's backward twice too large: every gradient of the model doubled",
+            "shardcore/tensor_parallel/loss.py",
+            (
+                "        grad.mul_((grad_loss * kept).unsqueeze(-1))",
+                "        grad.mul_((2 * grad_loss * kept).unsqueeze(-1))",
+            ),
+            f"{LLAMA}/test_llama_trainer.py::test_without_clipping_each_gradient_and_the_weights_match_one_process",
+            "step 0: gradient norm",
+        ),
+        _m(
             "input-digest-on-the-cpu",
             "the input check's digest made on the CPU whatever the group (an NCCL-only group refuses it)",
             "shardcore/consistency.py",

@@ -70,17 +70,15 @@ class SafetensorsFile:
                     raise ValueError(f"header of {n} bytes in a file of {size}")
                 header = json.loads(f.read(n))
         except (OSError, ValueError, struct.error) as exc:
-            raise CheckpointError(f"cannot read {file}: {type(exc).__name__}: {exc}") from None
+            raise CheckpointError(
+                f"cannot read {file}: {type(exc).__name__}: {exc}: not a readable safetensors file (corrupt or of another "
+                "format); save the checkpoint again"
+            ) from None
         header.pop("__metadata__", None)
         base = 8 + n
         self.entries = {}
         for name, info in header.items():
-            if info["dtype"] not in _FROM_CODE:
-                raise CheckpointError(f"{file}: tensor {name!r} has unsupported dtype {info['dtype']}")
-            begin, stop = info["data_offsets"]
-            if base + stop > size:
-                raise CheckpointError(f"cannot read {file}: truncated (tensor {name!r} ends past the end of the file)")
-            self.entries[name] = (_FROM_CODE[info["dtype"]], tuple(info["shape"]), base + begin)
+            self.entries[name] = _entry(file, name, info, base, size)
         self.fd = os.open(file, os.O_RDONLY)
         if zero_copy and size > 0:
             import mmap
@@ -140,6 +138,26 @@ class SafetensorsFile:
                 self._read_into(out3[o, at : at + stop - start], offset + (o * shape[dim] + start) * inner * item)
             at += stop - start + pad
         return out.to(dtype)
+
+
+def _entry(file: Path, name: str, info, base: int, size: int) -> tuple[torch.dtype, tuple[int, ...], int]:
+    """``(dtype, shape, offset)`` of one header entry, refused by name when the header cannot be true:
+    an unknown dtype, offsets past the file's end, or a byte range that is not shape x dtype."""
+    try:
+        code, shape, (begin, stop) = info["dtype"], tuple(int(d) for d in info["shape"]), info["data_offsets"]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CheckpointError(f"cannot read {file}: tensor {name!r}'s header entry is malformed ({exc!r})") from None
+    if code not in _FROM_CODE:
+        raise CheckpointError(f"{file}: tensor {name!r} has unsupported dtype {code}")
+    if base + stop > size or not 0 <= begin <= stop:
+        raise CheckpointError(f"cannot read {file}: truncated (tensor {name!r} ends past the end of the file)")
+    nbytes = tensor_nbytes(shape, _FROM_CODE[code])
+    if stop - begin != nbytes:
+        raise CheckpointError(
+            f"cannot read {file}: its header lies about tensor {name!r}: {code} {list(shape)} is {nbytes} bytes, "
+            f"its data spans {stop - begin}; the file is corrupt or was edited: save it again"
+        )
+    return _FROM_CODE[code], shape, base + begin
 
 
 #: written last by :func:`~shardcore.checkpoint.save_checkpoint`: the files of a complete checkpoint

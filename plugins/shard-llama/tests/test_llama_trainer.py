@@ -35,25 +35,26 @@ class _Tokens(torch.utils.data.Dataset):
 def _args(out: str, batch: int, **extra):
     import transformers
 
-    return transformers.TrainingArguments(
-        output_dir=out,
-        per_device_train_batch_size=batch,
-        gradient_accumulation_steps=2,
-        max_steps=STEPS,
-        learning_rate=5e-3,
-        lr_scheduler_type="linear",
-        warmup_steps=1,
-        max_grad_norm=0.5,  # the gradient norm is ~1-3 here: every step clips
-        logging_steps=1,
-        report_to=[],
-        use_cpu=True,
-        seed=0,
-        dataloader_num_workers=0,
-        disable_tqdm=True,
-        include_num_input_tokens_seen="all",  # gathered: each replica's tokens counted once
-        per_device_eval_batch_size=2,
-        **{"save_strategy": "no", **extra},
-    )
+    settings = {
+        "output_dir": out,
+        "per_device_train_batch_size": batch,
+        "gradient_accumulation_steps": 2,
+        "max_steps": STEPS,
+        "learning_rate": 5e-3,
+        "lr_scheduler_type": "linear",
+        "warmup_steps": 1,
+        "max_grad_norm": 0.5,  # the gradient norm is ~1-3 here: every step clips
+        "logging_steps": 1,
+        "report_to": [],
+        "use_cpu": True,
+        "seed": 0,
+        "dataloader_num_workers": 0,
+        "disable_tqdm": True,
+        "include_num_input_tokens_seen": "all",  # gathered: each replica's tokens counted once
+        "per_device_eval_batch_size": 2,
+        "save_strategy": "no",
+    }
+    return transformers.TrainingArguments(**(settings | extra))
 
 
 def _losses(trainer) -> list[float]:
@@ -132,6 +133,54 @@ def test_trains_like_one_process_trainer(config, per_device, reference, tmp_path
     world = dp * config["tensor_parallel_size"]
     ref = reference[per_device * dp]
     _compare(ref, run_on_ranks(world, _sharded, config, str(tmp_path), per_device, ref), str(config))
+
+
+class _GradNorms:
+    """A Trainer callback: the whole model's gradient norm before each optimizer step (for a sharded
+    model, torch's get_total_norm over its slices: the unsharded norm)."""
+
+    def __init__(self) -> None:
+        self.norms: list[float] = []
+
+    def __getattr__(self, name):  # every other event of the callback protocol: nothing
+        if name.startswith("on_"):
+            return lambda *args, **kwargs: None
+        raise AttributeError(name)
+
+    def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        self.norms.append(torch.nn.utils.get_total_norm(grads).item())
+
+
+def _unclipped(config: dict | None, out: str) -> dict:
+    """No clipping, plain SGD (AdamW's update barely moves when a gradient is scaled: it would hide
+    one twice too large): each step's gradient norm and the weights after 4 steps."""
+    import transformers
+
+    import shardcore
+    from shardcore.hf import Trainer
+
+    torch.manual_seed(0)
+    model = build("LlamaForCausalLM", **CFG)
+    if config is not None:
+        model = shardcore.optimize(model, ShardConfig(**config))
+    norms = _GradNorms()
+    cls = transformers.Trainer if config is None else Trainer
+    args = _args(out, 2, max_grad_norm=0.0, optim="sgd", learning_rate=0.5)
+    cls(model=model, args=args, train_dataset=_Tokens(), callbacks=[norms]).train()
+    return {"norms": norms.norms, "state": _full_state(model) if config else dict(model.state_dict())}
+
+
+def test_without_clipping_each_gradient_and_the_weights_match_one_process(tmp_path):
+    """The clipped runs above would pass a gradient twice too large (clipping rescales it); here
+    nothing rescales: every step's gradient norm and the SGD weights equal the one-process run's."""
+    ref = run_on_ranks(1, _unclipped, None, str(tmp_path / "ref"))[0]
+    for got in run_on_ranks(2, _unclipped, {"tensor_parallel_size": 2}, str(tmp_path / "tp2")):
+        assert len(got["norms"]) == len(ref["norms"]) == STEPS
+        for step, (a, b) in enumerate(zip(got["norms"], ref["norms"], strict=True)):
+            assert abs(a - b) <= 1e-5 * b, f"step {step}: gradient norm {a} at TP=2, {b} in one process"
+        diff = max((got["state"][n] - ref["state"][n]).abs().max().item() for n in got["state"])
+        assert diff <= 2e-5, f"weights after {STEPS} unclipped SGD steps differ by {diff}"
 
 
 def _evaluate(config: dict | None, out: str) -> dict:
