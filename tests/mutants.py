@@ -949,6 +949,17 @@ MUTANTS: dict[str, Mutant] = {
             "step 0: gradient norm",
         ),
         _m(
+            "sdpa-gqa-keys-for-values",
+            "shardcore's SDPA for grouped K/V on the CPU swaps keys and values: the same wrong kernel in the sharded run and its same-kernel reference",
+            "shardcore/kernels.py",
+            (
+                "            query, key, value, attn_mask=attention_mask,",
+                "            query, value, key, attn_mask=attention_mask,",
+            ),
+            f"{LLAMA}/test_llama_kernels.py::test_optimization_flags_at_tp2[flash]",
+            "output 'logits': max abs diff 0.796 > 0.0001",
+        ),
+        _m(
             "input-digest-on-the-cpu",
             "the input check's digest made on the CPU whatever the group (an NCCL-only group refuses it)",
             "shardcore/consistency.py",
