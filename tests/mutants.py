@@ -958,6 +958,7 @@ MUTANTS: dict[str, Mutant] = {
             ),
             f"{LLAMA}/test_llama_kernels.py::test_optimization_flags_at_tp2[flash]",
             "output 'logits': max abs diff 0.796 > 0.0001",
+            fast=True,
         ),
         _m(
             "input-digest-on-the-cpu",

@@ -153,9 +153,7 @@ def calibrate(
 ) -> dict:
     """Measure this machine (see the module docstring) and write the profile to ``out`` (default
     :func:`profile_path`); returns it. Collectives run on ``group_sizes`` fresh local ranks each.
-    ``progress``: each stage is announced on stderr as it starts (a minute or more in all; longer
-    on a busy machine, which is measured slowly, never given up on: no deadline but each
-    collective's own bound)."""
+    ``progress``: each stage announced on stderr. A busy machine is measured slowly, never given up on."""
     from ..distributed.launcher import RankPool
     from .measure import measure_per_rank
 
@@ -180,9 +178,7 @@ def calibrate(
         "per_rank": {},
     }
     for n in group_sizes:  # each rank with its share of the CPU's threads, as a launched job would
-        threads = max(1, (os.cpu_count() or 1) // n)
-        # no deadline on a call (a busy machine takes longer): each collective waits at most 120 s
-        # and a rank that dies is noticed at once
+        threads = max(1, (os.cpu_count() or 1) // n)  # no call deadline: each collective's own 120 s bound
         pool = RankPool(n, timeout_s=120, threads=threads, backend=backend, call_timeout=None)
         try:
             say(f"collectives over {n} ranks ({', '.join(KINDS)}; {len(sizes)} sizes each)")
