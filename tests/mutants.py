@@ -961,6 +961,14 @@ MUTANTS: dict[str, Mutant] = {
             fast=True,
         ),
         _m(
+            "plan-axis-used-twice",
+            "the plan reader lets one mesh axis split two dimensions of a tensor (each rank then holds a corner)",
+            "shardcore/plan/syntax.py",
+            ("        if spec is not None and sum(a == axis for a in spec) > 1:", "        if False:"),
+            "tests/test_core_plan.py::test_plan_syntax[plan0-splits more than one dimension]",
+            "was read without an error (expected: splits more than one dimension)",
+        ),
+        _m(
             "input-digest-on-the-cpu",
             "the input check's digest made on the CPU whatever the group (an NCCL-only group refuses it)",
             "shardcore/consistency.py",

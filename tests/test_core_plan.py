@@ -50,9 +50,12 @@ def test_tied_parameters_need_one_spec():
     ],
 )
 def test_plan_syntax(plan, expected):
-    with pytest.raises(PlanError) as err:
+    try:
         _load_any(plan)
-    assert expected in str(err.value)
+    except PlanError as err:
+        assert expected in str(err), str(err)
+    else:
+        raise AssertionError(f"the plan {plan!r} was read without an error (expected: {expected})")
 
 
 def _load_any(plan):

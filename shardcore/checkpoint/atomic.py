@@ -12,7 +12,7 @@ import os
 import pathlib
 import shutil
 
-from .safetensors_io import CheckpointError
+from .safetensors_io import CheckpointError, changed_files
 
 __all__ = ["RECORD", "check", "check_recorded", "finish", "prepare", "record", "staging_dir"]
 
@@ -105,11 +105,7 @@ def check_recorded(path: pathlib.Path, what: str) -> None:
         raise CheckpointError(
             f"{record} is not a shardcore checkpoint record ({exc}); save the checkpoint again"
         ) from None
-    wrong = [
-        f"{name} ({'missing' if not (path / name).is_file() else f'{(path / name).stat().st_size} bytes, not {size}'})"
-        for name, size in files.items()
-        if not (path / name).is_file() or (path / name).stat().st_size != size
-    ]
+    wrong = changed_files(path, files)
     if wrong:
         raise CheckpointError(
             f"{what} {path}: its files changed since the save recorded them ({', '.join(wrong)}): another writer "

@@ -173,6 +173,16 @@ def weight_files(path: Path) -> list[Path]:
     return [f for f in path.iterdir() if f.name in names or (f.name.startswith("model-") and ".safetensors" in f.name)]
 
 
+def changed_files(path: Path, files: dict[str, int]) -> list[str]:
+    """``"name (missing)"`` or ``"name (N bytes, not M)"`` for each recorded file of ``path`` that is
+    not there as recorded (``files``: name -> size)."""
+    return [
+        f"{name} ({'missing' if not (path / name).is_file() else f'{(path / name).stat().st_size} bytes, not {size}'})"
+        for name, size in files.items()
+        if not (path / name).is_file() or (path / name).stat().st_size != size
+    ]
+
+
 def check_marker(path: Path) -> None:
     """Refuse a directory :func:`~shardcore.checkpoint.save_checkpoint` left incomplete or whose files
     changed since (a crash while it replaced the files, another writer after it). A directory
@@ -191,11 +201,7 @@ def check_marker(path: Path) -> None:
             f"{path}: a save_checkpoint into it was interrupted while it replaced the checkpoint there ({MARKER} "
             "says incomplete): its weights are a mix of two checkpoints; save again, or load an earlier checkpoint"
         )
-    wrong = [
-        f"{name} ({'missing' if not (path / name).is_file() else f'{(path / name).stat().st_size} bytes, not {size}'})"
-        for name, size in record.get("files", {}).items()
-        if not (path / name).is_file() or (path / name).stat().st_size != size
-    ]
+    wrong = changed_files(path, record.get("files", {}))
     if wrong:
         raise CheckpointError(
             f"{path}: the files save_checkpoint wrote changed since ({', '.join(wrong)}): another writer mixed "

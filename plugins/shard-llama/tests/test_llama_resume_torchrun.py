@@ -31,6 +31,17 @@ def _torchrun(out: pathlib.Path, *extra: str, restarts: int = 0, job: str = "res
     return [json.loads(line) for line in (out / "losses.jsonl").read_text().splitlines()]
 
 
+def _same_run(tmp_path: pathlib.Path, whole: list[dict], crashed: list[dict], what: str) -> None:
+    """The killed-and-resumed run's losses (each step's as the attempt that went on computed it)
+    and final weights are the uninterrupted run's, exactly."""
+    last = {r["step"]: r["loss"] for r in crashed}
+    print(f"{what}, uninterrupted:", [r["loss"] for r in whole])
+    print(f"{what}, killed at step 3 and resumed:", [last[s] for s in sorted(last)])
+    assert [last[s] for s in sorted(last)] == [r["loss"] for r in whole], f"{what}: the resumed run's losses differ"
+    a, b = (load_file(tmp_path / run / "final" / "model.safetensors") for run in ("whole", "crashed"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), f"{what}: the resumed run's weights differ"
+
+
 @pytest.mark.slow
 def test_a_job_killed_mid_save_and_restarted_by_torchrun_reproduces_the_uninterrupted_run(tmp_path):
     whole = _torchrun(tmp_path / "whole", "--steps", str(STEPS))
@@ -39,15 +50,7 @@ def test_a_job_killed_mid_save_and_restarted_by_torchrun_reproduces_the_uninterr
     # attempt 0 ran steps 0-3 and died saving step 3; attempt 1 started at 3 from step-2's checkpoint
     assert [(r["step"], r["attempt"]) for r in crashed] == [(0, 0), (1, 0), (2, 0), (3, 0), (3, 1), (4, 1)]
     assert crashed[-1]["start"] == 3
-    last = {r["step"]: r["loss"] for r in crashed}  # each step's loss as the run that went on computed it
-    print("uninterrupted:", [r["loss"] for r in whole])
-    print("killed at step 3, resumed:", [last[s] for s in range(STEPS)])
-    assert [last[s] for s in range(STEPS)] == [r["loss"] for r in whole], "the resumed run's losses differ"
-    a, b = (
-        load_file(tmp_path / "whole" / "final" / "model.safetensors"),
-        load_file(tmp_path / "crashed" / "final" / "model.safetensors"),
-    )
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), "the resumed run's weights differ"
+    _same_run(tmp_path, whole, crashed, "the loop")
     assert not list((tmp_path / "crashed").glob(".step-*")), "a staging directory was left behind"
 
 
@@ -59,12 +62,4 @@ def test_a_trainer_killed_mid_checkpoint_and_restarted_by_torchrun_reproduces_th
     assert [(r["step"], r["attempt"]) for r in crashed] == [(1, 0), (2, 0), (3, 0), (3, 1), (4, 1), (5, 1)]
     log = (tmp_path / "crashed" / "torchrun.log").read_text()
     assert "passing over: shardcore.hf.Trainer checkpoint" in log and "checkpoint-3 was never completed" in log, log
-    last = {r["step"]: r["loss"] for r in crashed}
-    print("Trainer uninterrupted:", [r["loss"] for r in whole])
-    print("Trainer killed at step 3, resumed:", [last[s] for s in sorted(last)])
-    assert [last[s] for s in sorted(last)] == [r["loss"] for r in whole], "the resumed Trainer's losses differ"
-    a, b = (
-        load_file(tmp_path / "whole" / "final" / "model.safetensors"),
-        load_file(tmp_path / "crashed" / "final" / "model.safetensors"),
-    )
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), "the resumed Trainer's weights differ"
+    _same_run(tmp_path, whole, crashed, "the Trainer")
