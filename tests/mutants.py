@@ -967,6 +967,7 @@ MUTANTS: dict[str, Mutant] = {
             ("        if spec is not None and sum(a == axis for a in spec) > 1:", "        if False:"),
             "tests/test_core_plan.py::test_plan_syntax[plan0-splits more than one dimension]",
             "was read without an error (expected: splits more than one dimension)",
+            fast=True,
         ),
         _m(
             "input-digest-on-the-cpu",
