@@ -126,6 +126,7 @@ def _clip_on(config: dict):
     return lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
 
 
+@pytest.mark.slow  # a fresh pool waiting out the group's timeout: nox -s tests-slow
 def test_clipping_on_one_rank_only_names_the_cause():
     _, message, other = rank_zero_only(_clip_on, {"tensor_parallel_size": 2, "collective_timeout": 3})
     assert message.startswith(("CollectiveTimeout: ", "CollectivePeerLost: ")), message

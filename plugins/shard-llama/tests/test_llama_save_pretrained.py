@@ -65,6 +65,7 @@ def _save_to(path: str):
     return lambda: model.save_pretrained(path)
 
 
+@pytest.mark.slow  # a fresh pool waiting out the group's timeout: nox -s tests-slow
 def test_save_pretrained_on_one_rank_is_named_and_writes_nothing(tmp_path):
     _, message, other = rank_zero_only(_save_to, str(tmp_path / "ckpt"))
     assert not (tmp_path / "ckpt").exists(), "a partial directory was left"
