@@ -255,10 +255,10 @@ def all_to_all_v(x: torch.Tensor, group, send: list[int], recv: list[int], *, wh
     return out
 
 
-def broadcast(x: torch.Tensor, group, *, where: str) -> torch.Tensor:
-    """In place, from the group's first rank; counted, bounded."""
+def broadcast(x: torch.Tensor, group, *, where: str, src: int = 0) -> torch.Tensor:
+    """In place, from rank ``src`` of the group (its first by default); counted, bounded."""
     if group_size(group) > 1:
         _count("broadcast", where, x)
-        src = dist.get_global_rank(group, 0) if group is not None else 0
+        src = dist.get_global_rank(group, src) if group is not None else src
         _wait(dist.broadcast(x, src=src, group=group, async_op=True), "broadcast", group, where, device=x.device)
     return x

@@ -5,7 +5,7 @@ A tensor sent or received waits within its scope's bound like any collective (on
 stream (NCCL); an object collective or a barrier blocks the host by its nature (PyTorch pickles the
 object into a tensor on the group's device), is counted, and is told to the audits
 (:mod:`shardcore.distributed.audit`). Outside this package no module calls ``torch.distributed``'s
-communication directly (``tests/test_core_architecture.py`` holds the line).
+communication directly (``tests/test_core_seams.py`` holds the line).
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from .scope import _count
 __all__ = [
     "all_gather_object",
     "barrier",
-    "broadcast_from",
     "broadcast_object",
     "recv",
     "recv_object",
@@ -48,15 +47,6 @@ def recv(x: torch.Tensor, peer: int, group, *, where: str) -> torch.Tensor:
     """Receive into ``x`` from rank ``peer`` of ``group``; counted, bounded."""
     _count("recv", where, x)
     _wait(dist.irecv(x, src=_global(group, peer), group=group), "recv", group, where, device=x.device)
-    return x
-
-
-def broadcast_from(x: torch.Tensor, src: int, group, *, where: str) -> torch.Tensor:
-    """In place, from rank ``src`` of ``group``; counted, bounded."""
-    if group_size(group) > 1:
-        _count("broadcast", where, x)
-        work = dist.broadcast(x, src=_global(group, src), group=group, async_op=True)
-        _wait(work, "broadcast", group, where, device=x.device)
     return x
 
 

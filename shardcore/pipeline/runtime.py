@@ -12,8 +12,8 @@ from torch import nn
 
 from ..amp import agree_on_overflow, fp16_in_play
 from ..data_parallel import dp_local
-from ..distributed.collectives import all_reduce, group_device
-from ..distributed.objects import broadcast_from, broadcast_object, recv, recv_object, send, send_object
+from ..distributed.collectives import all_reduce, broadcast, group_device
+from ..distributed.objects import broadcast_object, recv, recv_object, send, send_object
 from .check import PipelineInfo, _stage_indices
 from .schedule import _is_single, _schedule_class
 
@@ -63,7 +63,7 @@ def _forward_only(model: nn.Module, policy, info: PipelineInfo, args: tuple, kwa
         if owner[-1] != me:
             x = tuple(torch.empty(shape, dtype=dtype, device=group_device(info.group)) for shape, dtype in meta)
         for t in x:
-            broadcast_from(t, owner[-1], info.group, where=_WHERE)
+            broadcast(t, info.group, where=_WHERE, src=owner[-1])
         logits = x[0]
         if isinstance(logits_to_keep, int) and logits_to_keep > 0:
             logits = logits[:, -logits_to_keep:]
@@ -147,7 +147,7 @@ def pipeline_step(model: nn.Module, batch: Mapping[str, Any], *, loss_scale=None
         loss_scale(torch.zeros((), device=device))
     losses = info.unscaled if loss_scale is not None else losses
     total = torch.stack([x.detach().float() for x in losses]).sum() if losses else _zero(info.group)
-    broadcast_from(total, info.last_stage_rank, info.group, where="the pipeline's loss")
+    broadcast(total, info.group, where="the pipeline's loss", src=info.last_stage_rank)
     return total
 
 
