@@ -1100,6 +1100,94 @@ MUTANTS: dict[str, Mutant] = {
             "the sharded model computed in torch.float32, not bf16",
             fast=True,
         ),
+        # -- every plugin's registration (the entry point's one computing line) -------------------
+        *[
+            _m(
+                f"{name}-registers-nothing",
+                f"shard-{name}'s hook registers no model: its models fall to zero-config or are refused",
+                f"plugins/shard-{name}/shard_{name}/__init__.py",
+                ("    register(MODELS)", "    register({})"),
+                test,
+                expect,
+            )
+            for name, test, expect in [
+                (
+                    "bert",
+                    "plugins/shard-bert/tests/test_bert_tp.py::test_bert_classes[BertModel-2]",
+                    "covers transformers.models.bert.modeling_bert.BertModel",
+                ),
+                (
+                    "blip2",
+                    "plugins/shard-blip2/tests/test_blip2_tp.py::test_matches_unsharded[opt-tp2]",
+                    "covers transformers.models.blip_2.modeling_blip_2.Blip2ForConditionalGeneration",
+                ),
+                (
+                    "bloom",
+                    "plugins/shard-bloom/tests/test_bloom_tp.py::test_matches_unsharded[causal-tp2]",
+                    "covers transformers.models.bloom.modeling_bloom.BloomForCausalLM",
+                ),
+                (
+                    "clip",
+                    "plugins/shard-clip/tests/test_clip_tp.py::test_matches_unsharded[clip-tp2]",
+                    "covers transformers.models.clip.modeling_clip.CLIPModel",
+                ),
+                (
+                    "falcon",
+                    "plugins/shard-falcon/tests/test_falcon_tp.py::test_matches_unsharded[alibi-tp2]",
+                    "covers transformers.models.falcon.modeling_falcon.FalconForCausalLM",
+                ),
+                (
+                    "glm",
+                    "tests/test_core_plugins.py::test_each_bundled_plugin_covers_its_models[glm]",
+                    "shard-glm's hook left",
+                ),
+                (
+                    "gpt2",
+                    "plugins/shard-gpt2/tests/test_gpt2_tp.py::test_matches_unsharded[GPT2LMHeadModel-2]",
+                    "covers transformers.models.gpt2.modeling_gpt2.GPT2LMHeadModel",
+                ),
+                (
+                    "llama",
+                    "tests/test_core_plugins.py::test_each_bundled_plugin_covers_its_models[llama]",
+                    "shard-llama's hook left",
+                ),
+                (
+                    "llava",
+                    "plugins/shard-llava/tests/test_llava_tp.py::test_matches_unsharded[2]",
+                    "'PlanPolicy' object has no attribute 'part_policies'",
+                ),
+                (
+                    "moe",
+                    "tests/test_core_plugins.py::test_each_bundled_plugin_covers_its_models[moe]",
+                    "shard-moe's hook left",
+                ),
+                (
+                    "opt",
+                    "plugins/shard-opt/tests/test_opt_tp.py::test_matches_unsharded[causal-tp2]",
+                    "covers transformers.models.opt.modeling_opt.OPTForCausalLM",
+                ),
+                (
+                    "sam",
+                    "plugins/shard-sam/tests/test_sam_tp.py::test_matches_unsharded[rel-pos-tp2]",
+                    "covers transformers.models.sam.modeling_sam.SamModel",
+                ),
+                (
+                    "t5",
+                    "plugins/shard-t5/tests/test_t5_tp.py::test_matches_unsharded[t5-tp2]",
+                    "covers transformers.models.t5.modeling_t5.T5ForConditionalGeneration",
+                ),
+                (
+                    "vit",
+                    "plugins/shard-vit/tests/test_vit_hf.py::test_hf_vit_classes[ViTModel-2]",
+                    "covers transformers.models.vit.modeling_vit.ViTModel",
+                ),
+                (
+                    "whisper",
+                    "plugins/shard-whisper/tests/test_whisper_tp.py::test_whisper_classes[WhisperModel-2]",
+                    "covers transformers.models.whisper.modeling_whisper.WhisperModel",
+                ),
+            ]
+        ],
     ]
 }
 
@@ -1178,16 +1266,38 @@ def area(file: str) -> str:
     return parts[1] if len(parts) > 2 else parts[1].removesuffix(".py")
 
 
+def _computes(function) -> bool:
+    """Whether a function's body does more than declare: a docstring, ``pass``, ``...``, returning a
+    literal or raising (a hook specification, a contract's default) compute nothing."""
+    import ast
+
+    def declares(node) -> bool:
+        if isinstance(node, ast.Pass | ast.Raise):
+            return True
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+            return True  # a docstring or ...
+        if isinstance(node, ast.Return):  # nothing, or a literal naming and calling nothing
+            return node.value is None or not any(
+                isinstance(n, ast.Name | ast.Call | ast.Attribute) for n in ast.walk(node.value)
+            )
+        return False
+
+    return not all(declares(node) for node in function.body)
+
+
 def computing_files() -> list[str]:
-    """The source files of the core and the plugins' packages that define a function (that compute
-    something, rather than only import, declare or re-export)."""
+    """The source files of the core and the plugins' packages that define a function that computes
+    something (:func:`_computes`), rather than only import, declare or re-export."""
     import ast
 
     files = sorted([*ROOT.glob("shardcore/**/*.py"), *ROOT.glob("plugins/shard-*/shard_*/**/*.py")])
     return [
         p.relative_to(ROOT).as_posix()
         for p in files
-        if any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) for n in ast.walk(ast.parse(p.read_text())))
+        if any(
+            isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) and _computes(n)
+            for n in ast.walk(ast.parse(p.read_text()))
+        )
     ]
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.metadata as md
 import json
+import pathlib
 import re
 import subprocess
 import sys
@@ -16,6 +17,8 @@ import shardcore
 from shardcore import Policy, hookimpl
 from shardcore.cli import main as cli_main
 from shardcore.plugins import NoPolicyError, PluginRegistry, qualname
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 class Widget(nn.Module):
@@ -268,3 +271,19 @@ def test_the_plugin_author_api_exports_what_every_bundled_plugin_imports():
     for module, name in sorted(seen):
         assert name in api.__all__, f"{module}.{name} (imported by a plugin) is not in shardcore.plugin_api"
         assert getattr(api, name) is getattr(importlib.import_module(module), name), (module, name)
+
+
+BUNDLED = sorted(p.name.removeprefix("shard-") for p in (ROOT / "plugins").glob("shard-*") if p.is_dir())
+
+
+@pytest.mark.parametrize("name", BUNDLED)
+def test_each_bundled_plugin_covers_its_models(name):
+    """The installed entry point's hook registers every class of the plugin's ``MODELS``, to that
+    plugin (a model that zero-config could shard too must still get the plugin's policy)."""
+    import importlib
+
+    module = importlib.import_module(f"shard_{name}")
+    registry = PluginRegistry().load()
+    assert name in registry.plugins, f"no installed plugin named {name!r}: {sorted(registry.plugins)}"
+    missing = [q for q in module.MODELS if getattr(registry.entries.get(q), "plugin", None) != name]
+    assert not missing, f"shard-{name}'s hook left {len(missing)} of its {len(module.MODELS)} models unregistered"
