@@ -31,6 +31,17 @@ class _SliceOff(ToyPolicy):
         return model
 
 
+class _NormRebuilt(ToyPolicy):
+    """Sharded right, but block 0's first norm is built anew (ones and zeros) instead of taking the
+    model's weights: on a fresh init they are ones and zeros too, so only a kit that varies the
+    parameters an init leaves constant sees it."""
+
+    def postprocess(self):
+        model = super().postprocess()
+        model.blocks[0].norm1 = torch.nn.LayerNorm(model.blocks[0].norm1.normalized_shape)
+        return model
+
+
 def _check(policy) -> dict:
     return assert_sharded_matches(
         lambda: ToyLM(vocab=128), toy_batch(128), ShardConfig(tensor_parallel_size=2), policy=policy
@@ -44,6 +55,17 @@ def test_kit_passes_the_right_model():
 def test_kit_fails_on_a_gradient_one_percent_off():
     with pytest.raises(RankError, match=r"gradient of blocks\.0\.norm1\.weight \(gathered\): relative error"):
         run_on_ranks(2, _check, _GradientOff)
+
+
+def test_kit_fails_on_a_norm_built_anew_instead_of_from_the_model_s_weights():
+    try:
+        run_on_ranks(2, _check, _NormRebuilt)
+        refused = "nothing (the kit passed)"
+    except RankError as exc:
+        refused = str(exc)
+    assert "blocks.0.norm1.weight: this rank's tensor is not its slice" in refused, (
+        f"the kit passed a norm built anew (an init of ones hides it): refused {refused[-300:]!r}"
+    )
 
 
 def test_kit_fails_on_one_ranks_slice():
@@ -64,3 +86,76 @@ def test_kit_compares_outputs_at_any_depth_and_refuses_what_it_cannot():
     assert sorted(_tensors(out, skip=("cache", "nested"))) == ["logits"]
     with pytest.raises(AssertionError, match=r"output 'extra' is a object, which the kit cannot compare; leave it out"):
         _tensors({"logits": torch.ones(2), "extra": object()})
+
+
+class _Generates(torch.nn.Module):
+    """Stands for a model: its ``generate`` returns the given tokens and per-step scores."""
+
+    def __init__(self, tokens, scores):
+        super().__init__()
+        self.tokens, self.scores = torch.tensor(tokens), [torch.tensor(s) for s in scores]
+
+    def generate(self, *args, **kwargs):
+        import types
+
+        return types.SimpleNamespace(sequences=self.tokens, scores=self.scores)
+
+
+def _generation_refusal(ref: _Generates, model: _Generates) -> str:
+    from shardcore.testing import assert_generate_matches
+
+    try:
+        assert_generate_matches(ref, model, min_distinct=3)
+    except AssertionError as exc:
+        return str(exc)
+    return "nothing (the check passed)"
+
+
+_VARIED = [[9, 1, 2, 3], [9, 4, 5, 6]]  # a prompt token, then three new tokens per row
+_SCORES = [[[0.0, 1.0], [2.0, 3.0]]] * 3
+
+
+@pytest.mark.parametrize(
+    ("ref", "model", "says"),
+    [
+        ((_VARIED, _SCORES), ([[9, 1, 2, 3], [9, 4, 5, 7]], _SCORES), "sharded tokens [[9, 1, 2, 3], [9, 4, 5, 7]]"),
+        ((_VARIED, _SCORES), (_VARIED, [[[0.0, 1.0], [2.0, 3.1]]] * 3), "step 0: scores differ by 0.1"),
+        ((_VARIED, _SCORES), (_VARIED, [[[0.0, float("-inf")], [2.0, 3.0]]] * 3), "mask other tokens"),
+        (([[9, 1, 1, 2], [9, 4, 5, 6]], _SCORES), ([[9, 1, 1, 2], [9, 4, 5, 6]], _SCORES), "barely vary ([1, 1, 2])"),
+        (([[9, 1, 2, 3], [9, 1, 2, 3]], _SCORES), ([[9, 1, 2, 3], [9, 1, 2, 3]], _SCORES), "every row got the same"),
+    ],
+    ids=["tokens", "scores", "masks", "input-that-cannot-fail", "rows-alike"],
+)
+def test_the_generation_check_fails_on_other_tokens_scores_and_inputs_that_cannot_fail(ref, model, says):
+    refused = _generation_refusal(_Generates(*ref), _Generates(*model))
+    assert says in refused, f"the generation check refused {refused!r}, not {says!r}"
+
+
+def test_the_generation_check_passes_the_same_varied_tokens_and_scores():
+    assert (
+        _generation_refusal(_Generates(_VARIED, _SCORES), _Generates(_VARIED, _SCORES)) == "nothing (the check passed)"
+    )
+
+
+class _RefusesLate(ToyPolicy):
+    """Refuses, but only after a collective: a rank that raised there would leave the others waiting."""
+
+    def config_sanity_check(self):
+        from shardcore.distributed.objects import barrier
+
+        barrier(None, where="the test: a collective before the refusal")
+        raise ValueError("refused after a barrier")
+
+
+def _late() -> str:
+    from shardcore.testing import refusal_message
+
+    try:
+        return refusal_message(lambda: ToyLM(vocab=128), ShardConfig(tensor_parallel_size=2), policy=_RefusesLate)
+    except AssertionError as exc:
+        return f"flagged: {exc}"
+
+
+def test_kit_flags_a_refusal_that_came_after_a_collective():
+    for message in run_on_ranks(2, _late):
+        assert message.startswith("flagged: refused only after"), f"the kit took a late refusal as early: {message}"

@@ -26,9 +26,9 @@ def test_pipeline_step_without_a_pipeline_is_forward_and_backward():
 
 
 def test_even_split_gives_the_first_stages_one_more():
-    assert split_layers(4, 2) == [2, 2]
-    assert split_layers(5, 2) == [3, 2]
-    assert split_layers(7, 4) == [2, 2, 2, 1]
+    for blocks, stages, want in [(4, 2, [2, 2]), (5, 2, [3, 2]), (7, 4, [2, 2, 2, 1])]:
+        got = split_layers(blocks, stages)
+        assert got == want, f"{blocks} blocks over {stages} stages split as {got}, not {want}"
 
 
 def _refused() -> str:

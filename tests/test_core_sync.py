@@ -195,3 +195,37 @@ def test_the_audit_sees_reads_in_the_forward_and_in_the_backward_of_the_packages
     with record_syncs(packages=("elsewhere",)) as found:  # code of other packages is not counted
         step()
     assert found == []
+
+
+def _what_the_audits_see() -> dict:
+    from shardcore.distributed import objects
+    from shardcore.distributed.audit import DeviceAuditError
+    from shardcore.distributed.collectives import all_reduce
+    from shardcore.testing import device_strict
+
+    with record_syncs(packages=(__name__.split(".")[0],)) as found:
+        objects.barrier(None, where="the test's barrier")
+        objects.all_gather_object(dist.get_rank(), None, where="the test's gather")
+    seen = {"host syncs": [s.kind for s in found if s.kind in ("barrier", "all_gather_object")]}
+    with device_strict("cpu"):
+        made = torch.empty(2)  # made without a device: where a GPU run would have put it on the CPU
+        try:
+            all_reduce(made, None, where="the test's buffer")
+            seen["refused"] = "nothing"
+        except DeviceAuditError as exc:
+            seen["refused"] = str(exc)
+    seen["device"] = str(made.device)
+    all_reduce(torch.ones(2), None, where="after the audit")  # the audit ends with its block
+    return seen
+
+
+def test_the_audits_hear_the_wrapper_host_syncs_and_refuse_a_tensor_off_the_model_s_device():
+    """The two audits the wrapper feeds, each shown to fail: the sync audit hears a barrier and an
+    object collective (they block the host), the device-strict audit refuses a buffer made without a
+    device (on ``meta`` inside it), naming the collective and where it was called."""
+    for seen in run_on_ranks(2, _what_the_audits_see):
+        assert seen["host syncs"] == ["barrier", "all_gather_object"], f"the sync audit heard {seen['host syncs']}"
+        assert seen["device"] == "meta", seen
+        assert "all_reduce (the test's buffer) got a tensor on meta" in seen["refused"], (
+            f"the device-strict audit let a tensor on meta reach all_reduce: refused {seen['refused']!r}"
+        )

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from .structure import local_expected
+from .varied import without_constant_parameters
 
 
 def _cache_parts(cache: Any) -> list[tuple[str, Any]] | None:
@@ -284,10 +285,10 @@ def _build_pair(build, config, policy, seed: int, reference_config) -> tuple[nn.
     import shardcore
 
     torch.manual_seed(seed)
-    ref = build()
+    ref = without_constant_parameters(build(), seed)
     if reference_config is not None:
         if reference_config.tensor_parallel_size != 1:
             raise ValueError("reference_config must keep the reference unsharded: tensor_parallel_size=1")
         ref = shardcore.optimize(ref, reference_config, policy=policy)
     torch.manual_seed(seed)
-    return ref, shardcore.optimize(build(), config, policy=policy)
+    return ref, shardcore.optimize(without_constant_parameters(build(), seed), config, policy=policy)

@@ -203,7 +203,8 @@ def assert_switch_matches(
     ``tp``: the unsharded reference runs the same kernels (``reference_config``), so the sharded
     model must equal it as tightly as without them. The attention switch (``"flash"``) is also
     compared with the unsharded model on *eager* attention (the kernel against the plain math, not
-    against itself), within fp32 kernel tolerances (:data:`EAGER_TOLERANCES`). Returns what each
+    against itself), the other switches with the model's own modules, within fp32 kernel tolerances
+    (:data:`EAGER_TOLERANCES`). Returns what each
     switch runs (``model.shardcore.kernels``)."""
     from ..config import ShardConfig
 
@@ -222,6 +223,8 @@ def assert_switch_matches(
             mask[0, -min(2, mask.shape[-1] - 1) :] = 0
         right = dict(inputs) | ({"attention_mask": mask} if mask is not None else {})
         assert_sharded_matches(lambda: _on_eager_attention(build()), right, config, **(kwargs | EAGER_TOLERANCES))
+    else:  # the fused norms and compiled modules against the model's own modules
+        assert_sharded_matches(build, inputs, config, **(kwargs | EAGER_TOLERANCES))
     return report["kernels"]
 
 

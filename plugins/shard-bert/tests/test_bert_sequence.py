@@ -66,7 +66,8 @@ def _dropout_masks(seq: int) -> dict:
 
 def test_dropout_on_split_tokens_draws_per_rank_and_replicated_dropout_stays_in_step():
     split = run_on_ranks(2, _dropout_masks, 12)[0]
-    assert split["shape"] == (2, 6, 64) and not split["same"], split  # each rank drops its own tokens
+    assert split["shape"] == (2, 6, 64), split
+    assert not split["same"], f"every rank dropped the same positions of its own tokens: {split}"
     odd = run_on_ranks(2, _dropout_masks, 11)[0]  # not split: replicated activations, one stream
     assert odd["shape"] == (2, 11, 64) and odd["same"], odd
 

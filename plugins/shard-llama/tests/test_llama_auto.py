@@ -152,6 +152,11 @@ def test_explain_auto_prints_the_choice_and_its_config(tmp_path, capsys):
     assert main([*argv, "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["best"]["config"]["tensor_parallel_size"] == result["best"]["layout"]["tp"]
+    lines = out.splitlines()
+    first_row = lines[lines.index(next(line for line in lines if line.startswith("layout "))) + 1]
+    assert first_row.split()[0] == result["best"]["name"].split()[0], (
+        f"the table's first row is {first_row.split()[0]!r}, not the chosen layout {result['best']['name']!r}"
+    )
     assert main([*argv, "--memory", "0.000001"]) == 1
     assert "no layout fits the memory cap" in capsys.readouterr().out
     assert main(["explain", str(directory), "--auto", "--world", "4"]) == 2

@@ -96,6 +96,10 @@ def test_explain_7b_at_tp4(llama_7b):
         + hidden
     )
     assert report["bytes_unsharded"] == full
+    from shardcore.explain.report import format_report
+
+    text = format_report(report)  # the text form: binary units, counted by hand
+    assert f"parameters: {full / 2**30:.1f} GB unsharded" in text, f"explain's text says {text.splitlines()[1]!r}"
     assert abs(report["bytes_per_rank"] / (full / 4) - 1) < 0.01, report["fraction_per_rank"]
     assert report["collectives_per_layer"]["LlamaDecoderLayer"]["forward"] == {"all_reduce": 2}
     assert peak < 1024**3, f"peak RSS {peak / 2**20:.0f} MB"

@@ -96,7 +96,7 @@ BAD = {
 def test_bad_pipeline_config_is_refused_on_every_rank(case):
     extra, expected = BAD[case]
     for message in run_on_ranks(2, _refused, extra):
-        assert expected in message, message
+        assert expected in message, f"{case}: refused with {message!r}"
     if case == "unknown schedule":
         assert "GPipe, 1F1B, Interleaved1F1B" in message  # the valid ones for this torch are listed
 

@@ -113,7 +113,7 @@ def test_bad_plans_are_refused_early_on_every_rank(tmp_path, case):
     text, expected = BAD[case]
     intermediate = 129 if case == "non-dividing axis" else 128
     for message in run_on_ranks(2, _refusal, text, str(tmp_path), intermediate):
-        assert expected in message, message
+        assert expected in message, f"{case}: refused with {message!r}"
 
 
 def _with_policy(tmp: str) -> str:

@@ -241,7 +241,12 @@ def test_explain_predicts_a_step(ranks, ep, tp):
     report = run_on_ranks(ranks, _explain, ep, tp)[0]
     per_layer = report["collectives_per_layer"]["MixtralDecoderLayer"]
     assert per_layer["forward"]["all_to_all"] == 3 and per_layer["backward"]["all_to_all"] == 2, per_layer
-    assert report["experts"]["layers"] == 2 and report["experts"]["expert_bytes_per_rank"] > 0
+    # counted by hand: 2 layers x (4 experts / ep) x 3 matrices of 64 x 96 (split over tp), fp32
+    want = 2 * (4 // ep) * 3 * 64 * 96 // tp * 4
+    assert report["experts"]["layers"] == 2, report["experts"]
+    assert report["experts"]["expert_bytes_per_rank"] == want, (
+        f"explain says rank 0 holds {report['experts']['expert_bytes_per_rank']} bytes of experts, not {want}"
+    )
 
 
 def test_the_example_loop_equals_the_unsharded_loop():

@@ -138,4 +138,5 @@ def _layout_refused(config: dict) -> str:
 )
 def test_pipeline_and_sequence_parallelism_refused_by_name(config, message):
     """What the README says is refused: on every rank, before any collective."""
-    assert all(message in m for m in run_on_ranks(2, _layout_refused, config))
+    for refused in run_on_ranks(2, _layout_refused, config):
+        assert message in refused, f"refused with {refused!r}"
