@@ -181,3 +181,16 @@ def test_a_pipeline_waits_on_the_other_stages_single_slots():
     # stage: 1 unit); the heavy stage's path, 15/8 units, more than the average (6/4 units)
     assert step([1 << 20] * 4, shared=0.5)["step_s"] == pytest.approx(unit)
     assert step([1 << 20] * 3 + [3 << 20], shared=0.5)["step_s"] == pytest.approx(unit * 15 / 8)
+
+
+def test_a_profile_of_another_version_is_not_read(tmp_path):
+    """A cached profile an earlier shardcore measured (another format) is measured again, or,
+    inside a job, refused naming the command; never read as if it were current."""
+    stale = tmp_path / "old.json"
+    stale.write_text(json.dumps({"version": -1, "matmul_flops": {}}))
+    try:
+        load_profile(stale, measure=False)
+        refused = "nothing (the stale profile was read)"
+    except FileNotFoundError as exc:
+        refused = str(exc)
+    assert "is of another shardcore version" in refused, f"a profile of version -1 gave {refused!r}"

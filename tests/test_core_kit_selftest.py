@@ -159,3 +159,21 @@ def _late() -> str:
 def test_kit_flags_a_refusal_that_came_after_a_collective():
     for message in run_on_ranks(2, _late):
         assert message.startswith("flagged: refused only after"), f"the kit took a late refusal as early: {message}"
+
+
+def test_the_checkpoint_comparison_fails_on_one_changed_value(tmp_path):
+    from safetensors.torch import save_file
+
+    from shardcore.testing import assert_same_checkpoint
+
+    for name, last in (("reference", 0.0), ("written", 1e-6)):
+        (tmp_path / name).mkdir()
+        save_file({"w": torch.tensor([0.0, 0.0, last])}, str(tmp_path / name / "model.safetensors"))
+    try:
+        assert_same_checkpoint(str(tmp_path / "reference"), str(tmp_path / "written"))
+        refused = "nothing (the check passed)"
+    except AssertionError as exc:
+        refused = str(exc)
+    assert refused == "tensor 'w' differs after the save_checkpoint round trip", (
+        f"the checkpoint comparison refused {refused!r} for a value 1e-6 off"
+    )

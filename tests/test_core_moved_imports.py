@@ -32,7 +32,9 @@ def test_the_old_package_warns_naming_the_new_import_and_every_old_module_is_the
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     warned, same = out.strip().splitlines()
-    assert "import from shardcore.tensor_parallel instead" in warned and "goes away in 0.3" in warned, warned
+    assert "import from shardcore.tensor_parallel instead" in warned and "goes away in 0.3" in warned, (
+        f"importing shardcore.layers gave the DeprecationWarnings {warned}"
+    )
     assert same == "same"
 
 

@@ -77,8 +77,9 @@ def test_worker_exception_on_every_rank_keeps_the_handle(handle):
     model, h = handle
     with pytest.raises(RankError, match="unexpected keyword argument 'bogus'") as err:
         h(**toy_batch(128), bogus=1)  # raises on both ranks, before any collective
-    assert set(err.value.tracebacks) == {0, 1}
-    assert "Traceback" in err.value.tracebacks[0] and "still usable" in str(err.value)
+    assert set(err.value.tracebacks) == {0, 1}, f"failed ranks {set(err.value.tracebacks)}"
+    assert "Traceback" in err.value.tracebacks[0], f"rank 0 reported {err.value.tracebacks[0]!r}, not its traceback"
+    assert "still usable" in str(err.value), f"a call that raised on every rank said {str(err.value)[:120]!r}"
     batch = toy_batch(128)
     torch.testing.assert_close(h(**batch)["logits"], model(**batch)["logits"], rtol=0, atol=1e-5)
 

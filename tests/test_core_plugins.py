@@ -158,7 +158,8 @@ def test_cli_table_and_json(fake_entry_points, monkeypatch, capsys):
         md.EntryPoint("missing", "fake_module_that_does_not_exist", "shardcore"),
     ]
     monkeypatch.setattr(plugins, "_REGISTRY", None)
-    assert cli_main(["plugins"]) == 1  # a plugin that cannot be imported: a non-zero exit
+    code = cli_main(["plugins"])  # a plugin that cannot be imported: a non-zero exit
+    assert code == 1, f"shardcore plugins exited {code} with a plugin that cannot be imported"
     out = capsys.readouterr()
     table = out.out
     assert "good" in table and "Widget" in table and "FAILED" in table and "ModuleNotFoundError" in out.err

@@ -269,3 +269,33 @@ def test_auto_refuses_alike_on_every_rank_with_what_to_do(tmp_path):
         core_optimize(build("LlamaForCausalLM", **AUTO_CFG), ShardConfig(auto=True))
     with pytest.raises(ValueError, match="set the layout yourself"):
         shardcore.optimize(build("LlamaForCausalLM", **AUTO_CFG), ShardConfig(auto=True), policy=object())
+
+
+def test_the_cost_facts_split_a_llama_s_bytes_and_matmul_weights_by_stage_as_counted_by_name():
+    """What the cost model reads per stage, against the parameters counted by name: the first
+    stage holds the embedding and block 0, the last block 1, the final norm and the head; a token
+    multiplies by every 2-D weight but the embedding's; 4 heads of 16 at TP=2 are 2 per rank."""
+    from shardcore.cost.facts import attention_width, stage_facts
+
+    model = meta_llama(heads=4, kv=2, layers=2)
+    named = dict(model.named_parameters())
+
+    def held(*prefixes):
+        return sum(p.numel() * p.element_size() for n, p in named.items() if n.startswith(prefixes))
+
+    def multiplied(*prefixes):
+        return sum(p.numel() for n, p in named.items() if n.startswith(prefixes) and p.dim() == 2 and "embed" not in n)
+
+    first, last = stage_facts(model, ["model.layers.0", "model.layers.1"], pp=2, ep=1)
+    got = [(first.dense_bytes, first.matmul_weights), (last.dense_bytes, last.matmul_weights)]
+    want = [
+        (held("model.embed_tokens.", "model.layers.0."), multiplied("model.layers.0.")),
+        (held("model.layers.1.", "model.norm.", "lm_head."), multiplied("model.layers.1.", "lm_head.")),
+    ]
+    assert got == want, f"per stage (bytes held, weights a token multiplies by): {got}, counted by name {want}"
+    from shardcore.explain import explain
+
+    stages = explain(model, 1, pp=2)["pipeline_stage_bytes"]
+    assert stages == [w[0] for w in want], f"explain --pp 2 says the stages hold {stages} bytes, not {want}"
+    heads, dim, causal = attention_width(model, shardcore.resolve_policy(model, None), 2)
+    assert (heads, dim, causal) == (2, model.config.hidden_size // 4, True), f"attention facts {(heads, dim, causal)}"

@@ -155,3 +155,54 @@ def test_bf16_mixed_precision_fsdp_x_tp_within_bf16_of_the_unsharded_autocast_ru
         assert r["logits"] == "torch.bfloat16", f"the sharded model computed in {r['logits']}, not bf16"
         # measured: loss within 1e-4 relative, gradients 1.4%, the weights after 3 steps 2.0% of the update apart
         assert max(r["loss"]) <= 1e-3 and r["grad"] <= 5e-2 and r["step"] <= 5e-2, r
+
+
+def _uneven_batch() -> dict:
+    """4 rows; rows 0 and 1 (the first data-parallel part) padded, 7 and 2 tokens: the parts hold
+    uneven numbers of label tokens, so the mean of the parts' mean losses is not the batch's."""
+    batch = lm_batch(1001, batch=4, seed=5, pad=False)
+    for row, pad in ((0, 7), (1, 2)):
+        batch["attention_mask"][row, :pad] = 0
+        batch["input_ids"][row, :pad] = 0
+        batch["labels"][row, :pad] = -100
+    return batch
+
+
+def _token_weighted(mode: str, dp: int, tp: int) -> dict:
+    """The user's loop for a token-weighted loss under data parallelism: each rank's loss is its
+    tokens' summed loss over the whole batch's count (``num_items_in_batch``), times dp (the
+    data-parallel reduction averages the gradients over dp); one SGD step, against the unsharded
+    model on the whole batch, and the plain per-rank mean (which must differ: the test can fail)."""
+    import torch.distributed as dist
+
+    import shardcore
+    from shardcore.testing.data_parallel import dp_part
+
+    batch = _uneven_batch()
+    count = batch["labels"][:, 1:].ne(-100).sum()  # the label tokens a causal LM's loss averages over
+    torch.manual_seed(0)
+    ref = build("LlamaForCausalLM", **CFG)
+    ref_loss = ref(**batch).loss
+    assert torch.allclose(ref(**batch, num_items_in_batch=count).loss, ref_loss), "count is not HF's own"
+    ref_loss.backward()
+    report = {}
+    for name, weighted in (("token-weighted", True), ("per-rank mean", False)):
+        torch.manual_seed(0)
+        config = ShardConfig(tensor_parallel_size=tp, data_parallel_size=dp, data_parallel=mode)
+        model = shardcore.optimize(build("LlamaForCausalLM", **CFG), config)
+        part = dp_part(batch, model.shardcore.layout.coordinates(dist.get_rank())["dp"], dp)
+        loss = model(**part, num_items_in_batch=count).loss * dp if weighted else model(**part).loss
+        loss.backward()
+        worst = 0.0
+        for n, grad in shardcore.full_named_tensors(model, grads=True):
+            want = dict(ref.named_parameters())[n].grad
+            worst = max(worst, ((grad - want).norm() / want.norm()).item())
+        report[name] = worst
+    return report
+
+
+@pytest.mark.parametrize(("mode", "dp", "tp"), [("ddp", 2, 2), ("fsdp", 2, 2), ("ddp", 2, 1)])
+def test_uneven_label_counts_train_like_the_whole_batch_with_the_token_weighted_loss(mode, dp, tp):
+    for report in run_on_ranks(dp * tp, _token_weighted, mode, dp, tp):
+        assert report["token-weighted"] < 1e-5, f"token-weighted loss under {mode}: gradients off by {report}"
+        assert report["per-rank mean"] > 1e-2, f"the parts' label counts are not uneven enough to tell: {report}"

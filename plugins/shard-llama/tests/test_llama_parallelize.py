@@ -35,9 +35,8 @@ def test_forward_and_generate_match_unsharded(reference, source):
         # split matmuls sum in another order: a few ulps of O(1-10) logits
         torch.testing.assert_close(out.logits, want.logits, rtol=0, atol=1e-5)
         torch.testing.assert_close(out.loss, want.loss, rtol=1e-6, atol=0)
-        assert (
-            getattr(out, "cache", getattr(out, "past_key_values", None)) is None
-        )  # each worker's cache holds its own KV heads only
+        cache = getattr(out, "cache", getattr(out, "past_key_values", None))  # each worker's: its own KV heads
+        assert cache is None, f"parallelize handed back rank 0's cache of its own heads: {type(cache).__name__}"
         for beams in (1, 4):  # greedy and beam search: the same tokens, step by step the same scores
             ids = dict(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
             tokens = assert_generate_matches(model, handle, **ids, num_beams=beams, **GEN)

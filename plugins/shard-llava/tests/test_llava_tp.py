@@ -43,7 +43,8 @@ def _check(tp: int, cls_name: str) -> dict:  # module level: runs on every rank
 def test_matches_unsharded(tp):
     for report in run_on_ranks(tp, _check, tp, "LlavaForConditionalGeneration"):
         assert report["max_abs_diff_after_steps"] <= 1e-5, report
-        assert report["parts"] == {"model.vision_tower": "CLIPPolicy", "model.language_model": "LlamaModelPolicy"}
+        want = {"model.vision_tower": "CLIPPolicy", "model.language_model": "LlamaModelPolicy"}
+        assert report["parts"] == want, f"the parts sharded: {report['parts']}, not {want}"
 
 
 def test_llava_model_matches_unsharded():
