@@ -81,3 +81,29 @@ def test_yaml_lines_are_named(tmp_path):
     path.write_text("embed.weight: [tp, null]\n\nblocks.*.fc1.weight: [tensor, null]\n")
     with pytest.raises(PlanError, match=r"plan.yaml:3: 'blocks.\*.fc1.weight': unknown mesh axis 'tensor'"):
         load_plan(path)
+
+
+def test_a_plan_s_style_names_become_the_specs_its_table_gives():
+    """``colwise`` / ``rowwise`` written on a plain linear's parameters (a YAML plan may name styles
+    as transformers does): the weight split over its outputs or inputs, the bias with the outputs
+    or whole; a style for a module written on another kind of parameter is refused by name."""
+    from torch import nn
+
+    from shardcore.plan.styles import linear_spec
+    from shardcore.plan.syntax import PlanError
+
+    linear = nn.Linear(4, 4)
+    got = {
+        (pname, style): linear_spec("plan.yaml:1", f"fc.{pname}", linear, style)
+        for pname in ("weight", "bias")
+        for style in ("colwise", "rowwise")
+    }
+    want = {
+        ("weight", "colwise"): ["tp", None],
+        ("weight", "rowwise"): [None, "tp"],
+        ("bias", "colwise"): ["tp"],
+        ("bias", "rowwise"): [None],
+    }
+    assert got == want, f"the styles became {got}"
+    with pytest.raises(PlanError, match="applies to the module fc, not to its parameter"):
+        linear_spec("plan.yaml:1", "fc.weight", linear, "embedding_rowwise")
