@@ -1574,6 +1574,7 @@ MUTANTS: dict[str, Mutant] = {
             ("    DeprecationWarning,\n    stacklevel=2,\n)", "    PendingDeprecationWarning,\n    stacklevel=2,\n)"),
             "tests/test_core_moved_imports.py::test_the_old_package_warns_naming_the_new_import_and_every_old_module_is_the_new_code",
             "importing shardcore.layers gave the DeprecationWarnings []",
+            fast=True,
         ),
         _m(
             "cost-attention-heads-not-split",
@@ -1612,6 +1613,7 @@ MUTANTS: dict[str, Mutant] = {
             ("            stage = pp - 1 if seen_block else 0", "            stage = 0"),
             f"{LLAMA}/test_llama_auto.py::test_the_cost_facts_split_a_llama_s_bytes_and_matmul_weights_by_stage_as_counted_by_name",
             "explain --pp 2 says the stages hold",
+            fast=True,
         ),
         _m(
             "parallelize-takes-attentions",
@@ -1620,6 +1622,7 @@ MUTANTS: dict[str, Mutant] = {
             ('        if kwargs.get("output_attentions"):', "        if False:"),
             "tests/test_core_parallelize.py::test_refuses_split_outputs",
             "FlakyLM.forward() got an unexpected keyword argument 'output_attentions'",
+            fast=True,
         ),
         _m(
             "kit-clips-with-the-2-norm",

@@ -18,6 +18,9 @@ def without_constant_parameters(model: nn.Module, seed: int) -> nn.Module:
             if param.is_floating_point() and param.numel() > 1 and param.device.type != "meta":
                 flat = param.detach().reshape(-1)
                 if bool((flat == flat[0]).all()):
+                    # a tenth of the value (ones: 0.9-1.1), a hundredth around zero (a bias no larger
+                    # than the weights' products, so it does not drown what they compute)
+                    scale = 0.1 * max(abs(float(flat[0])), 0.1)
                     noise = torch.randn(param.shape, generator=generator, dtype=torch.float32)
-                    param.add_((0.1 * noise).to(param.dtype))
+                    param.add_((scale * noise).to(param.dtype))
     return model
