@@ -89,7 +89,8 @@ def make(name: str, args, tp: int, device: torch.device):
         plan = {"distributed_config": transformers.DistributedConfig(tp_plan="auto")}
     except AttributeError:
         plan = {"tp_plan": "auto"}
-    return transformers.LlamaForCausalLM.from_pretrained(args.saved, dtype=args.dtype, **plan).to(device)
+    dtype = {"dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype": args.dtype}  # renamed in 5
+    return transformers.LlamaForCausalLM.from_pretrained(args.saved, **dtype, **plan).to(device)
 
 
 def _sync(device: torch.device) -> None:

@@ -69,3 +69,26 @@ def gather_vocab_logits(model, output):
     dist.all_gather(parts, padded.contiguous(), group=head.process_group)
     full = torch.cat(parts, dim=-1)[..., : head.out_features]
     return {"loss": output.loss, "logits": full}
+
+
+def over_sp_refused_before_v5(world: int, config: dict) -> bool:
+    """transformers 4.x has no attention and mask registries, which the modes over the sp dim
+    (all_to_all, ring_attn, all_gather_kv) run attention through: there such a layout is refused
+    by name on every rank before any collective, which is checked (``True``: the caller skips)."""
+    import transformers
+
+    from shardcore.testing import run_on_ranks
+
+    mode = config.get("sequence_parallelism_mode")
+    if int(transformers.__version__.split(".")[0]) >= 5 or mode not in ("all_to_all", "ring_attn", "all_gather_kv"):
+        return False
+    for message in run_on_ranks(world, _over_sp_refusal, config):
+        assert message.startswith("NotImplementedError") and mode in message and "registr" in message, message
+    return True
+
+
+def _over_sp_refusal(config: dict) -> str:
+    from shardcore import ShardConfig
+    from shardcore.testing import refusal_message
+
+    return refusal_message(lambda: build("LlamaForCausalLM"), ShardConfig(**config))

@@ -59,13 +59,20 @@ def meta_llama(**cfg):
 
 
 def test_every_layout_of_the_world_is_predicted_or_refused_with_optimize_s_message():
+    import transformers
+
     model = meta_llama(heads=4, kv=2, layers=2)
     result = search(model, 4, synthetic_profile(), seq=64, batch=4)
     all_layouts = candidates(4, batch=4, seq=64, blocks=2)
     seen = [r["layout"] for r in result["ranked"]] + [r["layout"] for r in result["refused"]]
     assert sorted(map(str, seen)) == sorted(map(str, all_layouts)) and result["candidates"] == len(all_layouts)
     names = {r["name"] for r in result["ranked"]}
-    assert {"tp4", "dp4 (ddp)", "dp4 (fsdp)", "dp2 x tp2 (ddp)", "pp2 x tp2 (M=4)", "sp2 x tp2 (ring_attn)"} <= names
+    reasons = {r["name"]: r["refused"] for r in result["refused"]}
+    ring = "sp2 x tp2 (ring_attn)"  # transformers 4.x lacks the registries the ring runs attention through
+    v4 = int(transformers.__version__.split(".")[0]) < 5
+    if v4:
+        assert "attention and mask registries" in reasons[ring], reasons.get(ring)
+    assert {"tp4", "dp4 (ddp)", "dp4 (fsdp)", "dp2 x tp2 (ddp)", "pp2 x tp2 (M=4)", *([] if v4 else [ring])} <= names
     assert not any(p.is_meta is False for p in model.parameters()) and type(model.lm_head) is torch.nn.Linear
     for row in result["ranked"]:  # each one a config optimize takes for 4 ranks
         config = shard_config(row["layout"])
@@ -73,9 +80,9 @@ def test_every_layout_of_the_world_is_predicted_or_refused_with_optimize_s_messa
             k: row["layout"][k] for k in "dp pp sp tp".split()
         }
         assert row["step_s"] > 0 and row["memory_bytes"]["total"] > 0
-    reasons = {r["name"]: r["refused"] for r in result["refused"]}
     # 2 KV heads: Ulysses over tp x sp = 4 is refused by the check optimize runs, with its words
-    assert "key/value heads do not split" in reasons["sp4 (all_to_all)"]
+    ulysses = "attention and mask registries" if v4 else "key/value heads do not split"
+    assert ulysses in reasons["sp4 (all_to_all)"], reasons["sp4 (all_to_all)"]
     assert {"dp2 x pp2 (ddp, M=2)", "dp2 x pp2 (fsdp, M=2)"} <= names  # 3-D layouts are predicted too
     assert result["best"]["why"] == "fastest predicted"
     steps = [r["step_s"] for r in result["ranked"]]

@@ -5,7 +5,7 @@ clipped gradients for every layout, on real gloo ranks."""
 from __future__ import annotations
 
 import pytest
-from llama_cases import build, lm_batch
+from llama_cases import build, lm_batch, over_sp_refused_before_v5
 
 from shardcore import ShardConfig
 from shardcore.testing import CLIP_CALLS, assert_clipping_matches, rank_zero_only, run_on_ranks
@@ -76,6 +76,8 @@ def test_other_norms(norm_type):
 def test_layouts(config):
     world = config.get("pipeline_parallel_size", 1) * config.get("tensor_parallel_size", 1)
     world *= config.get("data_parallel_size", 1) * config.get("sequence_parallel_size", 1)
+    if over_sp_refused_before_v5(world, config):
+        pytest.skip("transformers 4.x: refused by name (checked); the clipping check needs transformers 5")
     batch = {"batch": 4, "pad": False} if "data_parallel" in config else {}
     _show(str(config), run_on_ranks(world, _clip, config, "torch", 2.0, None, **batch))
 

@@ -131,10 +131,15 @@ def test_explain_table_and_bad_spec(llama_7b, capsys):
 def test_explain_ring_against_all_gather_kv(llama_7b, capsys):
     """explain --sp 4 --seq 8192: the ring keeps a block of keys and values per layer, the gathered
     variant the whole sequence's (sp times more); shifts counted per layer."""
+    import transformers
+
     from shardcore.explain import explain
 
     args = ("explain", str(llama_7b), "--tp", "1", "--sp", "4", "--sp-mode", "ring_attn", "--seq", "8192")
     code, out, err = _main(capsys, *args)
+    if int(transformers.__version__.split(".")[0]) < 5:  # no attention and mask registries to run the ring
+        assert code == 1 and "runs attention through transformers' attention and mask registries" in err, err
+        pytest.skip("transformers 4.x: refused by name (checked); the ring's report needs transformers 5")
     assert code == 0, err
     assert "attention keys/values per rank (ring_attn, 8192 tokens x 1): kept for the backward 16.0 MB" in out
     kept, sent = {}, {}

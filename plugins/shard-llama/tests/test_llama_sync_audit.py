@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from llama_cases import build, lm_batch
+from llama_cases import build, lm_batch, over_sp_refused_before_v5
 
 from shardcore import ShardConfig
 from shardcore.tensor_parallel import count_collectives
@@ -60,6 +60,8 @@ def _audit(config: str) -> list[tuple[str, str, str]]:
 
 @pytest.mark.parametrize("config", list(CONFIGS))
 def test_a_steady_training_step_makes_no_host_sync(config):
+    if over_sp_refused_before_v5(2, CONFIGS[config]):
+        pytest.skip("transformers 4.x: refused by name (checked); the audit needs transformers 5")
     for found, issued in run_on_ranks(2, _audit, config):
         assert set(found) == set(NEEDED.get(config, {})), found
         # the step audited did run the feature's collectives on their NCCL path (not a vacuous pass)

@@ -101,6 +101,21 @@ def _check_args(args) -> None:
         )
 
 
+class _TokensOncePerReplica(transformers.TrainerCallback):
+    """transformers 4.x: the tokens its loop counted since the last step (gathered over every
+    process) counted once per data-parallel replica, before the step's logs read them."""
+
+    def __init__(self, ranks_per_replica: int) -> None:
+        self.ranks, self.counted = ranks_per_replica, 0
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.counted = state.num_input_tokens_seen  # a resumed run's count, read from its checkpoint
+
+    def on_step_end(self, args, state, control, **kwargs):
+        state.num_input_tokens_seen = self.counted + (state.num_input_tokens_seen - self.counted) // self.ranks
+        self.counted = state.num_input_tokens_seen
+
+
 class Trainer(transformers.Trainer):
     """``transformers.Trainer`` for a model sharded by :func:`shardcore.optimize` (see the module doc)."""
 
@@ -118,6 +133,8 @@ class Trainer(transformers.Trainer):
         accelerator.prepare_data_loader = self._prepare_data_loader
         accelerator.gather_for_metrics = self._gather_for_metrics
         self.gather_function = self._gather_for_metrics  # the Trainer bound the original already
+        if not hasattr(transformers.Trainer, "_track_num_input_tokens"):  # 4.x counts inline in its loop
+            self.add_callback(_TokensOncePerReplica(self.get_tp_size()))
 
     def get_tp_size(self) -> int:
         """The ranks that share each batch (tensor x sequence parallel), as the Trainer means it:
@@ -186,6 +203,13 @@ class Trainer(transformers.Trainer):
         return data
 
     # -- checkpoints ------------------------------------------------------------------------------
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        """Every rank saves: ``save_pretrained`` gathers the full tensors (transformers 4.x calls
+        ``_save`` on the main process alone, which would leave it waiting for the others)."""
+        self._save(output_dir)
+        if self.args.push_to_hub and not _internal_call:
+            self.push_to_hub(commit_message="Model save")
+
     def _save(self, output_dir: str | None = None, state_dict=None) -> None:
         """Every rank joins ``save_pretrained`` (the full tensors are gathered); the main process
         also writes the processing class and the training arguments, as the Trainer does."""
