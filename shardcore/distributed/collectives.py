@@ -17,7 +17,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from .ranks import PaperGroup, group_key, group_rank, group_ranks, group_size
+from .ranks import PaperGroup, global_rank, group_key, group_rank, group_ranks, group_size
 from .scope import (
     COUNTS,
     DEFAULT_SCOPE,
@@ -61,6 +61,7 @@ __all__ = [
     "count_collectives",
     "current_scope",
     "enter_scope_per_forward",
+    "global_rank",
     "group_device",
     "group_key",
     "group_rank",
@@ -259,6 +260,6 @@ def broadcast(x: torch.Tensor, group, *, where: str, src: int = 0) -> torch.Tens
     """In place, from rank ``src`` of the group (its first by default); counted, bounded."""
     if group_size(group) > 1:
         _count("broadcast", where, x)
-        src = dist.get_global_rank(group, src) if group is not None else src
+        src = global_rank(group, src)
         _wait(dist.broadcast(x, src=src, group=group, async_op=True), "broadcast", group, where, device=x.device)
     return x

@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from . import audit
 from .collectives import _wait
-from .ranks import group_rank, group_size
+from .ranks import global_rank, group_rank, group_size
 from .scope import _count
 
 __all__ = [
@@ -32,21 +32,17 @@ __all__ = [
 ]
 
 
-def _global(group, rank: int) -> int:
-    return dist.get_global_rank(group, rank) if group is not None else rank
-
-
 def send(x: torch.Tensor, peer: int, group, *, where: str) -> None:
     """Send ``x`` to rank ``peer`` of ``group`` (its rank in the group); counted, bounded."""
     _count("send", where, x)
-    work = dist.isend(x.contiguous(), dst=_global(group, peer), group=group)
+    work = dist.isend(x.contiguous(), dst=global_rank(group, peer), group=group)
     _wait(work, "send", group, where, device=x.device)
 
 
 def recv(x: torch.Tensor, peer: int, group, *, where: str) -> torch.Tensor:
     """Receive into ``x`` from rank ``peer`` of ``group``; counted, bounded."""
     _count("recv", where, x)
-    _wait(dist.irecv(x, src=_global(group, peer), group=group), "recv", group, where, device=x.device)
+    _wait(dist.irecv(x, src=global_rank(group, peer), group=group), "recv", group, where, device=x.device)
     return x
 
 
@@ -54,8 +50,8 @@ def swap(x: torch.Tensor, out: torch.Tensor, peer: int, group=None, *, where: st
     """Send ``x`` to rank ``peer`` of ``group`` and receive its tensor into ``out`` at once (a pairwise
     exchange, both directions in flight together); counted as a send, bounded."""
     _count("send", where, x)
-    ops = [dist.P2POp(dist.isend, x.contiguous(), _global(group, peer), group)]
-    ops.append(dist.P2POp(dist.irecv, out, _global(group, peer), group))
+    ops = [dist.P2POp(dist.isend, x.contiguous(), global_rank(group, peer), group)]
+    ops.append(dist.P2POp(dist.irecv, out, global_rank(group, peer), group))
     for work in dist.batch_isend_irecv(ops):
         _wait(work, "send", group, where, device=x.device)
     return out
@@ -83,21 +79,21 @@ def broadcast_object(obj: Any, src: int, group=None, *, where: str) -> Any:
         return obj
     _blocking("broadcast_object", where)
     box = [obj if group_rank(group) == src else None]
-    dist.broadcast_object_list(box, src=_global(group, src), group=group)
+    dist.broadcast_object_list(box, src=global_rank(group, src), group=group)
     return box[0]
 
 
 def send_object(obj: Any, peer: int, group, *, where: str) -> None:
     """Send a picklable ``obj`` to rank ``peer`` of ``group`` (blocks the host; counted)."""
     _blocking("send_object", where)
-    dist.send_object_list([obj], dst=_global(group, peer), group=group)
+    dist.send_object_list([obj], dst=global_rank(group, peer), group=group)
 
 
 def recv_object(peer: int, group, *, where: str) -> Any:
     """The object rank ``peer`` of ``group`` sent (blocks the host; counted)."""
     _blocking("recv_object", where)
     box: list = [None]
-    dist.recv_object_list(box, src=_global(group, peer), group=group)
+    dist.recv_object_list(box, src=global_rank(group, peer), group=group)
     return box[0]
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import attrs
 import torch.distributed as dist
 
-__all__ = ["PaperGroup", "group_key", "group_rank", "group_ranks", "group_size"]
+__all__ = ["PaperGroup", "global_rank", "group_key", "group_rank", "group_ranks", "group_size"]
 
 
 def group_key(group) -> tuple:
@@ -52,3 +52,8 @@ def group_rank(group: dist.ProcessGroup | None) -> int:
     if group is None and not dist.is_initialized():
         return 0
     return dist.get_rank(group)
+
+
+def global_rank(group: dist.ProcessGroup | None, rank: int) -> int:
+    """The global rank of ``group``'s rank ``rank`` (``None``: the default group, whose ranks are global)."""
+    return dist.get_global_rank(group, rank) if group is not None else rank

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from .collectives import Pending, group_rank, group_size
+from .collectives import Pending, global_rank, group_rank, group_size
 from .scope import _count
 
 __all__ = ["start_ring_shift"]
@@ -40,7 +40,7 @@ def start_ring_shift(x: torch.Tensor, group, *, where: str | None = None) -> Pen
     rank = group_rank(group)
 
     def peer(r: int) -> int:
-        return dist.get_global_rank(group, r % world) if group is not None else r % world
+        return global_rank(group, r % world)
 
     x = x.contiguous()
     received = torch.empty_like(x)
