@@ -58,13 +58,19 @@ def _bin(env: pathlib.Path) -> pathlib.Path:
     return env / ("Scripts" if os.name == "nt" else "bin")
 
 
+#: a plugin installed with another extra than ``test`` (``compat -- "shard-vit[hf]"``: its HF branch alone)
+EXTRAS: dict[str, str] = {}
+
+
 def _torch(plugins: list[pathlib.Path]) -> list[str]:
-    return (TORCH_VISION if any(p.name in NEEDS_TORCHVISION for p in plugins) else TORCH).split()
+    vision = any(p.name in NEEDS_TORCHVISION and EXTRAS.get(p.name, "test") != "hf" for p in plugins)
+    return (TORCH_VISION if vision else TORCH).split()
 
 
 def _stamp(plugins: list[pathlib.Path], pins: tuple[str, ...] = ()) -> str:
     files = [ROOT / "noxfile.py", ROOT / "pyproject.toml", *(p / "pyproject.toml" for p in plugins)]
-    digest = hashlib.sha256(" ".join([*_torch(plugins), *pins]).encode())
+    extras = [f"{p.name}[{EXTRAS.get(p.name, 'test')}]" for p in plugins]
+    digest = hashlib.sha256(" ".join([*_torch(plugins), *pins, *extras]).encode())
     for f in files:
         digest.update(f.read_bytes())
     return digest.hexdigest()
@@ -83,7 +89,7 @@ def _install(
     """
     stamp, torch_stamp, bin_dir = env / ".shardcore-stamp", env / ".shardcore-torch", _bin(env)
     pip = [str(bin_dir / "python"), "-m", "pip", "install", "--quiet"]
-    packages = [f"{ROOT}[test]", *(f"{p}[test]" for p in plugins)]
+    packages = [f"{ROOT}[test]", *(f"{p}[{EXTRAS.get(p.name, 'test')}]" for p in plugins)]
     torch_spec = " ".join(_torch(plugins))
     if not torch_stamp.is_file() or torch_stamp.read_text() != torch_spec:
         if env.exists():
@@ -168,22 +174,27 @@ OLDEST = ("transformers==4.51.3", "timm==1.0.23")
 def compat(session: nox.Session, leg: str) -> None:
     """Each plugin's parity suite under the oldest supported transformers and timm, or the newest.
 
-    ``nox -s compat -- shard-bert shard-llama`` limits it to those plugins. The newest leg uses
+    ``nox -s compat -- shard-bert shard-llama`` limits it to those plugins; ``"shard-vit[hf]"``
+    installs shard-vit with its ``hf`` extra alone (no timm, so no torchvision: the plain CPU
+    environment) and deselects its timm tests (``-k "not timm"``). The newest leg uses
     the shared environment (the newest releases the registries hold when it was built); the
     oldest one ``.nox/compat-oldest``, or ``.nox/compat-oldest-cpu`` without shard-vit (the
     plain CPU build of PyTorch: no torchvision needed).
     """
-    chosen = [p for p in PLUGINS if not session.posargs or p.name in session.posargs]
+    names = {a.removesuffix("[hf]"): a.endswith("[hf]") for a in session.posargs}
+    chosen = [p for p in PLUGINS if not names or p.name in names]
+    EXTRAS.update({name: "hf" for name, hf in names.items() if hf})
+    deselect = ["-k", "not timm"] if any(names.values()) else []  # "[hf]": the timm tests are deselected
     if leg == "newest":
         bin_dir = _install(session)
     else:
-        vision = any(p.name in NEEDS_TORCHVISION for p in chosen)
+        vision = any(p.name in NEEDS_TORCHVISION and p.name not in EXTRAS for p in chosen)
         pins = OLDEST if vision else tuple(p for p in OLDEST if not p.startswith("timm"))  # timm needs torchvision
         bin_dir = _install(session, ROOT / ".nox" / ("compat-oldest" if vision else "compat-oldest-cpu"), chosen, pins)
     session.run(
         str(bin_dir / "python"), "-c", "import transformers, sys; print('transformers', transformers.__version__)"
     )
-    _run(session, bin_dir, "pytest", *(str(p / "tests") for p in chosen))
+    _run(session, bin_dir, "pytest", *deselect, *(str(p / "tests") for p in chosen))
 
 
 @nox.session
