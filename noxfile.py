@@ -369,7 +369,7 @@ def bench_parallelize(session: nox.Session) -> None:
 
 @nox.session(default=False)
 def mutants(session: nox.Session) -> None:
-    """Mutation testing (~20 min; ``-- --fast``: CI's subset, ~3 min): deliberate bugs, each caught by the
+    """Mutation testing (~35 min; ``-- --fast``: CI's subset, ~3 min): deliberate bugs, each caught by the
     check it declares; the full run writes ``docs/mutants.json``."""
     bin_dir = _install(session)
     _run(session, bin_dir, "python", "tests/mutants.py", *session.posargs)

@@ -102,7 +102,7 @@ MUTANTS: dict[str, Mutant] = {
                 "        return all_reduce(grad.contiguous().clone(), ctx.group, where=ctx.where) * group_size(ctx.group), None",
             ),
             "tests/test_core_toy.py::test_toy_model_matches_unsharded[128-2]",
-            "gradient of embed.weight (gathered): relative error 10.",
+            "gradient of embed.weight (gathered): relative error 11 > 0.0001",
         ),
         _m(
             "row-parallel-split-on-output-dim",
@@ -1300,8 +1300,8 @@ MUTANTS: dict[str, Mutant] = {
                 "                ranks = list(tp_ranks[b : b + blocks])",
                 "                ranks = list(tp_ranks[b // blocks :: len(tp_ranks) // blocks])",
             ),
-            f"{LLAMA}/test_llama_tp.py::test_causal_lm[4]",
-            "gradient of model.layers.0.self_attn.k_proj.weight (gathered): relative error",
+            f"{LLAMA}/test_llama_clipping.py::test_torch_clip_grad_norm_is_the_unsharded_norm[4]",
+            "clip_grad_norm_ (torch, norm_type=2) on rank 0: norm 3.346",
         ),
         _m(
             "kit-expects-rank-zero-slices",
@@ -1682,7 +1682,7 @@ MUTANTS: dict[str, Mutant] = {
             "shardcore/losses.py",
             ("    return (labels != -100).sum()", "    return torch.tensor(labels.numel())"),
             "plugins/shard-bert/tests/test_bert_pipeline.py::test_pipeline_trains_like_unsharded[mlm-gpipe]",
-            "pipeline_step loss 1.187",
+            "pipeline_step loss 1.1327",
         ),
         _m(
             "stale-profile-read",
