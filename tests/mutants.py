@@ -1838,10 +1838,13 @@ def _copy() -> pathlib.Path:
     return scratch
 
 
-def _run(scratch: pathlib.Path, tests: list[str]) -> tuple[int | None, str, float, dict[str, str]]:
-    """Run ``tests`` in ``scratch``: ``(exit code or None on a time-out, output, seconds, {failed test:
-    its failure report})``. Asserts run plain (their own message, no rewritten expression) and the
-    reports come from ``tests/mutant_report.py``: the exceptions' text, no source line."""
+def _run(
+    scratch: pathlib.Path, tests: list[str], timeout: float = TIMEOUT_S
+) -> tuple[int | None, str, float, dict[str, str]]:
+    """Run ``tests`` in ``scratch`` within ``timeout`` seconds: ``(exit code or None on a time-out,
+    output, seconds, {failed test: its failure report})``. Asserts run plain (their own message, no
+    rewritten expression) and the reports come from ``tests/mutant_report.py``: the exceptions'
+    text, no source line."""
     plugins = [str(p) for p in sorted((scratch / "plugins").iterdir()) if (p / "pyproject.toml").is_file()]
     path = os.pathsep.join([str(scratch), *plugins, str(scratch / "tests")])
     report = scratch / "failure-reports.json"
@@ -1851,7 +1854,7 @@ def _run(scratch: pathlib.Path, tests: list[str]) -> tuple[int | None, str, floa
     cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-rf", "-p", "no:cacheprovider", "-p", "mutant_report"]
     cmd += ["--assert=plain", *tests]
     try:
-        proc = subprocess.run(cmd, cwd=scratch, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+        proc = subprocess.run(cmd, cwd=scratch, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return None, "", time.perf_counter() - start, {}
     reports = json.loads(report.read_text()) if report.is_file() else {}
@@ -1985,7 +1988,8 @@ def main(argv: list[str]) -> int:
     try:
         code, output, seconds = 0, "", 0.0
         if not args.no_baseline:
-            code, output, seconds, _ = _run(scratch, sorted({m.test for m in chosen}))
+            tests = sorted({m.test for m in chosen})  # each test the bound one mutant's run has
+            code, output, seconds, _ = _run(scratch, tests, timeout=TIMEOUT_S * len(tests))
             print(f"baseline (no mutant): pytest exit {code} in {seconds:.0f} s")
         if code != 0:
             print(output[-3000:])
