@@ -183,6 +183,7 @@ def compat(session: nox.Session, leg: str) -> None:
     """
     names = {a.removesuffix("[hf]"): a.endswith("[hf]") for a in session.posargs}
     chosen = [p for p in PLUGINS if not names or p.name in names]
+    EXTRAS.clear()  # this session's choice alone (another session in the same nox call chose its own)
     EXTRAS.update({name: "hf" for name, hf in names.items() if hf})
     deselect = ["-k", "not timm"] if any(names.values()) else []  # "[hf]": the timm tests are deselected
     if leg == "newest":
