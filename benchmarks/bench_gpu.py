@@ -11,6 +11,7 @@ vocabulary 512, fp32 on CPU (gloo). Each TP degree the devices allow (``--tp``, 
 up to the number of GPUs; 1 and 2 on CPU) runs one rank per device (NCCL on CUDA), and each
 contestant on the same weights and batch:
 
+* ``unsharded``: the plain model on one device (TP=1 only): every time and memory ratio is against it;
 * ``shardcore``: ``shardcore.optimize(model, ShardConfig(tensor_parallel_size=tp))`` (defaults);
 * ``pytorch_tp``: ``parallelize_module`` following ``config.base_model_tp_plan`` (PyTorch's own);
 * ``hf_tp_plan``: ``from_pretrained(saved, tp_plan="auto")`` (HuggingFace's own TP; skipped at TP=1).
@@ -19,7 +20,7 @@ Per contestant: forward + backward step time (median of ``--steps`` after ``--wa
 slowest rank's), tokens/s (``batch x seq / step``: the TP group works on one batch), MFU, peak
 memory per device (``torch.cuda.max_memory_allocated``; on CPU the process's peak RSS, which also
 holds what the process did before) and the first loss (every contestant's must equal
-shardcore's within 2e-2 relative in bf16, 1e-4 in fp32, or the run stops: a faster wrong answer is
+shardcore's and the unsharded model's within 2e-2 relative in bf16, 1e-4 in fp32, or the run stops: a faster wrong answer is
 no result). MFU = tokens/s x (6 x N + 12 x L x d x S) / (tp x peak FLOP/s): N the parameters
 outside the embedding, L layers, d hidden, S sequence (PaLM's convention; causal attention counted
 whole); peak: ``--peak-tflops``, else 989 TFLOP/s (H100/H200 bf16 dense) or 312 (A100), else a
@@ -56,7 +57,7 @@ LLAMA3_8B = {
 TINY = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2}
 TINY |= {"vocab_size": 512, "max_position_embeddings": 256}
 PEAK_TFLOPS = {"H100": 989.4, "H200": 989.4, "A100": 312.0}
-CONTESTANTS = ("shardcore", "pytorch_tp", "hf_tp_plan")
+CONTESTANTS = ("unsharded", "shardcore", "pytorch_tp", "hf_tp_plan")
 
 
 def config(args):
@@ -68,21 +69,26 @@ def config(args):
     return cfg
 
 
-def build(args):
+def build(args, device: torch.device | str = "cpu"):
+    """The model, initialized where it will run (on a GPU a CPU init of 2B parameters takes longer than the
+    whole timed run), from the same seed for every contestant (the device's generator is deterministic)."""
     from transformers import LlamaForCausalLM
 
     torch.manual_seed(0)
-    return LlamaForCausalLM(config(args)).to(args.dtype)
+    with torch.device(device):
+        return LlamaForCausalLM(config(args)).to(args.dtype)
 
 
 def make(name: str, args, tp: int, device: torch.device):
     import shardcore
 
+    if name == "unsharded":  # the whole model on one device: the baseline every ratio is against
+        return build(args, device)
     if name == "shardcore":
-        return shardcore.optimize(build(args).to(device), shardcore.ShardConfig(tensor_parallel_size=tp))
+        return shardcore.optimize(build(args, device), shardcore.ShardConfig(tensor_parallel_size=tp))
     if name == "pytorch_tp":
         mesh = dist.device_mesh.init_device_mesh(device.type, (tp,))
-        return pytorch_tp(build(args).to(device), mesh)
+        return pytorch_tp(build(args, device), mesh)
     import transformers
 
     try:  # transformers 5: the plan in a DistributedConfig (passing tp_plan itself is deprecated)
@@ -167,8 +173,8 @@ def worker(args) -> list[dict]:
     per_token = flops_per_token(config(args), args.seq)
     rows = []
     for name in args.contestants:
-        if name == "hf_tp_plan" and tp == 1:
-            continue
+        if (name == "hf_tp_plan" and tp == 1) or (name == "unsharded" and tp > 1):
+            continue  # HF's TP needs two ranks; the unsharded model is measured once, on one device
         if device.type == "cuda":
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(device)
@@ -187,6 +193,10 @@ def worker(args) -> list[dict]:
 
 
 def check_losses(rows: list[dict], rtol: float) -> None:
+    whole = next((r["loss"] for r in rows if r["name"] == "unsharded"), None)
+    for r in rows:  # every TP degree computes the unsharded model's loss
+        if whole is not None and abs(r["loss"] - whole) > rtol * abs(whole):
+            raise AssertionError(f"TP={r['tp']}: {r['name']} loss {r['loss']:.6f} != the unsharded model's {whole:.6f}")
     for tp in {r["tp"] for r in rows}:
         ref = next(r["loss"] for r in rows if r["tp"] == tp and r["name"] == "shardcore")
         for r in rows:
@@ -203,15 +213,24 @@ def report(rows: list[dict], args) -> None:
         f"per device ({head['peak_source']})\n"
     )
     print(
-        f"{'tp':>3}  {'contestant':<12}{'step s':>9}  {'tokens/s':>10}  {'MFU':>7}  {'vs pytorch_tp':>13}  {'peak GiB/dev':>12}  {'loss':>9}"
+        f"{'tp':>3}  {'contestant':<12}{'step s':>9}  {'tokens/s':>10}  {'MFU':>7}  {'vs pytorch_tp':>13}  "
+        f"{'vs unsharded':>12}  {'peak GiB/dev':>12}  {'mem vs unsh.':>12}  {'loss':>9}"
     )
+    whole = next((x for x in rows if x["name"] == "unsharded"), None)
     for r in rows:
+        r["time_vs_unsharded"] = r["step_s"] / whole["step_s"] if whole else None
+        r["memory_vs_unsharded"] = (
+            r["peak_mem_bytes_per_device"] / whole["peak_mem_bytes_per_device"] if whole else None
+        )
+        vs_whole = f"{r['time_vs_unsharded']:.3f}x" if whole else "-"
+        mem_whole = f"{r['memory_vs_unsharded']:.3f}x" if whole else "-"
         torch_tp = next((x for x in rows if x["tp"] == r["tp"] and x["name"] == "pytorch_tp"), None)
         r["time_vs_pytorch_tp"] = r["step_s"] / torch_tp["step_s"] if torch_tp else None
         ratio = f"{r['time_vs_pytorch_tp']:.2f}x" if torch_tp else "-"
         print(
             f"{r['tp']:>3}  {r['name']:<12}{r['step_s']:>9.4f}  {r['tokens_per_s']:>10.1f}  {100 * r['mfu']:>6.2f}%  "
-            f"{ratio:>13}  {r['peak_mem_bytes_per_device'] / 2**30:>12.3f}  {r['loss']:>9.5f}"
+            f"{ratio:>13}  {vs_whole:>12}  {r['peak_mem_bytes_per_device'] / 2**30:>12.3f}  {mem_whole:>12}  "
+            f"{r['loss']:>9.5f}"
         )
     out = pathlib.Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -261,6 +261,7 @@ def _flash_cuda() -> None:
     torch.testing.assert_close(model(**batch).logits[real], ref(**batch).logits[real], rtol=2e-2, atol=2e-2)
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(
     not (torch.cuda.is_available() and _kernels.flash_attn_available()),
     reason="flash-attn path: needs CUDA and flash-attn 2 (pip install shardcore[flash]); this machine has neither",
