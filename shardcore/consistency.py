@@ -31,6 +31,7 @@ from torch import nn
 
 from .distributed.collectives import all_gather_cat, broadcast, current_scope, group_device, group_ranks
 from .distributed.objects import all_gather_object
+from .distributed.traced import compiling
 from .tensor_parallel.parallel_module import ParallelModule
 
 __all__ = ["InputGate", "InputMismatch", "check_inputs", "input_digests", "install", "sync_random_state"]
@@ -158,7 +159,8 @@ def sync_random_state(group, device: torch.device) -> None:
 
 def _where_hook(label: str):
     def hook(module, args):
-        current_scope().module = label
+        if not compiling():  # a compiled graph's collectives are torch's, named by no scope (distributed.traced)
+            current_scope().module = label
 
     return hook
 

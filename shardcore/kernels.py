@@ -250,8 +250,9 @@ def compile_available() -> str | None:
 
 def compile_modules(modules: list[tuple[str, torch.nn.Module]]) -> str:
     """Compile each module's ``forward`` with ``torch.compile`` (shapes dynamic, so new batch or
-    sequence sizes do not recompile; shardcore's collectives stay outside the graphs, as graph
-    breaks), or, where compilation is unavailable, leave them eager and say so once at WARNING."""
+    sequence sizes do not recompile; the tensor-parallel collectives inside are graph ops, see
+    :mod:`shardcore.distributed.traced`), or, where compilation is unavailable, leave them eager and
+    say so once at WARNING."""
     if not modules:
         return "nothing to fuse in this model"
     reason = compile_available()

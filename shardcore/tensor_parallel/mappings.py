@@ -7,6 +7,10 @@
 
 :func:`gather_from_tp` / :func:`split_to_tp` are the all-gather / keep-my-chunk pair used for
 vocab-split logits and split inputs. Each is the identity when its group has one rank.
+
+Each is traceable by ``torch.compile``: while Dynamo traces, their collectives are torch's
+functional ones (:mod:`shardcore.distributed.traced`), so a compiled block holding parallel layers
+is one graph, its collectives in it, not a graph broken at every tensor-parallel boundary.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from collections.abc import Iterator
 
 import torch
 
+from ..distributed import traced
 from ..distributed.collectives import all_gather_cat, all_reduce, backward_of, group_rank, group_size, start_all_gather
 
 
@@ -31,11 +36,13 @@ class _CopyToTP(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, group):
-        ctx.group, ctx.where = group, backward_of()
+        ctx.group, ctx.where = group, None if traced.compiling() else backward_of()
         return x.view_as(x)
 
     @staticmethod
     def backward(ctx, grad):
+        if traced.compiling():
+            return traced.all_reduce(grad, ctx.group), None
         return all_reduce(grad.contiguous().clone(), ctx.group, where=ctx.where), None
 
 
@@ -46,6 +53,8 @@ class _ReduceFromTP(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, group, fresh):
+        if traced.compiling():  # out of place: a graph has no in-place collective on an input
+            return traced.all_reduce(x, group)
         if fresh and x.is_contiguous():
             ctx.mark_dirty(x)
             return all_reduce(x, group)
@@ -62,7 +71,7 @@ class _GatherFromTP(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, group, dim):
         ctx.group, ctx.dim = group, dim
-        return all_gather_cat(x, group, dim)
+        return traced.all_gather_cat(x, group, dim) if traced.compiling() else all_gather_cat(x, group, dim)
 
     @staticmethod
     def backward(ctx, grad):
@@ -88,16 +97,14 @@ class _SplitToTP(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, group, dim):
-        ctx.group, ctx.dim, ctx.where = group, dim, backward_of()
+        ctx.group, ctx.dim, ctx.where = group, dim, None if traced.compiling() else backward_of()
         return _local_chunk(x, group, dim)
 
     @staticmethod
     def backward(ctx, grad):
+        if traced.compiling():
+            return traced.all_gather_cat(grad, ctx.group, ctx.dim), None, None
         return all_gather_cat(grad, ctx.group, ctx.dim, where=ctx.where), None, None
-
-
-# The four are never traced by torch.compile (ShardConfig(enable_jit_fused=True) compiles modules
-# that hold parallel layers): a compiled graph breaks at them and they run eagerly.
 
 
 #: Inside :func:`shared_copies`: ``{(id(x), id(group)): (x, copy)}`` of the forward running now.
@@ -116,7 +123,6 @@ def shared_copies() -> Iterator[None]:
         _COPIES.pop()
 
 
-@torch.compiler.disable
 def copy_to_tp(x: torch.Tensor, group) -> torch.Tensor:
     """Megatron's ``f``: enter a tensor-parallel region: identity forward, all-reduce of the gradient backward.
 
@@ -125,7 +131,7 @@ def copy_to_tp(x: torch.Tensor, group) -> torch.Tensor:
     :func:`shared_copies`, one copy per tensor."""
     if group_size(group) == 1 or not (x.requires_grad and torch.is_grad_enabled()):
         return x
-    if _COPIES:
+    if _COPIES and not traced.compiling():  # in a graph the compiler merges what it can itself
         key = (id(x), id(group))
         hit = _COPIES[-1].get(key)
         if hit is not None and hit[0] is x:
@@ -136,7 +142,6 @@ def copy_to_tp(x: torch.Tensor, group) -> torch.Tensor:
     return _CopyToTP.apply(x, group)
 
 
-@torch.compiler.disable
 def reduce_from_tp(x: torch.Tensor, group, *, fresh: bool = False) -> torch.Tensor:
     """Megatron's ``g``: leave a tensor-parallel region by summing partial results: all-reduce forward only.
 
@@ -145,20 +150,22 @@ def reduce_from_tp(x: torch.Tensor, group, *, fresh: bool = False) -> torch.Tens
     return x if group_size(group) == 1 else _ReduceFromTP.apply(x, group, fresh)
 
 
-@torch.compiler.disable
 def gather_from_tp(x: torch.Tensor, group, dim: int = -1) -> torch.Tensor:
     """Concatenate every rank's slice along ``dim`` (all-gather); backward keeps the local slice."""
     return x if group_size(group) == 1 else _GatherFromTP.apply(x, group, dim % x.dim())
 
 
-@torch.compiler.disable
 def start_gather_from_tp(x: torch.Tensor, group, dim: int = -1):
     """:func:`gather_from_tp` started now and finished by calling the returned function: what is
     computed from ``x`` meanwhile (a vocab-parallel loss on the logits) runs while it travels.
-    ``x`` must not be changed in place before then."""
+    ``x`` must not be changed in place before then. In a compiled graph, the gather itself (the
+    compiler schedules it)."""
     dim = dim % x.dim()
     if group_size(group) == 1:
         return lambda: x
+    if traced.compiling():
+        gathered = _GatherFromTP.apply(x, group, dim)
+        return lambda: gathered
     pending = start_all_gather(x.detach(), group, dim)
     return lambda: _Gathered.apply(x, pending, group, dim)
 

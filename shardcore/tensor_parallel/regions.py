@@ -166,23 +166,31 @@ class _LinearScatterOverlap(torch.autograd.Function):
         return grad_x, grad_w, None, None, None
 
 
-@torch.compiler.disable
 def linear_leave_region(x: torch.Tensor, weight: torch.Tensor, group, sequence: SequenceParallel | None = None):
     """``leave_region(F.linear(x, weight), ...)``; with the sequence split and ``sequence.overlap``,
     the matmul and the reduce-scatter overlapped (:class:`_LinearScatterOverlap`)."""
     if sequence is None or not (sequence.active and sequence.overlap) or group_size(group) == 1:
         return leave_region(F.linear(x, weight), group, sequence, fresh=True)  # our own matmul's output
+    return _overlapped(x, weight, group, sequence)
+
+
+@torch.compiler.disable  # the overlap's prefetch and saved-tensor bookkeeping run eagerly
+def _overlapped(x: torch.Tensor, weight: torch.Tensor, group, sequence: SequenceParallel):
     prefetch, sequence.latest_saved = sequence.latest_saved, None
     return _LinearScatterOverlap.apply(x, weight, group, sequence.dim % x.dim(), prefetch)
 
 
-@torch.compiler.disable
 def enter_region(x: torch.Tensor, group, sequence: SequenceParallel | None = None) -> torch.Tensor:
     """A tensor-parallel region's input: all-gathered along the sequence when the forward running
-    now is sequence-split (backward: reduce-scatter), else :func:`copy_to_tp` (Megatron's *f*).
-    Within :func:`shared_copies`, one gather per tensor (q, k and v share it)."""
+    now is sequence-split (backward: reduce-scatter), else :func:`copy_to_tp` (Megatron's *f*, which
+    ``torch.compile`` traces). Within :func:`shared_copies`, one gather per tensor (q, k and v share it)."""
     if sequence is None or not sequence.active or group_size(group) == 1:
         return copy_to_tp(x, group)
+    return _gather_sequence(x, group, sequence)
+
+
+@torch.compiler.disable  # the sequence split's gathered-tensor bookkeeping (weak references) runs eagerly
+def _gather_sequence(x: torch.Tensor, group, sequence: SequenceParallel) -> torch.Tensor:
     if _COPIES:
         key = (id(x), id(group), "sequence")
         hit = _COPIES[-1].get(key)
@@ -196,13 +204,17 @@ def enter_region(x: torch.Tensor, group, sequence: SequenceParallel | None = Non
     return y
 
 
-@torch.compiler.disable
 def leave_region(
     y: torch.Tensor, group, sequence: SequenceParallel | None = None, *, fresh: bool = False
 ) -> torch.Tensor:
     """A row-parallel layer's partial sums: reduce-scattered along the sequence when the forward is
     sequence-split (backward: all-gather), else :func:`reduce_from_tp` (Megatron's *g*; ``fresh``:
-    see there)."""
+    see there; ``torch.compile`` traces it)."""
     if sequence is None or not sequence.active or group_size(group) == 1:
         return reduce_from_tp(y, group, fresh=fresh)
+    return _scatter_sequence(y, group, sequence)
+
+
+@torch.compiler.disable  # the sequence split's collectives run eagerly, bounded and counted
+def _scatter_sequence(y: torch.Tensor, group, sequence: SequenceParallel) -> torch.Tensor:
     return _ReduceScatterSeq.apply(y, group, sequence.dim % y.dim())
