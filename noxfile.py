@@ -20,6 +20,7 @@ themselves are re-installed from this checkout, as wheels, at the start of every
     nox -s long-sequence                # 32768 tokens: one process out of memory under a cap, SP=4 ring_attn trains under it
     nox -s bench-moe                    # a small Mixtral unsharded, TP=2, EP=2: step, memory, all-to-alls vs explain
     nox -s bench-auto                   # every layout of 4 ranks, 3 models x 2 lengths: explain --auto's prediction vs the clock
+    nox -s bench-param-repr             # plain local shards vs DTensor parameters (prototype) at TP=2: the step's parts
     nox -s bench-gpu                    # Llama-3-8B layers on the GPUs at hand: tokens/s, MFU, memory vs PyTorch TP, HF tp_plan
     nox -s convergence                  # BERT fine-tuning unsharded vs TP=2 vs TP=4
     nox -s mutants                      # mutation testing: each deliberate bug caught by its declared check
@@ -289,6 +290,14 @@ def bench_gpu(session: nox.Session) -> None:
     bin_dir = _install(session)
     session.run(str(bin_dir / "python"), "-m", "pip", "install", "--quiet", "accelerate", external=True)  # HF tp_plan
     _bench(session, bin_dir, "gpu", "benchmarks/bench_gpu.py")
+
+
+@nox.session(name="bench-param-repr", default=False)
+def bench_param_repr(session: nox.Session) -> None:
+    """Benchmark (not a test): plain local shards vs DTensor parameters (the prototype) at TP=2: forward +
+    backward, clip_grad_norm_, AdamW, the whole step; writes benchmarks/results/param_repr.json."""
+    bin_dir = _install(session)
+    _bench(session, bin_dir, "param_repr", "benchmarks/bench_param_repr.py")
 
 
 @nox.session(name="bench-dp", default=False)

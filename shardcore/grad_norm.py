@@ -23,6 +23,9 @@ Three ways in, one computation (:func:`grad_norm`):
   ``torch.nn.utils.get_total_norm``: :func:`install_torch_hook` (called by ``optimize``) wraps
   torch's ``_get_total_norm``, which ``clip_grad_norm_`` looks up at every call, so even a
   ``from torch.nn.utils import clip_grad_norm_`` made before ``import shardcore`` is right. The
+  wrap lives as long as a sharded model does: once the last one is garbage-collected, torch's own
+  functions are back (:func:`remove_torch_hook`). Why a wrap and not DTensor parameters, which
+  torch's norm handles itself: docs/parameters.md. The
   wrapper changes nothing for tensors that are not gradients of a live sharded model; gradients of
   a sharded model mixed with other tensors are refused by name (no rank-local norm is ever added
   silently).
@@ -45,7 +48,14 @@ from .data_parallel import dp_shard_group, reshard
 from .distributed.collectives import all_reduce, group_key, group_rank, group_size
 from .sharded_state import parameter_specs
 
-__all__ = ["clip_grad_norm_", "grad_norm", "install_torch_hook", "register_model", "sharded_models"]
+__all__ = [
+    "clip_grad_norm_",
+    "grad_norm",
+    "install_torch_hook",
+    "register_model",
+    "remove_torch_hook",
+    "sharded_models",
+]
 
 #: The live sharded models (optimize registers each): what torch's norm looks gradients up in.
 _MODELS: weakref.WeakSet = weakref.WeakSet()
@@ -60,7 +70,10 @@ def sharded_models() -> list[nn.Module]:
 def register_model(model: nn.Module) -> None:
     """Make ``model``'s gradients known to torch's norm (:func:`install_torch_hook`) and give the
     model a ``clip_grad_norm_(max_norm, norm_type=2.0)`` method. Called by ``optimize``."""
-    _MODELS.add(model)
+    if model not in _MODELS:
+        _MODELS.add(model)
+        _LIVE[0] += 1
+        weakref.finalize(model, _one_gone)
     install_torch_hook()
 
     def clip(max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False) -> torch.Tensor:
@@ -222,7 +235,8 @@ def _like_grads(total: torch.Tensor, grads: list) -> torch.Tensor:
 
 # -- torch.nn.utils.clip_grad_norm_ / get_total_norm --------------------------------------------------
 
-_ORIGINAL = None
+_ORIGINAL = None  # torch's clip_grad._get_total_norm and torch.nn.utils.get_total_norm while hooked
+_LIVE = [0]  # the sharded models registered and not yet collected: the hook lives as long as one does
 
 
 def _owner(tensors: list) -> tuple[nn.Module | None, list]:
@@ -247,19 +261,43 @@ def _hooked_total_norm(tensors, norm_type=2.0, error_if_nonfinite=False, foreach
     tensors = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
     model, params = _owner(tensors)
     if model is None:
-        return _ORIGINAL(tensors, norm_type, error_if_nonfinite, foreach)
+        return _ORIGINAL[0](tensors, norm_type, error_if_nonfinite, foreach)
     total = grad_norm(model, params, norm_type, error_if_nonfinite=error_if_nonfinite)
     return _like_grads(total, tensors)
 
 
 def install_torch_hook() -> None:
-    """Route torch's gradient norm through :func:`grad_norm` for sharded models' gradients (once)."""
+    """Route torch's gradient norm through :func:`grad_norm` for sharded models' gradients, from the
+    first registered sharded model until the last one is collected (:func:`remove_torch_hook`)."""
     global _ORIGINAL
     from torch.nn.utils import clip_grad
 
     if _ORIGINAL is not None:
         return
-    _ORIGINAL = clip_grad._get_total_norm
+    _ORIGINAL = (clip_grad._get_total_norm, torch.nn.utils.get_total_norm)
     hooked = torch.no_grad()(_hooked_total_norm)
+    hooked.__shardcore_hook__ = True
     clip_grad._get_total_norm = hooked
     torch.nn.utils.get_total_norm = hooked
+
+
+def remove_torch_hook() -> None:
+    """Give torch its own gradient norm back (each function only if it is still shardcore's: a
+    later replacement by someone else is theirs to undo)."""
+    global _ORIGINAL
+    from torch.nn.utils import clip_grad
+
+    if _ORIGINAL is None:
+        return
+    private, public = _ORIGINAL
+    if getattr(clip_grad._get_total_norm, "__shardcore_hook__", False):
+        clip_grad._get_total_norm = private
+    if getattr(torch.nn.utils.get_total_norm, "__shardcore_hook__", False):
+        torch.nn.utils.get_total_norm = public
+    _ORIGINAL = None
+
+
+def _one_gone() -> None:
+    _LIVE[0] -= 1
+    if _LIVE[0] == 0:  # no sharded model is left to route a norm for: torch's own functions again
+        remove_torch_hook()

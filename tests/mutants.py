@@ -129,6 +129,14 @@ MUTANTS: dict[str, Mutant] = {
             "the compiled block's gradients differ from the eager one's",
         ),
         _m(
+            "norm-hook-outlives-models",
+            "torch's gradient norm stays shardcore's after the last sharded model is gone: a process-wide patch again",
+            "shardcore/grad_norm.py",
+            ("    if _LIVE[0] == 0:  # no sharded model", "    if _LIVE[0] == -1:  # no sharded model"),
+            "tests/test_core_seams.py::test_torch_s_own_norm_is_back_once_no_sharded_model_lives",
+            "torch's gradient norm is still shardcore's after the last sharded model went",
+        ),
+        _m(
             "row-parallel-split-on-output-dim",
             "a row-parallel layer holding a slice of its output features (rows) instead of its input features",
             "shardcore/tensor_parallel/linear.py",

@@ -159,3 +159,41 @@ def test_the_checks_see_what_they_claim(tmp_path, source, kind, expected):
     finally:
         path.unlink()
     assert [f.split(" ", 1)[1] for f in found] == ([expected] if expected else []), found
+
+
+def _norm_while_a_model_lives() -> dict:
+    import gc
+
+    import torch
+    import torch.distributed as dist
+    from toy_models import ToyLM, ToyPolicy
+
+    import shardcore
+    from shardcore import ShardConfig, grad_norm
+
+    gc.collect()
+    clip_grad, utils = torch.nn.utils.clip_grad, torch.nn.utils
+    private, public = clip_grad._get_total_norm, utils.get_total_norm
+    seen = {"before": [private.__qualname__, public.__qualname__]}
+    torch.manual_seed(0)
+    model = shardcore.optimize(
+        ToyLM(vocab=128), ShardConfig(tensor_parallel_size=dist.get_world_size()), policy=ToyPolicy
+    )
+    seen["while"] = [clip_grad._get_total_norm.__qualname__, utils.get_total_norm.__qualname__]
+    del model
+    gc.collect()
+    seen["alive after"] = [type(m).__name__ for m in grad_norm.sharded_models()]
+    seen["restored"] = clip_grad._get_total_norm is private and utils.get_total_norm is public
+    return seen
+
+
+def test_torch_s_own_norm_is_back_once_no_sharded_model_lives():
+    """The one patch left (clipping's routing, KNOWN_PATCHES) lives exactly as long as a sharded model:
+    made by optimize, undone when the last sharded model is garbage-collected."""
+    from shardcore.testing import run_on_ranks
+
+    for seen in run_on_ranks(2, _norm_while_a_model_lives):
+        assert "_hooked_total_norm" not in seen["before"], f"a sharded model of an earlier test still lives: {seen}"
+        assert seen["while"] == ["_hooked_total_norm"] * 2, seen
+        assert not seen["alive after"], f"sharded models outlived their last reference: {seen}"
+        assert seen["restored"], f"torch's gradient norm is still shardcore's after the last sharded model went: {seen}"
