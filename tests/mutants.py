@@ -137,6 +137,14 @@ MUTANTS: dict[str, Mutant] = {
             "torch's gradient norm is still shardcore's after the last sharded model went",
         ),
         _m(
+            "flight-recorder-overrides-the-user",
+            "shardcore's flight-recorder defaults overwrite the NCCL variables the user set",
+            "shardcore/distributed/__init__.py",
+            ("        os.environ.setdefault(name, value)", "        os.environ[name] = value"),
+            "tests/test_core_devices.py::test_the_group_shardcore_starts_on_a_gpu_has_nccl_s_flight_recorder_on[True]",
+            "the flight recorder's variables when NCCL starts",
+        ),
+        _m(
             "row-parallel-split-on-output-dim",
             "a row-parallel layer holding a slice of its output features (rows) instead of its input features",
             "shardcore/tensor_parallel/linear.py",

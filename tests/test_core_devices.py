@@ -5,6 +5,8 @@ device for an NCCL-only group. Checked here by the rule itself, and by the input
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -61,3 +63,28 @@ def test_the_group_shardcore_starts_has_a_cpu_backend_beside_nccl(monkeypatch, c
     monkeypatch.setattr(dist, "init_process_group", lambda backend, **kwargs: started.append(backend))
     distributed.init_from_env(1.0)
     assert started == [expected]
+
+
+@pytest.mark.parametrize("user_set", [False, True])
+def test_the_group_shardcore_starts_on_a_gpu_has_nccl_s_flight_recorder_on(monkeypatch, user_set):
+    """On a GPU ``init_from_env`` turns PyTorch's flight recorder on before NCCL reads it (a hang then
+    dumps every rank's last collectives); a value the user set is theirs. On a CPU nothing is set."""
+    import shardcore.distributed as distributed
+
+    seen = []
+    for name in distributed.FLIGHT_RECORDER:
+        monkeypatch.delenv(name, raising=False)
+    if user_set:
+        monkeypatch.setenv("TORCH_NCCL_TRACE_BUFFER_SIZE", "0")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
+    record = {name: None for name in distributed.FLIGHT_RECORDER}
+    monkeypatch.setattr(
+        dist, "init_process_group", lambda backend, **kwargs: seen.append({n: os.environ.get(n) for n in record})
+    )
+    distributed.init_from_env(1.0)
+    want = {"TORCH_NCCL_TRACE_BUFFER_SIZE": "0" if user_set else "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}
+    assert seen == [want], f"the flight recorder's variables when NCCL starts: {seen}, not {want}"

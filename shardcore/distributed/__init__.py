@@ -33,6 +33,7 @@ __all__ = [
     "prepare_replica_groups",
     "replica_group",
     "run_on_ranks",
+    "use_flight_recorder",
 ]
 
 
@@ -40,6 +41,18 @@ __all__ = [
 CUDA_BACKEND = "cpu:gloo,cuda:nccl"
 #: the process group ``init_from_env`` creates waits this many collective bounds
 GROUP_WAIT_FACTOR = 2
+#: PyTorch's NCCL flight recorder, on unless the user set otherwise: each rank keeps its last
+#: collectives (kind, sizes, group, state, stack) and dumps them when its watchdog times out, so a
+#: hang names what every rank was doing (``python -m torch.distributed.flight_recorder.fr_trace``)
+FLIGHT_RECORDER = {"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}
+
+
+def use_flight_recorder() -> dict[str, str]:
+    """Turn PyTorch's NCCL flight recorder on for the NCCL groups created from now on (it is read when
+    a group is made), keeping any of its variables the user set; the variables as they now are."""
+    for name, value in FLIGHT_RECORDER.items():
+        os.environ.setdefault(name, value)
+    return {name: os.environ[name] for name in FLIGHT_RECORDER}
 
 
 def init_from_env(timeout_s: float | None = None) -> None:
@@ -47,7 +60,7 @@ def init_from_env(timeout_s: float | None = None) -> None:
 
     gloo on CPU; with CUDA, :data:`CUDA_BACKEND` (``"cpu:gloo,cuda:nccl"``): NCCL for device tensors
     and gloo beside it for any CPU tensor (PyTorch picks by the tensor's device), so no CPU tensor
-    ever reaches NCCL. The group waits twice the collective bound
+    ever reaches NCCL; NCCL's flight recorder on (:func:`use_flight_recorder`). The group waits twice the collective bound
     (``timeout_s``, default ``$SHARDCORE_COLLECTIVE_TIMEOUT`` or 300 s), so that in an unmatched
     call the bounded shardcore collective gives up first and names the cause, rather than a
     peer's plain barrier. Without torchrun's variables nothing happens and the process is a world
@@ -62,6 +75,7 @@ def init_from_env(timeout_s: float | None = None) -> None:
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         backend = CUDA_BACKEND
+        use_flight_recorder()
     dist.init_process_group(backend, timeout=timeout, **_restart_store(timeout))
 
 

@@ -14,8 +14,9 @@ entered and a CUDA event marking its end. A daemon thread polls the oldest unfin
 once one is older than the bound it reports the named cause (the same text as the gloo error) on
 stderr and in :data:`REPORTS`. The process group's own watchdog then ends the process at the
 group's timeout (``init_from_env`` makes that twice the bound), so the hang is still bounded and
-its cause named first. PyTorch's flight recorder (``TORCH_NCCL_TRACE_BUFFER_SIZE``) adds the
-per-rank collective history when it is on.
+its cause named first. PyTorch's flight recorder (``TORCH_NCCL_TRACE_BUFFER_SIZE``), which the
+groups shardcore starts on a GPU turn on (:func:`shardcore.distributed.use_flight_recorder`), adds
+every rank's collective history, dumped at the group's timeout.
 """
 
 from __future__ import annotations
