@@ -21,14 +21,10 @@ Three ways in, one computation (:func:`grad_norm`):
   ``model.clip_grad_norm_(max_norm)`` (what accelerate calls for a model that has one);
 * the user's own ``torch.nn.utils.clip_grad_norm_(model.parameters(), c)`` and
   ``torch.nn.utils.get_total_norm``: :func:`install_torch_hook` (called by ``optimize``) wraps
-  torch's ``_get_total_norm``, which ``clip_grad_norm_`` looks up at every call, so even a
-  ``from torch.nn.utils import clip_grad_norm_`` made before ``import shardcore`` is right. The
-  wrap lives as long as a sharded model does: once the last one is garbage-collected, torch's own
-  functions are back (:func:`remove_torch_hook`). Why a wrap and not DTensor parameters, which
-  torch's norm handles itself: docs/parameters.md. The
-  wrapper changes nothing for tensors that are not gradients of a live sharded model; gradients of
-  a sharded model mixed with other tensors are refused by name (no rank-local norm is ever added
-  silently).
+  torch's ``_get_total_norm`` (looked up at every call: an earlier ``from torch.nn.utils import
+  clip_grad_norm_`` is covered) while a sharded model lives (:func:`remove_torch_hook` once the
+  last is collected; why not DTensor parameters: docs/parameters.md). Other tensors go to torch's
+  own function; a sharded model's gradients mixed with other tensors are refused by name.
 
 Every rank of the replica must call it (it is a collective, bounded like every shardcore
 collective); a call on one rank only ends in :class:`~shardcore.CollectiveTimeout` naming it.

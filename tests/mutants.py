@@ -139,7 +139,7 @@ MUTANTS: dict[str, Mutant] = {
         _m(
             "flight-recorder-overrides-the-user",
             "shardcore's flight-recorder defaults overwrite the NCCL variables the user set",
-            "shardcore/distributed/__init__.py",
+            "shardcore/distributed/watch.py",
             ("        os.environ.setdefault(name, value)", "        os.environ[name] = value"),
             "tests/test_core_devices.py::test_the_group_shardcore_starts_on_a_gpu_has_nccl_s_flight_recorder_on[True]",
             "the flight recorder's variables when NCCL starts",

@@ -21,10 +21,12 @@ import torch.distributed as dist
 from .groups import prepare_replica_groups, replica_group
 from .launcher import RankError, RankPool, close_pools, run_on_ranks
 from .layout import DIMS, ParallelLayout
+from .watch import FLIGHT_RECORDER, use_flight_recorder
 
 __all__ = [
     "CUDA_BACKEND",
     "DIMS",
+    "FLIGHT_RECORDER",
     "ParallelLayout",
     "RankError",
     "RankPool",
@@ -41,18 +43,6 @@ __all__ = [
 CUDA_BACKEND = "cpu:gloo,cuda:nccl"
 #: the process group ``init_from_env`` creates waits this many collective bounds
 GROUP_WAIT_FACTOR = 2
-#: PyTorch's NCCL flight recorder, on unless the user set otherwise: each rank keeps its last
-#: collectives (kind, sizes, group, state, stack) and dumps them when its watchdog times out, so a
-#: hang names what every rank was doing (``python -m torch.distributed.flight_recorder.fr_trace``)
-FLIGHT_RECORDER = {"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}
-
-
-def use_flight_recorder() -> dict[str, str]:
-    """Turn PyTorch's NCCL flight recorder on for the NCCL groups created from now on (it is read when
-    a group is made), keeping any of its variables the user set; the variables as they now are."""
-    for name, value in FLIGHT_RECORDER.items():
-        os.environ.setdefault(name, value)
-    return {name: os.environ[name] for name in FLIGHT_RECORDER}
 
 
 def init_from_env(timeout_s: float | None = None) -> None:

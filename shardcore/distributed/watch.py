@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import os
 import pathlib
 import sys
 import threading
@@ -34,7 +35,18 @@ import torch.distributed as dist
 
 from .ranks import PaperGroup
 
-__all__ = ["REPORTS", "WATCH", "WATCHDOG_BACKENDS", "Watch", "backend_of", "blocks_host", "group_device", "watched"]
+__all__ = [
+    "FLIGHT_RECORDER",
+    "REPORTS",
+    "WATCH",
+    "WATCHDOG_BACKENDS",
+    "Watch",
+    "backend_of",
+    "blocks_host",
+    "group_device",
+    "use_flight_recorder",
+    "watched",
+]
 
 #: backends whose process groups have their own watchdog, where shardcore never blocks the host
 WATCHDOG_BACKENDS = frozenset({"nccl", "xccl", "hccl"})
@@ -192,3 +204,17 @@ class Watch:
 
 #: this process's watch
 WATCH = Watch()
+
+
+#: PyTorch's NCCL flight recorder, on unless the user set otherwise: each rank keeps its last
+#: collectives (kind, sizes, group, state, stack) and dumps them when its watchdog times out, so a
+#: hang names what every rank was doing (``python -m torch.distributed.flight_recorder.fr_trace``)
+FLIGHT_RECORDER = {"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}
+
+
+def use_flight_recorder() -> dict[str, str]:
+    """Turn PyTorch's NCCL flight recorder on for the NCCL groups created from now on (it is read when
+    a group is made), keeping any of its variables the user set; the variables as they now are."""
+    for name, value in FLIGHT_RECORDER.items():
+        os.environ.setdefault(name, value)
+    return {name: os.environ[name] for name in FLIGHT_RECORDER}

@@ -125,7 +125,7 @@ def main() -> None:
     if backend == "nccl":
         torch.cuda.set_device(rank % torch.cuda.device_count())
         backend = "cpu:gloo,cuda:nccl"  # distributed.CUDA_BACKEND: a CPU tensor goes over gloo, never NCCL
-        from . import use_flight_recorder
+        from .watch import use_flight_recorder
 
         use_flight_recorder()
     dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s))
