@@ -1,8 +1,9 @@
 """Kernel choices behind ``ShardConfig``'s optimization switches (attention backend, fused
 normalization, JIT-fused elementwise ops), decided per device and dtype, with clean fallbacks.
 
-Nothing here imports a model library at import time; the HuggingFace attention registry is
-touched only when a HuggingFace model asks for it (:func:`use_hf_attention`).
+Nothing here knows a model library: switching a model's attention goes through the registry its
+library's integration registers (:func:`attention_registry`; HuggingFace's lives in
+:mod:`shardcore.integrations.hf.attention`).
 """
 
 from __future__ import annotations
@@ -64,144 +65,66 @@ def run_device(model: torch.nn.Module) -> tuple[torch.device, torch.dtype]:
     return device, p.dtype
 
 
-# --- HuggingFace's attention registry ---------------------------------------------------------
+# --- the model library's attention registry ---------------------------------------------------
 
-#: The name shardcore's SDPA function is registered under in transformers' attention registries.
-HF_SDPA = "shardcore_sdpa"
 _announced: set[str] = set()
 
 
-def _announce(what: str) -> None:
+def announce_attention(what: str) -> None:
+    """Log once, at INFO, which attention implementation runs (the first call for each ``what``)."""
     if what not in _announced:
         _announced.add(what)
         log.info("shardcore attention backend running: %s", what)
 
 
-def hf_sdpa_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
-    """transformers' SDPA attention, except that grouped-query attention with a mask on the CPU
-    runs ``scaled_dot_product_attention(..., enable_gqa=True)`` on the un-repeated K/V (transformers
-    materializes ``num_key_value_groups`` copies of them there). Everything else (no mask, no
-    groups, position bias, paged caches) is transformers' own function."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-    plain = all(kwargs.get(k) is None for k in ("position_bias", "softcap", "s_aux", "sinks", "cache"))
-    if plain and attention_mask is not None and query.device.type == "cpu" and query.shape[1] != key.shape[1]:
-        _announce("sdpa (torch scaled_dot_product_attention, grouped K/V not repeated)")
-        out = torch.nn.functional.scaled_dot_product_attention(
-            query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling, enable_gqa=True
-        )
-        return out.transpose(1, 2).contiguous(), None
-    _announce("sdpa (torch scaled_dot_product_attention)")
-    return sdpa_attention_forward(
-        module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
-    )
+#: How a model's attention is switched through its library's registry: set by that library's
+#: integration (HuggingFace's: :mod:`shardcore.integrations.hf.attention`, registered when shardcore
+#: is imported). Policies reach it through :func:`attention_registry`; the core knows no library.
+_REGISTRY: list = []
 
 
-@functools.cache
-def hf_sdpa_name() -> str:
-    """The name shardcore's SDPA runs under in this transformers: ``shardcore_sdpa``, registered
-    (with SDPA's mask builder) on first call; ``sdpa`` (transformers' own) where transformers has
-    no mask registry (4.x before ``masking_utils``)."""
-    try:
-        from transformers import AttentionInterface
-        from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
-    except ImportError:  # transformers without a mask registry: its own SDPA function
-        return "sdpa"
-    AttentionInterface.register(HF_SDPA, hf_sdpa_attention)
-    AttentionMaskInterface.register(HF_SDPA, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
-    return HF_SDPA
+def register_attention_registry(registry) -> None:
+    """Make ``registry`` (an object with ``switchable(model)``, ``use(model, backend)``,
+    ``sequence_problem(model, mode)``, ``use_sequence(model, mode)`` and ``module``, where the
+    library's functions live) the one policies switch attention through."""
+    _REGISTRY[:] = [registry]
 
 
-def hf_attention_switchable(model) -> bool:
-    """Whether a HuggingFace model (instance or class) can change its attention at run time:
-    ``set_attn_implementation`` (transformers 5), or 4.x models reading the registry per call."""
-    return hasattr(model, "set_attn_implementation") or bool(getattr(model, "_supports_attention_backend", False))
-
-
-def use_hf_attention(model: torch.nn.Module, backend: str) -> str:
-    """Switch a HuggingFace model's attention to ``backend`` through its registry
-    (``set_attn_implementation``); the registry name now in use. Raises ``NotImplementedError``
-    naming the model when it cannot switch at run time."""
-    name = "flash_attention_2" if backend == "flash_attention_2" else hf_sdpa_name()
-    setter = getattr(model, "set_attn_implementation", None)
-    fix = f"build it with attn_implementation={backend!r} instead of enable_flash_attention=True"
-    configs = [m.config for m in model.modules() if getattr(m, "config", None) is not None]
-    if setter is None and hf_attention_switchable(model):
-        for config in configs:  # transformers 4.x: a model reading the registry at run time follows its config
-            config._attn_implementation = name
-    elif setter is None:
+def attention_registry():
+    """The registered attention registry (see :func:`register_attention_registry`)."""
+    if not _REGISTRY:
         raise NotImplementedError(
-            f"enable_flash_attention: {type(model).__name__} cannot switch its attention implementation after it "
-            f"was built with this transformers version (no set_attn_implementation); {fix}"
+            "no model library's attention registry is registered: import shardcore (its HuggingFace "
+            "integration registers transformers'), or override the policy's attention methods"
         )
-    else:
-        try:
-            setter(name)
-        except (ValueError, ImportError) as err:
-            raise NotImplementedError(
-                f"enable_flash_attention: {type(model).__name__} refuses {name!r}: {err}; {fix}"
-            ) from err
-    if any(getattr(c, "_attn_implementation", name) != name for c in configs):
-        raise NotImplementedError(
-            f"enable_flash_attention: {type(model).__name__} does not switch its attention implementation at run "
-            f"time; {fix}"
+    return _REGISTRY[0]
+
+
+#: Moved to :mod:`shardcore.integrations.hf.attention` (0.2): the old names still work, warned.
+_MOVED = (
+    "HF_SDPA",
+    "hf_attention_switchable",
+    "hf_sdpa_attention",
+    "hf_sdpa_name",
+    "ulysses_problem",
+    "use_hf_attention",
+    "use_ulysses_attention",
+)
+
+
+def __getattr__(name: str):
+    if name in _MOVED:
+        import warnings
+
+        attention = attention_registry().module  # shardcore.integrations.hf.attention, registered at import
+        warnings.warn(
+            f"shardcore.kernels.{name} moved to shardcore.integrations.hf.attention.{name}: import it from there "
+            "(the old name goes away in 0.3)",
+            DeprecationWarning,
+            stacklevel=2,
         )
-    return name
-
-
-def ulysses_problem(model: torch.nn.Module, mode: str = "all_to_all") -> str | None:
-    """Why :func:`use_ulysses_attention` cannot switch ``model`` to ``mode`` (``None``: it can). No collective."""
-    base_name = getattr(getattr(model, "config", None), "_attn_implementation", None)
-    try:
-        from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
-        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-    except ImportError:
-        return (
-            f"sequence_parallelism_mode={mode!r} runs attention through transformers' attention and mask "
-            "registries, which this transformers version lacks"
-        )
-    if not getattr(model, "_supports_attention_backend", False):
-        return (
-            f"sequence_parallelism_mode={mode!r}: {type(model).__name__} does not run its attention through "
-            "transformers' attention registry in this transformers version"
-        )
-    if base_name not in ALL_ATTENTION_FUNCTIONS or base_name not in ALL_MASK_ATTENTION_FUNCTIONS:
-        return (
-            f"sequence_parallelism_mode={mode!r}: {type(model).__name__} runs attention {base_name!r}, which is "
-            "not in transformers' attention registry; build it with attn_implementation='sdpa'"
-        )
-    return None
-
-
-def use_ulysses_attention(model: torch.nn.Module, mode: str = "all_to_all") -> str:
-    """Register ``shardcore_ulysses_<implementation>`` (the model's attention implementation under
-    :func:`shardcore.sequence.ulysses_attention`, with that implementation's mask builder) in
-    HuggingFace's registries and switch the model to it; the name."""
-    from .sequence import ring_attention, ulysses_attention
-
-    problem = ulysses_problem(model, mode)
-    if problem:
-        raise NotImplementedError(problem)
-    from transformers import AttentionInterface
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
-    base_name = model.config._attn_implementation
-    base = ALL_ATTENTION_FUNCTIONS[base_name]
-    if mode == "all_to_all":
-        wrapped, name = ulysses_attention(base), f"shardcore_ulysses_{base_name}"
-    else:  # ring_attn, all_gather_kv
-        wrapped, name = ring_attention(base, gather=mode == "all_gather_kv"), f"shardcore_{mode}_{base_name}"
-    AttentionInterface.register(name, wrapped)
-    AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[base_name])
-    setter = getattr(model, "set_attn_implementation", None)
-    if setter is not None:
-        setter(name)
-    else:  # transformers 4.x reads the config per call
-        for module in model.modules():
-            if getattr(module, "config", None) is not None:
-                module.config._attn_implementation = name
-    return name
+        return getattr(attention, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # --- applying the switches ------------------------------------------------------------------------

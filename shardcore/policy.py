@@ -157,25 +157,25 @@ class Policy(SequenceHooks, PipelineHooks, DataParallelHooks, ExpertParallelHook
     def sequence_attention_problem(self, mode: str = "all_to_all") -> str | None:
         """Why :meth:`set_sequence_attention` cannot run ``mode`` on this model (``None``: it can);
         asked before any collective. The default asks HuggingFace's attention registry."""
-        from .kernels import ulysses_problem
+        from .kernels import attention_registry
 
-        return ulysses_problem(self.model, mode)
+        return attention_registry().sequence_problem(self.model, mode)
 
     def set_sequence_attention(self, state) -> str:
         """Make the model's attention run under ``state.mode`` (see :mod:`shardcore.sequence`); the name
         now in use. The default registers it in HuggingFace's attention registry around the model's own."""
-        from .kernels import use_ulysses_attention
+        from .kernels import attention_registry
 
-        return use_ulysses_attention(self.model, state.mode)
+        return attention_registry().use_sequence(self.model, state.mode)
 
     def set_attention_backend(self, backend: str) -> str:
         """Make the model's attention run on ``backend`` (``"flash_attention_2"`` or ``"sdpa"``, see
         :func:`shardcore.kernels.attention_backend`) for ``ShardConfig(enable_flash_attention=True)``;
         returns the name of what now runs. The default plugs into HuggingFace's attention
         registry (``set_attn_implementation``); policies of other libraries override it."""
-        from .kernels import use_hf_attention
+        from .kernels import attention_registry
 
-        return use_hf_attention(self.model, backend)
+        return attention_registry().use(self.model, backend)
 
     def norm_classes(self) -> tuple[type, ...]:
         """The model library's normalization classes ``enable_fused_normalization`` puts on fused

@@ -145,6 +145,22 @@ MUTANTS: dict[str, Mutant] = {
             "the flight recorder's variables when NCCL starts",
         ),
         _m(
+            "sequence-region-drops-the-last-block",
+            "the default split_gather region leaves a model's last block out: it runs on the whole sequence, unsplit",
+            "shardcore/sequence/hooks.py",
+            ("        return [self.blocks()]", "        return [self.blocks()[:-1]]"),
+            f"{LLAMA}/test_llama_sequence.py::test_the_sequence_is_split_and_an_odd_length_runs_unsplit",
+            "not every block's two regions ran sequence-split",
+        ),
+        _m(
+            "moved-attention-names-unwarned",
+            "the attention names moved out of shardcore.kernels resolve silently: plugins get no warning before 0.3 drops them",
+            "shardcore/kernels.py",
+            ("        warnings.warn(\n", "        (lambda *a, **k: None)(\n"),
+            "tests/test_core_moved_imports.py::test_the_attention_registry_s_old_names_in_kernels_warn_and_are_the_new_code",
+            "the moved attention names did not each warn naming their new module",
+        ),
+        _m(
             "row-parallel-split-on-output-dim",
             "a row-parallel layer holding a slice of its output features (rows) instead of its input features",
             "shardcore/tensor_parallel/linear.py",
@@ -991,7 +1007,7 @@ MUTANTS: dict[str, Mutant] = {
         _m(
             "sdpa-gqa-keys-for-values",
             "shardcore's SDPA for grouped K/V on the CPU swaps keys and values: the same wrong kernel in the sharded run and its same-kernel reference",
-            "shardcore/kernels.py",
+            "shardcore/integrations/hf/attention.py",
             (
                 "            query, key, value, attn_mask=attention_mask,",
                 "            query, value, key, attn_mask=attention_mask,",
@@ -1022,15 +1038,15 @@ MUTANTS: dict[str, Mutant] = {
             fast=True,
         ),
         _m(
-            "sequence-imports-kernels",
-            "the sequence package's policy hooks import the kernels back (a package-level import cycle)",
-            "shardcore/sequence/hooks.py",
+            "tensor-parallel-imports-kernels",
+            "the fused norms look the kernels up from below them (a package-level import cycle)",
+            "shardcore/tensor_parallel/norm.py",
             (
-                "        raise NotImplementedError(self.sequence_attention_problem(state.mode))",
-                "        from ..kernels import use_ulysses_attention\n\n        return use_ulysses_attention(self.model, state.mode)",
+                "def _apex_layer_norm():\n    try:",
+                "def _apex_layer_norm():\n    from ..kernels import flash_attn_available  # noqa: F401\n\n    try:",
             ),
             "tests/test_core_architecture.py::test_no_import_cycle_between_packages",
-            "package-level import cycle: kernels -> sequence -> kernels",
+            "package-level import cycle: tensor_parallel -> kernels -> tensor_parallel",
         ),
         _m(
             "pipeline-activations-on-the-default-device",

@@ -18,7 +18,7 @@ TIERS = [
     ["distributed"],  # groups, the layout and its mesh, bounded + counted collectives, the rank launcher
     ["tensor_parallel"],  # Megatron's mappings and regions, the parallel layers, per-rank random streams
     ["amp", "sequence", "pipeline", "data_parallel", "expert_parallel", "consistency"],
-    ["kernels"],  # above the parallelisms: it runs their attention (ring, Ulysses) through the registries
+    ["kernels"],  # above the parallelisms: its switches act on their layers and a library's registered attention
     ["policy", "sharded_state", "grad_norm", "losses", "builders", "plugins"],
     ["checkpoint"],
     ["integrations"],

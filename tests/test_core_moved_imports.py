@@ -74,3 +74,26 @@ def _check(tp: int) -> dict:
 def test_a_policy_on_the_old_paths_passes_the_kit():
     for report in run_on_ranks(2, _check, 2):
         assert report["max_abs_diff_after_steps"] <= 1e-5, report
+
+
+def test_the_attention_registry_s_old_names_in_kernels_warn_and_are_the_new_code():
+    """0.1's ``shardcore.kernels.use_hf_attention`` & co. moved to ``shardcore.integrations.hf.attention``
+    (the core knows no model library); the old names still work, each with a DeprecationWarning."""
+    code = (
+        "import warnings\n"
+        "import shardcore\n"
+        "from shardcore import kernels\n"
+        "from shardcore.integrations.hf import attention\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        "    warnings.simplefilter('always', DeprecationWarning)\n"
+        "    old = [getattr(kernels, n) for n in ('use_hf_attention', 'ulysses_problem', 'HF_SDPA', 'hf_sdpa_name')]\n"
+        "print([str(w.message) for w in caught if w.category is DeprecationWarning])\n"
+        "new = [attention.use_hf_attention, attention.ulysses_problem, attention.HF_SDPA, attention.hf_sdpa_name]\n"
+        "print(all(a is b for a, b in zip(old, new)))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    warned, same = out.strip().splitlines()
+    assert warned.count("moved to shardcore.integrations.hf.attention") == 4, (
+        f"the moved attention names did not each warn naming their new module: {warned}"
+    )
+    assert same == "True", "an old name in shardcore.kernels is not the moved function itself"

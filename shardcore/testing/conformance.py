@@ -186,7 +186,7 @@ def flash_refused_here(model_class: type, refused: Callable[[int], str], tp: int
     the switch). ``refused(tp)`` is the plugin's module-level rank function calling
     :func:`switch_refusal` on its model."""
     from ..distributed.launcher import run_on_ranks
-    from ..kernels import hf_attention_switchable
+    from ..integrations.hf.attention import hf_attention_switchable
 
     if hf_attention_switchable(model_class):
         return False

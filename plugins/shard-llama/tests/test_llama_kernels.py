@@ -13,6 +13,7 @@ from llama_cases import build, lm_batch
 
 from shardcore import ShardConfig
 from shardcore import kernels as _kernels
+from shardcore.integrations.hf.attention import hf_sdpa_name
 from shardcore.testing import SWITCHES, assert_explain_matches, assert_switch_matches, run_on_ranks
 
 
@@ -166,7 +167,7 @@ def test_optimization_flags_at_tp2(flag):
     AdamW steps equal to the unsharded model running the same kernels."""
     (kernels, _) = run_on_ranks(2, _flag, 2, flag, 2)
     if flag in ("flash", "all"):
-        assert kernels["attention"] == _kernels.hf_sdpa_name()  # "sdpa" under transformers 4.x
+        assert kernels["attention"] == hf_sdpa_name()  # "sdpa" under transformers 4.x
     if flag in ("norm", "all"):
         assert kernels["normalization"] == "5 norms on fused kernels"  # 2 layers x 2 + final
     if flag in ("jit", "all"):
@@ -176,7 +177,7 @@ def test_optimization_flags_at_tp2(flag):
 def test_flash_attention_at_tp4_with_replicated_kv():
     """4 ranks, 2 KV heads (each replicated on 2 ranks) on the registry's SDPA with grouped K/V."""
     (kernels, *_) = run_on_ranks(4, _flag, 4, "flash", 2)
-    assert kernels["attention"] == _kernels.hf_sdpa_name()
+    assert kernels["attention"] == hf_sdpa_name()
 
 
 def _eager_build():
@@ -196,7 +197,7 @@ def test_kernels_match_eager():
     ref = _eager_build()
     torch.manual_seed(0)
     model = shardcore.optimize(_eager_build(), ShardConfig(tensor_parallel_size=1, enable_all_optimization=True))
-    assert model.config._attn_implementation == _kernels.hf_sdpa_name()
+    assert model.config._attn_implementation == hf_sdpa_name()
     batch = lm_batch()  # padded: the masked grouped-K/V path
     real = batch["attention_mask"].bool()
     torch.testing.assert_close(model(**batch).logits[real], ref(**batch).logits[real], rtol=1e-5, atol=1e-5)

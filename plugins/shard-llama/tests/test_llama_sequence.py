@@ -80,7 +80,7 @@ def test_the_sequence_is_split_and_an_odd_length_runs_unsplit():
     split, odd = run_on_ranks(2, _counts, 12)[0], run_on_ranks(2, _counts, 11)[0]
     # 2 blocks x (attention, MLP): 4 reduce-scatters forward; the gathers of their inputs, the
     # split before the first block and the gather after the last, the full logits
-    assert split["forward"].get("reduce_scatter") == 4, split
+    assert split["forward"].get("reduce_scatter") == 4, f"not every block's two regions ran sequence-split: {split}"
     assert split["backward"].get("reduce_scatter") == 4, split  # the gathered inputs' gradients
     assert odd["forward"].get("reduce_scatter") is None and odd["forward"]["all_reduce"] >= 4, odd
     assert split["prefetched"] and not any(split["prefetched"]), split  # each gathered when reached

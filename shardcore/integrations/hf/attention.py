@@ -1,0 +1,174 @@
+"""HuggingFace's attention registry: how ``enable_flash_attention`` and the sequence-parallel
+attention modes switch a transformers model's attention (``set_attn_implementation``, the
+``AttentionInterface`` / ``AttentionMaskInterface`` registries), and shardcore's own SDPA entry.
+
+Registered with the core when shardcore is imported (:data:`REGISTRY`); the core's
+:func:`shardcore.kernels.attention_registry` hands it to the policies. Nothing here imports
+transformers at import time: each function imports it when a model asks.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+
+import torch
+
+from ...kernels import announce_attention, register_attention_registry
+
+__all__ = [
+    "HF_SDPA",
+    "REGISTRY",
+    "hf_attention_switchable",
+    "hf_sdpa_attention",
+    "hf_sdpa_name",
+    "ulysses_problem",
+    "use_hf_attention",
+    "use_ulysses_attention",
+]
+
+
+#: The name shardcore's SDPA function is registered under in transformers' attention registries.
+HF_SDPA = "shardcore_sdpa"
+
+
+def hf_sdpa_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
+    """transformers' SDPA attention, except that grouped-query attention with a mask on the CPU
+    runs ``scaled_dot_product_attention(..., enable_gqa=True)`` on the un-repeated K/V (transformers
+    materializes ``num_key_value_groups`` copies of them there). Everything else (no mask, no
+    groups, position bias, paged caches) is transformers' own function."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    plain = all(kwargs.get(k) is None for k in ("position_bias", "softcap", "s_aux", "sinks", "cache"))
+    if plain and attention_mask is not None and query.device.type == "cpu" and query.shape[1] != key.shape[1]:
+        announce_attention("sdpa (torch scaled_dot_product_attention, grouped K/V not repeated)")
+        out = torch.nn.functional.scaled_dot_product_attention(
+            query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling, enable_gqa=True
+        )
+        return out.transpose(1, 2).contiguous(), None
+    announce_attention("sdpa (torch scaled_dot_product_attention)")
+    return sdpa_attention_forward(
+        module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
+    )
+
+
+@functools.cache
+def hf_sdpa_name() -> str:
+    """The name shardcore's SDPA runs under in this transformers: ``shardcore_sdpa``, registered
+    (with SDPA's mask builder) on first call; ``sdpa`` (transformers' own) where transformers has
+    no mask registry (4.x before ``masking_utils``)."""
+    try:
+        from transformers import AttentionInterface
+        from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+    except ImportError:  # transformers without a mask registry: its own SDPA function
+        return "sdpa"
+    AttentionInterface.register(HF_SDPA, hf_sdpa_attention)
+    AttentionMaskInterface.register(HF_SDPA, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
+    return HF_SDPA
+
+
+def hf_attention_switchable(model) -> bool:
+    """Whether a HuggingFace model (instance or class) can change its attention at run time:
+    ``set_attn_implementation`` (transformers 5), or 4.x models reading the registry per call."""
+    return hasattr(model, "set_attn_implementation") or bool(getattr(model, "_supports_attention_backend", False))
+
+
+def use_hf_attention(model: torch.nn.Module, backend: str) -> str:
+    """Switch a HuggingFace model's attention to ``backend`` through its registry
+    (``set_attn_implementation``); the registry name now in use. Raises ``NotImplementedError``
+    naming the model when it cannot switch at run time."""
+    name = "flash_attention_2" if backend == "flash_attention_2" else hf_sdpa_name()
+    setter = getattr(model, "set_attn_implementation", None)
+    fix = f"build it with attn_implementation={backend!r} instead of enable_flash_attention=True"
+    configs = [m.config for m in model.modules() if getattr(m, "config", None) is not None]
+    if setter is None and hf_attention_switchable(model):
+        for config in configs:  # transformers 4.x: a model reading the registry at run time follows its config
+            config._attn_implementation = name
+    elif setter is None:
+        raise NotImplementedError(
+            f"enable_flash_attention: {type(model).__name__} cannot switch its attention implementation after it "
+            f"was built with this transformers version (no set_attn_implementation); {fix}"
+        )
+    else:
+        try:
+            setter(name)
+        except (ValueError, ImportError) as err:
+            raise NotImplementedError(
+                f"enable_flash_attention: {type(model).__name__} refuses {name!r}: {err}; {fix}"
+            ) from err
+    if any(getattr(c, "_attn_implementation", name) != name for c in configs):
+        raise NotImplementedError(
+            f"enable_flash_attention: {type(model).__name__} does not switch its attention implementation at run "
+            f"time; {fix}"
+        )
+    return name
+
+
+def ulysses_problem(model: torch.nn.Module, mode: str = "all_to_all") -> str | None:
+    """Why :func:`use_ulysses_attention` cannot switch ``model`` to ``mode`` (``None``: it can). No collective."""
+    base_name = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    try:
+        from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+    except ImportError:
+        return (
+            f"sequence_parallelism_mode={mode!r} runs attention through transformers' attention and mask "
+            "registries, which this transformers version lacks"
+        )
+    if not getattr(model, "_supports_attention_backend", False):
+        return (
+            f"sequence_parallelism_mode={mode!r}: {type(model).__name__} does not run its attention through "
+            "transformers' attention registry in this transformers version"
+        )
+    if base_name not in ALL_ATTENTION_FUNCTIONS or base_name not in ALL_MASK_ATTENTION_FUNCTIONS:
+        return (
+            f"sequence_parallelism_mode={mode!r}: {type(model).__name__} runs attention {base_name!r}, which is "
+            "not in transformers' attention registry; build it with attn_implementation='sdpa'"
+        )
+    return None
+
+
+def use_ulysses_attention(model: torch.nn.Module, mode: str = "all_to_all") -> str:
+    """Register ``shardcore_ulysses_<implementation>`` (the model's attention implementation under
+    :func:`shardcore.sequence.ulysses_attention`, with that implementation's mask builder) in
+    HuggingFace's registries and switch the model to it; the name."""
+    from ...sequence import ring_attention, ulysses_attention
+
+    problem = ulysses_problem(model, mode)
+    if problem:
+        raise NotImplementedError(problem)
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    base_name = model.config._attn_implementation
+    base = ALL_ATTENTION_FUNCTIONS[base_name]
+    if mode == "all_to_all":
+        wrapped, name = ulysses_attention(base), f"shardcore_ulysses_{base_name}"
+    else:  # ring_attn, all_gather_kv
+        wrapped, name = ring_attention(base, gather=mode == "all_gather_kv"), f"shardcore_{mode}_{base_name}"
+    AttentionInterface.register(name, wrapped)
+    AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[base_name])
+    setter = getattr(model, "set_attn_implementation", None)
+    if setter is not None:
+        setter(name)
+    else:  # transformers 4.x reads the config per call
+        for module in model.modules():
+            if getattr(module, "config", None) is not None:
+                module.config._attn_implementation = name
+    return name
+
+
+class _Registry:
+    """The core's view of this registry (see :func:`shardcore.kernels.register_attention_registry`)."""
+
+    switchable = staticmethod(hf_attention_switchable)
+    use = staticmethod(use_hf_attention)
+    sequence_problem = staticmethod(ulysses_problem)
+    use_sequence = staticmethod(use_ulysses_attention)
+    module = sys.modules[__name__]
+
+
+#: HuggingFace's registry, as the core asks for it
+REGISTRY = _Registry()
+register_attention_registry(REGISTRY)
