@@ -23,15 +23,9 @@ from .data_parallel import native_class
 from .distributed.collectives import group_rank, group_size
 from .expert_parallel import route
 from .hookspecs import hookimpl
+from .integrations.hf.causal_lm_loss import defer_logits_gather, loss_on_head_slices
 from .integrations.hf.stages import HFStages
-from .losses import (
-    classification_items,
-    classification_loss,
-    defer_logits_gather,
-    loss_on_head_slices,
-    token_items,
-    token_loss,
-)
+from .losses import classification_items, classification_loss, token_items, token_loss
 from .pipeline import PipelineHole
 from .pipeline.hooks import PipelineHooks
 from .policy import ModulePolicyDescription, Policy, SubModuleReplacementDescription

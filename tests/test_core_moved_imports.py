@@ -97,3 +97,23 @@ def test_the_attention_registry_s_old_names_in_kernels_warn_and_are_the_new_code
         f"the moved attention names did not each warn naming their new module: {warned}"
     )
     assert same == "True", "an old name in shardcore.kernels is not the moved function itself"
+
+
+def test_the_causal_lm_loss_glue_s_old_names_in_losses_warn_and_are_the_new_code():
+    """``shardcore.losses.defer_logits_gather`` / ``loss_on_head_slices`` (transformers' ``loss_function``
+    glue) moved to ``shardcore.integrations.hf.causal_lm_loss``; the old names work, warned."""
+    code = (
+        "import warnings\n"
+        "from shardcore.integrations.hf import causal_lm_loss as new\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        "    warnings.simplefilter('always', DeprecationWarning)\n"
+        "    from shardcore.losses import defer_logits_gather, loss_on_head_slices\n"
+        "print([str(w.message) for w in caught if w.category is DeprecationWarning])\n"
+        "print(defer_logits_gather is new.defer_logits_gather and loss_on_head_slices is new.loss_on_head_slices)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    warned, same = out.strip().splitlines()
+    assert warned.count("moved to shardcore.integrations.hf.causal_lm_loss") == 2, (
+        f"the moved loss glue did not warn naming its new module: {warned}"
+    )
+    assert same == "True", "an old name in shardcore.losses is not the moved function itself"

@@ -268,8 +268,8 @@ class PlanPolicy(Policy):
 
     def postprocess(self):
         """Sum over the group the gradients of the parameters given ``replicated_with_grad_allreduce``;
-        a causal LM's loss on the vocabulary slices while its logits are gathered (:func:`~shardcore.losses.defer_logits_gather`)."""
-        from ..losses import defer_logits_gather
+        a causal LM's loss on the vocabulary slices while its logits are gathered (:func:`~shardcore.integrations.hf.causal_lm_loss.defer_logits_gather`)."""
+        from ..integrations.hf.causal_lm_loss import defer_logits_gather
 
         get_head = getattr(self.model, "get_output_embeddings", None)
         defer_logits_gather(self.model, get_head() if callable(get_head) else None)

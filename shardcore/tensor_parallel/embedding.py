@@ -11,7 +11,7 @@ p``, and rank ``r`` holds rows ``[r V_p / p, (r + 1) V_p / p)``. Padding rows ar
   this rank's valid logits only, for :func:`~shardcore.tensor_parallel.vocab_parallel_cross_entropy`.
   With ``defer_gather`` set, a forward that gathers returns this rank's valid logits and leaves
   the all-gather running until :meth:`~VocabParallelLMHead1D.finish_gather`: the model's loss is
-  computed on the slice meanwhile (:func:`shardcore.losses.defer_logits_gather`).
+  computed on the slice meanwhile (:func:`shardcore.integrations.hf.causal_lm_loss.defer_logits_gather`).
 """
 
 from __future__ import annotations
@@ -121,7 +121,7 @@ class VocabParallelLMHead1D(ParallelModule):
     #: whether the model computes its loss on this head's vocabulary slices
     #: (:func:`~shardcore.tensor_parallel.vocab_parallel_cross_entropy`; counted by :meth:`collectives`)
     loss_on_slices: bool = False
-    #: set by :func:`shardcore.losses.defer_logits_gather` while the model's forward runs: forward
+    #: set by :func:`shardcore.integrations.hf.causal_lm_loss.defer_logits_gather` while the model's forward runs: forward
     #: starts the gather and returns the slice
     defer_gather: bool = False
     #: the valid slice of the logits whose gather is running, and what finishes it

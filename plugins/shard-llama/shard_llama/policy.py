@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from shardcore import ModulePolicyDescription, Policy
 from shardcore.builders import attention, mlp, vocab_embedding, vocab_head
+from shardcore.integrations.hf.causal_lm_loss import defer_logits_gather, loss_on_head_slices
 from shardcore.integrations.hf.stages import HFStages
-from shardcore.losses import defer_logits_gather, loss_on_head_slices
 from shardcore.tensor_parallel import VocabParallelLMHead1D
 
 __all__ = ["LlamaForCausalLMPolicy", "LlamaForSequenceClassificationPolicy", "LlamaModelPolicy", "LlamaPolicy"]
