@@ -169,6 +169,8 @@ def _shard(b: Build) -> None:
     # the replica sub-groups layers with replicated heads use: made now, on every rank, not in a constructor
     tp_groups = None if b.config.tensor_parallel_process_group is not None else b.layout.tp_groups()
     prepare_replica_groups(b.group, tp_groups)
+    if b.expert_parallel:  # the expert layers' groups: made now, on every rank, not in a constructor
+        b.layout.expert_groups()
     if b.sequence_mode == "split_gather":
         overlap = b.config.enable_sequence_overlap
         b.sharder.sequence = SequenceParallel(b.group, group_size(b.group), b.sequence_mode, overlap=overlap)

@@ -9,7 +9,8 @@ does for 0.1's paths). The conformance kit a plugin tests with is :mod:`shardcor
 * the parallel layers, their mappings and :class:`ShardSpec` (:mod:`shardcore.tensor_parallel`);
 * the builders of the usual descriptions (:mod:`shardcore.builders`);
 * the losses a pipeline's last stage and a vocabulary-split head use (:mod:`shardcore.losses`);
-* a few helpers the bundled plugins use: checkpoint parts, routing, group sizes.
+* the expert layers (:mod:`shardcore.expert_parallel.experts`) and the helpers the bundled plugins
+  use: checkpoint parts, routing, group sizes.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from .config import ShardConfig
 from .data_parallel import native_class
 from .distributed.collectives import group_rank, group_size
 from .expert_parallel import route
+from .expert_parallel.experts import ExpertsEP, ExpertsTP
 from .hookspecs import hookimpl
 from .integrations.hf.causal_lm_loss import defer_logits_gather, loss_on_head_slices
 from .integrations.hf.stages import HFStages
@@ -34,6 +36,8 @@ from .tensor_parallel import *  # noqa: F403 - the parallel layers and mappings,
 
 __all__ = [
     "CompositePolicy",
+    "ExpertsEP",
+    "ExpertsTP",
     "HFStages",
     "ModulePolicyDescription",
     "PipelineHole",

@@ -177,6 +177,14 @@ MUTANTS: dict[str, Mutant] = {
             "the moved loss glue did not warn naming its new module",
         ),
         _m(
+            "expert-groups-not-prepared",
+            "optimize no longer builds the expert-parallel groups before the layers: an expert layer would have to create them itself",
+            "shardcore/optimize.py",
+            ("    if b.expert_parallel:  # the expert layers' groups", "    if False:  # the expert layers' groups"),
+            "plugins/shard-moe/tests/test_moe_expert_parallel.py::test_each_rank_holds_its_share_of_the_experts[2-2-1]",
+            "the expert-parallel groups of layout",
+        ),
+        _m(
             "row-parallel-split-on-output-dim",
             "a row-parallel layer holding a slice of its output features (rows) instead of its input features",
             "shardcore/tensor_parallel/linear.py",
@@ -639,7 +647,7 @@ MUTANTS: dict[str, Mutant] = {
         _m(
             "moe-expert-shares-not-summed",
             "shard-moe: each rank returns its own experts' share of the tokens (the all-reduce dropped)",
-            "plugins/shard-moe/shard_moe/experts.py",
+            "shardcore/expert_parallel/experts.py",
             ("        return reduce_from_tp(out, group)", "        return out"),
             "plugins/shard-moe/tests/test_moe_tp.py::test_matches_unsharded[mixtral-tp2]",
             "max abs diff",
@@ -647,7 +655,7 @@ MUTANTS: dict[str, Mutant] = {
         _m(
             "moe-router-gradient-partial",
             "shard-moe: the routing weights' gradient left at this rank's experts' share (router trains apart)",
-            "plugins/shard-moe/shard_moe/experts.py",
+            "shardcore/expert_parallel/experts.py",
             ("torch.where(mine, copy_to_tp(top_k_weights, group), 0.0)", "torch.where(mine, top_k_weights, 0.0)"),
             "plugins/shard-moe/tests/test_moe_tp.py::test_matches_unsharded[mixtral-tp2]",
             "gradient of model.",

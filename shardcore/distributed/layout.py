@@ -183,6 +183,20 @@ class ParallelLayout:
             _MESHES[key] = (dist.group.WORLD, (built["ep"], built["experts"], built["replicas"]))
         return _MESHES[key][1]
 
+    def built_expert_groups(self) -> tuple:
+        """:meth:`expert_groups` as already built (no collective: ``optimize`` builds them before any
+        layer, as it does the replica groups); raises naming the fix when they were not."""
+        if not dist.is_initialized():
+            return self.expert_groups()  # on paper: nothing to build
+        built = _MESHES.get(("ep", *self.degrees.values(), self.ep))
+        if built is None or built[0] is not dist.group.WORLD:
+            raise RuntimeError(
+                f"the expert-parallel groups of layout {dict(self.degrees)} are not built: call layout.expert_groups() "
+                "on every rank before building an expert-parallel layer (shardcore.optimize does); creating groups "
+                "is collective over the whole world"
+            )
+        return built[1]
+
     def _expert_rank_lists(self):
         """Every expert-parallel group's ranks, tagged with their kind, in one order on every rank."""
         ep, rep = self.ep, self.dp // self.ep

@@ -8,7 +8,7 @@ Per decoder layer:
   OLMoE's, over every head, split with the heads (:class:`~shardcore.tensor_parallel.SplitRMSNorm`:
   the sum of squares all-reduced);
 * the sparse MLP: the router (``gate``) replicated, the experts split over the ranks, each rank
-  holding ``E / tp`` whole experts (:class:`~shard_moe.experts.ExpertsTP`: each rank adds its
+  holding ``E / tp`` whole experts (:class:`~shardcore.expert_parallel.experts.ExpertsTP`: each rank adds its
   experts' share of every token, one all-reduce sums them). Splitting each expert's MLP instead
   (Megatron's expert tensor parallelism) is not built: with whole experts a rank runs fewer,
   larger matmuls and the checkpoint reads whole experts;
@@ -20,7 +20,7 @@ The load-balancing loss (``output_router_logits=True``) is computed from the rep
 router's logits: the unsharded model's.
 
 Under expert parallelism (``ShardConfig(expert_parallel_size=E)``, over the data-parallel ranks)
-the experts are split over ``E x tp`` ranks (:class:`~shard_moe.experts.ExpertsEP`: tokens travel
+the experts are split over ``E x tp`` ranks (:class:`~shardcore.expert_parallel.experts.ExpertsEP`: tokens travel
 to their experts by all-to-all), everything else as above, data-parallel. With
 ``global_batch_balance=True`` the load-balancing loss is computed from every data-parallel rank's
 router logits (:func:`~shard_moe.balance.over_global_batch`). These models have no router z-loss
@@ -34,10 +34,9 @@ import attrs
 from shardcore import ModulePolicyDescription, Policy
 from shardcore.builders import attention, mlp, vocab_embedding, vocab_head
 from shardcore.data_parallel import native_class
+from shardcore.expert_parallel.experts import ExpertsEP, ExpertsTP
 from shardcore.policy import SubModuleReplacementDescription as Sub
 from shardcore.tensor_parallel import SplitRMSNorm
-
-from .experts import ExpertsEP, ExpertsTP
 
 __all__ = ["MoeForCausalLMPolicy", "MoeModelPolicy", "MoePolicy"]
 

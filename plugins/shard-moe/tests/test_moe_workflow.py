@@ -178,3 +178,23 @@ def test_base_model_reads_the_causal_lm_checkpoint(tmp_path):
     causal_lm.model = base
     causal_lm.save_pretrained(tmp_path / "ckpt")
     run_on_ranks(2, _base_from_causal_lm, str(tmp_path / "ckpt"))
+
+
+def test_the_expert_layers_old_module_warns_and_is_the_core_s():
+    """``shard_moe.experts`` (0.1) moved to ``shardcore.expert_parallel.experts``: it still imports, warned."""
+    import subprocess
+    import sys
+
+    code = (
+        "import warnings\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        "    warnings.simplefilter('always', DeprecationWarning)\n"
+        "    from shard_moe.experts import ExpertsEP, ExpertsTP\n"
+        "from shardcore.expert_parallel import experts\n"
+        "print([str(w.message) for w in caught if w.category is DeprecationWarning])\n"
+        "print(ExpertsEP is experts.ExpertsEP and ExpertsTP is experts.ExpertsTP)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    warned, same = out.strip().splitlines()
+    assert "moved to shardcore.expert_parallel.experts" in warned, f"shard_moe.experts did not warn: {warned}"
+    assert same == "True", "shard_moe.experts' classes are not the core's"
