@@ -7,7 +7,9 @@ the module class the policy describes):
   replicated), the output projection row parallel;
 * :func:`packed_attention`: one packed ``[q; k; v]`` projection split per head, output row parallel;
 * :func:`mlp`: input projection(s) column parallel, output projection row parallel;
-* :func:`vocab_embedding` / :func:`vocab_head`: the vocabulary split over the group.
+* :func:`vocab_embedding` / :func:`vocab_head`: the vocabulary split over the group;
+* :func:`experts`: a mixture-of-experts layer's experts module, split as the layout says (expert
+  parallelism or tensor parallelism): the plugin names the module, the core picks the layer.
 
 ``shared_input=True`` builds the column layers with ``copy_input=False``: the policy must then
 name the module that receives their common input in ``enter_tp_region`` (one backward
@@ -27,7 +29,7 @@ from .tensor_parallel import (
     VocabParallelLMHead1D,
 )
 
-__all__ = ["attention", "mlp", "packed_attention", "vocab_embedding", "vocab_head"]
+__all__ = ["attention", "experts", "mlp", "packed_attention", "vocab_embedding", "vocab_head"]
 
 
 def _join(prefix: str, name: str) -> str:
@@ -114,3 +116,16 @@ def vocab_head(suffix: str, config: ShardConfig, *, gather_output: bool = True) 
         target_module=VocabParallelLMHead1D,
         kwargs={"gather_output": gather_output, "make_vocab_size_divisible_by": config.make_vocab_size_divisible_by},
     )
+
+
+def experts(suffix: str, config: ShardConfig, layout) -> Sub:
+    """The experts module at ``suffix`` (transformers 5's fused experts): over the
+    ``expert_parallel_size x tensor_parallel_size`` ranks, tokens travelling to their experts
+    (:class:`~shardcore.expert_parallel.experts.ExpertsEP`), when ``config`` asks for expert
+    parallelism; else each tensor-parallel rank holding its share of whole experts
+    (:class:`~shardcore.expert_parallel.experts.ExpertsTP`)."""
+    from .expert_parallel.experts import ExpertsEP, ExpertsTP
+
+    if config.expert_parallel_size > 1:
+        return Sub(suffix=suffix, target_module=ExpertsEP, kwargs={"layout": layout})
+    return Sub(suffix=suffix, target_module=ExpertsTP)

@@ -16,7 +16,7 @@ does for 0.1's paths). The conformance kit a plugin tests with is :mod:`shardcor
 from __future__ import annotations
 
 from . import tensor_parallel
-from .builders import attention, mlp, packed_attention, vocab_embedding, vocab_head
+from .builders import attention, experts, mlp, packed_attention, vocab_embedding, vocab_head
 from .checkpoint.parts import StackedParts
 from .composite import CompositePolicy
 from .config import ShardConfig
@@ -51,6 +51,7 @@ __all__ = [
     "classification_items",
     "classification_loss",
     "defer_logits_gather",
+    "experts",
     "group_rank",
     "group_size",
     "hookimpl",

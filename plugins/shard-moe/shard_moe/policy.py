@@ -32,9 +32,9 @@ from __future__ import annotations
 import attrs
 
 from shardcore import ModulePolicyDescription, Policy
-from shardcore.builders import attention, mlp, vocab_embedding, vocab_head
+from shardcore.builders import attention, experts, mlp, vocab_embedding, vocab_head
 from shardcore.data_parallel import native_class
-from shardcore.expert_parallel.experts import ExpertsEP, ExpertsTP
+from shardcore.expert_parallel.experts import ExpertsEP
 from shardcore.policy import SubModuleReplacementDescription as Sub
 from shardcore.tensor_parallel import SplitRMSNorm
 
@@ -119,12 +119,9 @@ class MoePolicy(Policy):
         heads, kv, head_dim = self._dims()
         tp = self.tp_size
         local_kv = kv // tp if kv >= tp else 1
-        if self.shard_config.expert_parallel_size > 1:
-            experts = Sub(suffix="mlp.experts", target_module=ExpertsEP, kwargs={"layout": self.layout})
-            if tp == 1:  # the experts alone: the rest stays whole, data-parallel
-                return {self.block_type(): ModulePolicyDescription(sub_module_replacement=_optional([experts]))}
-        else:
-            experts = Sub(suffix="mlp.experts", target_module=ExpertsTP)
+        split = experts("mlp.experts", self.shard_config, self.layout)  # the core picks the layer
+        if self.shard_config.expert_parallel_size > 1 and tp == 1:  # the experts alone: the rest whole, data-parallel
+            return {self.block_type(): ModulePolicyDescription(sub_module_replacement=_optional([split]))}
         dense = mlp("mlp", ("gate_proj", "up_proj"), "down_proj")  # each column layer copies its input
         shared = mlp("mlp.shared_expert", ("gate_proj", "up_proj"), "down_proj")
         norms = [Sub(suffix=f"self_attn.{n}", target_module=SplitRMSNorm) for n in ("q_norm", "k_norm")]
@@ -133,7 +130,7 @@ class MoePolicy(Policy):
                 attribute_replacement={"self_attn.num_key_value_groups": (heads // tp) // local_kv},
                 sub_module_replacement=attention("self_attn", heads, head_dim, kv_heads=kv)
                 + (norms if self._norms_span_heads() else [])
-                + _optional([experts, *dense, *shared]),
+                + _optional([split, *dense, *shared]),
                 enter_tp_region=["self_attn"],
                 per_rank_rng=["self_attn"],
             ),
