@@ -76,44 +76,40 @@ def test_a_policy_on_the_old_paths_passes_the_kit():
         assert report["max_abs_diff_after_steps"] <= 1e-5, report
 
 
-def test_the_attention_registry_s_old_names_in_kernels_warn_and_are_the_new_code():
-    """0.1's ``shardcore.kernels.use_hf_attention`` & co. moved to ``shardcore.integrations.hf.attention``
-    (the core knows no model library); the old names still work, each with a DeprecationWarning."""
+def _old_names(old: str, new: str, names: tuple[str, ...]) -> tuple[str, bool]:
+    """In a fresh interpreter: the DeprecationWarnings reading ``names`` from module ``old`` gives, and
+    whether each is module ``new``'s own object."""
     code = (
-        "import warnings\n"
-        "import shardcore\n"
-        "from shardcore import kernels\n"
-        "from shardcore.integrations.hf import attention\n"
+        "import importlib, warnings\n"
+        f"new = importlib.import_module({new!r})\n"
         "with warnings.catch_warnings(record=True) as caught:\n"
         "    warnings.simplefilter('always', DeprecationWarning)\n"
-        "    old = [getattr(kernels, n) for n in ('use_hf_attention', 'ulysses_problem', 'HF_SDPA', 'hf_sdpa_name')]\n"
+        f"    got = [getattr(importlib.import_module({old!r}), n) for n in {names!r}]\n"
         "print([str(w.message) for w in caught if w.category is DeprecationWarning])\n"
-        "new = [attention.use_hf_attention, attention.ulysses_problem, attention.HF_SDPA, attention.hf_sdpa_name]\n"
-        "print(all(a is b for a, b in zip(old, new)))\n"
+        f"print(all(a is getattr(new, n) for a, n in zip(got, {names!r})))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     warned, same = out.strip().splitlines()
+    return warned, same == "True"
+
+
+def test_the_attention_registry_s_old_names_in_kernels_warn_and_are_the_new_code():
+    """0.1's ``shardcore.kernels.use_hf_attention`` & co. moved to ``shardcore.integrations.hf.attention``
+    (the core knows no model library); the old names still work, each with a DeprecationWarning."""
+    names = ("use_hf_attention", "ulysses_problem", "HF_SDPA", "hf_sdpa_name")
+    warned, same = _old_names("shardcore.kernels", "shardcore.integrations.hf.attention", names)
     assert warned.count("moved to shardcore.integrations.hf.attention") == 4, (
         f"the moved attention names did not each warn naming their new module: {warned}"
     )
-    assert same == "True", "an old name in shardcore.kernels is not the moved function itself"
+    assert same, "an old name in shardcore.kernels is not the moved function itself"
 
 
 def test_the_causal_lm_loss_glue_s_old_names_in_losses_warn_and_are_the_new_code():
     """``shardcore.losses.defer_logits_gather`` / ``loss_on_head_slices`` (transformers' ``loss_function``
     glue) moved to ``shardcore.integrations.hf.causal_lm_loss``; the old names work, warned."""
-    code = (
-        "import warnings\n"
-        "from shardcore.integrations.hf import causal_lm_loss as new\n"
-        "with warnings.catch_warnings(record=True) as caught:\n"
-        "    warnings.simplefilter('always', DeprecationWarning)\n"
-        "    from shardcore.losses import defer_logits_gather, loss_on_head_slices\n"
-        "print([str(w.message) for w in caught if w.category is DeprecationWarning])\n"
-        "print(defer_logits_gather is new.defer_logits_gather and loss_on_head_slices is new.loss_on_head_slices)\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    warned, same = out.strip().splitlines()
+    names = ("defer_logits_gather", "loss_on_head_slices")
+    warned, same = _old_names("shardcore.losses", "shardcore.integrations.hf.causal_lm_loss", names)
     assert warned.count("moved to shardcore.integrations.hf.causal_lm_loss") == 2, (
         f"the moved loss glue did not warn naming its new module: {warned}"
     )
-    assert same == "True", "an old name in shardcore.losses is not the moved function itself"
+    assert same, "an old name in shardcore.losses is not the moved function itself"
