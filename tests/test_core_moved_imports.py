@@ -77,20 +77,16 @@ def test_a_policy_on_the_old_paths_passes_the_kit():
 
 
 def _old_names(old: str, new: str, names: tuple[str, ...]) -> tuple[str, bool]:
-    """In a fresh interpreter: the DeprecationWarnings reading ``names`` from module ``old`` gives, and
-    whether each is module ``new``'s own object."""
-    code = (
-        "import importlib, warnings\n"
-        f"new = importlib.import_module({new!r})\n"
-        "with warnings.catch_warnings(record=True) as caught:\n"
-        "    warnings.simplefilter('always', DeprecationWarning)\n"
-        f"    got = [getattr(importlib.import_module({old!r}), n) for n in {names!r}]\n"
-        "print([str(w.message) for w in caught if w.category is DeprecationWarning])\n"
-        f"print(all(a is getattr(new, n) for a, n in zip(got, {names!r})))\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    warned, same = out.strip().splitlines()
-    return warned, same == "True"
+    """The DeprecationWarnings reading ``names`` from module ``old`` gives (each read warns: a module
+    ``__getattr__``), and whether each is module ``new``'s own object."""
+    import importlib
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", DeprecationWarning)
+        got = [getattr(importlib.import_module(old), n) for n in names]
+    warned = str([str(w.message) for w in caught if w.category is DeprecationWarning])
+    return warned, all(a is getattr(importlib.import_module(new), n) for a, n in zip(got, names, strict=True))
 
 
 def test_the_attention_registry_s_old_names_in_kernels_warn_and_are_the_new_code():
