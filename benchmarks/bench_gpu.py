@@ -70,8 +70,9 @@ def config(args):
 
 
 def build(args, device: torch.device | str = "cpu"):
-    """The model, initialized where it will run (on a GPU a CPU init of 2B parameters takes longer than the
-    whole timed run), from the same seed for every contestant (the device's generator is deterministic)."""
+    """The model, initialized where it will run (a single-threaded CPU init of 2B parameters would
+    spend lent GPU time waiting), from the same seed for every contestant (the device's generator is
+    deterministic)."""
     from transformers import LlamaForCausalLM
 
     torch.manual_seed(0)
