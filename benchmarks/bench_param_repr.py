@@ -35,6 +35,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
+from bench_common import slowest
 from bench_llama_tp import BATCH, CONFIG, build
 
 PARTS = ("fwd_bwd", "clip", "optimizer", "step")
@@ -88,9 +89,7 @@ def _timed(fn) -> float:
     start = time.perf_counter()
     fn()
     _sync()
-    t = torch.tensor([time.perf_counter() - start], device=DEVICE[0])
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)  # a step ends when its slower rank does
-    return t.item()
+    return slowest(time.perf_counter() - start, DEVICE[0])  # a step ends when its slower rank does
 
 
 def _step(model, opt, batch) -> dict[str, float]:
