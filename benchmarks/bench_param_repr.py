@@ -7,14 +7,17 @@ Both contestants are ``shardcore.optimize`` of the same Llama with the same weig
 ranks x 1 thread, and take turns one step each per round:
 
 * ``plain`` (today): every parameter a plain tensor holding this rank's slice (its layout in a
-  ``ShardSpec``); ``torch.nn.utils.clip_grad_norm_`` is right through shardcore's routing of
-  torch's ``_get_total_norm``;
+  ``ShardSpec``); ``torch.nn.utils.clip_grad_norm_`` is right through the mark its gradients carry
+  (``shardcore/grad_mark.py``);
+* ``unmarked``: the same, its gradients without the mark (``grad_mark.unmark``), clipped by
+  ``shardcore.clip_grad_norm_(model, c)``: what the mark costs (a hook per parameter per backward,
+  a dispatch per optimizer operation on a gradient);
 * ``dtensor`` (the prototype): the same model, then every parameter replaced by a DTensor
   parameter on the tensor-parallel mesh (``Shard(d)`` where the slice is an even split along
   ``d``, ``Replicate()`` for the rest), the layers reading the local tensor through a
   ``torch.nn.utils.parametrize`` parametrization (``to_local()``: no DTensor dispatch in the
   forward's matmuls, shardcore's own collectives unchanged); the gradient norm is torch's own over
-  DTensor gradients (shardcore's routing stands aside: the model is not registered with it).
+  DTensor gradients (the model's gradients carry no mark, and it is not registered with shardcore).
 
 Per contestant: forward + backward (what ``nox -s bench`` times), ``clip_grad_norm_``, the AdamW
 step, and the whole training step, each the median over ``--steps`` of the slower rank; the
@@ -92,10 +95,18 @@ def _timed(fn) -> float:
     return slowest(time.perf_counter() - start, DEVICE[0])  # a step ends when its slower rank does
 
 
+def _clip(model) -> torch.Tensor:
+    import shardcore
+
+    if getattr(model, "_unmarked", False):
+        return shardcore.clip_grad_norm_(model, 1.0)
+    return torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+
+
 def _step(model, opt, batch) -> dict[str, float]:
     parts = {}
     parts["fwd_bwd"] = _timed(lambda: model(**batch).loss.backward())
-    parts["clip"] = _timed(lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0))
+    parts["clip"] = _timed(lambda: _clip(model))
     parts["optimizer"] = _timed(opt.step)
     opt.zero_grad(set_to_none=True)
     parts["step"] = parts["fwd_bwd"] + parts["clip"] + parts["optimizer"]
@@ -104,7 +115,7 @@ def _step(model, opt, batch) -> dict[str, float]:
 
 def worker(args) -> list[dict]:
     import shardcore
-    from shardcore import grad_norm
+    from shardcore import grad_mark, grad_norm
 
     torch.set_num_threads(1)
     world = dist.get_world_size()
@@ -114,8 +125,12 @@ def worker(args) -> list[dict]:
     batch = {"input_ids": ids, "labels": ids}
     config = shardcore.ShardConfig(tensor_parallel_size=world)
     models = {"plain": shardcore.optimize(build().to(device), config)}
+    models["unmarked"] = shardcore.optimize(build().to(device), config)
+    grad_mark.unmark(models["unmarked"])
+    models["unmarked"]._unmarked = True
     prototype = shardcore.optimize(build().to(device), config)
-    grad_norm._MODELS.discard(prototype)  # torch's own norm over DTensor gradients, not shardcore's routing
+    grad_norm._MODELS.discard(prototype)  # torch's own norm over DTensor gradients, not shardcore's
+    grad_mark.unmark(prototype)
     with torch.device("meta"):
         full = build()
     mesh = dist.device_mesh.init_device_mesh(torch.device(device).type, (world,))
@@ -126,7 +141,7 @@ def worker(args) -> list[dict]:
     for name, model in models.items():  # the same loss and gradient norm, or no result
         loss = model(**batch).loss
         loss.backward()
-        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        norm = _clip(model)
         norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
         first[name] = (loss.item(), norm.item())
         model.zero_grad(set_to_none=True)
@@ -155,14 +170,14 @@ def worker(args) -> list[dict]:
     plain = rows[0]
     for row in rows:
         row |= {f"{p}_vs_plain": row[f"{p}_s"] / plain[f"{p}_s"] for p in PARTS}
-    rows[1]["placements"] = placements
+    rows[-1]["placements"] = placements
     return rows if dist.get_rank() == 0 else []
 
 
 def report(rows: list[dict], args) -> None:
     where = "TP=1 on one GPU (fp32)" if args.cuda else "TP=2 on 2 gloo ranks x 1 thread"
     print(f"\nLlama {CONFIG}, batch {BATCH} x seq {args.seq}; {where}")
-    print(f"DTensor parameters: {rows[1]['placements']}\n")
+    print(f"DTensor parameters: {rows[-1]['placements']}\n")
     print(f"{'contestant':<10}" + "".join(f"{p + ' s':>14}{'vs plain':>10}" for p in PARTS) + f"{'grad norm':>12}")
     for r in rows:
         cells = "".join(f"{r[p + '_s']:>14.4f}{r[p + '_vs_plain']:>9.3f}x" for p in PARTS)

@@ -20,11 +20,10 @@ Three ways in, one computation (:func:`grad_norm`):
 * :func:`clip_grad_norm_` (``shardcore.clip_grad_norm_``) and the sharded model's own
   ``model.clip_grad_norm_(max_norm)`` (what accelerate calls for a model that has one);
 * the user's own ``torch.nn.utils.clip_grad_norm_(model.parameters(), c)`` and
-  ``torch.nn.utils.get_total_norm``: :func:`install_torch_hook` (called by ``optimize``) wraps
-  torch's ``_get_total_norm`` (looked up at every call: an earlier ``from torch.nn.utils import
-  clip_grad_norm_`` is covered) while a sharded model lives (:func:`remove_torch_hook` once the
-  last is collected; why not DTensor parameters: docs/parameters.md). Other tensors go to torch's
-  own function; a sharded model's gradients mixed with other tensors are refused by name.
+  ``torch.nn.utils.get_total_norm``: the sharded model's gradients carry a mark whose
+  ``__torch_function__`` hands torch's total norm to :func:`grad_norm` (``shardcore.grad_mark``;
+  nothing of torch is replaced; why not DTensor parameters: docs/parameters.md). A sharded model's
+  gradients mixed with other tensors are refused by name (:func:`owner`).
 
 Every rank of the replica must call it (it is a collective, bounded like every shardcore
 collective); a call on one rank only ends in :class:`~shardcore.CollectiveTimeout` naming it.
@@ -47,9 +46,9 @@ from .sharded_state import parameter_specs
 __all__ = [
     "clip_grad_norm_",
     "grad_norm",
-    "install_torch_hook",
+    "like_grads",
+    "owner",
     "register_model",
-    "remove_torch_hook",
     "sharded_models",
 ]
 
@@ -64,13 +63,9 @@ def sharded_models() -> list[nn.Module]:
 
 
 def register_model(model: nn.Module) -> None:
-    """Make ``model``'s gradients known to torch's norm (:func:`install_torch_hook`) and give the
+    """Make ``model``'s gradients known to torch's norm (``shardcore.grad_mark``) and give the
     model a ``clip_grad_norm_(max_norm, norm_type=2.0)`` method. Called by ``optimize``."""
-    if model not in _MODELS:
-        _MODELS.add(model)
-        _LIVE[0] += 1
-        weakref.finalize(model, _one_gone)
-    install_torch_hook()
+    _MODELS.add(model)
 
     def clip(max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False) -> torch.Tensor:
         return clip_grad_norm_(model, max_norm, norm_type, error_if_nonfinite=error_if_nonfinite)
@@ -206,19 +201,19 @@ def clip_grad_norm_(
         model, params = model_or_parameters, [p for p in model_or_parameters.parameters() if p.grad is not None]
     else:
         params = [p for p in model_or_parameters if p.grad is not None]
-        model, _ = _owner([p.grad for p in params])
+        model, _ = owner([p.grad for p in params])
         if model is None:
             raise TypeError(
                 "shardcore.clip_grad_norm_: these parameters belong to no model sharded by shardcore.optimize; "
                 "use torch.nn.utils.clip_grad_norm_ for them"
             )
     grads = [p.grad for p in params]
-    total = _like_grads(grad_norm(model, params, norm_type, error_if_nonfinite=error_if_nonfinite), grads)
+    total = like_grads(grad_norm(model, params, norm_type, error_if_nonfinite=error_if_nonfinite), grads)
     torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
     return total
 
 
-def _like_grads(total: torch.Tensor, grads: list) -> torch.Tensor:
+def like_grads(total: torch.Tensor, grads: list) -> torch.Tensor:
     """``total`` as torch's clipping multiplies it into ``grads``: a replicated DTensor on their
     mesh when they are FSDP DTensors, else as it is."""
     from torch.distributed.tensor import DTensor, Replicate
@@ -229,71 +224,21 @@ def _like_grads(total: torch.Tensor, grads: list) -> torch.Tensor:
     return DTensor.from_local(total, first.device_mesh, [Replicate()] * first.device_mesh.ndim, run_check=False)
 
 
-# -- torch.nn.utils.clip_grad_norm_ / get_total_norm --------------------------------------------------
-
-_ORIGINAL = None  # torch's clip_grad._get_total_norm and torch.nn.utils.get_total_norm while hooked
-_LIVE = [0]  # the sharded models registered and not yet collected: the hook lives as long as one does
-
-
-def _owner(tensors: list) -> tuple[nn.Module | None, list]:
-    """The live sharded model whose gradients ``tensors`` are, and its parameters holding them."""
+def owner(tensors: list, others: int = 0) -> tuple[nn.Module | None, list]:
+    """The live sharded model whose gradients ``tensors`` are, and its parameters holding them;
+    refused when they come with ``others`` (or some of ``tensors``) that are not its gradients."""
     ids = {id(t) for t in tensors}
     for model in list(_MODELS):
         params = [p for p in model.parameters() if p.grad is not None and id(p.grad) in ids]
         if not params:
             continue
-        if len(params) != len(ids):
+        extra = len(ids) - len(params) + others
+        if extra:
             raise ValueError(
                 f"torch.nn.utils.clip_grad_norm_ / get_total_norm got gradients of the sharded {type(model).__name__} "
-                f"together with {len(ids) - len(params)} other tensor(s): their norm has no single meaning across "
-                "ranks. Clip the sharded model's parameters alone (model.parameters()), or call "
-                "shardcore.clip_grad_norm_(model, max_norm) and clip the others separately."
+                f"together with {extra} other tensor(s) (not its gradients, or gradients replaced after the backward): "
+                "their norm has no single meaning across ranks. Clip the sharded model's parameters alone "
+                "(model.parameters()), or call shardcore.clip_grad_norm_(model, max_norm) and clip the others separately."
             )
         return model, params
     return None, []
-
-
-def _hooked_total_norm(tensors, norm_type=2.0, error_if_nonfinite=False, foreach=None):
-    tensors = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
-    model, params = _owner(tensors)
-    if model is None:
-        return _ORIGINAL[0](tensors, norm_type, error_if_nonfinite, foreach)
-    total = grad_norm(model, params, norm_type, error_if_nonfinite=error_if_nonfinite)
-    return _like_grads(total, tensors)
-
-
-def install_torch_hook() -> None:
-    """Route torch's gradient norm through :func:`grad_norm` for sharded models' gradients, from the
-    first registered sharded model until the last one is collected (:func:`remove_torch_hook`)."""
-    global _ORIGINAL
-    from torch.nn.utils import clip_grad
-
-    if _ORIGINAL is not None:
-        return
-    _ORIGINAL = (clip_grad._get_total_norm, torch.nn.utils.get_total_norm)
-    hooked = torch.no_grad()(_hooked_total_norm)
-    hooked.__shardcore_hook__ = True
-    clip_grad._get_total_norm = hooked
-    torch.nn.utils.get_total_norm = hooked
-
-
-def remove_torch_hook() -> None:
-    """Give torch its own gradient norm back (each function only if it is still shardcore's: a
-    later replacement by someone else is theirs to undo)."""
-    global _ORIGINAL
-    from torch.nn.utils import clip_grad
-
-    if _ORIGINAL is None:
-        return
-    private, public = _ORIGINAL
-    if getattr(clip_grad._get_total_norm, "__shardcore_hook__", False):
-        clip_grad._get_total_norm = private
-    if getattr(torch.nn.utils.get_total_norm, "__shardcore_hook__", False):
-        torch.nn.utils.get_total_norm = public
-    _ORIGINAL = None
-
-
-def _one_gone() -> None:
-    _LIVE[0] -= 1
-    if _LIVE[0] == 0:  # no sharded model is left to route a norm for: torch's own functions again
-        remove_torch_hook()

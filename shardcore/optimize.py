@@ -30,7 +30,7 @@ from .distributed.collectives import Scope, enter_scope_per_forward, group_size,
 from .distributed.groups import prepare_replica_groups
 from .expert_parallel import check_expert_parallel
 from .expert_parallel import install as install_expert_parallel
-from .grad_norm import register_model
+from .grad_mark import register
 from .integrations.hf import install_save_pretrained
 from .integrations.hf.checkpointing import carry_into_checkpoints
 from .integrations.hf.peft import check_lora, peft_base_model, shard_new_adapters, watch_adapters
@@ -98,6 +98,7 @@ class Build:
 def _layout(b: Build) -> None:
     timeout = resolve_timeout(b.config.collective_timeout)  # a malformed environment value fails here
     distributed.init_from_env(timeout)
+    set_collective_timeout(timeout)  # also what the groups created from here on wait (groups.group_timeout)
     b.layout = ParallelLayout.from_config(b.config)
 
 
@@ -229,7 +230,7 @@ def _register(b: Build) -> None:
         model.shardcore = ShardInfo(
             b.config, b.layout.tp, b.group, b.policy, b.layout, b.applied, b.data_parallel, b.pipeline, b.scope
         )
-        register_model(model)
+        register(model)  # its gradient norm, model.clip_grad_norm_, the mark torch's own norm reads (grad_mark)
         install_save_pretrained(model)
         carry_into_checkpoints(model, [STREAMS, *b.recompute])  # HF gradient checkpointing recomputes exactly
     if b.tensor_parallel:
@@ -281,7 +282,7 @@ def optimize(
     inner = peft_base_model(model)
     if inner is not None:  # a PEFT model: shard the model it wraps (its LoRA layers with it), keep the wrapper
         model.shardcore = optimize(inner, config, policy=policy).shardcore
-        register_model(model)
+        register(model)
         return model
     config = ShardConfig() if config is None else config
     if not isinstance(config, ShardConfig):

@@ -5,7 +5,7 @@
   nowhere else in the core or in a plugin's package;
 * no module attribute of ``torch``, ``transformers`` or ``peft`` is assigned (``torch.x = ...``,
   ``setattr(torch.y, ...)``): a patch would outlive the model that made it, and every other model of
-  the process would run through it. The one left is listed with its reason and must stay exactly that.
+  the process would run through it.
 
 Tests may patch (pytest's ``monkeypatch`` undoes it); the packages may not.
 """
@@ -34,13 +34,9 @@ COMMUNICATION = frozenset(C10D_CALLS) | {
     "init_process_group",
 }
 PATCHED_ROOTS = ("torch", "transformers", "peft")
-#: ``file: reason`` of the assignments into those libraries still made, each to be removed
-KNOWN_PATCHES = {
-    "shardcore/grad_norm.py": "torch.nn.utils.clip_grad_norm_ on plain-tensor shards needs the norm routed "
-    "through shardcore.grad_norm; without a patch only DTensor parameters make it right, and they cost the "
-    "training step 3.6% on the CPU and 42% on a GPU (docs/parameters.md); the routing lives as long as a "
-    "sharded model does",
-}
+#: ``file: reason`` of the assignments into those libraries still made, each to be removed: none
+#: is left (clipping's routing became a mark on the gradients, ``shardcore/grad_mark.py``)
+KNOWN_PATCHES: dict[str, str] = {}
 
 
 def _sources() -> list[pathlib.Path]:
@@ -162,9 +158,7 @@ def test_the_checks_see_what_they_claim(tmp_path, source, kind, expected):
     assert [f.split(" ", 1)[1] for f in found] == ([expected] if expected else []), found
 
 
-def _norm_while_a_model_lives() -> dict:
-    import gc
-
+def _torch_s_norm_beside_a_sharded_model() -> dict:
     import torch
     import torch.distributed as dist
     from toy_models import ToyLM, ToyPolicy
@@ -172,29 +166,46 @@ def _norm_while_a_model_lives() -> dict:
     import shardcore
     from shardcore import ShardConfig, grad_norm
 
-    gc.collect()
     clip_grad, utils = torch.nn.utils.clip_grad, torch.nn.utils
-    private, public = clip_grad._get_total_norm, utils.get_total_norm
-    seen = {"before": [private.__qualname__, public.__qualname__]}
+    functions = (clip_grad._get_total_norm, clip_grad.clip_grad_norm_, utils.get_total_norm, utils.clip_grad_norm_)
     torch.manual_seed(0)
+    plain = ToyLM(vocab=128)
     model = shardcore.optimize(
         ToyLM(vocab=128), ShardConfig(tensor_parallel_size=dist.get_world_size()), policy=ToyPolicy
     )
-    seen["while"] = [clip_grad._get_total_norm.__qualname__, utils.get_total_norm.__qualname__]
-    del model
-    gc.collect()
-    seen["alive after"] = [type(m).__name__ for m in grad_norm.sharded_models()]
-    seen["restored"] = clip_grad._get_total_norm is private and utils.get_total_norm is public
-    return seen
+    ids = torch.randint(0, 128, (2, 8), generator=torch.Generator().manual_seed(1))
+    for m in (plain, model):
+        m(ids, labels=ids)["loss"].backward()
+    grads = [p.grad for p in plain.parameters()]
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    optimizer.step()
+    return {
+        "torch's functions unchanged": functions
+        == (clip_grad._get_total_norm, clip_grad.clip_grad_norm_, utils.get_total_norm, utils.clip_grad_norm_),
+        "sharded gradients": sorted({type(p.grad).__name__ for p in model.parameters()}),
+        "plain gradients": sorted({type(g).__name__ for g in grads}),
+        "plain norm": (utils.get_total_norm(grads) - torch.stack([g.norm() for g in grads]).norm()).abs().item(),
+        "sharded norm": (
+            utils.get_total_norm([p.grad for p in model.parameters()]) - grad_norm.grad_norm(model)
+        ).item(),
+        "sharded norm, foreach": (
+            utils.get_total_norm([p.grad for p in model.parameters()], foreach=True) - grad_norm.grad_norm(model)
+        ).item(),
+        "optimizer state": sorted({type(v).__name__ for st in optimizer.state.values() for v in st.values()}),
+    }
 
 
-def test_torch_s_own_norm_is_back_once_no_sharded_model_lives():
-    """The one patch left (clipping's routing, KNOWN_PATCHES) lives exactly as long as a sharded model:
-    made by optimize, undone when the last sharded model is garbage-collected."""
+def test_torch_s_own_norm_is_never_replaced():
+    """No patch: torch's gradient-norm functions stay torch's while a sharded model lives; the
+    sharded model's gradients carry the mark that makes torch's norm the unsharded one (grad_mark),
+    another model's gradients stay plain and get torch's norm as ever, and optimizer state made from
+    a marked gradient is a plain tensor (it saves and loads without shardcore)."""
     from shardcore.testing import run_on_ranks
 
-    for seen in run_on_ranks(2, _norm_while_a_model_lives):
-        assert "_hooked_total_norm" not in seen["before"], f"a sharded model of an earlier test still lives: {seen}"
-        assert seen["while"] == ["_hooked_total_norm"] * 2, seen
-        assert not seen["alive after"], f"sharded models outlived their last reference: {seen}"
-        assert seen["restored"], f"torch's gradient norm is still shardcore's after the last sharded model went: {seen}"
+    for seen in run_on_ranks(2, _torch_s_norm_beside_a_sharded_model):
+        assert seen["torch's functions unchanged"], seen
+        assert seen["sharded gradients"] == ["ShardGrad"], f"a sharded model's gradient without its mark: {seen}"
+        assert seen["plain gradients"] == ["Tensor"] and seen["plain norm"] < 1e-6, seen
+        assert abs(seen["sharded norm"]) < 1e-6, f"torch's norm of marked gradients is not the unsharded one: {seen}"
+        assert abs(seen["sharded norm, foreach"]) < 1e-6, f"torch's foreach norm of marked gradients differs: {seen}"
+        assert seen["optimizer state"] == ["Tensor"], f"optimizer state made from a marked gradient: {seen}"

@@ -114,7 +114,9 @@ def _mixed() -> str:
 
 def test_gradients_mixed_with_other_tensors_are_refused_on_every_rank():
     for message in run_on_ranks(2, _mixed):
-        assert "together with 1 other tensor(s)" in message and "shardcore.clip_grad_norm_(model" in message
+        assert "together with 1 other tensor(s)" in message and "shardcore.clip_grad_norm_(model" in message, (
+            f"mixed gradients were not refused: {message}"
+        )
 
 
 def _clip_on(config: dict):

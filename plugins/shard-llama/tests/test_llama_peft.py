@@ -60,6 +60,12 @@ def _check(order: str, tp: int, out: str) -> dict:
             assert want[name].norm() > 0 and rel <= 1e-5, (name, rel)
             worst = max(worst, rel)
     report["max_rel_err_lora_grads"] = worst
+    # the user's own torch.nn.utils.get_total_norm (what clip_grad_norm_ clips by): the unsharded norm
+    norm, norm_ref = (
+        torch.nn.utils.get_total_norm([p.grad for p in m.parameters() if p.grad is not None]) for m in (model, ref)
+    )
+    report["norm_rel_diff"] = ((norm - norm_ref).abs() / norm_ref).item()
+    assert report["norm_rel_diff"] <= 1e-5, f"torch's norm of the LoRA gradients is not the unsharded one: {report}"
     # the adapter saved from the sharded model is the unsharded model's adapter
     import torch.distributed as dist
 
