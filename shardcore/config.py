@@ -156,8 +156,9 @@ class ShardConfig:
             before raising an error that names it (layer, forward/backward, sequence number); on
             NCCL the host never waits on it: a watch reports the named cause at the bound and
             the process group's watchdog ends the process at the group's timeout.
-            ``None``: ``$SHARDCORE_COLLECTIVE_TIMEOUT``, else 300. Per process; also the timeout
-            of the process group :func:`shardcore.optimize` creates from torchrun's environment.
+            ``None``: ``$SHARDCORE_COLLECTIVE_TIMEOUT``, else 300. Per process; twice it is the
+            timeout of every process group shardcore creates on NCCL (from torchrun's
+            environment, and the layout's groups), so the watchdog ends a hang then.
         enable_flash_attention: attention on ``flash_attn`` 2 when it is installed and the model
             runs on CUDA in fp16/bf16, else on ``torch.nn.functional.scaled_dot_product_attention``
             (fused CPU/CUDA kernels; grouped K/V not repeated where the kernel allows), through

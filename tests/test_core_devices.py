@@ -88,3 +88,39 @@ def test_the_group_shardcore_starts_on_a_gpu_has_nccl_s_flight_recorder_on(monke
     distributed.init_from_env(1.0)
     want = {"TORCH_NCCL_TRACE_BUFFER_SIZE": "0" if user_set else "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}
     assert seen == [want], f"the flight recorder's variables when NCCL starts: {seen}, not {want}"
+
+
+@pytest.mark.parametrize(
+    ("backend", "expected_s"),
+    [("cpu:gloo,cuda:nccl", 14.0), ("nccl", 14.0), ("gloo", None)],
+)
+def test_the_groups_shardcore_creates_on_nccl_wait_twice_the_bound(monkeypatch, backend, expected_s):
+    """Per-group timeouts: a group shardcore creates on a world with NCCL (its own watchdog) ends a
+    hung collective at twice the model's bound, as the world group init_from_env starts; on gloo
+    the group keeps torch's default (shardcore's bounded wait ends the hang there)."""
+    from datetime import timedelta
+
+    from shardcore.distributed import groups
+    from shardcore.distributed.collectives import set_collective_timeout
+
+    made = []
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_backend_config", lambda group=None: backend)
+    monkeypatch.setattr(dist, "new_group", lambda ranks, timeout=None: made.append(timeout))
+    set_collective_timeout(7.0)
+    try:
+        groups.new_group([0])
+        override = groups.mesh_backend_override(("dp", "tp"))
+    finally:
+        set_collective_timeout(None)
+    expected = None if expected_s is None else timedelta(seconds=expected_s)
+    assert made == [expected], f"the group's timeout: {made}, want {expected}"
+    if expected is None:
+        assert override is None, override
+    elif not hasattr(dist, "ProcessGroupNCCL"):
+        pytest.skip("this torch is built without NCCL: no NCCL options to carry a device mesh's timeout")
+    else:
+        assert set(override) == {"dp", "tp"}, override
+        assert all(b == backend and o._timeout == expected for b, o in override.values()), (
+            f"the mesh's groups would not wait twice the bound: {[(b, o._timeout) for b, o in override.values()]}"
+        )

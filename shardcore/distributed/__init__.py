@@ -18,7 +18,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from .groups import prepare_replica_groups, replica_group
+from .groups import GROUP_WAIT_FACTOR, prepare_replica_groups, replica_group
 from .launcher import RankError, RankPool, close_pools, run_on_ranks
 from .layout import DIMS, ParallelLayout
 from .watch import FLIGHT_RECORDER, use_flight_recorder
@@ -41,8 +41,6 @@ __all__ = [
 
 #: the backend shardcore starts on GPUs: NCCL for CUDA tensors, gloo for CPU ones (PyTorch's per-device form)
 CUDA_BACKEND = "cpu:gloo,cuda:nccl"
-#: the process group ``init_from_env`` creates waits this many collective bounds
-GROUP_WAIT_FACTOR = 2
 
 
 def init_from_env(timeout_s: float | None = None) -> None:

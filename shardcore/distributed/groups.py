@@ -1,4 +1,12 @@
-"""Sub-groups of a tensor-parallel group: the ranks holding the same replicated shard.
+"""The process groups shardcore creates, and the sub-groups of a tensor-parallel group that hold the
+same replicated shard.
+
+Every group shardcore creates comes through :func:`new_group` (or, for the layout's mesh, carries
+:func:`mesh_backend_override`): on a world with a device backend that has its own watchdog (NCCL)
+its timeout is :data:`GROUP_WAIT_FACTOR` times the collective bound in force
+(:func:`group_timeout`), as for the world group ``init_from_env`` starts, so a hung collective
+ends the process soon after shardcore named it (``watch.py``), not at NCCL's default of 10 minutes;
+on gloo a group keeps torch's default (shardcore's bounded waits end a hang there).
 
 A layer whose heads are fewer than the tensor-parallel ranks (grouped-query attention's key/value
 heads at TP=4 with 2 heads) holds each head on a block of consecutive ranks; the gradients of those
@@ -9,11 +17,25 @@ so it happens once, before any layer is built (:func:`prepare_replica_groups`, w
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import torch.distributed as dist
 
 from .ranks import PaperGroup, group_key, group_ranks, group_size
+from .scope import DEFAULT_SCOPE, resolve_timeout
+from .watch import WATCHDOG_BACKENDS
 
-__all__ = ["new_group", "prepare_replica_groups", "replica_group"]
+__all__ = [
+    "GROUP_WAIT_FACTOR",
+    "group_timeout",
+    "mesh_backend_override",
+    "new_group",
+    "prepare_replica_groups",
+    "replica_group",
+]
+
+#: a group shardcore creates on a watchdog backend waits this many collective bounds
+GROUP_WAIT_FACTOR = 2
 
 #: ``{(group key, blocks): (group, the sub-group holding this rank)}``; the group is held so a
 #: later group with the same ranks (after the first was destroyed) is not handed stale sub-groups
@@ -51,17 +73,42 @@ def prepare_replica_groups(group, tp_groups: list[list[int]] | None = None) -> N
         for tp_ranks in sorted({tuple(r) for r in tp_groups}):
             for b in range(0, len(tp_ranks), blocks):
                 ranks = list(tp_ranks[b : b + blocks])
-                sub = dist.new_group(ranks)
+                sub = new_group(ranks)
                 if me in ranks:
                     mine = sub
         _REPLICA_GROUPS[(key, blocks)] = (group, mine)
 
 
+def _backends() -> set[str]:
+    name = str(dist.get_backend_config())
+    return {part.split(":", 1)[-1] for part in name.split(",")}
+
+
+def group_timeout() -> timedelta | None:
+    """The timeout of a group shardcore creates now: :data:`GROUP_WAIT_FACTOR` times the collective
+    bound in force (the model being optimized sets it first) when the world has a watchdog backend
+    (NCCL), else ``None`` (torch's default)."""
+    if not dist.is_initialized() or not _backends() & WATCHDOG_BACKENDS:
+        return None
+    return timedelta(seconds=GROUP_WAIT_FACTOR * resolve_timeout(DEFAULT_SCOPE.timeout_s))
+
+
+def mesh_backend_override(dims: tuple[str, ...]) -> dict | None:
+    """``init_device_mesh``'s ``backend_override`` giving each of ``dims``' groups :func:`group_timeout`
+    (a device mesh takes a timeout only in NCCL's options); ``None`` where there is none to give."""
+    timeout = group_timeout()
+    if timeout is None or "nccl" not in _backends() or not hasattr(dist, "ProcessGroupNCCL"):
+        return None
+    options = dist.ProcessGroupNCCL.Options()
+    options._timeout = timeout
+    return {d: (str(dist.get_backend_config()), options) for d in dims}
+
+
 def new_group(ranks: list[int]):
     """A process group of the global ``ranks``: collective over the whole world (every rank calls it,
     in the same order, member or not), as ``torch.distributed.new_group``; the group's backend is
-    the default group's (``"cpu:gloo,cuda:nccl"`` gives it both)."""
-    return dist.new_group(ranks)
+    the default group's (``"cpu:gloo,cuda:nccl"`` gives it both), its timeout :func:`group_timeout`."""
+    return dist.new_group(ranks, timeout=group_timeout())
 
 
 def replica_group(group, blocks: int):

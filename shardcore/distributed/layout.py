@@ -26,6 +26,8 @@ import attrs
 import torch.distributed as dist
 from attrs import validators as v
 
+from .groups import mesh_backend_override, new_group
+
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
@@ -137,7 +139,8 @@ class ParallelLayout:
             from torch.distributed.device_mesh import init_device_mesh
 
             device = "cuda" if dist.is_initialized() and dist.get_backend() == "nccl" else "cpu"
-            _MESHES[key] = (dist.group.WORLD, init_device_mesh(device, key, mesh_dim_names=DIMS))
+            mesh = init_device_mesh(device, key, mesh_dim_names=DIMS, backend_override=mesh_backend_override(DIMS))
+            _MESHES[key] = (dist.group.WORLD, mesh)
         return _MESHES[key][1]
 
     def hsdp_mesh(self, shard: int) -> DeviceMesh:
@@ -149,7 +152,8 @@ class ParallelLayout:
 
             device = "cuda" if dist.is_initialized() and dist.get_backend() == "nccl" else "cpu"
             shape = (self.dp // shard, shard, self.pp, self.sp, self.tp)
-            full = init_device_mesh(device, shape, mesh_dim_names=("dp_replicate", "dp_shard", *DIMS[1:]))
+            names = ("dp_replicate", "dp_shard", *DIMS[1:])
+            full = init_device_mesh(device, shape, mesh_dim_names=names, backend_override=mesh_backend_override(names))
             _MESHES[key] = (dist.group.WORLD, full["dp_replicate", "dp_shard"])
         return _MESHES[key][1]
 
@@ -177,7 +181,7 @@ class ParallelLayout:
         if _MESHES.get(key, (None,))[0] is not dist.group.WORLD:
             rank, built = dist.get_rank(), {}
             for kind, ranks in self._expert_rank_lists():
-                group = dist.new_group(ranks)
+                group = new_group(ranks)
                 if rank in ranks:
                     built[kind] = group
             _MESHES[key] = (dist.group.WORLD, (built["ep"], built["experts"], built["replicas"]))

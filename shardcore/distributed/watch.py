@@ -13,7 +13,7 @@ collective in a :class:`Watch`: its kind, sequence number, module and group, the
 entered and a CUDA event marking its end. A daemon thread polls the oldest unfinished record;
 once one is older than the bound it reports the named cause (the same text as the gloo error) on
 stderr and in :data:`REPORTS`. The process group's own watchdog then ends the process at the
-group's timeout (``init_from_env`` makes that twice the bound), so the hang is still bounded and
+group's timeout (twice the bound for the groups shardcore creates: ``groups.group_timeout``), so the hang is still bounded and
 its cause named first. PyTorch's flight recorder (``TORCH_NCCL_TRACE_BUFFER_SIZE``), which the
 groups shardcore starts on a GPU turn on (:func:`shardcore.distributed.use_flight_recorder`), adds
 every rank's collective history, dumped at the group's timeout.
