@@ -14,6 +14,8 @@ import logging
 
 import torch
 
+from .moved import moved_names
+
 __all__ = ["FLASH_DTYPES", "attention_backend", "flash_attn_available"]
 
 log = logging.getLogger("shardcore")
@@ -112,19 +114,7 @@ _MOVED = (
 )
 
 
-def __getattr__(name: str):
-    if name in _MOVED:
-        import warnings
-
-        attention = attention_registry().module  # shardcore.integrations.hf.attention, registered at import
-        warnings.warn(
-            f"shardcore.kernels.{name} moved to shardcore.integrations.hf.attention.{name}: import it from there "
-            "(the old name goes away in 0.3)",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return getattr(attention, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = moved_names(__name__, "shardcore.integrations.hf.attention", _MOVED)
 
 
 # --- applying the switches ------------------------------------------------------------------------

@@ -16,6 +16,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .moved import moved_names
+
 __all__ = [
     "causal_lm_loss_on_slices",
     "classification_items",
@@ -29,20 +31,7 @@ __all__ = [
 _MOVED = ("defer_logits_gather", "loss_on_head_slices")
 
 
-def __getattr__(name: str):
-    if name in _MOVED:
-        import importlib
-        import warnings
-
-        warnings.warn(
-            f"shardcore.losses.{name} moved to shardcore.integrations.hf.causal_lm_loss.{name}: import it from "
-            "there (the old name goes away in 0.3)",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        # looked up by name: the HF integration sits above this module, which never imports it at load
-        return getattr(importlib.import_module("shardcore.integrations.hf.causal_lm_loss"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = moved_names(__name__, "shardcore.integrations.hf.causal_lm_loss", _MOVED)
 
 
 def token_items(labels: torch.Tensor) -> torch.Tensor:

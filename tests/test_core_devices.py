@@ -124,3 +124,19 @@ def test_the_groups_shardcore_creates_on_nccl_wait_twice_the_bound(monkeypatch, 
         assert all(b == backend and o._timeout == expected for b, o in override.values()), (
             f"the mesh's groups would not wait twice the bound: {[(b, o._timeout) for b, o in override.values()]}"
         )
+
+
+@pytest.mark.parametrize(
+    ("backend", "expected"),
+    [("cpu:gloo,cuda:nccl", "cuda"), ("nccl", "cuda"), ("gloo", "cpu")],
+)
+def test_the_meshes_shardcore_builds_are_on_the_gpu_when_the_world_runs_nccl(monkeypatch, backend, expected):
+    """FSDP2 puts a module's shards on its mesh's device: under init_from_env's "cpu:gloo,cuda:nccl"
+    the layout's mesh must be a CUDA mesh, not a CPU one (the backend string is not "nccl" there)."""
+    from shardcore.distributed import groups
+
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_backend_config", lambda group=None: backend)
+    monkeypatch.setattr(dist, "get_backend", lambda group=None: backend)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert groups.mesh_device() == expected, f"a {groups.mesh_device()} mesh on a world running {backend}"

@@ -1,8 +1,8 @@
 """The process groups shardcore creates, and the sub-groups of a tensor-parallel group that hold the
 same replicated shard.
 
-Every group shardcore creates comes through :func:`new_group` (or, for the layout's mesh, carries
-:func:`mesh_backend_override`): on a world with a device backend that has its own watchdog (NCCL)
+Every group shardcore creates comes through :func:`new_group` or a device mesh (the layout's, and
+the replica sub-groups: a mesh whose rows are the blocks) carrying :func:`mesh_backend_override`: on a world with a device backend that has its own watchdog (NCCL)
 its timeout is :data:`GROUP_WAIT_FACTOR` times the collective bound in force
 (:func:`group_timeout`), as for the world group ``init_from_env`` starts, so a hung collective
 ends the process soon after shardcore named it (``watch.py``), not at NCCL's default of 10 minutes;
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import torch
 import torch.distributed as dist
 
 from .ranks import PaperGroup, group_key, group_ranks, group_size
@@ -29,6 +30,7 @@ __all__ = [
     "GROUP_WAIT_FACTOR",
     "group_timeout",
     "mesh_backend_override",
+    "mesh_device",
     "new_group",
     "prepare_replica_groups",
     "replica_group",
@@ -67,21 +69,32 @@ def prepare_replica_groups(group, tp_groups: list[list[int]] | None = None) -> N
     if tp_groups is None:
         tp_groups = [None] * dist.get_world_size()
         dist.all_gather_object(tp_groups, list(key))
-    me = dist.get_rank()
-    for blocks in smaller:  # every rank creates every sub-group of every tp group, in one order, keeps its own
-        mine = None
-        for tp_ranks in sorted({tuple(r) for r in tp_groups}):
-            for b in range(0, len(tp_ranks), blocks):
-                ranks = list(tp_ranks[b : b + blocks])
-                sub = new_group(ranks)
-                if me in ranks:
-                    mine = sub
-        _REPLICA_GROUPS[(key, blocks)] = (group, mine)
+    from torch.distributed.device_mesh import DeviceMesh
+
+    names = ("replica_sets", "replica")
+    override = mesh_backend_override(names)
+    for blocks in smaller:  # a mesh whose rows are every tp group's blocks: along "replica", this rank's block
+        rows = [
+            list(tp[b : b + blocks]) for tp in sorted({tuple(r) for r in tp_groups}) for b in range(0, len(tp), blocks)
+        ]
+        mesh = DeviceMesh(
+            mesh_device(),
+            torch.tensor(rows),
+            mesh_dim_names=names,
+            backend_override=None if override is None else tuple(override[n] for n in names),
+        )
+        _REPLICA_GROUPS[(key, blocks)] = (group, mesh.get_group("replica"))
 
 
 def _backends() -> set[str]:
     name = str(dist.get_backend_config())
     return {part.split(":", 1)[-1] for part in name.split(",")}
+
+
+def mesh_device() -> str:
+    """The device type of the meshes shardcore builds: ``"cuda"`` when the world runs NCCL (alone or
+    beside gloo, ``"cpu:gloo,cuda:nccl"``: FSDP2 places a module's shards on its mesh's device), else ``"cpu"``."""
+    return "cuda" if dist.is_initialized() and "nccl" in _backends() and torch.cuda.is_available() else "cpu"
 
 
 def group_timeout() -> timedelta | None:

@@ -26,7 +26,7 @@ import attrs
 import torch.distributed as dist
 from attrs import validators as v
 
-from .groups import mesh_backend_override, new_group
+from .groups import mesh_backend_override, mesh_device, new_group
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -138,7 +138,7 @@ class ParallelLayout:
         if _MESHES.get(key, (None,))[0] is not dist.group.WORLD:
             from torch.distributed.device_mesh import init_device_mesh
 
-            device = "cuda" if dist.is_initialized() and dist.get_backend() == "nccl" else "cpu"
+            device = mesh_device()
             mesh = init_device_mesh(device, key, mesh_dim_names=DIMS, backend_override=mesh_backend_override(DIMS))
             _MESHES[key] = (dist.group.WORLD, mesh)
         return _MESHES[key][1]
@@ -150,7 +150,7 @@ class ParallelLayout:
         if _MESHES.get(key, (None,))[0] is not dist.group.WORLD:
             from torch.distributed.device_mesh import init_device_mesh
 
-            device = "cuda" if dist.is_initialized() and dist.get_backend() == "nccl" else "cpu"
+            device = mesh_device()
             shape = (self.dp // shard, shard, self.pp, self.sp, self.tp)
             names = ("dp_replicate", "dp_shard", *DIMS[1:])
             full = init_device_mesh(device, shape, mesh_dim_names=names, backend_override=mesh_backend_override(names))
