@@ -199,7 +199,7 @@ MUTANTS: dict[str, Mutant] = {
             "mesh-groups-keep-nccl-s-default-timeout",
             "the layout's device mesh is built without the timeout in NCCL's options",
             "shardcore/distributed/groups.py",
-            ("    options._timeout = timeout\n", ""),
+            ("        options._timeout = timeout\n", ""),
             "tests/test_core_devices.py::test_the_groups_shardcore_creates_on_nccl_wait_twice_the_bound[cpu:gloo,cuda:nccl-14.0]",
             "the mesh's groups would not wait twice the bound",
         ),

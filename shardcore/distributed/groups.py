@@ -112,9 +112,12 @@ def mesh_backend_override(dims: tuple[str, ...]) -> dict | None:
     timeout = group_timeout()
     if timeout is None or "nccl" not in _backends() or not hasattr(dist, "ProcessGroupNCCL"):
         return None
-    options = dist.ProcessGroupNCCL.Options()
-    options._timeout = timeout
-    return {d: (str(dist.get_backend_config()), options) for d in dims}
+    override = {}
+    for d in dims:  # options of its own per dimension (torch's NCCL fills in each group's ranks and name)
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = timeout
+        override[d] = (str(dist.get_backend_config()), options)
+    return override
 
 
 def new_group(ranks: list[int]):
