@@ -150,7 +150,7 @@ MUTANTS: dict[str, Mutant] = {
             "shardcore/grad_mark.py",
             (
                 "        return _on_gradient(func, args, kwargs or {})\n\n\nclass ShardDTensorGrad",
-                "        if func is not torch.linalg.vector_norm:\n"
+                "        if func not in (torch.linalg.vector_norm, torch._foreach_norm):\n"
                 "            return super().__torch_function__(func, types, args, kwargs)\n"
                 "        return _on_gradient(func, args, kwargs or {})\n\n\nclass ShardDTensorGrad",
             ),
