@@ -115,9 +115,8 @@ class NormPart(torch.Tensor):
             and kwargs.get("dim", args[1] if len(args) > 1 else 0) == 0
         ):
             return _stacked(list(first if first is not None else kwargs["tensors"]))
-        if func is torch.linalg.vector_norm and isinstance(first, NormPart) and _whole_norm(args, kwargs) is not None:
-            return _total(first, _whole_norm(args, kwargs), args, kwargs)
-        return _plain(func, args, kwargs)
+        order = _whole_norm(args, kwargs) if func is torch.linalg.vector_norm and isinstance(first, NormPart) else None
+        return _plain(func, args, kwargs) if order is None else _total(first, order, args, kwargs)
 
 
 def _stacked(tensors: list) -> torch.Tensor:

@@ -98,7 +98,7 @@ class Build:
 def _layout(b: Build) -> None:
     timeout = resolve_timeout(b.config.collective_timeout)  # a malformed environment value fails here
     distributed.init_from_env(timeout)
-    set_collective_timeout(timeout)  # also what the groups created from here on wait (groups.group_timeout)
+    set_collective_timeout(timeout)  # collectives outside a model's forward (clipping, saving); the groups' timeouts
     b.layout = ParallelLayout.from_config(b.config)
 
 
@@ -200,9 +200,7 @@ def _guards(b: Build) -> None:
     if b.sharded:
         if b.tensor_parallel and b.policy.share_tp_copies:
             share_copies_per_forward(b.model)
-        timeout = resolve_timeout(b.config.collective_timeout)
-        b.scope = Scope(type(b.model).__name__, timeout)  # this model's bound, whatever other models use
-        set_collective_timeout(timeout)  # and the collectives outside any model's forward (clipping, saving)
+        b.scope = Scope(type(b.model).__name__, resolve_timeout(b.config.collective_timeout))  # this model's bound
         consistency.install(b.model, b.group, b.config)
         if not b.config.inference_only:  # before data parallelism wraps the model: FSDP's backward work first
             install_overflow_agreement(b.model, dist.group.WORLD if b.whole_world else b.group, b.config)

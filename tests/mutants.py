@@ -207,7 +207,7 @@ MUTANTS: dict[str, Mutant] = {
             "cpu-mesh-under-cpu-gloo-cuda-nccl",
             "the layout's mesh is a CPU mesh under init_from_env's cpu:gloo,cuda:nccl (FSDP2 would keep shards on the CPU)",
             "shardcore/distributed/groups.py",
-            ('"nccl" in _backends() and torch.cuda.is_available()', 'dist.get_backend() == "nccl"'),
+            ('"nccl" in backends().values() and torch.cuda.is_available()', 'dist.get_backend() == "nccl"'),
             "tests/test_core_devices.py::test_the_meshes_shardcore_builds_are_on_the_gpu_when_the_world_runs_nccl[cpu:gloo,cuda:nccl-cuda]",
             "a cpu mesh on a world running cpu:gloo,cuda:nccl",
         ),

@@ -1,12 +1,13 @@
 """The process groups shardcore creates, and the sub-groups of a tensor-parallel group that hold the
 same replicated shard.
 
-Every group shardcore creates comes through :func:`new_group` or a device mesh (the layout's, and
-the replica sub-groups: a mesh whose rows are the blocks) carrying :func:`mesh_backend_override`: on a world with a device backend that has its own watchdog (NCCL)
-its timeout is :data:`GROUP_WAIT_FACTOR` times the collective bound in force
-(:func:`group_timeout`), as for the world group ``init_from_env`` starts, so a hung collective
-ends the process soon after shardcore named it (``watch.py``), not at NCCL's default of 10 minutes;
-on gloo a group keeps torch's default (shardcore's bounded waits end a hang there).
+Every group shardcore creates comes through :func:`new_group` or a device mesh (the layout's; the
+replica sub-groups, rows of a mesh) carrying :func:`mesh_backend_override`. On a world with a
+device backend that has its own watchdog (NCCL) its timeout is :data:`GROUP_WAIT_FACTOR` times the
+collective bound in force (:func:`group_timeout`), as for the world group ``init_from_env``
+starts, so a hung collective ends the process soon after shardcore named it (``watch.py``), not at
+NCCL's default of 10 minutes; on gloo a group keeps torch's default (shardcore's bounded waits end
+a hang there).
 
 A layer whose heads are fewer than the tensor-parallel ranks (grouped-query attention's key/value
 heads at TP=4 with 2 heads) holds each head on a block of consecutive ranks; the gradients of those
@@ -24,7 +25,7 @@ import torch.distributed as dist
 
 from .ranks import PaperGroup, group_key, group_ranks, group_size
 from .scope import DEFAULT_SCOPE, resolve_timeout
-from .watch import WATCHDOG_BACKENDS
+from .watch import WATCHDOG_BACKENDS, backends
 
 __all__ = [
     "GROUP_WAIT_FACTOR",
@@ -86,22 +87,17 @@ def prepare_replica_groups(group, tp_groups: list[list[int]] | None = None) -> N
         _REPLICA_GROUPS[(key, blocks)] = (group, mesh.get_group("replica"))
 
 
-def _backends() -> set[str]:
-    name = str(dist.get_backend_config())
-    return {part.split(":", 1)[-1] for part in name.split(",")}
-
-
 def mesh_device() -> str:
     """The device type of the meshes shardcore builds: ``"cuda"`` when the world runs NCCL (alone or
     beside gloo, ``"cpu:gloo,cuda:nccl"``: FSDP2 places a module's shards on its mesh's device), else ``"cpu"``."""
-    return "cuda" if dist.is_initialized() and "nccl" in _backends() and torch.cuda.is_available() else "cpu"
+    return "cuda" if dist.is_initialized() and "nccl" in backends().values() and torch.cuda.is_available() else "cpu"
 
 
 def group_timeout() -> timedelta | None:
     """The timeout of a group shardcore creates now: :data:`GROUP_WAIT_FACTOR` times the collective
     bound in force (the model being optimized sets it first) when the world has a watchdog backend
     (NCCL), else ``None`` (torch's default)."""
-    if not dist.is_initialized() or not _backends() & WATCHDOG_BACKENDS:
+    if not dist.is_initialized() or not set(backends().values()) & WATCHDOG_BACKENDS:
         return None
     return timedelta(seconds=GROUP_WAIT_FACTOR * resolve_timeout(DEFAULT_SCOPE.timeout_s))
 
@@ -110,7 +106,7 @@ def mesh_backend_override(dims: tuple[str, ...]) -> dict | None:
     """``init_device_mesh``'s ``backend_override`` giving each of ``dims``' groups :func:`group_timeout`
     (a device mesh takes a timeout only in NCCL's options); ``None`` where there is none to give."""
     timeout = group_timeout()
-    if timeout is None or "nccl" not in _backends() or not hasattr(dist, "ProcessGroupNCCL"):
+    if timeout is None or "nccl" not in backends().values() or not hasattr(dist, "ProcessGroupNCCL"):
         return None
     override = {}
     for d in dims:  # options of its own per dimension (torch's NCCL fills in each group's ranks and name)

@@ -42,6 +42,7 @@ __all__ = [
     "WATCHDOG_BACKENDS",
     "Watch",
     "backend_of",
+    "backends",
     "blocks_host",
     "group_device",
     "use_flight_recorder",
@@ -55,14 +56,18 @@ REPORTS: list[str] = []
 _LOG = logging.getLogger("shardcore")
 
 
+def backends(group=None) -> dict[str, str]:
+    """``{device type: backend}`` of ``group`` (default: the world's): ``{"cpu": "gloo", "cuda": "nccl"}``
+    for ``"cpu:gloo,cuda:nccl"``, ``{"": "nccl"}`` for a group of one backend for every device."""
+    name = str(dist.get_backend_config(group))
+    return dict(part.split(":", 1) for part in name.split(",")) if ":" in name else {"": name}
+
+
 def backend_of(group, device: torch.device) -> str:
     """The backend that runs a collective of ``group`` on a tensor on ``device`` (``"gloo"``, ``"nccl"``...);
     a group with a backend per device (``"cpu:gloo,cuda:nccl"``, also what a group created without
     naming a backend has) answers for ``device``'s type."""
-    name = str(dist.get_backend_config(group))
-    if ":" not in name:
-        return name
-    per_device = dict(part.split(":", 1) for part in name.split(","))
+    per_device = backends(group)
     return per_device.get(device.type, next(iter(per_device.values())))
 
 
@@ -72,9 +77,8 @@ def group_device(group) -> torch.device:
     process group at all), else the current CUDA device (an NCCL-only group takes no CPU tensor)."""
     if not dist.is_initialized() or isinstance(group, PaperGroup):
         return torch.device("cpu")  # a single process, or a paper group (explain)
-    name = str(dist.get_backend_config(group))
-    backends = dict(part.split(":", 1) for part in name.split(",")) if ":" in name else {"": name}
-    if "cpu" in backends or "nccl" not in backends.values() or not torch.cuda.is_available():
+    per_device = backends(group)
+    if "cpu" in per_device or "nccl" not in per_device.values() or not torch.cuda.is_available():
         return torch.device("cpu")
     return torch.device("cuda", torch.cuda.current_device())
 

@@ -6,11 +6,14 @@ from __future__ import annotations
 import json
 import pathlib
 
+import pytest
+
 from shardcore.testing import example_main
 
 BENCH = pathlib.Path(__file__).resolve().parents[3] / "benchmarks" / "bench_gpu.py"
 
 
+@pytest.mark.slow  # ~15 s of the 8-minute suite: nox -s tests-slow (CI runs it)
 def test_bench_gpu_runs_tiny_on_cpu(tmp_path, capsys):
     out = tmp_path / "gpu.json"
     example_main(BENCH)(["--tiny", "--tp", "1", "2", "--steps", "2", "--warmup", "1", "--out", str(out)])
