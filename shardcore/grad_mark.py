@@ -26,6 +26,8 @@ next backward: clip before replacing it, or call ``shardcore.clip_grad_norm_(mod
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
@@ -41,10 +43,19 @@ def _plain(func, args, kwargs):
 
 
 def _whole_norm(args, kwargs) -> float | None:
-    """The order of ``torch.linalg.vector_norm(x, ord)`` over all of ``x``, else None."""
-    if kwargs.get("dim", args[2] if len(args) > 2 else None) is not None or kwargs.get("dtype") is not None:
+    """The order of ``torch.linalg.vector_norm(x, ord)``, one scalar over all of ``x``, else None."""
+    if not args or len(args) > 2 or set(kwargs) - {"ord"}:  # x=, dim, keepdim, dtype, out: as torch has it
         return None
     return float(kwargs.get("ord", args[1] if len(args) > 1 else 2.0))
+
+
+def _unmarked(grad: torch.Tensor) -> torch.Tensor:
+    """``grad`` as the plain tensor (DTensor) it is, sharing its data."""
+    if isinstance(grad, DTensor):
+        return DTensor.from_local(
+            grad.to_local(), grad.device_mesh, grad.placements, run_check=False, shape=grad.shape, stride=grad.stride()
+        )
+    return _plain(torch.Tensor.as_subclass, (grad, torch.Tensor), {})
 
 
 def _local_norm(grad: torch.Tensor, order: float) -> torch.Tensor:
@@ -53,10 +64,12 @@ def _local_norm(grad: torch.Tensor, order: float) -> torch.Tensor:
 
 
 def _on_gradient(func, args, kwargs):
-    if func is torch.linalg.vector_norm and isinstance(args[0], _MARKED):
+    if func is torch.linalg.vector_norm and args and isinstance(args[0], _MARKED):
         order = _whole_norm(args, kwargs)
         if order is not None:
             return NormPart.of(_local_norm(args[0], order), [args[0]], order)
+    if func in (torch.Tensor.__deepcopy__, torch.Tensor.__reduce_ex__) and isinstance(args[0], _MARKED):
+        return func(_unmarked(args[0]), *args[1:], **kwargs)  # a copy (a save) is no model's gradient: plain
     if func is torch._foreach_norm and kwargs.get("dtype") is None:  # foreach=True: a part per marked gradient
         order = float(kwargs.get("ord", args[1] if len(args) > 1 else 2.0))
         values = _plain(func, args, kwargs)
@@ -99,8 +112,10 @@ class NormPart(torch.Tensor):
 
     @staticmethod
     def of(value: torch.Tensor, grads: list, order: float, others: int = 0) -> NormPart:
+        """``grads``: the gradients (held weakly: a norm kept for logging must not keep its gradient)."""
         part = _plain(torch.Tensor.as_subclass, (value, NormPart), {})
-        part._grads, part._order, part._others = grads, order, others
+        part._grads = [g if isinstance(g, weakref.ref) else weakref.ref(g) for g in grads]
+        part._order, part._others = order, others
         return part
 
     @classmethod
@@ -130,13 +145,16 @@ def _stacked(tensors: list) -> torch.Tensor:
 
 
 def _total(part: NormPart, order: float, args, kwargs) -> torch.Tensor:
-    model, params = owner(part._grads, others=part._others) if order == part._order else (None, [])
-    if model is None and part._grads and not part._others:  # not a live sharded model's: torch's own norm
-        norms = [_plain(torch.linalg.vector_norm, (g, order), {}) for g in part._grads]
+    grads = [ref() for ref in part._grads]
+    if order != part._order or any(g is None for g in grads):  # a norm of norms of another order; gone gradients
+        return _plain(torch.linalg.vector_norm, args, kwargs)
+    model, params = owner(grads, others=part._others)
+    if model is None and not part._others:  # not a live sharded model's gradients: torch's own norm of them
+        norms = [_plain(torch.linalg.vector_norm, (g, order), {}) for g in grads]
         return _plain(torch.linalg.vector_norm, (_plain(torch.stack, (norms,), {}), order), {})
     if model is None:
         return _plain(torch.linalg.vector_norm, args, kwargs)
-    return like_grads(grad_norm(model, params, order), part._grads)
+    return like_grads(grad_norm(model, params, order), grads)
 
 
 def _mark(param: torch.Tensor) -> None:
@@ -165,7 +183,16 @@ def mark_gradients(model: nn.Module) -> None:
                 _mark(p)
 
     mark_new(model)
-    handles.append(model.register_forward_pre_hook(mark_new))
+    # first among the pre-hooks: before FSDP's swaps the root's sharded parameters for unsharded ones
+    handles.append(model.register_forward_pre_hook(mark_new, prepend=True))
+    pipeline = getattr(getattr(model, "shardcore", None), "pipeline", None)
+    if pipeline is not None:  # zero-bubble schedules set later stages' weight gradients with no autograd hook
+        pipeline.after_step.append(_mark_all)
+
+
+def _mark_all(model: nn.Module) -> None:
+    for p in model.parameters():
+        _mark(p)
 
 
 def register(model: nn.Module) -> None:

@@ -179,7 +179,8 @@ def _torch_s_norm_beside_a_sharded_model() -> dict:
     grads = [p.grad for p in plain.parameters()]
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     optimizer.step()
-    return {
+    seen = _marked_grad_as_users_handle_it([p.grad for p in model.parameters()])
+    return seen | {
         "torch's functions unchanged": functions
         == (clip_grad._get_total_norm, clip_grad.clip_grad_norm_, utils.get_total_norm, utils.clip_grad_norm_),
         "sharded gradients": sorted({type(p.grad).__name__ for p in model.parameters()}),
@@ -192,6 +193,38 @@ def _torch_s_norm_beside_a_sharded_model() -> dict:
             utils.get_total_norm([p.grad for p in model.parameters()], foreach=True) - grad_norm.grad_norm(model)
         ).item(),
         "optimizer state": sorted({type(v).__name__ for st in optimizer.state.values() for v in st.values()}),
+    }
+
+
+def _marked_grad_as_users_handle_it(grads: list) -> dict:
+    """A marked gradient copied, saved, its norm kept for logging, a norm of norms of another order."""
+    import copy
+    import gc
+    import io
+
+    import torch
+
+    from shardcore.grad_mark import ShardGrad
+
+    g = grads[0]
+    copied, buffer = copy.deepcopy(g), io.BytesIO()
+    torch.save(g, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer)  # weights_only, torch's default: no shardcore class in the file
+    local = [torch.linalg.vector_norm(x.as_subclass(torch.Tensor)) for x in grads]
+    kept = torch.linalg.vector_norm(torch.ones(3).as_subclass(ShardGrad))  # a logged norm of a gradient gone since
+    gc.collect()
+    return {
+        "copied": [
+            type(copied).__name__,
+            type(loaded).__name__,
+            bool(torch.equal(copied, g) and torch.equal(loaded, g)),
+        ],
+        "inf of 2-norms": abs(
+            torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(x) for x in grads]), float("inf")).item()
+            - torch.stack(local).max().item()
+        ),
+        "a kept norm keeps its gradient": kept._grads[0]() is not None,
     }
 
 
@@ -209,3 +242,6 @@ def test_torch_s_own_norm_is_never_replaced():
         assert abs(seen["sharded norm"]) < 1e-6, f"torch's norm of marked gradients is not the unsharded one: {seen}"
         assert abs(seen["sharded norm, foreach"]) < 1e-6, f"torch's foreach norm of marked gradients differs: {seen}"
         assert seen["optimizer state"] == ["Tensor"], f"optimizer state made from a marked gradient: {seen}"
+        assert seen["copied"] == ["Tensor", "Tensor", True], f"a marked gradient copied or saved: {seen}"
+        assert seen["inf of 2-norms"] < 1e-6, f"a norm of norms of another order is not torch's: {seen}"
+        assert not seen["a kept norm keeps its gradient"], f"a norm kept for logging holds its gradient: {seen}"

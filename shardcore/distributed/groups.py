@@ -1,13 +1,16 @@
 """The process groups shardcore creates, and the sub-groups of a tensor-parallel group that hold the
 same replicated shard.
 
-Every group shardcore creates comes through :func:`new_group` or a device mesh (the layout's; the
-replica sub-groups, rows of a mesh) carrying :func:`mesh_backend_override`. On a world with a
-device backend that has its own watchdog (NCCL) its timeout is :data:`GROUP_WAIT_FACTOR` times the
-collective bound in force (:func:`group_timeout`), as for the world group ``init_from_env``
-starts, so a hung collective ends the process soon after shardcore named it (``watch.py``), not at
-NCCL's default of 10 minutes; on gloo a group keeps torch's default (shardcore's bounded waits end
-a hang there).
+Every group shardcore creates comes through :func:`new_group` or the layout's device mesh
+carrying :func:`mesh_backend_override`. On a world with a device backend that has its own watchdog
+(NCCL) its timeout is :data:`GROUP_WAIT_FACTOR` times the collective bound in force
+(:func:`group_timeout`), as for the world group ``init_from_env`` starts, so a hung collective
+ends the process soon after shardcore named it (``watch.py``), not at NCCL's default of 10 minutes
+(under ``"cpu:gloo,cuda:nccl"`` the gloo part waits as long); on a gloo-only world a group keeps
+torch's default (shardcore's bounded waits end a hang there). The replica sub-groups are made one
+block at a time, not as a device mesh's rows: a mesh would also build its column groups (a rank
+from every block, unused), and slicing them out of the layout's mesh needs DeviceMesh's private
+``_unflatten``.
 
 A layer whose heads are fewer than the tensor-parallel ranks (grouped-query attention's key/value
 heads at TP=4 with 2 heads) holds each head on a block of consecutive ranks; the gradients of those
@@ -70,21 +73,13 @@ def prepare_replica_groups(group, tp_groups: list[list[int]] | None = None) -> N
     if tp_groups is None:
         tp_groups = [None] * dist.get_world_size()
         dist.all_gather_object(tp_groups, list(key))
-    from torch.distributed.device_mesh import DeviceMesh
-
-    names = ("replica_sets", "replica")
-    override = mesh_backend_override(names)
-    for blocks in smaller:  # a mesh whose rows are every tp group's blocks: along "replica", this rank's block
+    me = dist.get_rank()
+    for blocks in smaller:  # every rank creates every block of every tp group, in one order, keeps its own
         rows = [
             list(tp[b : b + blocks]) for tp in sorted({tuple(r) for r in tp_groups}) for b in range(0, len(tp), blocks)
         ]
-        mesh = DeviceMesh(
-            mesh_device(),
-            torch.tensor(rows),
-            mesh_dim_names=names,
-            backend_override=None if override is None else tuple(override[n] for n in names),
-        )
-        _REPLICA_GROUPS[(key, blocks)] = (group, mesh.get_group("replica"))
+        made = [new_group(ranks) for ranks in rows]
+        _REPLICA_GROUPS[(key, blocks)] = (group, next(g for g, ranks in zip(made, rows, strict=True) if me in ranks))
 
 
 def mesh_device() -> str:
@@ -102,18 +97,22 @@ def group_timeout() -> timedelta | None:
     return timedelta(seconds=GROUP_WAIT_FACTOR * resolve_timeout(DEFAULT_SCOPE.timeout_s))
 
 
-def mesh_backend_override(dims: tuple[str, ...]) -> dict | None:
-    """``init_device_mesh``'s ``backend_override`` giving each of ``dims``' groups :func:`group_timeout`
-    (a device mesh takes a timeout only in NCCL's options); ``None`` where there is none to give."""
+def mesh_backend_override(dims: tuple[str, ...], shape: tuple[int, ...]) -> dict | None:
+    """``init_device_mesh``'s ``backend_override`` giving the groups of each of ``dims`` (sizes
+    ``shape``) :func:`group_timeout` (a device mesh takes a timeout only in NCCL's options; the
+    world's backend kept); ``None`` where there is none to give. A dimension spanning the world
+    reuses the world group, as torch's mesh does without an override."""
     timeout = group_timeout()
     if timeout is None or "nccl" not in backends().values() or not hasattr(dist, "ProcessGroupNCCL"):
         return None
     override = {}
-    for d in dims:  # options of its own per dimension (torch's NCCL fills in each group's ranks and name)
-        options = dist.ProcessGroupNCCL.Options()
+    for d, size in zip(dims, shape, strict=True):
+        if size == dist.get_world_size():
+            continue
+        options = dist.ProcessGroupNCCL.Options()  # one per dimension: torch's NCCL fills in each group's name
         options._timeout = timeout
-        override[d] = (str(dist.get_backend_config()), options)
-    return override
+        override[d] = options
+    return override or None
 
 
 def new_group(ranks: list[int]):

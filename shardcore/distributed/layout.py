@@ -139,7 +139,7 @@ class ParallelLayout:
             from torch.distributed.device_mesh import init_device_mesh
 
             device = mesh_device()
-            mesh = init_device_mesh(device, key, mesh_dim_names=DIMS, backend_override=mesh_backend_override(DIMS))
+            mesh = init_device_mesh(device, key, mesh_dim_names=DIMS, backend_override=mesh_backend_override(DIMS, key))
             _MESHES[key] = (dist.group.WORLD, mesh)
         return _MESHES[key][1]
 
@@ -153,7 +153,9 @@ class ParallelLayout:
             device = mesh_device()
             shape = (self.dp // shard, shard, self.pp, self.sp, self.tp)
             names = ("dp_replicate", "dp_shard", *DIMS[1:])
-            full = init_device_mesh(device, shape, mesh_dim_names=names, backend_override=mesh_backend_override(names))
+            full = init_device_mesh(
+                device, shape, mesh_dim_names=names, backend_override=mesh_backend_override(names, shape)
+            )
             _MESHES[key] = (dist.group.WORLD, full["dp_replicate", "dp_shard"])
         return _MESHES[key][1]
 

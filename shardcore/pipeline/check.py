@@ -38,6 +38,9 @@ class PipelineInfo:
     #: ``{name: [other names]}`` of parameters the unsharded model holds under several names (tied
     #: embeddings): a stage may hold one under a name a checkpoint stores under another.
     aliases: dict = attrs.field(factory=dict)
+    #: ``callable(model)`` run after each ``pipeline_step``'s schedule (a zero-bubble schedule sets a
+    #: later stage's weight gradients itself, with no autograd hook: ``grad_mark`` marks them here)
+    after_step: list = attrs.field(factory=list)
 
     @property
     def is_first(self) -> bool:

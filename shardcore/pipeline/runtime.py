@@ -173,6 +173,8 @@ def _after_step(model: nn.Module, info: PipelineInfo) -> None:
             all_reduce(dp_local(param.grad), group, where="pipeline_step: a tied parameter's gradient")
     if fp16_in_play(model, model.shardcore.config):  # an overflow on any stage or rank skips the step everywhere
         agree_on_overflow(model.parameters(), dist.group.WORLD)
+    for hook in info.after_step:
+        hook(model)
 
 
 def _zero(group) -> torch.Tensor:
