@@ -42,11 +42,16 @@ def _plain(func, args, kwargs):
         return func(*args, **kwargs)
 
 
+def _order(args, kwargs) -> float:
+    """The ``ord`` of a ``vector_norm(x, ord)`` / ``_foreach_norm(xs, ord)`` call (2 by default)."""
+    return float(kwargs.get("ord", args[1] if len(args) > 1 else 2.0))
+
+
 def _whole_norm(args, kwargs) -> float | None:
     """The order of ``torch.linalg.vector_norm(x, ord)``, one scalar over all of ``x``, else None."""
     if not args or len(args) > 2 or set(kwargs) - {"ord"}:  # x=, dim, keepdim, dtype, out: as torch has it
         return None
-    return float(kwargs.get("ord", args[1] if len(args) > 1 else 2.0))
+    return _order(args, kwargs)
 
 
 def _unmarked(grad: torch.Tensor) -> torch.Tensor:
@@ -71,7 +76,7 @@ def _on_gradient(func, args, kwargs):
     if func in (torch.Tensor.__deepcopy__, torch.Tensor.__reduce_ex__) and isinstance(args[0], _MARKED):
         return func(_unmarked(args[0]), *args[1:], **kwargs)  # a copy (a save) is no model's gradient: plain
     if func is torch._foreach_norm and kwargs.get("dtype") is None:  # foreach=True: a part per marked gradient
-        order = float(kwargs.get("ord", args[1] if len(args) > 1 else 2.0))
+        order = _order(args, kwargs)
         values = _plain(func, args, kwargs)
         return [
             NormPart.of(v if type(v) is torch.Tensor else _local_norm(g, order), [g], order)
