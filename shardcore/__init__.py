@@ -20,6 +20,7 @@ from .plugins import NoPolicyError
 from .policy import ModulePolicyDescription, Policy, SubModuleReplacementDescription
 from .sharded_state import full_named_tensors
 from .sharder import resolve_policy
+from .tensor_parallel import VocabSliceError, vocab_parallel_cross_entropy
 from .tensor_parallel.parallel_module import ParallelModule
 from .verify import ShardingCheckError
 
@@ -42,6 +43,7 @@ __all__ = [
     "ShardConfig",
     "ShardingCheckError",
     "SubModuleReplacementDescription",
+    "VocabSliceError",
     "__version__",
     "clip_grad_norm_",
     "full_named_tensors",
@@ -55,4 +57,5 @@ __all__ = [
     "resolve_policy",
     "save_checkpoint",
     "save_distributed",
+    "vocab_parallel_cross_entropy",
 ]

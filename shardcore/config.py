@@ -129,6 +129,9 @@ class ShardConfig:
             a plugin's policy (see :mod:`shardcore.plan`); refused together with ``policy=``.
             ``"derive"``: a plan derived from the model's modules (attention by heads, MLP pairs
             column then row), checked by ``verify`` (see :mod:`shardcore.plan.derive`).
+        example_inputs: what the checks at ``optimize`` run the model on: a tensor, a tuple (args), a
+            dict (kwargs), a pair ``(tuple, dict)`` or a callable returning one; ``None``: found from the
+            model (:mod:`shardcore.inputs`), and where none is, ``optimize`` says why.
         tensor_parallel_process_group: an existing process group to use instead of building one;
             its size then is the tensor-parallel size.
         enable_tensor_parallelism: ``False`` leaves the model unsharded (policies still run their
@@ -236,6 +239,7 @@ class ShardConfig:
     expert_parallel_size: int = attrs.field(default=1, validator=[v.instance_of(int), v.ge(1)])
     global_batch_balance: bool = attrs.field(default=False, validator=v.instance_of(bool))
     plan: Any = attrs.field(default=None, validator=v.optional(v.instance_of((str, os.PathLike, Mapping))))
+    example_inputs: Any = attrs.field(default=None, eq=False)
     auto: AutoLayout | None = attrs.field(default=None, converter=_auto)
 
     def __attrs_post_init__(self) -> None:

@@ -14,7 +14,13 @@ CORE = ROOT / "shardcore"
 
 #: The dependency order, bottom-up: a module imports from its own tier or below, never above.
 TIERS = [
-    ["config", "hookspecs", "meta", "moved"],  # moved: the warned re-exports of moved names
+    [
+        "config",
+        "hookspecs",
+        "meta",
+        "moved",
+        "inputs",
+    ],  # moved: the warned re-exports of moved names; inputs: a model's example input
     ["distributed"],  # groups, the layout and its mesh, bounded + counted collectives, the rank launcher
     ["tensor_parallel"],  # Megatron's mappings and regions, the parallel layers, per-rank random streams
     ["amp", "sequence", "pipeline", "data_parallel", "expert_parallel", "consistency"],

@@ -17,7 +17,9 @@ class Layers:
     def __init__(self, plan: _Plan, tp: int, model_name: str, vocab_pad: int) -> None:
         self.plan, self.tp, self.model_name, self.vocab_pad = plan, tp, model_name, vocab_pad
 
-    def layer(self, path: str, module: nn.Module, entries: dict, parent: nn.Module, is_head: bool):
+    def layer(
+        self, path: str, module: nn.Module, entries: dict, parent: nn.Module, is_head: bool, parallel_output: bool
+    ):
         weight_key, weight_spec = entries.get("weight", (None, None))
         at = self.plan.where(weight_key or next(iter(entries.values()))[0])
         if weight_key is None or weight_spec is None or all(a is None for a in weight_spec):
@@ -52,8 +54,8 @@ class Layers:
             )
         column = dim == 0
         self._check_bias(path, module, entries, weight_spec, column)
-        if column and is_head:  # the output embedding
-            kwargs = {"gather_output": True, "make_vocab_size_divisible_by": self.vocab_pad}
+        if column and is_head:  # the output embedding, or any split whose output leaves the model
+            kwargs = {"gather_output": not parallel_output, "make_vocab_size_divisible_by": self.vocab_pad}
             return VocabParallelLMHead1D, kwargs, weight_key
         kwargs = self._heads(at, path, module, parent, dim, column)
         return (Linear1D_Col if column else Linear1D_Row), kwargs, weight_key
@@ -85,8 +87,21 @@ class Layers:
                 raise PlanError(f"{at}: {path}.weight dim {dim}: {heads} heads cannot be split over tp={tp}")
             kwargs = {"num_heads": heads, "head_dim": head_dim}
         elif size % tp:
+            sizes = [n for n in range(2, min(size, 64) + 1) if size % n == 0][:4]
+            fix = (
+                f"use a tensor_parallel_size that divides {size} ({', '.join(map(str, sizes))})"
+                if sizes
+                else f"no tensor_parallel_size up to 64 divides {size}: give it null (replicated)"
+            )
             raise PlanError(
-                f"{at}: {path}.weight dim {dim} has size {size}, not divisible by tp={tp} "
-                f"(in {self.model_name}); use a tensor_parallel_size that divides {size}"
+                f"{at}: {path}.weight dim {dim} has size {size}, not divisible by tp={tp} (in {self.model_name}), "
+                f"and its output feeds the model, not its output (only a split leaving the model is padded); {fix}"
             )
         return kwargs
+
+
+def splits_heads(module: nn.Module, parent: nn.Module | None) -> bool:
+    """Whether a column-split linear is split by whole heads (its parent has a ``head_dim`` dividing it)."""
+    head_dim = getattr(parent, "head_dim", None)
+    size = getattr(module, "out_features", None)
+    return isinstance(head_dim, int) and head_dim > 0 and isinstance(size, int) and size % head_dim == 0

@@ -10,10 +10,12 @@ from typing import Any
 
 from torch import nn
 
+from ..inputs import find_inputs
 from ..policy import ModulePolicyDescription, Policy
 from ..policy import SubModuleReplacementDescription as Sub
 from ..tensor_parallel import InPlace, Linear1D_Col
-from .layers import Layers
+from .flow import check_activations, leaving, roles
+from .layers import Layers, splits_heads
 from .styles import config_of, linear_spec, module_layer, param_split
 from .syntax import _HEAD_ATTRS, _INDEX, GRAD_SUM, PlanError, _Plan, _regex, load_plan
 
@@ -73,11 +75,28 @@ class PlanPolicy(Policy):
         """``{module path: (parallel layer class, kwargs, key)}``, every split checked against the model."""
         resolved = self._resolve()
         modules = dict(self.model.named_modules())
-        params = dict(self.model.named_parameters(remove_duplicate=False))
-        head = self.model.get_output_embeddings() if hasattr(self.model, "get_output_embeddings") else None
-        embeddings = {id(m.weight) for m in modules.values() if isinstance(m, nn.Embedding)}
         self._check_ties(resolved)
         self._grad_sum = [n for n, (_, spec) in resolved.items() if spec == GRAD_SUM]
+        by_module, in_place = self._entries(resolved, modules)
+        heads = self._heads(by_module, modules)
+        layers = Layers(self.plan, self.tp_size, type(self.model).__name__, self._vocab_pad())
+        parallel_output = bool(getattr(self.shard_config, "parallel_output", False))
+        plans: dict[str, tuple[type, dict, str]] = {}
+        for mod_path, entries in by_module.items():
+            parent = modules[mod_path.rpartition(".")[0]]
+            layer = layers.layer(mod_path, modules[mod_path], entries, parent, mod_path in heads, parallel_output)
+            if layer is not None:
+                plans[mod_path] = layer
+        self._style_layers(plans, in_place, modules)
+        for path, entry in in_place.items():
+            key = entry.pop("_key")
+            plans[path] = (InPlace, entry, key)
+        return plans
+
+    def _entries(self, resolved: dict, modules: dict) -> tuple[dict[str, dict], dict[str, dict]]:
+        """``({module path: {"weight": (key, spec), ...}}, {module path: InPlace kwargs})``: the
+        parameters' specs by module, and the bare parameters a style cuts in place."""
+        params = dict(self.model.named_parameters(remove_duplicate=False))
         by_module: dict[str, dict[str, tuple[str, list | None]]] = {}
         in_place: dict[str, dict] = {}  # {module path: InPlace kwargs}: bare parameters cut, hooks
         for pname, (key, spec) in resolved.items():
@@ -90,15 +109,26 @@ class PlanPolicy(Policy):
                     entry["params"][attr] = split
                 continue
             by_module.setdefault(mod_path, {})[attr] = (key, None if spec == GRAD_SUM else spec)
-        layers = Layers(self.plan, self.tp_size, type(self.model).__name__, self._vocab_pad())
-        plans: dict[str, tuple[type, dict, str]] = {}
-        for mod_path, entries in by_module.items():
-            module = modules[mod_path]
-            is_head = module is head or id(getattr(module, "weight", None)) in embeddings
-            parent = modules[mod_path.rpartition(".")[0]]
-            layer = layers.layer(mod_path, module, entries, parent, is_head)
-            if layer is not None:
-                plans[mod_path] = layer
+        return by_module, in_place
+
+    def _heads(self, by_module: dict[str, dict], modules: dict) -> set[str]:
+        """The column-split linears whose output leaves the model (the output embedding, one tied to an
+        input embedding, any other the model returns: :mod:`shardcore.plan.flow`): split over the
+        vocabulary (padded), gathered unless ``parallel_output``."""
+        get_head = getattr(self.model, "get_output_embeddings", None)
+        head = get_head() if callable(get_head) else None
+        embeddings = {id(m.weight) for m in modules.values() if isinstance(m, nn.Embedding)}
+        heads = {p for p in by_module if modules[p] is head or id(getattr(modules[p], "weight", None)) in embeddings}
+        columns, rows = roles(by_module, self._styles, modules)
+        if getattr(self, "_leaving", None) is None:  # the model runs once, whatever the layout asked
+            inputs, why_not = find_inputs(self.model, getattr(self.shard_config, "example_inputs", None))
+            self._leaving = leaving(self.model, columns, rows, inputs, why_not)
+        found, self.outputs_found_by = self._leaving
+        by_heads = {p for p in found if splits_heads(modules[p], modules[p.rpartition(".")[0]])}
+        return heads | ((found & set(by_module)) - by_heads)
+
+    def _style_layers(self, plans: dict, in_place: dict, modules: dict) -> None:
+        """The layers of the modules given one of transformers' styles, into ``plans`` / ``in_place``."""
         for path, (key, style) in self._styles.items():
             if path in plans:
                 raise PlanError(
@@ -106,15 +136,8 @@ class PlanPolicy(Policy):
                     f"({plans[path][2]!r}); give it one or the other"
                 )
             parent = modules.get(path.rpartition(".")[0])
-            layer = module_layer(
-                self.plan.where(key),
-                path,
-                modules[path],
-                style,
-                self._vocab_pad(),
-                config_of(path, modules, self.model),
-                parent,
-            )
+            config = config_of(path, modules, self.model)
+            layer = module_layer(self.plan.where(key), path, modules[path], style, self._vocab_pad(), config, parent)
             if layer is None:
                 continue
             cls, kwargs = layer
@@ -123,10 +146,6 @@ class PlanPolicy(Policy):
                 entry.update(kwargs)
             else:
                 plans[path] = (cls, kwargs, key)
-        for path, entry in in_place.items():
-            key = entry.pop("_key")
-            plans[path] = (InPlace, entry, key)
-        return plans
 
     def _check_ties(self, resolved: dict[str, tuple[str, list | None]]) -> None:
         """Tied parameters (an LM head sharing the embedding) must be split alike."""
@@ -146,29 +165,10 @@ class PlanPolicy(Policy):
     def _vocab_pad(self) -> int:
         return self.shard_config.make_vocab_size_divisible_by
 
-    def _check_activations(self, plans: dict[str, tuple[type, dict, str]]) -> None:
-        for key, path, index, spec in self._activations:
-            layer, kwargs = plans.get(path, (None, {}))[:2]
-            split_last = layer is Linear1D_Col and not kwargs.get("gather_output")  # stays split over tp
-            if spec is None:
-                continue
-            if isinstance(spec, str):
-                raise PlanError(
-                    f"{self.plan.where(key)}: {key!r}: a style names a module, not one element of its output"
-                )
-            expected = "split over tp on its last dimension" if split_last else "replicated (all null)"
-            given_split = [i for i, a in enumerate(spec) if a is not None]
-            ok = (given_split == [len(spec) - 1]) if split_last else not given_split
-            if not ok:
-                at = f"{path}[{index}]" if index is not None else path
-                raise PlanError(
-                    f"{self.plan.where(key)}: {key!r}: {at}'s output is {expected} under this plan, "
-                    f"the activation spec says {spec}"
-                )
-
     # -- the Policy interface --------------------------------------------------------------------
 
     share_tp_copies = True  # column layers reading one tensor share one backward all-reduce
+    supports_parallel_output = True  # the splits leaving the model stay split, marked (VocabSlice)
     expert_parallel_refusal = (
         "splits a plan's fused experts by tensor parallelism (moe_tp_experts), not over expert-parallel ranks "
         "(not built for plans); a plugin whose policy routes experts does that (shard-moe)"
@@ -201,7 +201,7 @@ class PlanPolicy(Policy):
 
     def config_sanity_check(self) -> None:
         self._plans = self._layers()
-        self._check_activations(self._plans)
+        check_activations(self.plan, self._activations, self._plans)
         self._dp_dims = self._data_parallel_dims()
 
     def _data_parallel_dims(self) -> dict[str, int]:
@@ -268,11 +268,16 @@ class PlanPolicy(Policy):
 
     def postprocess(self):
         """Sum over the group the gradients of the parameters given ``replicated_with_grad_allreduce``;
-        a causal LM's loss on the vocabulary slices while its logits are gathered (:func:`~shardcore.integrations.hf.causal_lm_loss.defer_logits_gather`)."""
-        from ..integrations.hf.causal_lm_loss import defer_logits_gather
+        a HuggingFace causal LM's loss on the vocabulary slices while its logits are gathered
+        (:func:`~shardcore.integrations.hf.causal_lm_loss.defer_logits_gather`), or kept split (``parallel_output``)."""
+        from ..integrations.hf.causal_lm_loss import defer_logits_gather, loss_on_slices_where_causal_lm
 
         get_head = getattr(self.model, "get_output_embeddings", None)
-        defer_logits_gather(self.model, get_head() if callable(get_head) else None)
+        head = get_head() if callable(get_head) else None
+        if self.shard_config.parallel_output:
+            loss_on_slices_where_causal_lm(self.model, head)
+        else:
+            defer_logits_gather(self.model, head)
         if self._grad_sum:
             from ..tensor_parallel import ParallelModule, sum_gradients_over_group
 

@@ -15,6 +15,7 @@ from .regions import enter_tp_region
 from .rng import fork_tp_rng, run_in_shared_rng, run_in_tp_rng
 from .shard_spec import Segment, ShardSpec
 from .split_norm import SplitRMSNorm
+from .vocab_slice import VocabSlice, VocabSliceError
 
 __all__ = [
     "ColumnParallelEmbedding1D",
@@ -33,6 +34,8 @@ __all__ = [
     "SplitRMSNorm",
     "VocabParallelEmbedding1D",
     "VocabParallelLMHead1D",
+    "VocabSlice",
+    "VocabSliceError",
     "copy_to_tp",
     "count_collectives",
     "enter_tp_region",

@@ -8,7 +8,8 @@ p``, and rank ``r`` holds rows ``[r V_p / p, (r + 1) V_p / p)``. Padding rows ar
 * :class:`VocabParallelLMHead1D`: a column-parallel linear over the vocabulary. Backward
   all-reduces ``dL/dx`` once. Forward either all-gathers the logits and drops the padding
   (full-vocab logits, exactly like the native head), or, with ``gather_output=False``, returns
-  this rank's valid logits only, for :func:`~shardcore.tensor_parallel.vocab_parallel_cross_entropy`.
+  this rank's valid logits only, marked as a slice (:mod:`~shardcore.tensor_parallel.vocab_slice`: a
+  whole-logits loss on it raises), for :func:`~shardcore.tensor_parallel.vocab_parallel_cross_entropy`.
   With ``defer_gather`` set, a forward that gathers returns this rank's valid logits and leaves
   the all-gather running until :meth:`~VocabParallelLMHead1D.finish_gather`: the model's loss is
   computed on the slice meanwhile (:func:`shardcore.integrations.hf.causal_lm_loss.defer_logits_gather`).
@@ -24,6 +25,7 @@ from ..distributed.collectives import group_size
 from .mappings import copy_to_tp, gather_from_tp, reduce_from_tp, start_gather_from_tp
 from .parallel_module import ParallelModule
 from .shard_spec import ShardSpec
+from .vocab_slice import mark_slice
 
 __all__ = ["VocabParallelEmbedding1D", "VocabParallelLMHead1D"]
 
@@ -137,7 +139,7 @@ class VocabParallelLMHead1D(ParallelModule):
             return local
         if self.gather_output:
             return gather_from_tp(logits, self.process_group, dim=-1)[..., : self.out_features]
-        return local
+        return mark_slice(local, self.vocab_start, self.out_features, self.process_group)  # no F.cross_entropy on it
 
     def finish_gather(self) -> torch.Tensor:
         """The full-vocabulary logits of the last forward (``defer_gather``): waits for their all-gather."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from ..distributed.collectives import all_gather_cat
+from .vocab_slice import plain, slice_of
 
 __all__ = ["vocab_parallel_cross_entropy"]
 
@@ -66,7 +67,7 @@ def vocab_parallel_cross_entropy(
     logits: torch.Tensor,
     target: torch.Tensor,
     *,
-    vocab_start: int,
+    vocab_start: int | None = None,
     process_group=None,
     ignore_index: int = -100,
     reduction: str = "mean",
@@ -74,12 +75,26 @@ def vocab_parallel_cross_entropy(
 ) -> torch.Tensor:
     """Cross entropy of vocabulary-split ``logits`` (``[..., n_local]``) against ``target`` (``[...]``).
 
-    ``vocab_start`` is the vocabulary id of this rank's first logit. ``reduction`` is ``"mean"``
-    over targets that are not ``ignore_index`` (or a division by ``num_items_in_batch`` when
-    given, as in HuggingFace's causal-LM loss), ``"sum"`` or ``"none"``. The result is the same
-    on every rank of ``process_group``.
+    ``logits`` as a sharded model returns them with ``ShardConfig(parallel_output=True)`` (a
+    :class:`~shardcore.tensor_parallel.vocab_slice.VocabSlice`) carry their vocabulary offset and
+    group: ``vocab_parallel_cross_entropy(logits, targets)`` is then all it takes, e.g.
+    ``vocab_parallel_cross_entropy(logits.flatten(0, 1), targets.flatten())``. Otherwise
+    ``vocab_start`` is the vocabulary id of this rank's first logit and ``process_group`` the group
+    the vocabulary is split over. ``reduction`` is ``"mean"`` over targets that are not
+    ``ignore_index`` (or a division by ``num_items_in_batch`` when given, as in HuggingFace's
+    causal-LM loss), ``"sum"`` or ``"none"``. The result is the same on every rank of the group:
+    the unsharded ``F.cross_entropy`` of the whole logits.
     """
-    loss = _VocabParallelCE.apply(logits, target, vocab_start, process_group, ignore_index)
+    mark = slice_of(logits)
+    if mark is not None:
+        vocab_start = mark[0] if vocab_start is None else vocab_start
+        process_group = mark[2] if process_group is None else process_group
+    if vocab_start is None:
+        raise TypeError(
+            "vocab_parallel_cross_entropy: these logits carry no vocabulary slice (they are not what a model "
+            "sharded with ShardConfig(parallel_output=True) returned); pass vocab_start= and process_group="
+        )
+    loss = _VocabParallelCE.apply(plain(logits), plain(target), vocab_start, process_group, ignore_index)
     if reduction == "none":
         return loss
     total = loss.sum()

@@ -66,7 +66,7 @@ def probe(model, policy, config, tensor_parallel: bool) -> BlockProbe | None:
             type(model).__name__,
         )
         return None
-    found = BlockProbe(model, _blocks(policy), type(model).__name__)
+    found = BlockProbe(model, _blocks(policy), type(model).__name__, config.example_inputs)
     found.record()
     return found
 

@@ -9,7 +9,10 @@ import torch
 from torch import nn
 
 from ..distributed.collectives import all_reduce
+from ..inputs import Inputs, find_inputs
+from ..tensor_parallel.vocab_slice import plain, slice_of
 from .errors import ShardingCheckError
+from .locate import Trace, first_difference, where_raised
 
 __all__ = ["BlockProbe", "probe_inputs", "sum_found"]
 
@@ -59,56 +62,26 @@ def _first_tensor(output: Any) -> torch.Tensor | None:
     return None
 
 
-def probe_inputs(model: nn.Module, seed: int = 0) -> dict[str, torch.Tensor] | None:
-    """A small random input for a HuggingFace model (token ids, or an image), ``None`` if it takes neither."""
-    gen = torch.Generator().manual_seed(seed)
-    name = getattr(model, "main_input_name", "input_ids")
-    device = next((p.device for p in model.parameters()), torch.device("cpu"))
-    config = getattr(model, "config", None)
-    if name == "input_ids":
-        embed = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
-        vocab = getattr(embed, "num_embeddings", None)
-        if not isinstance(vocab, int):
-            return None
-        ids = torch.randint(min(3, vocab - 1), vocab, (2, 8), generator=gen).to(device)
-        inputs = {"input_ids": ids}
-        if getattr(config, "is_encoder_decoder", False) and _takes(model, "decoder_input_ids"):
-            inputs["decoder_input_ids"] = ids[:, :6].clone()
-    elif name == "pixel_values":
-        vision = getattr(config, "vision_config", config)
-        size = getattr(vision, "image_size", None)
-        size = size[0] if isinstance(size, list | tuple) else size
-        if not isinstance(size, int):
-            return None
-        channels = getattr(vision, "num_channels", 3)
-        inputs = {"pixel_values": torch.randn(2, channels, size, size, generator=gen).to(device)}
-    else:
-        return None
-    if config is not None and hasattr(config, "use_cache") and _takes(model, "use_cache"):
-        inputs["use_cache"] = False
-    return inputs
-
-
-def _takes(model: nn.Module, name: str) -> bool:
-    """Whether ``model.forward`` takes the keyword ``name`` (or any keyword)."""
-    import inspect
-
-    params = inspect.signature(model.forward).parameters
-    return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+def probe_inputs(model: nn.Module, seed: int = 0) -> dict[str, Any] | None:
+    """A HuggingFace model's probe input as keyword arguments, ``None`` if it has none (0.1's name;
+    :func:`shardcore.inputs.find_inputs` finds any model's)."""
+    inputs, _ = find_inputs(model, seed=seed)
+    return None if inputs is None or inputs.args else inputs.kwargs
 
 
 class BlockProbe:
     """The check at optimize (see the module docstring): :meth:`record` before sharding, :meth:`compare` after."""
 
-    def __init__(self, model: nn.Module, blocks: list[tuple[str, nn.Module]], name: str) -> None:
-        self.model, self.name = model, name
+    def __init__(self, model: nn.Module, blocks: list[tuple[str, nn.Module]], name: str, example=None) -> None:
+        self.model, self.name, self.example = model, name, example
         seen: dict[tuple, tuple[str, nn.Module]] = {}
         for path, block in blocks:  # one of each kind: its class and its children's (hybrid layers differ)
             seen.setdefault((type(block), *(type(m) for m in block.children())), (path, block))
         self.blocks = list(seen.values())
         self.kept: dict[str, dict] = {}
         self.output: torch.Tensor | None = None
-        self.inputs: dict | None = None
+        self.inputs: Inputs | None = None
+        self.traces: dict[str, list] = {}  # {block path: each module's unsharded output, in the order they finish}
         self.skipped: str | None = None
         self.unchecked: list[str] = [] if self.blocks else ["it has no blocks"]  # compared by the output only
 
@@ -118,12 +91,12 @@ class BlockProbe:
         """Run the whole model once (no gradient) keeping each chosen block's inputs, then each block
         forward and backward on them; a model this cannot run is named in a warning (``skipped``)."""
         try:
-            self.inputs = probe_inputs(self.model)
+            self.inputs, why_not = find_inputs(self.model, self.example)
         except Exception as err:
             self.inputs, self.skipped = None, f"no probe input ({type(err).__name__}: {err})"
             return
         if self.inputs is None:
-            self.skipped = "it takes neither token ids nor an image"
+            self.skipped = why_not
             return
         captured: dict[str, tuple] = {}
         handles = []
@@ -139,13 +112,15 @@ class BlockProbe:
         try:
             self.model.eval()
             with torch.no_grad():
-                self.output = _clone(_first_tensor(self.model(**self.inputs)))
+                self.output = _clone(_first_tensor(self.inputs(self.model)))
             for path, block in self.blocks:
                 if path not in captured:
                     self.unchecked.append(f"{path} (the probe input does not reach it)")
                     continue
                 try:  # a block that cannot run alone: the output is still compared
-                    self.kept[path] = self._run(block, *captured[path])
+                    with Trace(block, path, keep=True) as trace:
+                        self.kept[path] = self._run(block, *captured[path])
+                    self.traces[path] = trace.outputs
                 except Exception as err:
                     self.unchecked.append(f"{path} ({type(err).__name__}: {err})")
         except Exception as err:
@@ -199,22 +174,15 @@ class BlockProbe:
         try:
             for path, block in self.blocks:
                 if path in self.kept:
-                    try:  # every rank runs the same block on the same input: they raise alike
-                        problems += self._compare_block(path, block, self.kept[path], group, summed)
-                    except Exception as err:
-                        problems.append(f"{path} ({type(block).__name__}) raised, sharded: {type(err).__name__}: {err}")
-            try:
-                with torch.no_grad():
-                    out = _first_tensor(self.model(**self.inputs))
-            except Exception as err:
-                out = None
-                problems.append(f"the sharded model raised: {type(err).__name__}: {err}")
-            if out is not None and self.output is not None:
-                err = _rel(out, self.output)
-                if out.shape != self.output.shape or err > _tolerance(out) * 10:
-                    problems.append(
-                        f"the model's output differs from the unsharded one's by {err:.2g} of its largest entry"
-                    )
+                    with Trace(block, path, keep=True) as trace:
+                        try:  # every rank runs the same block on the same input: they raise alike
+                            found = self._compare_block(path, block, self.kept[path], group, summed)
+                        except Exception as err:
+                            found = [f"{path} ({type(block).__name__}): {where_raised(trace, err)}"]
+                    if found:
+                        found += _located(self.traces.get(path, []), trace.outputs, block, path, group)
+                    problems += found
+            problems += self._compare_output()
         finally:
             self.model.train(training)
         flag = torch.tensor([float(bool(problems))], device=_device(self.model))
@@ -227,6 +195,26 @@ class BlockProbe:
                 "write a policy, or pass ShardConfig(verify=False) to shard anyway"
             )
         return summed
+
+    def _compare_output(self) -> list[str]:
+        """The sharded model's output against the unsharded one's (this rank's vocabulary slice of it
+        where the model returns one: ``parallel_output``)."""
+        with Trace(self.model) as trace:
+            try:
+                with torch.no_grad():
+                    out = _first_tensor(self.inputs(self.model))
+            except Exception as err:
+                return [f"the sharded model: {where_raised(trace, err)}"]
+        if out is None or self.output is None:
+            return []
+        expected, mark = self.output, slice_of(out)
+        if mark is not None:  # ShardConfig(parallel_output=True): this rank's columns of the logits
+            expected, out = expected[..., mark[0] : mark[0] + out.shape[-1]], plain(out)
+        err = _rel(out, expected) if out.shape == expected.shape else float("inf")
+        if err > _tolerance(out) * 10:
+            shapes = f" (shape {tuple(out.shape)}, unsharded {tuple(expected.shape)})" if err == float("inf") else ""
+            return [f"the model's output differs from the unsharded one's by {err:.2g} of its largest entry{shapes}"]
+        return []
 
     def _compare_block(self, path: str, block: nn.Module, ref: dict, group, summed: list[str]) -> list[str]:
         from ..sharded_state import parameter_specs
@@ -265,6 +253,16 @@ class BlockProbe:
         if wrong:
             problems.append(f"{what}: the gradients of {', '.join(wrong)} differ")
         return problems
+
+
+def _located(expected: list, got: list, block: nn.Module, path: str, group) -> list[str]:
+    """Where a block that differs goes wrong: :func:`~shardcore.verify.locate.first_difference`, as a problem."""
+    from ..distributed.collectives import group_rank, group_size
+    from ..tensor_parallel import ParallelModule
+
+    skip = {f"{path}.{n}" if n else path for n, m in block.named_modules() if isinstance(m, ParallelModule)}
+    where = first_difference(expected, got, skip, group_rank(group), group_size(group))
+    return [where] if where else []
 
 
 def _device(model: nn.Module) -> torch.device:

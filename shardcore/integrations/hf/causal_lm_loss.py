@@ -16,7 +16,7 @@ import torch
 
 from ...losses import causal_lm_loss_on_slices
 
-__all__ = ["defer_logits_gather", "loss_on_head_slices"]
+__all__ = ["defer_logits_gather", "loss_on_head_slices", "loss_on_slices_where_causal_lm"]
 
 
 def loss_on_head_slices(model, head) -> None:
@@ -27,6 +27,22 @@ def loss_on_head_slices(model, head) -> None:
 
     head.loss_on_slices = True
     model.loss_function = _loss_on_slices_of(head)
+
+
+def loss_on_slices_where_causal_lm(model, head) -> bool:
+    """``parallel_output=True`` on a model shardcore did not write a policy for: :func:`loss_on_head_slices`
+    where the model is a HuggingFace causal LM whose forward asks its ``loss_function`` (transformers'
+    ``ForCausalLMLoss``) for the loss and ``head`` is a vocab-parallel head; ``False`` otherwise (a
+    model computing its own loss on the slice meets the slice's refusal, :mod:`shardcore.tensor_parallel.vocab_slice`)."""
+    from ...tensor_parallel import VocabParallelLMHead1D
+
+    causal_lm_loss = getattr(model, "loss_function", None)
+    if not isinstance(head, VocabParallelLMHead1D) or getattr(causal_lm_loss, "__name__", None) != "ForCausalLMLoss":
+        return False
+    if not _forward_calls_loss_function(model):
+        return False
+    loss_on_head_slices(model, head)
+    return True
 
 
 def _loss_on_slices_of(head):
