@@ -15,7 +15,7 @@ from .regions import enter_tp_region
 from .rng import fork_tp_rng, run_in_shared_rng, run_in_tp_rng
 from .shard_spec import Segment, ShardSpec
 from .split_norm import SplitRMSNorm
-from .vocab_slice import VocabSlice, VocabSliceError
+from .vocab_slice import VocabSlice, VocabSliceError, gather_vocab
 
 __all__ = [
     "ColumnParallelEmbedding1D",
@@ -41,6 +41,7 @@ __all__ = [
     "enter_tp_region",
     "fork_tp_rng",
     "gather_from_tp",
+    "gather_vocab",
     "reduce_from_tp",
     "run_in_shared_rng",
     "run_in_tp_rng",

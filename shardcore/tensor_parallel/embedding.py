@@ -139,7 +139,8 @@ class VocabParallelLMHead1D(ParallelModule):
             return local
         if self.gather_output:
             return gather_from_tp(logits, self.process_group, dim=-1)[..., : self.out_features]
-        return mark_slice(local, self.vocab_start, self.out_features, self.process_group)  # no F.cross_entropy on it
+        # marked: no F.cross_entropy on it (the slice's refusal), shardcore.vocab_parallel_cross_entropy reads it
+        return mark_slice(local, self.vocab_start, self.out_features, self.process_group, self.weight.shape[0])
 
     def finish_gather(self) -> torch.Tensor:
         """The full-vocabulary logits of the last forward (``defer_gather``): waits for their all-gather."""

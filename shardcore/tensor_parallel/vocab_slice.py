@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-__all__ = ["VocabSlice", "VocabSliceError", "mark_slice", "plain", "slice_of"]
+__all__ = ["VocabSlice", "VocabSliceError", "gather_vocab", "mark_slice", "plain", "slice_of"]
 
 
 class VocabSliceError(RuntimeError):
@@ -50,7 +50,7 @@ _REFUSED = {
 class VocabSlice(torch.Tensor):
     """Columns ``[vocab_start, vocab_start + width)`` of ``vocab_size`` logits, on one rank of ``group``."""
 
-    _vocab: tuple[int, int, Any]  # (vocab_start, vocab_size, group)
+    _vocab: tuple[int, int, Any, int]  # (vocab_start, vocab_size, group, columns each rank holds, padded)
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
@@ -59,7 +59,7 @@ class VocabSlice(torch.Tensor):
         with torch._C.DisableTorchFunctionSubclass():  # (a property of the slice, .shape, would come back here)
             width = mark.shape[-1] if mark is not None and mark.dim() else None
             if func in _REFUSED and mark is not None:
-                start, size, _ = mark._vocab
+                start, size = mark._vocab[:2]
                 raise VocabSliceError(
                     f"{_REFUSED[func]} on this rank's slice of the logits (vocabulary [{start}, {start + (width or 0)}) "
                     f"of {size}: ShardConfig(parallel_output=True)) computes another number than on the whole "
@@ -91,18 +91,33 @@ def _carry(out: Any, vocab: tuple, width: int | None) -> Any:
     return out
 
 
-def mark_slice(logits: torch.Tensor, vocab_start: int, vocab_size: int, group) -> VocabSlice:
-    """``logits`` (this rank's columns from ``vocab_start`` of ``vocab_size``), marked; same storage and graph."""
+def mark_slice(logits: torch.Tensor, vocab_start: int, vocab_size: int, group, padded: int) -> VocabSlice:
+    """``logits`` (this rank's columns from ``vocab_start`` of ``vocab_size``, ``padded`` columns per
+    rank with the vocabulary's padding), marked; same storage and graph."""
     marked = logits.as_subclass(VocabSlice)
-    marked._vocab = (vocab_start, vocab_size, group)
+    marked._vocab = (vocab_start, vocab_size, group, padded)
     return marked
 
 
-def slice_of(logits: torch.Tensor) -> tuple[int, int, Any] | None:
-    """``(vocab_start, vocab_size, group)`` of a marked slice, ``None`` for a plain tensor."""
+def slice_of(logits: torch.Tensor) -> tuple[int, int, Any, int] | None:
+    """``(vocab_start, vocab_size, group, padded columns per rank)`` of a marked slice, ``None`` for a plain tensor."""
     return getattr(logits, "_vocab", None) if isinstance(logits, VocabSlice) else None
 
 
 def plain(logits: torch.Tensor) -> torch.Tensor:
     """The slice as a plain tensor (same storage and graph)."""
     return logits.as_subclass(torch.Tensor) if isinstance(logits, VocabSlice) else logits
+
+
+def gather_vocab(logits: torch.Tensor) -> torch.Tensor:
+    """The whole vocabulary's logits from every rank's marked slice (one all-gather; differentiable):
+    for an evaluation or a metric beside a ``parallel_output=True`` loss. Run on every rank of the group."""
+    from .mappings import gather_from_tp
+
+    mark = slice_of(logits)
+    if mark is None:
+        raise TypeError("gather_vocab: these logits carry no vocabulary slice (ShardConfig(parallel_output=True)'s)")
+    _, size, group, padded = mark
+    local = plain(logits)
+    local = F.pad(local, (0, padded - local.shape[-1]))
+    return gather_from_tp(local, group, dim=-1)[..., :size]
