@@ -90,13 +90,16 @@ def _logits_shape(tp: int) -> tuple:
     torch.manual_seed(0)
     import shardcore
 
-    model = shardcore.optimize(ex["NanoLM"](), ShardConfig(tensor_parallel_size=tp, plan=ex["PLAN"]))
+    # verify=False: the gather itself is checked here, not the block check that would refuse a slice
+    config = ShardConfig(tensor_parallel_size=tp, plan=ex["PLAN"], verify=False)
+    model = shardcore.optimize(ex["NanoLM"](), config)
     return tuple(model(ex["batch"]()[0]).shape)
 
 
 def test_the_head_s_split_comes_back_whole():
     """The issue's symptom, directly: (3, 11, 106) per rank before; (3, 11, 212) on every rank now."""
-    assert run_on_ranks(2, _logits_shape, 2) == [(3, 11, 212), (3, 11, 212)]
+    shapes = run_on_ranks(2, _logits_shape, 2)
+    assert shapes == [(3, 11, 212), (3, 11, 212)], f"the head's split came back as each rank's slice: {shapes}"
 
 
 @pytest.mark.parametrize("tp", [2, 4])
@@ -143,8 +146,8 @@ def _parallel_output(tp: int) -> dict:
     config = ShardConfig(tensor_parallel_size=tp, plan=ex["PLAN"], parallel_output=True)
     model = shardcore.optimize(ex["NanoLM"](), config)
     logits = model(ids)
-    try:
-        F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+    try:  # targets every rank's slice holds: a silently wrong number, as in the issue, were it not refused
+        F.cross_entropy(logits.flatten(0, 1), targets.flatten() % 16)
         refused = "no error"
     except shardcore.VocabSliceError as err:
         refused = str(err)
@@ -160,6 +163,38 @@ def test_parallel_output_keeps_the_slice_and_refuses_a_whole_logits_loss(tp):
         assert result["slice"], result
         assert result["width"] < 212, result
         assert "use shardcore.vocab_parallel_cross_entropy(logits, targets)" in result["refused"], (rank, result)
+
+
+def _trunk(tp: int) -> dict:
+    ex = _example()
+
+    class Trunk(ex["NanoLM"]):
+        """The model's hidden states out (no head): every split is reduced by a row before the output."""
+
+        def forward(self, input_ids):
+            x = self.embed(input_ids)
+            for block in self.blocks:
+                x = block(x)
+            return self.norm(x)
+
+    plan = {**_plan(), "head.weight": None}
+    ids = ex["batch"]()[0]
+    config = ShardConfig(tensor_parallel_size=tp, plan=plan)
+    return assert_sharded_matches(
+        Trunk, {"input_ids": ids}, config, loss_fn=lambda h: (h**2).mean(), zero_grads=("head.",)
+    )
+
+
+def _plan() -> dict:
+    import yaml
+
+    return yaml.safe_load(_example()["PLAN"].read_text())
+
+
+def test_splits_reduced_inside_the_model_are_not_gathered():
+    """A trunk returning hidden states: the walk from its output stops at each row-parallel layer, so
+    no column is gathered (a gathered column would feed its row the whole width)."""
+    run_on_ranks(2, _trunk, 2)
 
 
 def _derived_shape(tp: int) -> tuple:
