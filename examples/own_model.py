@@ -75,7 +75,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--vocab", type=int, default=212)
     parser.add_argument("--unsharded", action="store_true", help="the same loop on the plain model")
+    parser.add_argument("--parallel-output", action="store_true", help="each rank keeps its vocabulary slice")
     args = parser.parse_args(argv)
+    if args.parallel_output:
+        return train_on_slices(args.tp, args.steps, args.vocab)
 
     # --8<-- [start:shard]
     import shardcore
@@ -97,6 +100,28 @@ def main(argv: list[str] | None = None) -> dict:
         losses.append(loss.item())
     # --8<-- [end:shard]
     return {"losses": losses, "logits_shape": tuple(logits.shape)}
+
+
+def train_on_slices(tp: int, steps: int, vocab: int) -> dict:
+    # --8<-- [start:slices]
+    import shardcore
+
+    torch.manual_seed(0)
+    config = shardcore.ShardConfig(tensor_parallel_size=tp, plan=PLAN, parallel_output=True)
+    model = shardcore.optimize(NanoLM(vocab=vocab), config)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    ids, targets = batch(vocab)
+    losses = []
+    for _ in range(steps):
+        logits = model(ids)  # this rank's columns of the vocabulary only: F.cross_entropy on them raises
+        loss = shardcore.vocab_parallel_cross_entropy(logits.flatten(0, 1), targets.flatten())  # the whole loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    whole = shardcore.tensor_parallel.gather_vocab(logits)  # every rank: the whole logits, for a metric
+    # --8<-- [end:slices]
+    return {"losses": losses, "logits_shape": tuple(whole.shape), "slice_width": logits.shape[-1]}
 
 
 if __name__ == "__main__":

@@ -112,6 +112,16 @@ def test_the_example_trains_like_the_unsharded_model(tp):
             assert abs(a - b) <= 1e-5 * abs(b), (got, unsharded)
 
 
+@pytest.mark.parametrize("tp", [2, 4])
+def test_the_example_on_vocabulary_slices_trains_like_the_unsharded_model(tp):
+    """parallel_output=True in the example: shardcore.vocab_parallel_cross_entropy on each rank's slice
+    (no clipping in that loop: the unsharded run below is the same loop without it)."""
+    unsharded = example_main(EXAMPLE)(["--unsharded", "--steps", "1"])
+    for got in run_on_ranks(tp, example_main(EXAMPLE), ["--tp", str(tp), "--parallel-output", "--steps", "1"]):
+        assert got["slice_width"] < 212 and got["logits_shape"] == (3, 11, 212), got
+        assert abs(got["losses"][0] - unsharded["losses"][0]) <= 1e-5 * abs(unsharded["losses"][0]), (got, unsharded)
+
+
 def _refused(tp: int, example: bool) -> dict:
     ex = _example()
     records = _log()

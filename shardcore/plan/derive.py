@@ -1,7 +1,8 @@
 """A plan derived from a model's modules, for a model with neither a plugin nor a shipped plan.
 
 ``ShardConfig(plan="derive")`` (opt-in): in the first block of the model's repeated blocks (its
-largest ``nn.ModuleList`` of one class), every module holding plain ``nn.Linear`` children is read:
+largest ``nn.ModuleList``, or ``nn.Sequential`` of two or more, of one class: torchvision's encoders),
+every module holding plain ``nn.Linear`` children is read:
 
 * an attention (a module with an integer ``head_dim`` and a head count): the linears reading the
   hidden width and writing whole heads are split by heads (column), the one reading heads and
@@ -18,6 +19,7 @@ default): a block whose output or gradients differ refuses it at ``optimize``, n
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 
 from torch import nn
@@ -34,14 +36,23 @@ def _plain(module: nn.Module) -> bool:
     return isinstance(module, nn.Linear) and type(module).forward is nn.Linear.forward
 
 
-def _blocks(model: nn.Module) -> tuple[str, nn.ModuleList] | None:
-    """The model's repeated blocks: its largest ``nn.ModuleList`` whose children share one class."""
+def repeated(container: nn.Module) -> bool:
+    """Whether ``container`` holds a model's repeated blocks: an ``nn.ModuleList``, or an
+    ``nn.Sequential`` of two or more modules of one class that have modules of their own."""
+    if isinstance(container, nn.ModuleList):
+        return len(container) > 0
+    if not isinstance(container, nn.Sequential) or len(container) < 2:
+        return False
+    return len({type(b) for b in container.children()}) == 1 and any(True for _ in container[0].children())
+
+
+def _blocks(model: nn.Module) -> tuple[str, nn.Module] | None:
+    """The model's repeated blocks: its largest repeated container whose children share one class."""
     found = [
         (name, mod)
         for name, mod in model.named_modules()
-        if isinstance(mod, nn.ModuleList) and len(mod) and len({type(b) for b in mod}) == 1
-        and any(_plain(m) for m in mod[0].modules())
-    ]  # fmt: skip
+        if repeated(mod) and len({type(b) for b in mod}) == 1 and any(_plain(m) for m in mod[0].modules())
+    ]
     return max(found, key=lambda f: sum(p.numel() for p in f[1].parameters()), default=None)
 
 
@@ -74,7 +85,7 @@ def derived_plan(model: nn.Module) -> dict[str, list]:
     name = type(model).__name__
     if found is None:
         raise PlanError(
-            f"{name}: no repeated blocks (an nn.ModuleList of one class holding nn.Linear layers) to derive a plan from"
+            f"{name}: no repeated blocks (an nn.ModuleList or nn.Sequential of one class holding nn.Linear layers) to derive a plan from"
         )
     path, blocks = found
     config = getattr(model, "config", None)
@@ -88,7 +99,8 @@ def derived_plan(model: nn.Module) -> dict[str, list]:
         if pair is None:
             continue
         cols, row = pair
-        prefix = f"{path}.*.{rel}." if rel else f"{path}.*."
+        each = re.sub(r"\d+$", "*", next(n for n, _ in blocks.named_children()))  # "*", or "encoder_layer_*"
+        prefix = f"{path}.{each}.{rel}." if rel else f"{path}.{each}."
         for col in cols:
             specs[f"{prefix}{col}.weight"] = ["tp", None]
         specs[f"{prefix}{row}.weight"] = [None, "tp"]

@@ -10,7 +10,7 @@ walked from every tensor it returns back towards its inputs, stopping at the row
 outputs; each column-split layer whose output is reached on the way leaves the model.
 
 A model that cannot be run (no input found, a forward that raises) is read by its structure
-instead: a column-split layer sharing no block (an element of an ``nn.ModuleList``) with a
+instead: a column-split layer sharing no block (a path up to a numbered part: ``blocks.3``) with a
 row-parallel layer leaves the model. The block check at ``optimize`` (:mod:`shardcore.verify`)
 then compares the sharded model's output with the unsharded one's either way.
 """
@@ -133,8 +133,9 @@ def _by_structure(columns: list[str], rows: list[str]) -> set[str]:
     out = set()
     for col in columns:
         parts = col.split(".")
-        # the closest block holding it: the path up to its last index (an element of a ModuleList)
-        owner = next((".".join(parts[: i + 1]) for i in range(len(parts) - 2, 0, -1) if parts[i].isdigit()), None)
+        # the closest block holding it: the path up to its last numbered part (blocks.3, encoder_layer_3)
+        numbered = [i for i in range(len(parts) - 2, 0, -1) if parts[i][-1:].isdigit()]
+        owner = ".".join(parts[: numbered[0] + 1]) if numbered else None
         if owner is None or not any(r.startswith(f"{owner}.") for r in rows):
             out.add(col)
     return out

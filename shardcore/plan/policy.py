@@ -14,6 +14,7 @@ from ..inputs import find_inputs
 from ..policy import ModulePolicyDescription, Policy
 from ..policy import SubModuleReplacementDescription as Sub
 from ..tensor_parallel import InPlace, Linear1D_Col
+from .derive import repeated
 from .flow import check_activations, leaving, roles
 from .layers import Layers, splits_heads
 from .styles import config_of, linear_spec, module_layer, param_split
@@ -178,19 +179,20 @@ class PlanPolicy(Policy):
         plans = self._plans if getattr(self, "_plans", None) is not None else {}
         names = list(plans) or [n for n, _ in self.model.named_parameters()]
         for container in self.model.modules():
-            if isinstance(container, nn.ModuleList) and len(container):
+            if repeated(container):
                 blocks = self.blocks_in(container)
                 if any(any(n.startswith(b + ".") for n in names) for b, _ in blocks):
                     return blocks
         return []
 
     def planned_blocks(self) -> list[tuple[str, nn.Module]]:
-        """The blocks of every outermost ``nn.ModuleList`` holding a planned module (a composite's
+        """The blocks of every outermost repeated container (``nn.ModuleList``, or ``nn.Sequential`` of one
+        class: :func:`~shardcore.plan.derive.repeated`) holding a planned module (a composite's
         towers and language model alike): what ``ShardConfig(verify=...)`` checks."""
         names = list(self._plans if getattr(self, "_plans", None) is not None else {})
         found: list[tuple[str, nn.Module]] = []
         for path, container in self.model.named_modules():
-            if not (isinstance(container, nn.ModuleList) and len(container)):
+            if not repeated(container):
                 continue
             if any(path.startswith(f"{b}.") for b, _ in found):
                 continue  # inside a block already chosen
