@@ -18,11 +18,19 @@ from shardcore.testing import run_on_ranks
 PLAN = {"layers.*.up.weight": ["tp", None], "layers.*.down.weight": [None, "tp"]}
 
 
+class Normalize(nn.Module):
+    """A statistic over the last dimension as a module of its own (no weight, no fixed width: no raise)."""
+
+    def forward(self, y):
+        return y / y.norm(dim=-1, keepdim=True)
+
+
 class Block(nn.Module):
     def __init__(self, width: int, mode: str) -> None:
         super().__init__()
         self.up, self.down, self.mode = nn.Linear(width, 4 * width), nn.Linear(4 * width, width), mode
         self.alpha = nn.Parameter(torch.tensor([0.7]))  # a scalar applied to the split activation
+        self.normalize = Normalize()
 
     def forward(self, x):
         y = self.up(x)
@@ -30,6 +38,8 @@ class Block(nn.Module):
             y = y * self.alpha
         elif self.mode == "norm":  # a reduction over the split width: another number per rank
             y = y / y.norm(dim=-1, keepdim=True)
+        elif self.mode == "norm-module":  # the same, in a module of its own: named
+            y = self.normalize(y)
         return x + self.down(torch.tanh(y))
 
 
@@ -112,6 +122,12 @@ def test_a_plan_that_changes_the_output_is_refused_at_optimize():
         assert "optimize" in result, f"the block check let a wrong plan through: {result}"
         assert "layers.0 (Block): its output differs" in result["optimize"]
         assert "ShardConfig(verify=False)" in result["optimize"]
+
+
+def test_a_module_computing_another_number_is_named():
+    """The same normalization in a module: refused, naming it as the first module whose output differs."""
+    for result in run_on_ranks(2, _run, 2, "norm-module"):
+        assert "layers.0.normalize is the first module whose output differs" in result.get("optimize", ""), result
 
 
 def test_the_first_backward_check_names_partial_gradients():
