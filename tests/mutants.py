@@ -1984,6 +1984,14 @@ MUTANTS: dict[str, Mutant] = {
             f"{LLAMA}/test_llama_parallelize.py::test_forward_and_generate_match_unsharded[module]",
             "parallelize handed back rank 0's cache of its own heads",
         ),
+        _m(
+            "dit-heads-not-per-rank",
+            "shard-diffusers leaves each attention's head count whole: the processor reshapes a rank's slice into every head",
+            "plugins/shard-diffusers/shard_diffusers/policy.py",
+            ('                attribute_replacement={f"{a}.heads": heads // tp for a in attentions},\n', ""),
+            "plugins/shard-diffusers/tests/test_diffusers_tp.py::test_matches_unsharded[DiTTransformer2DModel-2]",
+            "output 'sample': max abs diff",
+        ),
         # -- every plugin's registration (the entry point's one computing line) -------------------
         *[
             _m(
@@ -1999,6 +2007,11 @@ MUTANTS: dict[str, Mutant] = {
                     "bert",
                     "plugins/shard-bert/tests/test_bert_tp.py::test_bert_classes[BertModel-2]",
                     "covers transformers.models.bert.modeling_bert.BertModel",
+                ),
+                (
+                    "diffusers",
+                    "plugins/shard-diffusers/tests/test_diffusers_tp.py::test_matches_unsharded[DiTTransformer2DModel-2]",
+                    "covers diffusers.models.transformers.dit_transformer_2d.DiTTransformer2DModel",
                 ),
                 (
                     "blip2",

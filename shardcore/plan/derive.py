@@ -24,6 +24,7 @@ from collections import Counter
 
 from torch import nn
 
+from .flow import repeated
 from .syntax import PlanError
 
 #: ``ShardConfig(plan=DERIVE)``: derive the plan from the model's modules
@@ -34,16 +35,6 @@ _HEADS = ("num_heads", "num_attention_heads")
 
 def _plain(module: nn.Module) -> bool:
     return isinstance(module, nn.Linear) and type(module).forward is nn.Linear.forward
-
-
-def repeated(container: nn.Module) -> bool:
-    """Whether ``container`` holds a model's repeated blocks: an ``nn.ModuleList``, or an
-    ``nn.Sequential`` of two or more modules of one class that have modules of their own."""
-    if isinstance(container, nn.ModuleList):
-        return len(container) > 0
-    if not isinstance(container, nn.Sequential) or len(container) < 2:
-        return False
-    return len({type(b) for b in container.children()}) == 1 and any(True for _ in container[0].children())
 
 
 def _blocks(model: nn.Module) -> tuple[str, nn.Module] | None:

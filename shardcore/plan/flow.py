@@ -25,13 +25,23 @@ from torch import nn
 
 from ..inputs import Inputs
 
-__all__ = ["leaving", "roles"]
+__all__ = ["check_activations", "leaving", "repeated", "roles"]
 
 #: styles after which a module's output is split on its last dimension / is summed (a split reduced)
 _COLUMN_STYLES = ("packed_colwise",)
 _ROW_STYLES = ("rowwise_split_input", "rowwise_rep", "all_reduce", "moe_tp_experts")
 
 log = logging.getLogger("shardcore")
+
+
+def repeated(container: nn.Module) -> bool:
+    """Whether ``container`` holds a model's repeated blocks: an ``nn.ModuleList``, or an
+    ``nn.Sequential`` of two or more modules of one class that have modules of their own."""
+    if isinstance(container, nn.ModuleList):
+        return len(container) > 0
+    if not isinstance(container, nn.Sequential) or len(container) < 2:
+        return False
+    return len({type(b) for b in container.children()}) == 1 and any(True for _ in container[0].children())
 
 
 def roles(by_module: dict[str, dict], styles: dict[str, tuple[str, str]], modules: dict) -> tuple[list, list]:

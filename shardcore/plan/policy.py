@@ -14,8 +14,7 @@ from ..inputs import find_inputs
 from ..policy import ModulePolicyDescription, Policy
 from ..policy import SubModuleReplacementDescription as Sub
 from ..tensor_parallel import InPlace, Linear1D_Col
-from .derive import repeated
-from .flow import check_activations, leaving, roles
+from .flow import check_activations, leaving, repeated, roles
 from .layers import Layers, splits_heads
 from .styles import config_of, linear_spec, module_layer, param_split
 from .syntax import _HEAD_ATTRS, _INDEX, GRAD_SUM, PlanError, _Plan, _regex, load_plan
@@ -187,7 +186,7 @@ class PlanPolicy(Policy):
 
     def planned_blocks(self) -> list[tuple[str, nn.Module]]:
         """The blocks of every outermost repeated container (``nn.ModuleList``, or ``nn.Sequential`` of one
-        class: :func:`~shardcore.plan.derive.repeated`) holding a planned module (a composite's
+        class: :func:`~shardcore.plan.flow.repeated`) holding a planned module (a composite's
         towers and language model alike): what ``ShardConfig(verify=...)`` checks."""
         names = list(self._plans if getattr(self, "_plans", None) is not None else {})
         found: list[tuple[str, nn.Module]] = []
