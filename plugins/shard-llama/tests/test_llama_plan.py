@@ -152,3 +152,28 @@ def test_plan_dp_axis_picks_the_fsdp_dimension(tmp_path):
         assert report["placements"]["model.layers.0.self_attn.q_proj.weight"] == "(Shard(dim=1),)", report
         assert report["placements"]["model.layers.0.self_attn.k_proj.weight"] == "(Shard(dim=0),)", report
         assert abs(report["state_fraction"] - 0.25) <= 0.01, report
+
+
+def _plan_parallel_output(tp: int, path: str) -> dict:
+    from llama_cases import gather_vocab_logits
+
+    from shardcore.tensor_parallel import VocabSlice
+
+    config = ShardConfig(tensor_parallel_size=tp, plan=path, parallel_output=True)
+    report = assert_sharded_matches(
+        lambda: build("LlamaForCausalLM"), lm_batch(), config, sharded_output_fn=gather_vocab_logits
+    )
+    torch.manual_seed(0)
+    import shardcore
+
+    model = shardcore.optimize(build("LlamaForCausalLM"), config)
+    return {"report": report, "marked": isinstance(model(**lm_batch()).logits, VocabSlice)}
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_yaml_plan_with_parallel_output(tmp_path, tp):
+    """parallel_output=True through a plan: the causal LM's own loss on the vocabulary slices (its
+    loss_function), the unsharded loss and gradients; the logits each rank's slice, marked."""
+    path = _write(tmp_path, LLAMA_PLAN)
+    for result in run_on_ranks(tp, _plan_parallel_output, tp, path):
+        assert result["marked"], result
