@@ -1747,8 +1747,8 @@ MUTANTS: dict[str, Mutant] = {
             "the wrapper's barrier blocks the host without telling the sync audit",
             "shardcore/distributed/objects.py",
             (
-                '        _blocking("barrier", where)\n        dist.barrier(group=group)',
-                "        dist.barrier(group=group)",
+                '        _blocking("barrier", where)\n        work = dist.barrier(group=group, async_op=True)',
+                "        work = dist.barrier(group=group, async_op=True)",
             ),
             "tests/test_core_sync.py::test_the_audits_hear_the_wrapper_host_syncs_and_refuse_a_tensor_off_the_model_s_device",
             "the sync audit heard ['all_gather_object']",
@@ -1991,6 +1991,17 @@ MUTANTS: dict[str, Mutant] = {
             ('                attribute_replacement={f"{a}.heads": heads // tp for a in attentions},\n', ""),
             "plugins/shard-diffusers/tests/test_diffusers_tp.py::test_matches_unsharded[DiTTransformer2DModel-2]",
             "output 'sample': max abs diff",
+        ),
+        _m(
+            "exit-works-not-kept",
+            "the works of shardcore's last collectives are not kept: a worker thread may destroy one at exit",
+            "shardcore/distributed/retain.py",
+            (
+                "        _KEPT.setdefault(group_key(group), collections.deque(maxlen=KEEP)).append(work)\n",
+                "        pass\n",
+            ),
+            "tests/test_core_exit.py::test_the_last_works_of_each_group_are_kept_and_bounded",
+            "kept works per group: [0, 0",
         ),
         # -- every plugin's registration (the entry point's one computing line) -------------------
         *[

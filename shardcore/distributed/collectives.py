@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from .ranks import PaperGroup, global_rank, group_key, group_rank, group_ranks, group_size
+from .retain import retain
 from .scope import (
     COUNTS,
     DEFAULT_SCOPE,
@@ -121,6 +122,7 @@ def _wait(work, kind: str, group, where: str | None, seq: int | None = None, *, 
             _wait_on_stream(work, device, scope.timeout_s, functools.partial(_likely_cause, kind, seq, where, group))
         else:
             work.wait()
+        retain(work, group)  # no worker thread destroys it at the interpreter's exit (see .retain)
     except RuntimeError as err:
         text = str(err).lower()
         if "timed out" in text:  # the host bound, or (stream wait, no bound) the process group's own timeout

@@ -18,6 +18,7 @@ import torch.distributed as dist
 from . import audit
 from .collectives import _wait
 from .ranks import global_rank, group_rank, group_size
+from .retain import retain
 from .scope import _count
 
 __all__ = [
@@ -101,4 +102,6 @@ def barrier(group=None, *, where: str) -> None:
     """Wait until every rank of ``group`` got here (blocks the host; counted)."""
     if group_size(group) > 1:
         _blocking("barrier", where)
-        dist.barrier(group=group)
+        work = dist.barrier(group=group, async_op=True)
+        work.wait()
+        retain(work, group)  # with the works it waited for: no worker thread destroys them at exit (.retain)
