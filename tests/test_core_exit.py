@@ -6,6 +6,9 @@ the last few per group, not one per step."""
 
 from __future__ import annotations
 
+import ast
+import pathlib
+
 import torch
 
 from shardcore.testing import run_on_ranks
@@ -33,3 +36,36 @@ def test_the_last_works_of_each_group_are_kept_and_bounded():
         keep, counts = result["keep"], result["counts"]
         assert counts[-1] == keep and max(counts) == keep, f"kept works per group: {counts}"
         assert result["after_barrier"] == keep, result
+
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+#: the files that unpickle, and why: parallelize's processes talk to one another over their own pipes
+UNPICKLING = {"shardcore/distributed/launcher.py", "shardcore/distributed/worker.py"}
+
+
+def _calls(name: str) -> list[tuple[str, ast.Call]]:
+    found = []
+    files = [*ROOT.glob("shardcore/**/*.py"), *ROOT.glob("plugins/*/shard_*/**/*.py")]
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and ast.unparse(node.func) == name:
+                found.append((str(path.relative_to(ROOT)), node))
+    return found
+
+
+def test_every_torch_load_reads_weights_only():
+    """docs/checkpoints.md's table: a torch.load that could run a file's code is a new, named failure."""
+    calls = _calls("torch.load")
+    assert calls, "no torch.load found: the check looks at nothing"
+    unsafe = [
+        f"{f}:{c.lineno}"
+        for f, c in calls
+        if not any(k.arg == "weights_only" and getattr(k.value, "value", None) is True for k in c.keywords)
+    ]
+    assert not unsafe, f"torch.load without weights_only=True: {unsafe}"
+
+
+def test_pickle_is_read_only_between_parallelize_s_own_processes():
+    readers = {f for name in ("pickle.loads", "pickle.load", "pickle.Unpickler") for f, _ in _calls(name)}
+    assert readers <= UNPICKLING, f"unpickling outside parallelize's pipes: {sorted(readers - UNPICKLING)}"
+    assert readers, "no unpickling found: the allow-list names files that no longer unpickle"
