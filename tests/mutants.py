@@ -2003,6 +2003,14 @@ MUTANTS: dict[str, Mutant] = {
             "tests/test_core_exit.py::test_the_last_works_of_each_group_are_kept_and_bounded",
             "kept works per group: [0, 0",
         ),
+        _m(
+            "exit-works-kept-forever",
+            "every work shardcore waits for is kept, not the last few per group: memory grows with the steps",
+            "shardcore/distributed/retain.py",
+            ("collections.deque(maxlen=KEEP)", "collections.deque()"),
+            f"{LLAMA}/test_llama_long_run.py::test_a_long_run_stays_flat[tp2]",
+            "the kept works grew",
+        ),
         # -- every plugin's registration (the entry point's one computing line) -------------------
         *[
             _m(

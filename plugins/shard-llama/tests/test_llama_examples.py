@@ -4,7 +4,10 @@
 from __future__ import annotations
 
 import math
+import os
 import pathlib
+import subprocess
+import sys
 
 import pytest
 
@@ -113,3 +116,26 @@ def test_auto_layout_trains_like_the_unsharded_loop(tmp_path):
     assert len({name for name, _ in runs}) == 1 and runs[0][0] != "1 rank", runs  # every rank chose the same
     for _, got in runs:
         assert all(abs(a - b) <= 1e-5 * abs(b) for a, b in zip(got, unsharded, strict=True)), (got, unsharded)
+
+
+#: the examples a user launches with torchrun as they are: none tears the process group down
+NO_TEARDOWN = {"quickstart": (2, []), "pipeline_training": (4, ["--steps", "2"]), "fsdp_tp_training": (4, [])}
+RUNS = 2  # each, in a row: a finished run's exit is where the abort happened (docs: shardcore.distributed.retain)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(NO_TEARDOWN))
+def test_an_example_without_teardown_exits_0_on_every_rank(name):
+    """The README's quickstart, the pipeline and the FSDP x TP examples under torchrun, RUNS times in
+    a row, with no destroy_process_group: every rank exits 0, nothing says 'terminate called'."""
+    ranks, args = NO_TEARDOWN[name]
+    script = str(EXAMPLES / f"{name}.py")
+    for run in range(RUNS):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks), script]
+        done = subprocess.run(
+            [*cmd, *args], capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"}
+        )
+        said = done.stdout + done.stderr
+        assert done.returncode == 0 and "terminate called" not in said, (
+            f"{name}, run {run}: exit {done.returncode}\n{said[-3000:]}"
+        )
