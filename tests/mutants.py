@@ -2011,6 +2011,14 @@ MUTANTS: dict[str, Mutant] = {
             f"{LLAMA}/test_llama_long_run.py::test_a_long_run_stays_flat[tp2]",
             "resident memory grew",
         ),
+        _m(
+            "watch-thread-not-joined-at-exit",
+            "the watch's thread is left running into the interpreter's finalization (no exit hook)",
+            "shardcore/distributed/watch.py",
+            ("                atexit.register(self.stop)\n", "                pass\n"),
+            "tests/test_core_exit.py::test_the_watch_s_thread_is_joined_before_the_interpreter_finalizes",
+            "the watch's exit hook is not registered once",
+        ),
         # -- every plugin's registration (the entry point's one computing line) -------------------
         *[
             _m(

@@ -38,6 +38,27 @@ def test_the_last_works_of_each_group_are_kept_and_bounded():
         assert result["after_barrier"] == keep, result
 
 
+def test_the_watch_s_thread_is_joined_before_the_interpreter_finalizes():
+    """NCCL's watch thread (shardcore's only thread in a training process) stops and is joined by an
+    atexit hook, not left running into finalization (where a thread inside a CUDA call could abort)."""
+    import atexit
+
+    from shardcore.distributed import watch
+
+    class Work:
+        def is_completed(self) -> bool:
+            return False
+
+    w = watch.Watch(period_s=3600)
+    hooks = atexit._ncallbacks()
+    w.enter(Work(), torch.device("cpu"), 60.0, lambda what: what)
+    w.enter(Work(), torch.device("cpu"), 60.0, lambda what: what)
+    assert w._thread.is_alive() and atexit._ncallbacks() == hooks + 1, "the watch's exit hook is not registered once"
+    w.stop()  # what the hook runs at exit
+    assert not w._thread.is_alive(), "the watch's thread outlived its stop"
+    atexit.unregister(w.stop)
+
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 #: the files that unpickle, and why: parallelize's processes talk to one another over their own pipes
 UNPICKLING = {"shardcore/distributed/launcher.py", "shardcore/distributed/worker.py"}

@@ -21,6 +21,7 @@ every rank's collective history, dumped at the group's timeout.
 
 from __future__ import annotations
 
+import atexit
 import collections
 import logging
 import os
@@ -146,16 +147,28 @@ class Watch:
         self._thread: threading.Thread | None = None
         self._reported: _Entry | None = None
         self._cuda_ready = False
+        self._stop = threading.Event()
+        self._at_exit = False
 
     def enter(self, work, device: torch.device, bound: float, cause) -> _Entry:
         """Record a collective about to be waited for; on CUDA :meth:`on_stream` then marks its end,
         and :meth:`failed` drops a record whose wait raised."""
         entry = _Entry(time.monotonic(), bound, device, None if device.type == "cuda" else work, cause)
         self._pending.append(entry)
-        if self._thread is None or not self._thread.is_alive():
+        if (self._thread is None or not self._thread.is_alive()) and not self._stop.is_set():
             self._thread = threading.Thread(target=self._run, name="shardcore-watch", daemon=True)
             self._thread.start()
+            if not self._at_exit:  # joined before the interpreter finalizes (no thread inside torch then)
+                atexit.register(self.stop)
+                self._at_exit = True
         return entry
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """End the thread and join it (at exit: it must not be inside a CUDA call while Python finalizes)."""
+        self._stop.set()
+        thread = self._thread
+        if thread is not None and thread.is_alive() and thread is not threading.current_thread():
+            thread.join(timeout_s)
 
     @staticmethod
     def on_stream(entry: _Entry) -> None:
@@ -198,8 +211,7 @@ class Watch:
         return _done(entry.marker)
 
     def _run(self) -> None:
-        while True:
-            time.sleep(self.period_s)
+        while not self._stop.wait(self.period_s):
             try:
                 self.check()
             except Exception as err:  # the watch must never take the process down
