@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import logging
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -18,6 +19,8 @@ from .flow import check_activations, leaving, repeated, roles
 from .layers import Layers, splits_heads
 from .styles import config_of, linear_spec, module_layer, param_split
 from .syntax import _HEAD_ATTRS, _INDEX, GRAD_SUM, PlanError, _Plan, _regex, load_plan
+
+log = logging.getLogger("shardcore")
 
 
 class PlanPolicy(Policy):
@@ -123,9 +126,17 @@ class PlanPolicy(Policy):
         if getattr(self, "_leaving", None) is None:  # the model runs once, whatever the layout asked
             inputs, why_not = find_inputs(self.model, getattr(self.shard_config, "example_inputs", None))
             self._leaving = leaving(self.model, columns, rows, inputs, why_not)
-        found, self.outputs_found_by = self._leaving
+        found, how = self._leaving
         by_heads = {p for p in found if splits_heads(modules[p], modules[p.rpartition(".")[0]])}
-        return heads | ((found & set(by_module)) - by_heads)
+        leave = (found & set(by_module)) - by_heads - heads
+        if leave:
+            log.info(
+                "shardcore: %s: %s leave the model: split over the vocabulary (found by %s)",
+                type(self.model).__name__,
+                ", ".join(sorted(leave)),
+                how,
+            )
+        return heads | leave
 
     def _style_layers(self, plans: dict, in_place: dict, modules: dict) -> None:
         """The layers of the modules given one of transformers' styles, into ``plans`` / ``in_place``."""
