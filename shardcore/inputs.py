@@ -22,13 +22,14 @@ says which parameter was missing and how to give it.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from typing import Any
 
 import torch
 from torch import nn
 
-__all__ = ["Inputs", "find_inputs"]
+__all__ = ["Inputs", "evaluating", "find_inputs"]
 
 
 class Inputs:
@@ -62,14 +63,29 @@ def given(example: Any, source: str = "ShardConfig(example_inputs=...)") -> Inpu
 
 
 def find_inputs(model: nn.Module, example: Any = None, seed: int = 0) -> tuple[Inputs | None, str]:
-    """``(inputs, "")``, or ``(None, why none was found)`` (see the module docstring)."""
+    """``(inputs, "")``, or ``(None, why none was found)`` (see the module docstring); the user's
+    ``example`` of a wrong kind raises, a model that cannot say its inputs is a reason."""
     if example is not None:
         return given(example), ""
     gen = torch.Generator().manual_seed(seed)
-    hf = _hf_inputs(model, gen)
-    if hf is not None:
-        return hf, ""
-    return _from_signature(model, gen)
+    try:
+        hf = _hf_inputs(model, gen)
+        return (hf, "") if hf is not None else _from_signature(model, gen)
+    except Exception as err:  # a library's accessor that raises (get_input_embeddings not implemented)
+        return None, f"finding an input raised {type(err).__name__}: {err}; pass ShardConfig(example_inputs=...)"
+
+
+@contextlib.contextmanager
+def evaluating(model: nn.Module):
+    """``model`` in eval mode for the ``with`` block, then every module back in its own mode (a frozen
+    backbone left in eval by its user stays so)."""
+    modes = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        yield model
+    finally:
+        for m, training in modes:
+            m.training = training
 
 
 def _device(model: nn.Module) -> torch.device:

@@ -1245,8 +1245,8 @@ MUTANTS: dict[str, Mutant] = {
             "the block check finds no input for a model without HF conventions (0.1's probe)",
             "shardcore/inputs.py",
             (
-                "    return _from_signature(model, gen)\n",
-                '    return None, "it takes neither token ids nor an image"\n',
+                '        return (hf, "") if hf is not None else _from_signature(model, gen)\n',
+                '        return (hf, "") if hf is not None else (None, "it takes neither token ids nor an image")\n',
             ),
             "tests/test_core_own_model.py::test_own_model_with_a_yaml_plan_is_the_unsharded_model[plan-as-written-2]",
             "the block check at optimize did not run (it takes neither token ids nor an image)",
@@ -1257,7 +1257,7 @@ MUTANTS: dict[str, Mutant] = {
             "shardcore/plan/flow.py",
             ('        if kind == "row":  # the split was reduced here\n            continue\n', ""),
             "tests/test_core_own_model.py::test_splits_reduced_inside_the_model_are_not_gathered",
-            "blocks.0.mlp.down (Linear1D_Row) raised",
+            "a column was taken for leaving the model",
         ),
         _m(
             "vocab-slice-passes-for-whole",

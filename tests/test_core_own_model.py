@@ -190,9 +190,14 @@ def _trunk(tp: int) -> dict:
     plan = {**_plan(), "head.weight": None}
     ids = ex["batch"]()[0]
     config = ShardConfig(tensor_parallel_size=tp, plan=plan)
-    return assert_sharded_matches(
-        Trunk, {"input_ids": ids}, config, loss_fn=lambda h: (h**2).mean(), zero_grads=("head.",)
-    )
+    records = _log()
+    try:
+        report = assert_sharded_matches(
+            Trunk, {"input_ids": ids}, config, loss_fn=lambda h: (h**2).mean(), zero_grads=("head.",)
+        )
+    finally:
+        logging.getLogger("shardcore").removeHandler(records.handler)
+    return {**report, "log": records.messages}
 
 
 def _plan() -> dict:
@@ -204,7 +209,9 @@ def _plan() -> dict:
 def test_splits_reduced_inside_the_model_are_not_gathered():
     """A trunk returning hidden states: the walk from its output stops at each row-parallel layer, so
     no column is gathered (a gathered column would feed its row the whole width)."""
-    run_on_ranks(2, _trunk, 2)
+    for result in run_on_ranks(2, _trunk, 2):
+        taken = [m for m in result["log"] if "leave the model" in m]
+        assert not taken, f"a column was taken for leaving the model: {taken}"
 
 
 def _derived_shape(tp: int) -> tuple:
@@ -230,3 +237,66 @@ def test_a_width_that_no_size_divides_is_refused_without_an_impossible_fix():
     for message in run_on_ranks(2, _prime_width, 2):
         assert "blocks.0.mlp.up.weight dim 0 has size 97, not divisible by tp=2" in message, message
         assert "no tensor_parallel_size up to 64 divides 97: give it null (replicated)" in message, message
+
+
+def _odd_outputs(tp: int) -> dict:
+    import copy
+    import dataclasses
+
+    import shardcore
+
+    ex = _example()
+    ids, targets = ex["batch"]()
+
+    @dataclasses.dataclass
+    class Out:
+        logits: torch.Tensor
+        inner: list
+
+    class Returning(ex["NanoLM"]):
+        """A dataclass out, with each block's split MLP activation (read by the row layer too) in it."""
+
+        def forward(self, input_ids):
+            inner = []
+            handles = [b.mlp.up.register_forward_hook(lambda m, a, o: inner.append(o)) for b in self.blocks]
+            logits = super().forward(input_ids)
+            for h in handles:
+                h.remove()
+            return Out(logits, inner)
+
+    records = _log()
+    try:
+        torch.manual_seed(0)
+        model = shardcore.optimize(Returning(), ShardConfig(tensor_parallel_size=tp, plan=ex["PLAN"], verify=False))
+        out = model(ids)
+        torch.manual_seed(0)
+        sliced = shardcore.optimize(
+            ex["NanoLM"](), ShardConfig(tensor_parallel_size=tp, plan=ex["PLAN"], parallel_output=True)
+        )(ids)
+        try:
+            F.cross_entropy(sliced.transpose(1, 2), targets % 16)
+            transposed = "no error"
+        except shardcore.VocabSliceError as err:
+            transposed = str(err)
+        copied = type(copy.deepcopy(sliced.detach())).__name__
+    finally:
+        logging.getLogger("shardcore").removeHandler(records.handler)
+    return {
+        "logits": tuple(out.logits.shape),
+        "inner": tuple(out.inner[0].shape),
+        "log": records.messages,
+        "transposed": transposed,
+        "copied": copied,
+    }
+
+
+def test_a_dataclass_output_a_returned_split_and_a_transposed_slice():
+    """A head returned inside a dataclass is found and gathered; a column output the model returns and
+    a row layer reads stays split (named in a warning), not gathered into the row's input; a slice
+    transposed for F.cross_entropy is still refused; a deep copy of a slice is a plain tensor."""
+    for result in run_on_ranks(2, _odd_outputs, 2):
+        assert result["logits"] == (3, 11, 212), result
+        assert result["inner"] == (3, 11, 48), result
+        assert any("blocks.0.mlp.up, blocks.1.mlp.up feed row-parallel layers" in m for m in result["log"]), result
+        assert "use shardcore.vocab_parallel_cross_entropy" in result["transposed"], result
+        assert result["copied"] == "Tensor", result

@@ -91,7 +91,8 @@ def derived_plan(model: nn.Module) -> dict[str, list]:
             continue
         cols, row = pair
         each = re.sub(r"\d+$", "*", next(n for n, _ in blocks.named_children()))  # "*", or "encoder_layer_*"
-        prefix = f"{path}.{each}.{rel}." if rel else f"{path}.{each}."
+        block = f"{path}.{each}" if path else each  # (the model itself may be the Sequential)
+        prefix = f"{block}.{rel}." if rel else f"{block}."
         for col in cols:
             specs[f"{prefix}{col}.weight"] = ["tp", None]
         specs[f"{prefix}{row}.weight"] = [None, "tp"]

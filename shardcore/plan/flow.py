@@ -17,13 +17,14 @@ then compares the sharded model's output with the unsharded one's either way.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any
 
 import torch
 from torch import nn
 
-from ..inputs import Inputs
+from ..inputs import Inputs, evaluating
 
 __all__ = ["check_activations", "leaving", "repeated", "roles"]
 
@@ -61,13 +62,15 @@ def roles(by_module: dict[str, dict], styles: dict[str, tuple[str, str]], module
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:
-    """The tensors a model returned: at any depth of tuples, lists and dicts (HF's outputs are dicts)."""
+    """The tensors a model returned: at any depth of tuples, lists, dicts (HF's outputs) and dataclasses."""
     if isinstance(value, torch.Tensor):
         return [value]
     if isinstance(value, tuple | list):
         return [t for v in value for t in _tensors(v)]
     if isinstance(value, dict):
         return [t for v in value.values() for t in _tensors(v)]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return [t for f in dataclasses.fields(value) for t in _tensors(getattr(value, f.name, None))]
     return []
 
 
@@ -103,20 +106,30 @@ def _by_graph(model: nn.Module, columns: list[str], rows: list[str], inputs: Inp
     handles = [modules[p].register_forward_hook(hook("column", p)) for p in columns]
     handles += [modules[p].register_forward_hook(hook("row", p)) for p in rows]
     frozen = [p for p in model.parameters() if not p.requires_grad]
-    training = model.training
     try:
         for p in frozen:  # every layer's output on the graph, even a frozen model's
             p.requires_grad_(True)
-        model.eval()
-        with torch.enable_grad():
+        with evaluating(model), torch.enable_grad():
             out = inputs(model)
-        return _walk([t.grad_fn for t in _tensors(out) if t.grad_fn is not None], marks)
+        roots = [t.grad_fn for t in _tensors(out) if t.grad_fn is not None]
+        if not roots:
+            raise ValueError("its output has no tensor on the autograd graph to walk back from")
+        found = _walk(roots, marks)
+        row_inputs = [n for node, (kind, _) in marks.items() if kind == "row" for n, _ in node.next_functions]
+        both = found & _walk(row_inputs, marks)
+        if both:  # returned and read by a row layer (a key/value cache it returns): stays split, as the plugins'
+            log.warning(
+                "shardcore: %s: %s feed row-parallel layers and also leave the model; their returned output stays "
+                "each rank's split (as a key/value cache of its heads does)",
+                type(model).__name__,
+                ", ".join(sorted(both)),
+            )
+        return found - both
     finally:
         for h in handles:
             h.remove()
         for p in frozen:
             p.requires_grad_(False)
-        model.train(training)
 
 
 def _walk(roots: list, marks: dict) -> set[str]:
@@ -144,7 +157,7 @@ def _by_structure(columns: list[str], rows: list[str]) -> set[str]:
     for col in columns:
         parts = col.split(".")
         # the closest block holding it: the path up to its last numbered part (blocks.3, encoder_layer_3)
-        numbered = [i for i in range(len(parts) - 2, 0, -1) if parts[i][-1:].isdigit()]
+        numbered = [i for i in range(len(parts) - 2, -1, -1) if parts[i][-1:].isdigit()]
         owner = ".".join(parts[: numbered[0] + 1]) if numbered else None
         if owner is None or not any(r.startswith(f"{owner}.") for r in rows):
             out.add(col)

@@ -123,10 +123,10 @@ class PlanPolicy(Policy):
         embeddings = {id(m.weight) for m in modules.values() if isinstance(m, nn.Embedding)}
         heads = {p for p in by_module if modules[p] is head or id(getattr(modules[p], "weight", None)) in embeddings}
         columns, rows = roles(by_module, self._styles, modules)
-        if getattr(self, "_leaving", None) is None:  # the model runs once, whatever the layout asked
+        if getattr(self, "_leaving", (None,))[0] is not self.model:  # the model runs once, whatever the layout
             inputs, why_not = find_inputs(self.model, getattr(self.shard_config, "example_inputs", None))
-            self._leaving = leaving(self.model, columns, rows, inputs, why_not)
-        found, how = self._leaving
+            self._leaving = (self.model, *leaving(self.model, columns, rows, inputs, why_not))
+        _, found, how = self._leaving
         by_heads = {p for p in found if splits_heads(modules[p], modules[p.rpartition(".")[0]])}
         leave = (found & set(by_module)) - by_heads - heads
         if leave:

@@ -7,8 +7,8 @@ slice is therefore a :class:`VocabSlice`: a tensor (through PyTorch's ``__torch_
 protocol) that
 
 * raises :class:`VocabSliceError`, naming the fix, when it meets one of those functions;
-* carries its mark through every operation that keeps its last dimension (the vocabulary):
-  ``view``, ``reshape``, ``float``, indexing of the other dimensions, a scale;
+* carries its mark through every operation that keeps a dimension of its width (the vocabulary):
+  ``view``, ``reshape``, ``float``, ``transpose``, indexing of the other dimensions, a scale;
 * gives every other result as a plain tensor, and is read by
   :func:`~shardcore.tensor_parallel.vocab_parallel_cross_entropy` (and ``shardcore.vocab_parallel_cross_entropy``),
   which takes the slice's vocabulary offset and group from the mark.
@@ -52,6 +52,12 @@ class VocabSlice(torch.Tensor):
 
     _vocab: tuple[int, int, Any, int]  # (vocab_start, vocab_size, group, columns each rank holds, padded)
 
+    def __reduce_ex__(self, protocol):  # torch.save / pickle: the values, as a plain tensor (no group)
+        return plain(self).__reduce_ex__(protocol)
+
+    def __deepcopy__(self, memo):  # a copy is the values, not a slice bound to this group
+        return plain(self).__deepcopy__(memo)
+
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -81,9 +87,10 @@ def _flat(args: tuple, kwargs: dict):
 
 
 def _carry(out: Any, vocab: tuple, width: int | None) -> Any:
-    """``out`` with the mark on each tensor that keeps the vocabulary as its last dimension."""
+    """``out`` with the mark on each tensor that keeps a dimension of the vocabulary's width (moved by a
+    ``transpose`` for ``F.cross_entropy(logits.transpose(1, 2), y)``, it is still the vocabulary)."""
     if isinstance(out, torch.Tensor) and not isinstance(out, VocabSlice):
-        if width is not None and out.dim() and out.shape[-1] == width and out.is_floating_point():
+        if width is not None and width in out.shape and out.is_floating_point():
             return mark_slice(out, *vocab)
         return out
     if type(out) is tuple and any(isinstance(o, torch.Tensor) for o in out):  # (chunk, split: not torch.Size)

@@ -58,10 +58,12 @@ def where_raised(trace: Trace, err: BaseException) -> str:
     if found is None:
         return f"raised, sharded: {what}"
     path, module = found
+    said = f"{path} ({type(module).__name__}) raised, sharded: {what}"
+    if not any(word in what for word in ("shape", "size", "dimension")):
+        return said
     return (
-        f"{path} ({type(module).__name__}) raised, sharded: {what} — it receives an activation the plan split "
-        "over the ranks and computes over its whole width (a norm or a statistic over the split dimension): "
-        "keep the layers around it whole (null), or write a policy"
+        f"{said} — it receives an activation the plan split over the ranks and computes over its whole width "
+        "(a norm or a statistic over the split dimension): keep the layers around it whole (null), or write a policy"
     )
 
 

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from ..distributed.collectives import all_reduce
-from ..inputs import Inputs, find_inputs
+from ..inputs import Inputs, evaluating, find_inputs
 from ..tensor_parallel.vocab_slice import plain, slice_of
 from .errors import ShardingCheckError
 from .locate import Trace, first_difference, where_raised
@@ -108,9 +108,9 @@ class BlockProbe:
                 captured.setdefault(path, (_clone(args), _clone(kwargs)))
 
             handles.append(block.register_forward_pre_hook(keep, with_kwargs=True))
-        training = self.model.training
+        modes = evaluating(self.model)  # every module back in its own mode after
+        modes.__enter__()
         try:
-            self.model.eval()
             with torch.no_grad():
                 self.output = _clone(_first_tensor(self.inputs(self.model)))
             for path, block in self.blocks:
@@ -129,7 +129,7 @@ class BlockProbe:
         finally:
             for h in handles:
                 h.remove()
-            self.model.train(training)
+            modes.__exit__(None, None, None)
 
     @staticmethod
     def _run(block: nn.Module, args: tuple, kwargs: dict) -> dict:
@@ -169,9 +169,7 @@ class BlockProbe:
             )
         problems: list[str] = []
         summed: list[str] = []
-        training = self.model.training
-        self.model.eval()
-        try:
+        with evaluating(self.model):
             for path, block in self.blocks:
                 if path in self.kept:
                     with Trace(block, path, keep=True) as trace:
@@ -183,8 +181,6 @@ class BlockProbe:
                         found += _located(self.traces.get(path, []), trace.outputs, block, path, group)
                     problems += found
             problems += self._compare_output()
-        finally:
-            self.model.train(training)
         flag = torch.tensor([float(bool(problems))], device=_device(self.model))
         all_reduce(flag, group, op=torch.distributed.ReduceOp.MAX, where="the block check of optimize")
         if flag.item():
