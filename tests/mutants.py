@@ -2019,6 +2019,14 @@ MUTANTS: dict[str, Mutant] = {
             "tests/test_core_exit.py::test_the_watch_s_thread_is_joined_before_the_interpreter_finalizes",
             "the watch's exit hook is not registered once",
         ),
+        _m(
+            "exit-groups-not-settled",
+            "the exit hook settles no gloo group: the script's and FSDP's last works are left to the worker threads",
+            "shardcore/distributed/retain.py",
+            ("    for group in _gloo_groups():\n", "    for group in []:\n"),
+            "tests/test_core_exit.py::test_the_exit_hook_settles_every_gloo_group_with_a_kept_barrier",
+            "the exit barrier settled {'settled': 0",
+        ),
         # -- every plugin's registration (the entry point's one computing line) -------------------
         *[
             _m(

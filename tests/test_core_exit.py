@@ -90,3 +90,21 @@ def test_pickle_is_read_only_between_parallelize_s_own_processes():
     readers = {f for name in ("pickle.loads", "pickle.load", "pickle.Unpickler") for f, _ in _calls(name)}
     assert readers <= UNPICKLING, f"unpickling outside parallelize's pipes: {sorted(readers - UNPICKLING)}"
     assert readers, "no unpickling found: the allow-list names files that no longer unpickle"
+
+
+def _settled() -> dict:
+    import torch.distributed as dist
+
+    from shardcore.distributed import retain
+
+    sub = dist.new_group([0, 1])
+    dist.all_reduce(torch.ones(4))  # the script's own collectives, not shardcore's: settled at exit
+    dist.all_reduce(torch.ones(4), group=sub)
+    return {"settled": retain.settle_at_exit(), "gloo": len(retain._gloo_groups())}
+
+
+def test_the_exit_hook_settles_every_gloo_group_with_a_kept_barrier():
+    """What the atexit hook does before the interpreter finalizes: one barrier per gloo group this
+    rank is in (the world and a sub-group here), each completed and kept."""
+    for result in run_on_ranks(2, _settled):
+        assert result["gloo"] >= 2 and result["settled"] == result["gloo"], f"the exit barrier settled {result}"

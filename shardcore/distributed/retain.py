@@ -16,16 +16,31 @@ that is never freed: the worker's reset is then never the last reference of a re
 no GIL), an older one is released by the main thread (or by a worker during the run, when the GIL
 comes back at the next wait), and at exit nothing the worker holds is destroyed at all. A bounded
 number of works (their tensors: the last collectives' buffers) per group is the cost.
+
+The script's own collectives and FSDP's (torch's, not shardcore's) are settled at exit: an ``atexit``
+hook (run before the interpreter finalizes, while a worker can still take the GIL) issues one barrier
+on each gloo group this rank is in, in the order the groups were made (the same on every rank), bounded
+by :data:`EXIT_WAIT_S`, and keeps it: a barrier holds every work still in a worker's slot, so those
+are kept too. Not after an uncaught exception (the other ranks may be anywhere), and not on NCCL
+groups (never run here: their watchdog thread is torch's).
 """
 
 from __future__ import annotations
 
+import atexit
 import collections
 import ctypes
+import sys
+from datetime import timedelta
+
+import torch.distributed as dist
 
 from .ranks import group_key
 
-__all__ = ["KEEP", "kept", "retain"]
+__all__ = ["EXIT_WAIT_S", "KEEP", "kept", "retain", "settle_at_exit"]
+
+#: how long the exit barrier of a group waits for the other ranks before giving up (a rank gone early)
+EXIT_WAIT_S = 10.0
 
 #: works kept per group: the last ones, which a worker thread may not have released yet at exit
 KEEP = 4
@@ -33,10 +48,43 @@ _KEPT: dict[tuple, collections.deque] = {}
 ctypes.pythonapi.Py_IncRef(ctypes.py_object(_KEPT))  # never freed: finalization drops none of these works
 
 
+_AT_EXIT: list[bool] = []
+
+
 def retain(work, group) -> None:
-    """Keep ``work`` (waited for) as one of ``group``'s last :data:`KEEP`."""
+    """Keep ``work`` (waited for) as one of ``group``'s last :data:`KEEP`; the exit hook registered once."""
     if work is not None:
         _KEPT.setdefault(group_key(group), collections.deque(maxlen=KEEP)).append(work)
+        if not _AT_EXIT:
+            _AT_EXIT.append(True)
+            atexit.register(settle_at_exit)
+
+
+def _gloo_groups() -> list:
+    """The gloo process groups this rank is in, in the order they were made (torch's own record)."""
+    from .watch import backends
+
+    try:
+        groups = list(dist.distributed_c10d._world.pg_map)
+    except AttributeError:  # another torch: the world alone
+        groups = [dist.group.WORLD]
+    return [g for g in groups if set(backends(g).values()) == {"gloo"}]
+
+
+def settle_at_exit() -> int:
+    """One kept barrier per gloo group (see the module docstring); how many completed."""
+    if not (dist.is_available() and dist.is_initialized()) or getattr(sys, "last_value", None) is not None:
+        return 0
+    done = 0
+    for group in _gloo_groups():
+        try:
+            work = dist.barrier(group=group, async_op=True)
+            work.wait(timeout=timedelta(seconds=EXIT_WAIT_S))
+        except Exception:  # a rank already gone: nothing more to settle with it
+            return done
+        retain(work, group)
+        done += 1
+    return done
 
 
 def kept(group) -> int:
