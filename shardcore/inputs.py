@@ -88,8 +88,13 @@ def evaluating(model: nn.Module):
             m.training = training
 
 
-def _device(model: nn.Module) -> torch.device:
+def device_of(model: nn.Module) -> torch.device:
+    """Where ``model``'s weights are (the CPU for a model without any)."""
     return next((p.device for p in model.parameters()), torch.device("cpu"))
+
+
+def _dtype(model: nn.Module) -> torch.dtype:
+    return next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
 
 
 def _ids(vocab: int, gen: torch.Generator, device) -> torch.Tensor:
@@ -107,7 +112,7 @@ def _hf_inputs(model: nn.Module, gen: torch.Generator) -> Inputs | None:
     """A HuggingFace model's input by its conventions (``main_input_name``), ``None`` otherwise."""
     config = getattr(model, "config", None)
     name = getattr(model, "main_input_name", None)
-    device = _device(model)
+    device = device_of(model)
     if name == "input_ids" and hasattr(model, "get_input_embeddings"):
         vocab = getattr(model.get_input_embeddings(), "num_embeddings", None)
         if not isinstance(vocab, int):
@@ -122,8 +127,9 @@ def _hf_inputs(model: nn.Module, gen: torch.Generator) -> Inputs | None:
         size = size[0] if isinstance(size, list | tuple) else size
         if not isinstance(size, int):
             return None
-        dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
-        kwargs = {"pixel_values": _random((2, getattr(vision, "num_channels", 3), size, size), gen, device, dtype)}
+        kwargs = {
+            "pixel_values": _random((2, getattr(vision, "num_channels", 3), size, size), gen, device, _dtype(model))
+        }
     else:
         return None
     if config is not None and hasattr(config, "use_cache") and takes(model, "use_cache"):
@@ -170,8 +176,8 @@ def _from_signature(model: nn.Module, gen: torch.Generator) -> tuple[Inputs | No
         needed = ", ".join(p.name for p in rest)
         return None, f"{name}.forward needs {needed} beside {first.name}, which shardcore cannot make up; {fix}"
     module = _first_weighted(model)
-    device = _device(model)
-    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+    device = device_of(model)
+    dtype = _dtype(model)
     source = f"{name}.forward's {first.name}"
     if isinstance(module, nn.Embedding):
         return Inputs((_ids(module.num_embeddings, gen, device),), {}, f"{source}: token ids"), ""

@@ -91,14 +91,12 @@ def leaving(
 
 def _by_graph(model: nn.Module, columns: list[str], rows: list[str], inputs: Inputs) -> set[str]:
     modules = dict(model.named_modules())
-    marks: dict[Any, tuple[str, str]] = {}  # {autograd node of a layer's output: ("column" | "row", path)}
-    keep: list = []  # the nodes stay alive (and their ids unique) for the walk
+    marks: dict[Any, tuple[str, str]] = {}  # {autograd node of a layer's output: ("column" | "row", path)}; holds them
 
     def hook(kind: str, path: str):
         def record(module, args, output):
             for t in _tensors(output):
                 if t.grad_fn is not None:
-                    keep.append(t.grad_fn)
                     marks.setdefault(t.grad_fn, (kind, path))
 
         return record

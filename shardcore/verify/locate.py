@@ -13,7 +13,23 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-__all__ = ["Trace", "first_difference", "where_raised"]
+__all__ = ["Trace", "first_difference", "rel", "tolerance", "where_raised"]
+
+_RTOL = {torch.float32: 1e-4, torch.float64: 1e-8}  # of the largest entry; 2e-2 for half precision
+
+
+def tolerance(t: torch.Tensor) -> float:
+    """The block check's bound on :func:`rel` for ``t``'s dtype."""
+    return _RTOL.get(t.dtype, 2e-2)
+
+
+def rel(actual: torch.Tensor, expected: torch.Tensor, floor: float = 1e-6) -> float:
+    """The largest difference over the largest expected entry (at least ``floor``: a gradient that is
+    zero in exact arithmetic, a key bias's, is compared with the block's scale, not with its own noise)."""
+    if not expected.numel():
+        return 0.0
+    scale = max(expected.detach().abs().max().item(), floor)
+    return (actual.detach().float() - expected.detach().float()).abs().max().item() / scale
 
 
 class Trace:
@@ -93,8 +109,7 @@ def first_difference(
             ref = ref.chunk(tp, dim=-1)[rank]
         if out.shape != ref.shape:
             continue
-        scale = max(ref.abs().max().item(), 1e-6)
-        err = (out.float() - ref.float()).abs().max().item() / scale
-        if err > (1e-4 if ref.dtype in (torch.float32, torch.float64) else 2e-2):
+        err = rel(out, ref)
+        if err > tolerance(ref):  # the block check's own bound
             return f"{path} is the first module whose output differs ({err:.2g} of its largest entry)"
     return None

@@ -10,28 +10,16 @@ from torch import nn
 
 from ..distributed.collectives import all_reduce
 from ..inputs import Inputs, evaluating, find_inputs
+from ..inputs import device_of as _device
 from ..tensor_parallel.vocab_slice import plain, slice_of
 from .errors import ShardingCheckError
 from .locate import Trace, first_difference, where_raised
+from .locate import rel as _rel
+from .locate import tolerance as _tolerance
 
 __all__ = ["BlockProbe", "probe_inputs", "sum_found"]
 
 log = logging.getLogger("shardcore")
-
-_RTOL = {torch.float32: 1e-4, torch.float64: 1e-8}  # of the largest entry; 2e-2 for half precision
-
-
-def _tolerance(t: torch.Tensor) -> float:
-    return _RTOL.get(t.dtype, 2e-2)
-
-
-def _rel(actual: torch.Tensor, expected: torch.Tensor, floor: float = 1e-6) -> float:
-    """The largest difference over the largest expected entry (at least ``floor``: a gradient that is
-    zero in exact arithmetic, a key bias's, is compared with the block's scale, not with its own noise)."""
-    if not expected.numel():
-        return 0.0
-    scale = max(expected.detach().abs().max().item(), floor)
-    return (actual.detach().float() - expected.detach().float()).abs().max().item() / scale
 
 
 def _clone(value: Any) -> Any:
@@ -259,10 +247,6 @@ def _located(expected: list, got: list, block: nn.Module, path: str, group) -> l
     skip = {f"{path}.{n}" if n else path for n, m in block.named_modules() if isinstance(m, ParallelModule)}
     where = first_difference(expected, got, skip, group_rank(group), group_size(group))
     return [where] if where else []
-
-
-def _device(model: nn.Module) -> torch.device:
-    return next((p.device for p in model.parameters()), torch.device("cpu"))
 
 
 def sum_found(model: nn.Module, blocks: list[tuple[str, nn.Module]], found: list[str], group) -> list[str]:
