@@ -16,9 +16,10 @@ installed plugin's, or the tensor-parallel plan its own (sub-)config ships. ``pa
 overrides that choice. Every part's policy then runs on its sub-module as it would on a model of
 its own (its checks, its descriptions matched only inside the part, its pre- and postprocessing),
 so a description keyed by a class never reaches into another part. What the rest of shardcore
-asks of a policy (its blocks, norms, parameters whose gradient is summed) is the parts' answers
-under their paths, plus the composite's own. Pipeline and sequence parallelism are not declared
-(refused by name) unless a subclass declares them.
+asks of a policy (its blocks, and every spec of :mod:`shardcore.spec`: norms, parameters whose
+gradient is summed, checkpoint names...) is the parts' answers under their paths, merged with the
+composite's own (:meth:`CompositePolicy.glue_specs`) by each spec's one ``merge`` rule. Pipeline and
+sequence parallelism are the composite's own only: refused by name unless a subclass declares them.
 """
 
 from __future__ import annotations
@@ -26,12 +27,9 @@ from __future__ import annotations
 from torch import nn
 
 from .policy import ModulePolicyDescription, Policy
+from .spec import SPECS, under
 
 __all__ = ["CompositePolicy"]
-
-
-def _under(path: str, name: str) -> str:
-    return f"{path}.{name}" if name else path
 
 
 class CompositePolicy(Policy):
@@ -112,29 +110,47 @@ class CompositePolicy(Policy):
     def blocks(self):
         out = list(self.glue_blocks())
         for path, policy in self.part_policies().items():
-            out += [(_under(path, name), block) for name, block in policy.blocks()]
+            out += [(under(path, name), block) for name, block in policy.blocks()]
         return out
 
-    def norm_classes(self):
-        return tuple(dict.fromkeys(c for policy in self.part_policies().values() for c in policy.norm_classes()))
+    # -- every spec from the parts, by the spec's own merge rule (shardcore.spec) -------------------------
 
-    def fusible_modules(self):
-        return [
-            (_under(path, name), module)
-            for path, policy in self.part_policies().items()
-            for name, module in policy.fusible_modules()
-        ]
+    def glue_specs(self) -> dict[str, object]:
+        """The composite's own declarations, ``{policy method: spec}`` (``"pipeline"``, ``"sequence"``, ...):
+        what its own forward supports and its glue needs, merged with the parts' by each spec's ``merge``.
+        Default: none (a pipeline and sequence parallelism are refused: the parts' cannot be joined)."""
+        return {}
 
-    @property
-    def share_tp_copies(self) -> bool:
-        """Whether a part's layers count on one copy per tensor per forward (a plan's part, zero-config)."""
-        return any(policy.share_tp_copies for policy in self.part_policies().values())
+    def _merged(self, method: str):
+        cls = SPECS[method]
+        own = self.glue_specs().get(method, None if method == "pipeline" else cls())
+        parts = {path: getattr(policy, method)() for path, policy in self.part_policies().items()}
+        if method == "checks":  # a part that names no blocks to check has its blocks checked
+            blocks = {path: policy.blocks for path, policy in self.part_policies().items()}
+            parts = {p: s if s.blocks is not None else cls(blocks=blocks[p]()) for p, s in parts.items()}
+            own = own if own.blocks is not None else cls(blocks=self.glue_blocks())
+        return cls.merge(own, parts)
 
-    @property
-    def grad_sum_parameters(self) -> list[str]:
-        """The parts' replicated parameters whose gradient they sum over the group, under their paths."""
-        return [
-            _under(path, name)
-            for path, policy in self.part_policies().items()
-            for name in getattr(policy, "grad_sum_parameters", ())
-        ]
+    def tensor_parallel(self):
+        return self._merged("tensor_parallel")
+
+    def pipeline(self):
+        return self._merged("pipeline")
+
+    def sequence(self):
+        return self._merged("sequence")
+
+    def experts(self):
+        return self._merged("experts")
+
+    def data_parallel(self):
+        return self._merged("data_parallel")
+
+    def kernels(self):
+        return self._merged("kernels")
+
+    def checkpoints(self):
+        return self._merged("checkpoints")
+
+    def checks(self):
+        return self._merged("checks")

@@ -18,6 +18,8 @@ from .moved import moved_names
 
 __all__ = ["FLASH_DTYPES", "attention_backend", "flash_attn_available"]
 
+from .spec.attention import attention_registry, register_attention_registry  # noqa: F401 - kernels' names
+
 log = logging.getLogger("shardcore")
 
 #: dtypes flash-attn 2 computes in.
@@ -79,27 +81,7 @@ def announce_attention(what: str) -> None:
         log.info("shardcore attention backend running: %s", what)
 
 
-#: How a model's attention is switched through its library's registry: set by that library's
-#: integration (HuggingFace's: :mod:`shardcore.integrations.hf.attention`, registered when shardcore
-#: is imported). Policies reach it through :func:`attention_registry`; the core knows no library.
-_REGISTRY: list = []
-
-
-def register_attention_registry(registry) -> None:
-    """Make ``registry`` (an object with ``switchable(model)``, ``use(model, backend)``,
-    ``sequence_problem(model, mode)``, ``use_sequence(model, mode)`` and ``module``, where the
-    library's functions live) the one policies switch attention through."""
-    _REGISTRY[:] = [registry]
-
-
-def attention_registry():
-    """The registered attention registry (see :func:`register_attention_registry`)."""
-    if not _REGISTRY:
-        raise NotImplementedError(
-            "no model library's attention registry is registered: import shardcore (its HuggingFace "
-            "integration registers transformers'), or override the policy's attention methods"
-        )
-    return _REGISTRY[0]
+# the slot itself lives below the parallelisms (sequence parallelism switches attention through it too)
 
 
 #: Moved to :mod:`shardcore.integrations.hf.attention` (0.2): the old names still work, warned.
@@ -131,7 +113,7 @@ def _switches(config) -> tuple[bool, bool, bool]:
 
 def replace_norms(model: torch.nn.Module, classes: tuple[type, ...]) -> int:
     """Put every ``nn.LayerNorm`` / ``nn.RMSNorm`` (exactly those classes) and every instance of
-    ``classes`` (the policy's, see :meth:`shardcore.Policy.norm_classes`) on its fused layer,
+    ``classes`` (the policy's, see :attr:`KernelSpec.norm_classes <shardcore.spec.KernelSpec>`) on its fused layer,
     keeping the parameters; how many were replaced."""
     from .tensor_parallel.norm import FusedLayerNorm, FusedRMSNorm
 
@@ -189,10 +171,11 @@ def apply(model: torch.nn.Module, policy, config) -> dict[str, str]:
     if flash:
         device, dtype = run_device(model)
         backend = attention_backend(device, dtype)
-        done["attention"] = policy.set_attention_backend(backend)
+        use = policy.kernels().attention_backend
+        done["attention"] = use(backend) if use is not None else attention_registry().use(model, backend)
         log.info("enable_flash_attention: %s attention on %s (%s, %s)", name, done["attention"], device.type, dtype)
     if norms:
-        count = replace_norms(model, tuple(policy.norm_classes()))
+        count = replace_norms(model, policy.kernels().norm_classes)
         done["normalization"] = f"{count} norms on fused kernels"
         log.info("enable_fused_normalization: %s: %s", name, done["normalization"])
     return done
@@ -201,6 +184,6 @@ def apply(model: torch.nn.Module, policy, config) -> dict[str, str]:
 def apply_jit(model: torch.nn.Module, policy, config, done: dict[str, str]) -> dict[str, str]:
     """Apply ``enable_jit_fused`` to the (sharded) model: compile the policy's fusible modules."""
     if _switches(config)[2]:
-        done["jit_fused"] = compile_modules(policy.fusible_modules())
+        done["jit_fused"] = compile_modules(list(policy.kernels().fusible))
         log.info("enable_jit_fused: %s: %s", type(model).__name__, done["jit_fused"])
     return done

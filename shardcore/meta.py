@@ -21,7 +21,7 @@ def init_empty() -> Iterator[None]:
     ``__init__`` as usual (rotary frequencies, position ids, causal masks), whatever the model
     library's version; persistent ones are then overwritten by :func:`shardcore.load_checkpoint`.
     Prefer it to ``with torch.device("meta")``, under which buffers must be recomputed after
-    loading (see :meth:`shardcore.Policy.materialize_buffers`). Built on torch's own parameter
+    loading (see :attr:`CheckpointSpec.materialize <shardcore.spec.CheckpointSpec>`). Built on torch's own parameter
     registration hook, removed when the block ends, and limited to the thread running the block:
     ``nn.Module`` itself is never patched.
     """

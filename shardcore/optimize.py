@@ -23,6 +23,7 @@ from torch import nn
 
 from . import consistency, distributed, kernels, verify
 from .amp import install_overflow_agreement
+from .composite import CompositePolicy
 from .config import OVER_SP_MODES, ShardConfig
 from .data_parallel import apply_data_parallel, check_data_parallel
 from .distributed import ParallelLayout
@@ -48,6 +49,7 @@ from .sharder import (
     resolve_policy,
     share_copies_per_forward,
 )
+from .tensor_parallel.grad_sum import sum_named_gradients
 from .tensor_parallel.regions import SequenceParallel
 from .tensor_parallel.rng import STREAMS
 
@@ -133,7 +135,8 @@ def _plan(b: Build) -> None:
     """The policy's preprocessing and its sharding plan, with their structural checks (no collective)."""
     if b.tensor_parallel or b.expert_parallel:
         b.model = b.policy.preprocess()
-        b.sharder = ModelSharder(b.model, b.policy, None)
+        parts = b.policy.part_policies() if isinstance(b.policy, CompositePolicy) else None
+        b.sharder = ModelSharder(b.model, b.policy, None, parts)
         b.plan = b.sharder.plan()  # module_policy and its structural checks
     check_lora(b.model, b.config, b.plan)  # PEFT adapters where they are not built yet
 
@@ -178,6 +181,7 @@ def _shard(b: Build) -> None:
         b.recompute.append(b.sharder.sequence)
     b.model = b.sharder.shard(b.plan)
     b.model = b.policy.postprocess()
+    sum_named_gradients(b.model, b.policy.tensor_parallel().grad_sum, b.group, type(b.policy).__name__)
 
 
 def _sequence(b: Build) -> None:
@@ -198,7 +202,7 @@ def _jit(b: Build) -> None:
 def _guards(b: Build) -> None:
     """Bounded collectives, the input check and shared copies for a sharded model; inference_only."""
     if b.sharded:
-        if b.tensor_parallel and b.policy.share_tp_copies:
+        if b.tensor_parallel and b.policy.tensor_parallel().share_copies:
             share_copies_per_forward(b.model)
         b.scope = Scope(type(b.model).__name__, resolve_timeout(b.config.collective_timeout))  # this model's bound
         consistency.install(b.model, b.group, b.config)

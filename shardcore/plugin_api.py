@@ -4,8 +4,11 @@ The names here are the plugin-author API: they keep working for at least one min
 they move (the old path warns with a ``DeprecationWarning`` naming the new one, as ``shardcore.layers``
 does for 0.1's paths). The conformance kit a plugin tests with is :mod:`shardcore.testing`.
 
-* the contract: :class:`Policy` and its descriptions, :class:`CompositePolicy`, :func:`hookimpl`,
-  the stage mixins (:class:`HFStages`, :class:`PipelineHooks`, :class:`SequenceHooks`, :class:`PipelineHole`);
+* the contract: :class:`Policy` and its descriptions, :class:`CompositePolicy`, :func:`hookimpl`;
+* the specs a policy declares, one per parallelism (:mod:`shardcore.spec`: :class:`PipelineSpec`,
+  :class:`SequenceSpec`, ...), :class:`HFStages` (a HuggingFace model's pipeline spec) and :class:`PipelineHole`;
+* the helpers a policy's code uses: :func:`blocks_in`, :func:`in_blocks`, :func:`block_type`,
+  :func:`require_divisible`, :func:`require_kv_heads`;
 * the parallel layers, their mappings and :class:`ShardSpec` (:mod:`shardcore.tensor_parallel`);
 * the builders of the usual descriptions (:mod:`shardcore.builders`);
 * the losses a pipeline's last stage and a vocabulary-split head use (:mod:`shardcore.losses`);
@@ -29,21 +32,49 @@ from .integrations.hf.causal_lm_loss import defer_logits_gather, loss_on_head_sl
 from .integrations.hf.stages import HFStages
 from .losses import classification_items, classification_loss, token_items, token_loss
 from .pipeline import PipelineHole
-from .pipeline.hooks import PipelineHooks
-from .policy import ModulePolicyDescription, Policy, SubModuleReplacementDescription
-from .sequence.hooks import SequenceHooks
+from .policy import (
+    ModulePolicyDescription,
+    Policy,
+    SubModuleReplacementDescription,
+    block_type,
+    blocks_in,
+    in_blocks,
+    require_divisible,
+    require_kv_heads,
+)
+from .spec import (
+    CheckpointSpec,
+    ChecksSpec,
+    DataParallelSpec,
+    ExpertSpec,
+    KernelSpec,
+    PipelineSpec,
+    SequenceSpec,
+    TensorParallelSpec,
+)
 from .tensor_parallel import *  # noqa: F403 - the parallel layers and mappings, every name of their __all__
 
 __all__ = [
+    "CheckpointSpec",
+    "ChecksSpec",
+    "DataParallelSpec",
+    "ExpertSpec",
+    "KernelSpec",
+    "PipelineSpec",
+    "SequenceSpec",
+    "TensorParallelSpec",
+    "block_type",
+    "blocks_in",
+    "in_blocks",
+    "require_divisible",
+    "require_kv_heads",
     "CompositePolicy",
     "ExpertsEP",
     "ExpertsTP",
     "HFStages",
     "ModulePolicyDescription",
     "PipelineHole",
-    "PipelineHooks",
     "Policy",
-    "SequenceHooks",
     "ShardConfig",
     "StackedParts",
     "SubModuleReplacementDescription",
@@ -66,3 +97,21 @@ __all__ = [
     "vocab_head",
     *tensor_parallel.__all__,
 ]
+
+
+def __getattr__(name: str):
+    """0.x's hook base classes: a policy now returns a spec (:class:`PipelineSpec`, :class:`SequenceSpec`)."""
+    if name in ("PipelineHooks", "SequenceHooks"):
+        import importlib
+        import warnings
+
+        spec = {"PipelineHooks": "PipelineSpec", "SequenceHooks": "SequenceSpec"}[name]
+        warnings.warn(
+            f"shardcore.plugin_api.{name} is 0.x's spelling: return a shardcore.plugin_api.{spec} from the "
+            f"policy's {'pipeline' if spec == 'PipelineSpec' else 'sequence'}() instead",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        module = "pipeline" if name == "PipelineHooks" else "sequence"
+        return getattr(importlib.import_module(f"shardcore.{module}.hooks"), name)
+    raise AttributeError(f"module 'shardcore.plugin_api' has no attribute {name!r}")

@@ -8,6 +8,7 @@ model can be sharded (:meth:`Policy.config_sanity_check`, before any collective)
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -15,12 +16,28 @@ import attrs
 from torch import nn
 
 from .config import ShardConfig
-from .data_parallel.hooks import DataParallelHooks
-from .expert_parallel.hooks import ExpertParallelHooks
-from .pipeline.hooks import PipelineHooks
-from .sequence.hooks import SequenceHooks
+from .spec import (
+    CheckpointSpec,
+    ChecksSpec,
+    DataParallelSpec,
+    ExpertSpec,
+    KernelSpec,
+    PipelineSpec,
+    SequenceSpec,
+    TensorParallelSpec,
+    legacy,
+)
 
-__all__ = ["ModulePolicyDescription", "Policy", "SubModuleReplacementDescription"]
+__all__ = [
+    "ModulePolicyDescription",
+    "Policy",
+    "SubModuleReplacementDescription",
+    "block_type",
+    "blocks_in",
+    "in_blocks",
+    "require_divisible",
+    "require_kv_heads",
+]
 
 
 @attrs.frozen(kw_only=True)
@@ -66,16 +83,16 @@ class ModulePolicyDescription:
     shared_rng: list[str] = attrs.field(factory=list)
 
 
-class Policy(SequenceHooks, PipelineHooks, DataParallelHooks, ExpertParallelHooks):
+class Policy:
     """Base class of a model family's sharding policy.
 
-    The sharder sets ``model``, ``shard_config`` and ``tp_size`` before calling, in this order,
-    :meth:`config_sanity_check`, :meth:`preprocess`, :meth:`module_policy`, :meth:`postprocess`.
-    :meth:`blocks` says which repeated blocks the model is made of. What it says about sequence,
-    pipeline and data parallelism lives beside each (:class:`~shardcore.sequence.hooks.SequenceHooks`,
-    :class:`~shardcore.pipeline.hooks.PipelineHooks`, :class:`~shardcore.data_parallel.hooks.DataParallelHooks`,
-    :class:`~shardcore.expert_parallel.hooks.ExpertParallelHooks`):
-    a new parallelism adds its own hooks class here, not an edit in every plugin.
+    Tensor parallelism is the contract: the sharder sets ``model``, ``shard_config`` and ``tp_size``, then
+    calls :meth:`config_sanity_check`, :meth:`preprocess`, :meth:`module_policy` and :meth:`postprocess`;
+    :meth:`blocks` says which repeated blocks the model is made of. Everything else a family supports is
+    one declared spec each (:mod:`shardcore.spec`), returned by :meth:`tensor_parallel`, :meth:`pipeline`,
+    :meth:`sequence`, :meth:`experts`, :meth:`data_parallel`, :meth:`kernels`, :meth:`checkpoints` and
+    :meth:`checks`; the defaults declare nothing (the feature is refused, by name). A new parallelism adds
+    a spec and a method here, not an edit in every plugin.
     """
 
     model: nn.Module
@@ -84,19 +101,21 @@ class Policy(SequenceHooks, PipelineHooks, DataParallelHooks, ExpertParallelHook
     #: every parallel degree of the run (:class:`~shardcore.ParallelLayout`), set by ``optimize``
     layout: Any = None
 
-    #: Whether the policy honours ``ShardConfig(parallel_output=True)`` (keeps logits split over the
-    #: vocabulary and computes the loss from them). ``optimize`` refuses the flag otherwise, rather
-    #: than returning full logits the user did not ask for.
-    supports_parallel_output: bool = False
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        legacy.warn_legacy(cls)
 
-    #: ``True``: during each forward of the sharded model, column-parallel layers that read the
-    #: same tensor share one backward all-reduce (:func:`shardcore.tensor_parallel.mappings.shared_copies`),
-    #: without ``enter_tp_region`` entries. Plans use it; plugins name their regions instead.
-    share_tp_copies: bool = False
-
-    def not_overridden(self, *hooks: str) -> list[str]:
-        """Those of ``hooks`` this policy's class leaves as :class:`Policy` defines them."""
-        return [h for h in hooks if getattr(type(self), h) is getattr(Policy, h)]
+    def __getattr__(self, name: str):
+        """0.x's members and helpers, read through their new spelling with a ``DeprecationWarning``."""
+        if name in _HELPERS:
+            _moved(f"Policy.{name}", f"shardcore.plugin_api.{_HELPERS[name][0]}")
+            return _HELPERS[name][1](self)
+        if name in legacy.MOVED:
+            method, field, _ = legacy.MOVED[name]
+            _moved(f"Policy.{name}", f"Policy.{method}().{field}")
+            value = getattr(getattr(self, method)(), field) if method != "pipeline" else _field(self, field)
+            return (lambda *a, **k: value) if legacy.MOVED[name][2] == "call" else value
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def set_model(self, model: nn.Module) -> None:
         self.model = model
@@ -105,8 +124,11 @@ class Policy(SequenceHooks, PipelineHooks, DataParallelHooks, ExpertParallelHook
         self.shard_config = shard_config
         self.tp_size = tp_size
 
+    # -- tensor parallelism: the contract --------------------------------------------------------------
+
     def config_sanity_check(self) -> None:
-        """Raise a clear error if the model cannot be sharded at ``self.tp_size``.
+        """Raise a clear error if the model cannot be sharded at ``self.tp_size``
+        (:func:`require_divisible`, :func:`require_kv_heads`).
 
         Runs on every rank before any collective, so an error here never leaves a rank hanging.
         """
@@ -116,92 +138,16 @@ class Policy(SequenceHooks, PipelineHooks, DataParallelHooks, ExpertParallelHook
         return self.model
 
     def blocks(self) -> list[tuple[str, nn.Module]]:
-        """The model's repeated blocks, in order, as ``(qualified name, module)`` pairs.
+        """The model's repeated blocks, in order, as ``(qualified name, module)`` pairs (:func:`blocks_in`).
 
         Decoder layers for a decoder; encoder then decoder layers for an encoder-decoder. The
         conformance kit checks it (:func:`shardcore.testing.check_blocks`; every block must hold a
-        parallel module once sharded) and a policy takes its layer classes from it
-        (``self.block_type()``); ``data_parallel="fsdp"`` wraps each block in FSDP, pipeline stages
-        are cut along it, and sequence parallelism (by default) splits at its first block and gathers after its
-        last. (Activation checkpointing is the model's own, HuggingFace's per-block checkpoint.)
+        parallel module once sharded) and a policy takes its layer classes from it (:func:`block_type`);
+        ``data_parallel="fsdp"`` wraps each block in FSDP, pipeline stages are cut along it, and sequence
+        parallelism (by default) splits at its first block and gathers after its last.
         Structural: read the model instance, import nothing from the model library.
         """
         raise NotImplementedError(f"{type(self).__name__} must implement blocks()")
-
-    def block_types(self) -> list[type]:
-        """The distinct classes of :meth:`blocks`, in first-seen order."""
-        return list(dict.fromkeys(type(m) for _, m in self.blocks()))
-
-    def block_type(self) -> type:
-        """The one class of :meth:`blocks`; a clear error if the model mixes several."""
-        types = self.block_types()
-        if len(types) != 1:
-            raise ValueError(
-                f"{type(self).__name__}: expected every block of {type(self.model).__name__} to be of one class, "
-                f"found {[t.__name__ for t in types]}; this policy does not cover mixed blocks"
-            )
-        return types[0]
-
-    def blocks_in(self, *containers: nn.Module) -> list[tuple[str, nn.Module]]:
-        """``(qualified name, module)`` of every child of each container (e.g. a ``ModuleList`` of
-        decoder layers), named from ``self.model``: the usual body of :meth:`blocks`."""
-        paths = {id(m): name for name, m in self.model.named_modules()}
-        out = []
-        for container in containers:
-            if id(container) not in paths:
-                raise ValueError(f"{type(self).__name__}.blocks(): {type(container).__name__} is not part of the model")
-            prefix = f"{paths[id(container)]}." if paths[id(container)] else ""
-            out += [(prefix + name, child) for name, child in container.named_children()]
-        return out
-
-    def sequence_attention_problem(self, mode: str = "all_to_all") -> str | None:
-        """Why :meth:`set_sequence_attention` cannot run ``mode`` on this model (``None``: it can);
-        asked before any collective. The default asks HuggingFace's attention registry."""
-        from .kernels import attention_registry
-
-        return attention_registry().sequence_problem(self.model, mode)
-
-    def set_sequence_attention(self, state) -> str:
-        """Make the model's attention run under ``state.mode`` (see :mod:`shardcore.sequence`); the name
-        now in use. The default registers it in HuggingFace's attention registry around the model's own."""
-        from .kernels import attention_registry
-
-        return attention_registry().use_sequence(self.model, state.mode)
-
-    def set_attention_backend(self, backend: str) -> str:
-        """Make the model's attention run on ``backend`` (``"flash_attention_2"`` or ``"sdpa"``, see
-        :func:`shardcore.kernels.attention_backend`) for ``ShardConfig(enable_flash_attention=True)``;
-        returns the name of what now runs. The default plugs into HuggingFace's attention
-        registry (``set_attn_implementation``); policies of other libraries override it."""
-        from .kernels import attention_registry
-
-        return attention_registry().use(self.model, backend)
-
-    def norm_classes(self) -> tuple[type, ...]:
-        """The model library's normalization classes ``enable_fused_normalization`` puts on fused
-        kernels: subclasses of ``nn.LayerNorm`` that compute a plain layer norm (onto
-        :class:`~shardcore.tensor_parallel.FusedLayerNorm`) and RMSNorms computing ``weight * x / rms(x)`` in
-        fp32 (onto :class:`~shardcore.tensor_parallel.FusedRMSNorm`). ``nn.LayerNorm`` and ``nn.RMSNorm``
-        themselves are always covered. Structural: take them from the model instance. Default: none."""
-        return ()
-
-    def fusible_modules(self) -> list[tuple[str, nn.Module]]:
-        """``(name, module)`` of the submodules ``enable_jit_fused`` compiles: modules whose forward
-        is projections and elementwise work (bias + GeLU, SwiGLU, bias + dropout + residual), whose
-        compiled forward fuses the elementwise ops. Not attention (caches, masks). Default: none."""
-        return []
-
-    def in_blocks(self, *suffixes: str) -> list[tuple[str, nn.Module]]:
-        """``(qualified name, module)`` of the submodule at each of ``suffixes`` in every block of
-        :meth:`blocks` that has it (e.g. ``in_blocks("mlp")`` for :meth:`fusible_modules`)."""
-        out = []
-        for name, block in self.blocks():
-            for suffix in suffixes:
-                try:
-                    out.append((f"{name}.{suffix}", block.get_submodule(suffix)))
-                except AttributeError:
-                    continue
-        return out
 
     def module_policy(self) -> dict[type | str, ModulePolicyDescription]:
         """Per module class (or its qualified name), what to do with every instance."""
@@ -211,57 +157,120 @@ class Policy(SequenceHooks, PipelineHooks, DataParallelHooks, ExpertParallelHook
         """Finish the model after modules are replaced; returns the model."""
         return self.model
 
-    def materialize_buffers(self, modules: list[nn.Module]) -> None:
-        """Fill buffers that a checkpoint does not hold (non-persistent ones, e.g. rotary
-        frequencies) after :func:`shardcore.load_checkpoint` materialized a meta-built model;
-        the buffers of ``modules`` are allocated but uninitialized.
+    # -- one declared spec per parallelism (shardcore.spec); the defaults declare nothing -----------------
 
-        The default follows the HuggingFace convention: ``model._init_weights(module)`` computes
-        a module's buffers. Policies of other libraries override this.
-        """
-        init = getattr(self.model, "_init_weights", None)
-        if init is None:
-            names = [type(m).__name__ for m in modules]
-            raise NotImplementedError(
-                f"{type(self).__name__} cannot compute the buffers of {names} after lazy initialization; "
-                "override Policy.materialize_buffers or build the model on a real device"
-            )
-        for module in modules:
-            init(module)
+    def tensor_parallel(self) -> TensorParallelSpec:
+        """Parallel output, shared copies, replicated parameters whose gradient is summed."""
+        return legacy.spec(self, "tensor_parallel") or TensorParallelSpec()
 
-    def checkpoint_names(self, names: list[str]) -> dict[str, str]:
-        """``{model tensor name: name in the library's checkpoint format}`` for names that differ.
+    def pipeline(self) -> PipelineSpec | None:
+        """How the model runs as pipeline stages; ``None``: pipeline parallelism refused."""
+        return legacy.spec(self, "pipeline")
 
-        :func:`shardcore.load_checkpoint` accepts either name; :func:`shardcore.save_checkpoint`
-        writes the checkpoint name, so the library's own loader reads the files. Default: none differ.
-        """
-        return {}
+    def sequence(self) -> SequenceSpec:
+        """The sequence-parallel modes the model supports and what they need."""
+        return legacy.spec(self, "sequence") or SequenceSpec()
 
-    def checkpoint_parts(self, names: list[str]) -> dict:
-        """``{model tensor name: StackedParts}`` for tensors the library's checkpoint format keeps
-        in pieces (:class:`shardcore.checkpoint.parts.StackedParts`: transformers 5 writes fused
-        expert weights one tensor per expert); :func:`shardcore.load_checkpoint` reads them from
-        their pieces, each rank only its slice's. Default: none."""
-        return {}
+    def experts(self) -> ExpertSpec:
+        """Whether the model's experts split over ``expert_parallel_size`` ranks."""
+        return legacy.spec(self, "experts") or ExpertSpec()
 
-    @staticmethod
-    def require_divisible(value: int, tp_size: int, field: str, model: str) -> None:
-        """Raise ``ValueError`` naming ``field`` if ``tp_size`` does not divide ``value``."""
-        if value % tp_size:
-            divisors = [d for d in range(1, value + 1) if value % d == 0]
-            raise ValueError(
-                f"{model}: {field}={value} is not divisible by tensor_parallel_size={tp_size}; "
-                f"use a tensor_parallel_size among {divisors}."
-            )
+    def data_parallel(self) -> DataParallelSpec:
+        """Parameters FSDP splits along a dimension other than 0."""
+        return legacy.spec(self, "data_parallel") or DataParallelSpec()
 
-    @staticmethod
-    def require_kv_heads(kv_heads: int, heads: int, tp_size: int, model: str) -> None:
-        """Raise ``ValueError`` unless ``kv_heads`` key/value heads can be split over ``tp_size`` ranks
-        (it divides them) or replicated on them (a multiple of them: each head on ``tp_size // kv_heads``
-        ranks, as :meth:`ShardSpec.heads <shardcore.tensor_parallel.ShardSpec.heads>` lays them out)."""
-        if kv_heads % tp_size and tp_size % kv_heads:
-            raise ValueError(
-                f"{model}: num_key_value_heads={kv_heads} can neither be split over nor replicated on "
-                f"tensor_parallel_size={tp_size}; use a tensor_parallel_size that divides {kv_heads} or is a "
-                f"multiple of it (and divides num_attention_heads={heads})."
-            )
+    def kernels(self) -> KernelSpec:
+        """What the fused-norm, JIT-fused and flash-attention switches act on."""
+        return legacy.spec(self, "kernels") or KernelSpec()
+
+    def checkpoints(self) -> CheckpointSpec:
+        """Checkpoint names and pieces that differ from the model's, and buffers to compute."""
+        return legacy.spec(self, "checkpoints") or CheckpointSpec()
+
+    def checks(self) -> ChecksSpec:
+        """What ``ShardConfig(verify=...)`` compares."""
+        return legacy.spec(self, "checks") or ChecksSpec()
+
+
+def _moved(old: str, new: str) -> None:
+    warnings.warn(f"{old} is 0.x's spelling: use {new}", DeprecationWarning, stacklevel=3)
+
+
+def _field(policy: Policy, field: str):
+    spec = policy.pipeline()
+    if spec is None:
+        raise NotImplementedError(f"{type(policy).__name__} declares no pipeline (Policy.pipeline() is None)")
+    return getattr(spec, field)
+
+
+# -- what a policy's code uses (shardcore.plugin_api) ------------------------------------------------------
+
+
+def blocks_in(model: nn.Module, *containers: nn.Module) -> list[tuple[str, nn.Module]]:
+    """``(qualified name, module)`` of every child of each container (a ``ModuleList`` of decoder
+    layers), named from ``model``: the usual body of :meth:`Policy.blocks`."""
+    paths = {id(m): name for name, m in model.named_modules()}
+    out = []
+    for container in containers:
+        if id(container) not in paths:
+            raise ValueError(f"blocks_in: {type(container).__name__} is not part of {type(model).__name__}")
+        prefix = f"{paths[id(container)]}." if paths[id(container)] else ""
+        out += [(prefix + name, child) for name, child in container.named_children()]
+    return out
+
+
+def in_blocks(blocks: list[tuple[str, nn.Module]], *suffixes: str) -> list[tuple[str, nn.Module]]:
+    """``(qualified name, module)`` of the submodule at each of ``suffixes`` in every block that has it
+    (``in_blocks(self.blocks(), "mlp")`` for :attr:`KernelSpec.fusible <shardcore.spec.KernelSpec>`)."""
+    out = []
+    for name, block in blocks:
+        for suffix in suffixes:
+            try:
+                out.append((f"{name}.{suffix}", block.get_submodule(suffix)))
+            except AttributeError:
+                continue
+    return out
+
+
+def block_type(blocks: list[tuple[str, nn.Module]], model: nn.Module | None = None) -> type:
+    """The one class of ``blocks``; a clear error (naming ``model``) if they mix several."""
+    types = list(dict.fromkeys(type(m) for _, m in blocks))
+    if len(types) != 1:
+        raise ValueError(
+            f"expected every block of {type(model).__name__ if model is not None else 'the model'} to be of one "
+            f"class, found {[t.__name__ for t in types]}; this policy does not cover mixed blocks"
+        )
+    return types[0]
+
+
+def require_divisible(value: int, tp_size: int, field: str, model: str) -> None:
+    """Raise ``ValueError`` naming ``field`` if ``tp_size`` does not divide ``value``."""
+    if value % tp_size:
+        divisors = [d for d in range(1, value + 1) if value % d == 0]
+        raise ValueError(
+            f"{model}: {field}={value} is not divisible by tensor_parallel_size={tp_size}; "
+            f"use a tensor_parallel_size among {divisors}."
+        )
+
+
+def require_kv_heads(kv_heads: int, heads: int, tp_size: int, model: str) -> None:
+    """Raise ``ValueError`` unless ``kv_heads`` key/value heads can be split over ``tp_size`` ranks
+    (it divides them) or replicated on them (a multiple of them: each head on ``tp_size // kv_heads``
+    ranks, as :meth:`ShardSpec.heads <shardcore.tensor_parallel.ShardSpec.heads>` lays them out)."""
+    if kv_heads % tp_size and tp_size % kv_heads:
+        raise ValueError(
+            f"{model}: num_key_value_heads={kv_heads} can neither be split over nor replicated on "
+            f"tensor_parallel_size={tp_size}; use a tensor_parallel_size that divides {kv_heads} or is a "
+            f"multiple of it (and divides num_attention_heads={heads})."
+        )
+
+
+#: 0.x's helper methods: ``{name: (new name, f(policy) -> what the old attribute gave)}``
+_HELPERS = {
+    "blocks_in": ("blocks_in", lambda p: lambda *c: blocks_in(p.model, *c)),
+    "in_blocks": ("in_blocks", lambda p: lambda *s: in_blocks(p.blocks(), *s)),
+    "block_type": ("block_type", lambda p: lambda: block_type(p.blocks(), p.model)),
+    "block_types": ("block_type", lambda p: lambda: list(dict.fromkeys(type(m) for _, m in p.blocks()))),
+    "require_divisible": ("require_divisible", lambda p: require_divisible),
+    "require_kv_heads": ("require_kv_heads", lambda p: require_kv_heads),
+}

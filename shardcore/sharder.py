@@ -83,10 +83,13 @@ def _has(module: nn.Module, dotted: str) -> bool:
 class ModelSharder:
     """Replace a model's modules according to ``policy`` (in place)."""
 
-    def __init__(self, model: nn.Module, policy: Policy, process_group) -> None:
+    def __init__(self, model: nn.Module, policy: Policy, process_group, parts: dict | None = None) -> None:
         self.model = model
         self.policy = policy
         self.process_group = process_group
+        #: ``{path: policy}`` of a composite's parts (:meth:`CompositePolicy.part_policies
+        #: <shardcore.CompositePolicy.part_policies>`), each planned by its own policy
+        self.parts = parts or {}
         self.sequence = None  # the sequence split (SequenceParallel) the TP regions' entries follow
 
     def plan(self) -> list[tuple[str, nn.Module, ModulePolicyDescription]]:
@@ -96,7 +99,7 @@ class ModelSharder:
         their own policies, each on its sub-module alone; its own descriptions match outside them."""
         descriptions = self.policy.module_policy()
         by_name = {k for k in descriptions if isinstance(k, str)}
-        parts = self.policy.part_policies() if hasattr(self.policy, "part_policies") else {}
+        parts = self.parts
         plan = []
         for name, module in self.model.named_modules():
             if any(name == path or name.startswith(f"{path}.") for path in parts):
@@ -246,7 +249,7 @@ def resolve_policy(model: nn.Module, policy: Policy | type[Policy] | None = None
 
 def check_policy_features(model: nn.Module, policy: Policy, config: ShardConfig) -> None:
     """Refuse a ``config`` feature the policy does not honour (before any collective)."""
-    if config.parallel_output and not policy.supports_parallel_output:
+    if config.parallel_output and not policy.tensor_parallel().parallel_output:
         raise NotImplementedError(
             f"{type(model).__name__}: {type(policy).__name__} does not support ShardConfig(parallel_output=True) "
             "(vocab-split logits and loss) yet; leave it False: logits are gathered and the loss is the unsharded one."

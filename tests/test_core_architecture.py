@@ -20,7 +20,8 @@ TIERS = [
         "meta",
         "moved",
         "inputs",
-    ],  # moved: the warned re-exports of moved names; inputs: a model's example input
+        "spec",
+    ],  # moved: the warned re-exports of moved names; inputs: a model's example input; spec: what a policy declares
     ["distributed"],  # groups, the layout and its mesh, bounded + counted collectives, the rank launcher
     ["tensor_parallel"],  # Megatron's mappings and regions, the parallel layers, per-rank random streams
     ["amp", "sequence", "pipeline", "data_parallel", "expert_parallel", "consistency"],

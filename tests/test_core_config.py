@@ -8,6 +8,7 @@ from toy_models import ToyLM, ToyPolicy
 
 import shardcore
 from shardcore import ShardConfig
+from shardcore.plugin_api import block_type
 from shardcore.testing import count_c10d_calls, refusal_message, run_on_ranks
 
 
@@ -171,7 +172,7 @@ def test_layout_in_one_process():
 
 
 def test_parallel_output_refused_by_a_policy_that_does_not_support_it():
-    assert not ToyPolicy.supports_parallel_output
+    assert not ToyPolicy().tensor_parallel().parallel_output
     with pytest.raises(NotImplementedError, match=r"ToyPolicy does not support ShardConfig\(parallel_output=True\)"):
         shardcore.optimize(ToyLM(), ShardConfig(parallel_output=True), policy=ToyPolicy)
 
@@ -225,4 +226,4 @@ def test_block_type_names_mixed_blocks():
     policy = Mixed()
     policy.set_model(torch.nn.Sequential(torch.nn.Linear(1, 1), torch.nn.ReLU()))
     with pytest.raises(ValueError, match=r"found \['Linear', 'ReLU'\]"):
-        policy.block_type()
+        block_type(policy.blocks(), policy.model)

@@ -11,6 +11,7 @@ from toy_models import ToyLM, ToyPolicy, toy_batch
 
 import shardcore
 from shardcore import ShardConfig, kernels
+from shardcore.plugin_api import KernelSpec
 from shardcore.tensor_parallel import FusedLayerNorm, FusedRMSNorm
 from shardcore.testing import run_on_ranks
 
@@ -103,8 +104,8 @@ def test_replace_norms_covers_layer_norms_and_the_policy_classes():
 
 
 class _MLPPolicy(ToyPolicy):
-    def fusible_modules(self):
-        return [(f"blocks.{i}", b) for i, b in enumerate(self.model.blocks)]
+    def kernels(self):
+        return KernelSpec(fusible=[(f"blocks.{i}", b) for i, b in enumerate(self.model.blocks)])
 
 
 def test_jit_fallback_warns_once_and_runs_eager(monkeypatch, caplog):

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from shardcore import ModulePolicyDescription, Policy, SubModuleReplacementDescription
+from shardcore.plugin_api import blocks_in, require_divisible
 from shardcore.tensor_parallel import (
     FusedLinear1D_Col,
     Linear1D_Col,
@@ -65,12 +66,12 @@ class ToyPolicy(Policy):
     """Megatron-style TP for :class:`ToyLM`: packed qkv per head, MLP col/row, vocab-parallel ends."""
 
     def blocks(self):
-        return self.blocks_in(self.model.blocks)
+        return blocks_in(self.model, self.model.blocks)
 
     def config_sanity_check(self) -> None:
         block = self.model.blocks[0]
-        self.require_divisible(block.num_heads, self.tp_size, "num_heads", "ToyLM")
-        self.require_divisible(block.fc1.out_features, self.tp_size, "hidden", "ToyLM")
+        require_divisible(block.num_heads, self.tp_size, "num_heads", "ToyLM")
+        require_divisible(block.fc1.out_features, self.tp_size, "hidden", "ToyLM")
 
     def module_policy(self):
         block = self.model.blocks[0]

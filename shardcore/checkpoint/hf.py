@@ -28,7 +28,7 @@ from ..distributed.collectives import group_rank
 from ..meta import unguard_meta
 from ..pipeline import tensor_aliases
 from ..sharded_state import parameter_specs
-from .materialize import checkpoint_policy, materialize_buffers, replace_tensors
+from .materialize import checkpoint_names, checkpoint_parts, materialize_buffers, replace_tensors
 from .parts import StackedParts
 from .safetensors_io import (
     CheckpointError,
@@ -86,7 +86,7 @@ def load_checkpoint(
     the model does not have are ignored (as ``from_pretrained`` does). Meta tensors are replaced
     by real ones on ``device`` (default: CPU, or the current CUDA device under nccl); buffers the
     checkpoint does not hold are then computed by the model's own initialization (see
-    :meth:`shardcore.Policy.materialize_buffers`). Shows a progress bar on the first rank when
+    :attr:`CheckpointSpec.materialize <shardcore.spec.CheckpointSpec>`). Shows a progress bar on the first rank when
     ``tqdm`` is installed and the checkpoint is large (``progress=None``), or as asked.
 
     ``zero_copy=True`` (CPU, meta-built models): slices that are one contiguous run of the file
@@ -128,9 +128,8 @@ def _read_plan(model: nn.Module, files: dict) -> tuple[list[tuple], list[str]]:
     specs = parameter_specs(reshard(model))
     prefix = getattr(model, "base_model_prefix", None)
     tensors = list(model_tensors(model))
-    policy = checkpoint_policy(model)
-    renamed = policy.checkpoint_names([name for name, _, _ in tensors])
-    parts = policy.checkpoint_parts([name for name, _, _ in tensors])
+    renamed = checkpoint_names(model, [name for name, _, _ in tensors])
+    parts = checkpoint_parts(model, [name for name, _, _ in tensors])
     aliases = tensor_aliases(model)
     plan, problems = [], []
     for name, tensor, is_param in tensors:

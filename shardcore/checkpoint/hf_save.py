@@ -19,7 +19,7 @@ from ..distributed.objects import all_gather_object, barrier, recv, send
 from ..pipeline import tensor_aliases
 from ..sharded_state import parameter_specs
 from .hf import _full_shape, model_tensors
-from .materialize import checkpoint_policy
+from .materialize import checkpoint_names
 from .safetensors_io import (
     INDEX,
     MARKER,
@@ -113,7 +113,7 @@ def save_checkpoint(model: nn.Module, path: str | os.PathLike, *, max_shard_size
     stage_of: dict[str, int] = {}  # pipeline: the pp coordinate of the stage each tensor comes from
     if getattr(getattr(model, "shardcore", None), "pipeline", None) is not None:
         entries, stage_of = _pipeline_entries(model, entries)
-    renamed = checkpoint_policy(model).checkpoint_names([e[0] for e in entries])
+    renamed = checkpoint_names(model, [e[0] for e in entries])
     limit = parse_size(max_shard_size)
     files: list[list[tuple[str, tuple[int, ...], torch.dtype]]] = [[]]
     size = 0

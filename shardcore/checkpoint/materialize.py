@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-__all__ = ["checkpoint_policy", "materialize_buffers", "replace_tensors"]
+__all__ = ["checkpoint_names", "checkpoint_parts", "checkpoint_policy", "materialize_buffers", "replace_tensors"]
 
 
 def checkpoint_policy(model: nn.Module):
@@ -17,6 +17,34 @@ def checkpoint_policy(model: nn.Module):
     policy = Policy()
     policy.set_model(model)
     return policy
+
+
+def checkpoint_names(model: nn.Module, names: list[str]) -> dict[str, str]:
+    """``{model name: checkpoint name}`` for ``names`` the policy's checkpoint spec renames."""
+    rename = checkpoint_policy(model).checkpoints().names
+    return rename(names) if rename is not None else {}
+
+
+def checkpoint_parts(model: nn.Module, names: list[str]) -> dict:
+    """``{model name: StackedParts}`` for ``names`` the checkpoint keeps in pieces."""
+    parts = checkpoint_policy(model).checkpoints().parts
+    return parts(names) if parts is not None else {}
+
+
+def _compute_buffers(model: nn.Module, policy, modules: list[nn.Module]) -> None:
+    """The policy's :attr:`CheckpointSpec.materialize <shardcore.spec.CheckpointSpec>`, or the HuggingFace
+    convention: ``model._init_weights(module)`` computes a module's buffers."""
+    own = policy.checkpoints().materialize
+    if own is not None:
+        return own(modules)
+    init = getattr(model, "_init_weights", None)
+    if init is None:
+        raise NotImplementedError(
+            f"{type(policy).__name__} cannot compute the buffers of {[type(m).__name__ for m in modules]} after "
+            "lazy initialization; declare CheckpointSpec(materialize=...) or build the model on a real device"
+        )
+    for module in modules:
+        init(module)
 
 
 def replace_tensors(model: nn.Module, replaced: dict[int, torch.Tensor]) -> None:
@@ -33,7 +61,7 @@ def replace_tensors(model: nn.Module, replaced: dict[int, torch.Tensor]) -> None
 def materialize_buffers(model: nn.Module, device) -> None:
     """Buffers still on meta (non-persistent ones, e.g. rotary frequencies) are computed by the model.
 
-    The policy's :meth:`~shardcore.Policy.materialize_buffers` runs twice, on buffers filled with
+    The policy's :attr:`CheckpointSpec.materialize <shardcore.spec.CheckpointSpec>` runs twice, on buffers filled with
     0 and then with 1: a buffer whose result depends on that fill was not computed, and raises
     (never silently uninitialized memory)."""
     pending = [
@@ -50,7 +78,7 @@ def materialize_buffers(model: nn.Module, device) -> None:
     for fill in (0, 1):
         for module, name, buf in pending:
             module._buffers[name] = torch.full(buf.shape, fill, dtype=buf.dtype, device=device)
-        policy.materialize_buffers(owners)
+        _compute_buffers(model, policy, owners)
         results.append([module._buffers[name].clone() for module, name, _ in pending])
     names = {id(m): n for n, m in model.named_modules()}
     unset = [
@@ -63,7 +91,7 @@ def materialize_buffers(model: nn.Module, device) -> None:
 
         raise CheckpointError(
             f"{type(model).__name__}: the buffers {unset} are not in the checkpoint and "
-            f"{type(policy).__name__}.materialize_buffers did not compute them after the meta "
+            f"{type(policy).__name__}'s checkpoint spec did not compute them after the meta "
             "build (older model-library versions compute them only in __init__); build the model under "
             "`with shardcore.init_empty():` instead of `with torch.device('meta'):` (parameters on meta, "
             "buffers computed as usual)"

@@ -9,6 +9,7 @@ import attrs
 from torch import nn
 
 from ..expert_parallel import expert_modules
+from ..sequence import heads_of
 
 
 @attrs.frozen
@@ -115,8 +116,8 @@ def attention_width(model: nn.Module, policy, tp: int) -> tuple[int, int, bool]:
     """``(heads on a rank, head dim, causal)`` of the model's attention, from its config."""
     cfg = getattr(model, "config", None)
     try:
-        heads = policy.sequence_parallel_heads()[0]
-    except (NotImplementedError, AttributeError):
+        heads = heads_of(policy)[0]
+    except NotImplementedError:
         heads = getattr(cfg, "num_attention_heads", 0) or 0
     hidden = hidden_size(model)
     dim = getattr(cfg, "head_dim", None) or (hidden // heads if heads else 0)

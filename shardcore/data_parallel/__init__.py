@@ -130,7 +130,7 @@ def check_data_parallel(model: nn.Module, policy, config, layout) -> None:
             ) from None
         if not blocks:
             raise ValueError(f"ShardConfig(data_parallel={mode!r}): {type(policy).__name__}.blocks() is empty")
-        grad_sum = getattr(policy, "grad_sum_parameters", [])
+        grad_sum = policy.tensor_parallel().grad_sum
         if grad_sum and layout.tp > 1:
             raise NotImplementedError(
                 f"ShardConfig(data_parallel={mode!r}): the plan gives {grad_sum[:3]} the spec "
@@ -173,7 +173,7 @@ def _fsdp_kwargs(model: nn.Module, policy, config, experts: list) -> dict:
     from torch.distributed.fsdp import MixedPrecisionPolicy
     from torch.distributed.tensor import Shard
 
-    dims = policy.data_parallel_shard_dims()
+    dims = policy.data_parallel().shard_dims
     placement = {id(p): Shard(dims[n]) for n, p in model.named_parameters(remove_duplicate=False) if n in dims}
     kwargs: dict = {"shard_placement_fn": (lambda p: placement.get(id(p)))} if placement else {}
     if experts:
@@ -199,7 +199,7 @@ def _roots(model: nn.Module, policy, pipeline) -> list[tuple[nn.Module, list[nn.
     if outside:
         raise NotImplementedError(
             f"{type(model).__name__}: pipeline stages with data parallelism: {outside[:4]} belong to no stage "
-            f"(neither a block nor one of {type(policy).__name__}.pipeline_ends()), so nothing would average "
+            f"(neither a block nor one of {type(policy).__name__}.pipeline().ends), so nothing would average "
             "their gradients over the data-parallel ranks; name their modules in pipeline_ends()"
         )
     return roots

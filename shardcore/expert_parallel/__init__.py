@@ -16,7 +16,7 @@ experts, so it is the same mean over the data-parallel ranks DDP takes of the ot
 
 The router's load-balancing loss is each rank's part's (what DDP over the unsharded model gives)
 unless ``ShardConfig(global_batch_balance=True)``: then the policy's
-:meth:`~shardcore.expert_parallel.hooks.ExpertParallelHooks.balance_over_global_batch` computes
+:attr:`ExpertSpec.balance <shardcore.spec.ExpertSpec>` computes
 it from the routing of the whole global batch (:func:`gather_over`).
 """
 
@@ -45,12 +45,18 @@ def check_expert_parallel(model: nn.Module, policy, config, layout) -> None:
     name = type(model).__name__
     if layout.ep > 1 or config.global_batch_balance:
         what = f"expert_parallel_size={layout.ep}" if layout.ep > 1 else "global_batch_balance=True"
-        if not policy.supports_expert_parallel:
-            why = policy.expert_parallel_refusal or (
+        spec = policy.experts()
+        if not spec.supported:
+            why = spec.refusal or (
                 "has no experts to split or route; expert parallelism is for mixture-of-experts models (shard-moe)"
             )
             raise NotImplementedError(
                 f"ShardConfig({what}): {type(policy).__name__} ({name}) {why}; leave it at its default"
+            )
+        if config.global_batch_balance and spec.balance is None:
+            raise NotImplementedError(
+                f"ShardConfig(global_batch_balance=True): {type(policy).__name__} ({name}) has no router "
+                "load-balancing loss to compute over the global batch; leave it False"
             )
         if config.data_parallel is None:
             raise ValueError(
@@ -139,7 +145,7 @@ def install(model: nn.Module, policy, config, layout) -> None:
     from ..distributed.collectives import all_reduce
 
     if config.global_batch_balance and layout.dp > 1:
-        policy.balance_over_global_batch(gather_over(layout.group("dp")))
+        policy.experts().balance(gather_over(layout.group("dp")))  # declared: check_expert_parallel
     if layout.ep == 1:
         return
     _synced_generate(model)

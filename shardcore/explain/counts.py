@@ -92,10 +92,10 @@ def _module_rows(model: nn.Module) -> dict[tuple[str, str], dict[str, Any]]:
 
 
 def shares_parent_copy(policy, name: str, module, copied: set[str]) -> bool:
-    """Under ``share_tp_copies``, whether column layer ``name`` reads the input an earlier column layer
+    """Under ``TensorParallelSpec.share_copies``, whether column layer ``name`` reads the input an earlier column layer
     of its parent already copied into the region (one shared copy: its backward all-reduce counted
     once, not again here); records the parent in ``copied``."""
-    if not (policy.share_tp_copies and isinstance(module, Linear1D_Col) and module.copy_input):
+    if not (policy.tensor_parallel().share_copies and isinstance(module, Linear1D_Col) and module.copy_input):
         return False
     parent = name.rpartition(".")[0]
     shared = parent in copied
@@ -130,7 +130,7 @@ def _collective_counts(build, block_names: list[str], block_cls: dict[str, str])
                     counts = {**counts, "backward": counts["backward"][1:]}
                 for phase, kinds in counts.items():
                     target[phase].update(kinds)
-        for name in getattr(policy, "grad_sum_parameters", ()):  # replicated, gradient summed
+        for name in policy.tensor_parallel().grad_sum:  # replicated, gradient summed
             block = inside(name)
             target = (
                 counts_by_block.setdefault(block, {"forward": Counter(), "backward": Counter()}) if block else outside

@@ -8,6 +8,7 @@ from collections import Counter
 from typing import Any
 
 from ..config import OVER_SP_MODES
+from ..sequence import heads_of
 
 
 def per_attention(mode: str, sp: int) -> tuple[dict[str, int], dict[str, int]]:
@@ -65,7 +66,7 @@ def sequence_bytes(build, seq: int, batch: int, itemsize: int) -> dict[str, Any]
     mode, sp, tp = build.sequence_mode, build.layout.sp, build.layout.tp if build.tensor_parallel else 1
     if mode not in OVER_SP_MODES or sp == 1:
         return None
-    heads, heads_kv = build.policy.sequence_parallel_heads()
+    heads, heads_kv = heads_of(build.policy)
     dim = _head_dim(build.model, heads)
     if dim is None:
         return None

@@ -43,7 +43,7 @@ def collective_bytes_per_step(build, tokens: int, itemsize: int) -> tuple[dict[s
             for kind, n in zip(kinds[phase], sizes[phase], strict=True):
                 step[phase][kind] += n
     params = dict(model.named_parameters())
-    for name in getattr(policy, "grad_sum_parameters", ()):
+    for name in policy.tensor_parallel().grad_sum:
         step["backward"]["all_reduce"] += params[name].numel() * params[name].element_size()
     for name, _, desc in build.plan or []:
         block = model.get_submodule(name)

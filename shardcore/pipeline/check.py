@@ -30,6 +30,7 @@ class PipelineInfo:
     tied: list = attrs.field(factory=list)  # (parameter name, group) whose gradients are summed over first/last stages
     last_stage_rank: int = 0  # in the pp group
     num_items: Any = None  # the loss terms of the batch in flight (pipeline_step sets it)
+    spec: Any = None  # the policy's PipelineSpec (shardcore.spec), read once when the stages are built
     shapes: Any = None  # the input shapes the stages were built for
     rebuild: Any = None
     loss_scale: Any = None  # pipeline_step(loss_scale=...) of the step in flight, and its unscaled losses
@@ -57,12 +58,9 @@ def check_pipeline(model: nn.Module, policy, config, layout) -> tuple[str, list[
     Returns ``(schedule name, blocks per stage, stages per rank)``.
     """
     name, per_rank = _check_schedule(config)
-    hooks = ("pipeline_ends", "pipeline_inputs", "pipeline_stage_forward", "pipeline_num_items", "pipeline_loss")
-    missing = policy.not_overridden(*hooks, "pipeline_output")
-    try:
-        if missing:  # found now, not at the first step, where one rank's error would leave the others waiting
-            raise NotImplementedError(f"{type(policy).__name__} does not implement {', '.join(missing)}")
-        policy.pipeline_ends()
+    try:  # found now, not at the first step, where one rank's error would leave the others waiting
+        if policy.pipeline() is None:
+            raise NotImplementedError(f"{type(policy).__name__}.pipeline() declares no PipelineSpec")
     except NotImplementedError as err:
         raise NotImplementedError(
             f"{type(model).__name__}: {type(policy).__name__} does not support pipeline parallelism ({err}); "

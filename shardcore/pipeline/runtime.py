@@ -40,7 +40,7 @@ def _forward_only(model: nn.Module, policy, info: PipelineInfo, args: tuple, kwa
     names = list(inspect.signature(model.forward).parameters)
     batch = {**dict(zip(names, args, strict=False)), **{k: v for k, v in kwargs.items() if v is not None}}
     logits_to_keep = batch.pop("logits_to_keep", 0)
-    inputs, labels = policy.pipeline_inputs(batch, training=False)
+    inputs, labels = info.spec.inputs(batch, training=False)
     me = dist.get_group_rank(info.group, dist.get_rank())
     pp = dist.get_world_size(info.group)
     per_rank = len(info.stage_indices)
@@ -69,8 +69,8 @@ def _forward_only(model: nn.Module, policy, info: PipelineInfo, args: tuple, kwa
             logits = logits[:, -logits_to_keep:]
         loss = None
         if labels is not None:
-            loss = policy.pipeline_loss(x[0] if len(x) == 1 else x, labels, policy.pipeline_num_items(labels))
-    return policy.pipeline_output(logits, loss, *x[1:])  # the last stage's further outputs, if any
+            loss = info.spec.loss(x[0] if len(x) == 1 else x, labels, info.spec.num_items(labels))
+    return info.spec.output(logits, loss, *x[1:])  # the last stage's further outputs, if any
 
 
 def _stage_owner(stage: int, pp: int, per_rank: int, name: str) -> int:
@@ -112,13 +112,12 @@ def pipeline_step(model: nn.Module, batch: Mapping[str, Any], *, loss_scale=None
         loss = out["loss"] if isinstance(out, Mapping) else out.loss
         (loss if loss_scale is None else loss_scale(loss)).backward()
         return loss.detach()
-    policy = model.shardcore.policy
     if model.shardcore.config.inference_only:
         raise RuntimeError(
             f"{type(model).__name__} was sharded with ShardConfig(inference_only=True): its parameters are frozen; "
             "run model(**batch) for inference, or shard it without inference_only to train it"
         )
-    args, labels = policy.pipeline_inputs(dict(batch))  # local checks first: the same on every rank
+    args, labels = info.spec.inputs(dict(batch))  # local checks first: the same on every rank
     if labels is None:
         raise ValueError("pipeline_step: the batch has no labels; a training step needs them")
     size = args[0].shape[0]
@@ -128,7 +127,7 @@ def pipeline_step(model: nn.Module, batch: Mapping[str, Any], *, loss_scale=None
             "give a batch whose size is a multiple of it (or change num_microbatches)"
         )
     _check_same_batch(model, info, batch)
-    info.num_items = policy.pipeline_num_items(labels)
+    info.num_items = info.spec.num_items(labels)
     shapes = tuple(tuple(a.shape) for a in args)
     device = next(model.parameters()).device
     if (info.shapes is not None and info.shapes != shapes) or info.stages[0].device != device:

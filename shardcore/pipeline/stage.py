@@ -30,7 +30,7 @@ class _Stage(nn.Module):
         self.own = nn.ModuleList(own)
         self.own_params = nn.ParameterList(own_params)
         object.__setattr__(self, "model", model)  # not a submodule: other stages' parameters are not ours
-        self._policy, self._first, self._last = policy, first, last
+        self._forward, self._first, self._last = policy.pipeline().stage_forward, first, last
         self._others = others  # (path, module, hole) of what this rank holds for its other stages
 
     @property
@@ -43,7 +43,7 @@ class _Stage(nn.Module):
             _set(self.model, name, hole)
         self.model._shardcore_in_stage = True
         try:
-            out = self._policy.pipeline_stage_forward(tuple(inputs), first=self._first, last=self._last)
+            out = self._forward(tuple(inputs), first=self._first, last=self._last)
             # an input handed on unchanged (the encoder's states through decoder stages) is a new tensor:
             # its gradient from the next stage then flows back through this stage's autograd graph
             fresh = lambda t: t.clone() if any(t is i for i in inputs) else _own(t)  # noqa: E731
@@ -67,15 +67,15 @@ def _set(root: nn.Module, dotted: str, value: nn.Module) -> None:
 
 
 def _ends(model: nn.Module, policy, blocks: list, stage_of_block: dict[int, int]) -> tuple[dict[str, int], set[str]]:
-    """``({path: stage}, paths that name parameters)`` of :meth:`~shardcore.Policy.pipeline_ends`:
+    """``({path: stage}, paths that name parameters)`` of :attr:`PipelineSpec.ends <shardcore.spec.PipelineSpec>`:
     the modules (or parameters) outside the blocks that one stage runs."""
     end_stage: dict[str, int] = {}
     param_ends: set[str] = set()
-    for path, where in policy.pipeline_ends().items():
+    for path, where in policy.pipeline().ends.items():
         index = {"first": 0, "last": -1}.get(where, where) if isinstance(where, str) else where
         if not isinstance(index, int) or not -len(blocks) <= index < len(blocks):
             raise ValueError(
-                f"{type(policy).__name__}.pipeline_ends(): {path!r}: {where!r} is not 'first', 'last' or a block index"
+                f"{type(policy).__name__}.pipeline().ends: {path!r}: {where!r} is not 'first', 'last' or a block index"
             )
         end_stage[path] = stage_of_block[index % len(blocks)]
         try:
@@ -85,7 +85,7 @@ def _ends(model: nn.Module, policy, blocks: list, stage_of_block: dict[int, int]
                 model.get_parameter(path)
             except AttributeError:
                 raise ValueError(
-                    f"{type(policy).__name__}.pipeline_ends(): {path!r} is neither a module nor a parameter of "
+                    f"{type(policy).__name__}.pipeline().ends: {path!r} is neither a module nor a parameter of "
                     f"{type(model).__name__}"
                 ) from None
             param_ends.add(path)
@@ -120,18 +120,28 @@ def _tied(model: nn.Module, blocks: list, end_stage: dict[str, int], stage_of_bl
     return owners_of, aliases
 
 
+def _hf4(model: nn.Module) -> bool:
+    """Whether ``model`` is a HuggingFace model under transformers 4.x, whose layers return ``(hidden, ...)``."""
+    if not type(model).__module__.startswith("transformers."):
+        return False
+    import transformers  # the model is a transformers model: it is imported already
+
+    return int(transformers.__version__.split(".")[0]) < 5
+
+
 def _prune(model: nn.Module, policy, blocks: list, held: set[int], ends: tuple, indices: list[int]) -> tuple:
     """Holes in place of the blocks and ends of other ranks' stages; returns every block's and
     every end module's hole (a stage uses them for what another stage of this rank runs)."""
     end_stage, param_ends = ends
-    as_tuple = bool(getattr(policy, "pipeline_block_returns_tuple", False))
+    spec = policy.pipeline()
+    as_tuple = spec.block_returns_tuple if spec.block_returns_tuple is not None else _hf4(model)
     holes = {
         b: PipelineHole(block, as_tuple=as_tuple, where=block_name) for b, (block_name, block) in enumerate(blocks)
     }
     for b, (block_name, _) in enumerate(blocks):
         if b not in held:
             _set(model, block_name, holes[b])
-    zero_ends = policy.pipeline_zero_ends()
+    zero_ends = spec.zero_ends
     end_holes = {
         path: PipelineHole(model.get_submodule(path), where=path, zero=path in zero_ends)
         for path in end_stage
@@ -191,6 +201,7 @@ def build_pipeline(model: nn.Module, policy, config, layout, name: str, layers: 
         tied=_tied_groups(model, layout, owners_of),
         last_stage_rank=_stage_owner(num_stages - 1, pp, per_rank, name),
         aliases=aliases,
+        spec=policy.pipeline(),
     )
     info.rebuild = functools.partial(_make_stages, model, policy, info, blocks, stage_blocks, ends, holes)
     try:
@@ -232,7 +243,7 @@ def _make_stages(model: nn.Module, policy, info: PipelineInfo, blocks, stage_blo
         info.stages.append(PipelineStage(stage, s, num_stages, device, group=info.group))
 
     def loss_fn(output, target):
-        loss = policy.pipeline_loss(output, target, info.num_items)
+        loss = info.spec.loss(output, target, info.num_items)
         if info.loss_scale is None:
             return loss
         info.unscaled.append(loss.detach())  # what pipeline_step reports; the backward runs on the scaled one
@@ -269,9 +280,9 @@ def _route_forward(model: nn.Module, policy, info: PipelineInfo) -> None:
         def generate_through_pipeline(*args, **kwargs):
             from ..consistency import sync_random_state
 
-            if policy.pipeline_generate_unsupported:
+            if info.spec.generate_refusal:
                 raise NotImplementedError(
-                    f"{type(model).__name__} in pipeline stages: {policy.pipeline_generate_unsupported}; "
+                    f"{type(model).__name__} in pipeline stages: {info.spec.generate_refusal}; "
                     "generate with a model sharded without pipeline_parallel_size"
                 )
             if kwargs.get("use_cache"):

@@ -12,8 +12,9 @@ from typing import Any
 from torch import nn
 
 from ..inputs import find_inputs
-from ..policy import ModulePolicyDescription, Policy
+from ..policy import ModulePolicyDescription, Policy, blocks_in
 from ..policy import SubModuleReplacementDescription as Sub
+from ..spec import ChecksSpec, DataParallelSpec, ExpertSpec, TensorParallelSpec
 from ..tensor_parallel import InPlace, Linear1D_Col
 from .flow import check_activations, leaving, repeated, roles
 from .layers import Layers, splits_heads
@@ -178,24 +179,37 @@ class PlanPolicy(Policy):
 
     # -- the Policy interface --------------------------------------------------------------------
 
-    share_tp_copies = True  # column layers reading one tensor share one backward all-reduce
-    supports_parallel_output = True  # the splits leaving the model stay split, marked (VocabSlice)
-    expert_parallel_refusal = (
-        "splits a plan's fused experts by tensor parallelism (moe_tp_experts), not over expert-parallel ranks "
-        "(not built for plans); a plugin whose policy routes experts does that (shard-moe)"
-    )
+    def tensor_parallel(self) -> TensorParallelSpec:
+        return TensorParallelSpec(
+            parallel_output=True,  # the splits leaving the model stay split, marked (VocabSlice)
+            share_copies=True,  # column layers reading one tensor share one backward all-reduce
+            grad_sum=self._grad_sum,  # replicated_with_grad_allreduce (known after the checks)
+        )
+
+    def experts(self) -> ExpertSpec:
+        return ExpertSpec(
+            refusal="splits a plan's fused experts by tensor parallelism (moe_tp_experts), not over expert-parallel "
+            "ranks (not built for plans); a plugin whose policy routes experts does that (shard-moe)"
+        )
+
+    def checks(self) -> ChecksSpec:
+        return ChecksSpec(blocks=self._planned_blocks())
+
+    def data_parallel(self) -> DataParallelSpec:
+        """The dimension FSDP splits each parameter the plan gives a ``dp`` entry along."""
+        return DataParallelSpec(shard_dims=getattr(self, "_dp_dims", {}))
 
     def blocks(self):
         plans = self._plans if getattr(self, "_plans", None) is not None else {}
         names = list(plans) or [n for n, _ in self.model.named_parameters()]
         for container in self.model.modules():
             if repeated(container):
-                blocks = self.blocks_in(container)
+                blocks = blocks_in(self.model, container)
                 if any(any(n.startswith(b + ".") for n in names) for b, _ in blocks):
                     return blocks
         return []
 
-    def planned_blocks(self) -> list[tuple[str, nn.Module]]:
+    def _planned_blocks(self) -> list[tuple[str, nn.Module]]:
         """The blocks of every outermost repeated container (``nn.ModuleList``, or ``nn.Sequential`` of one
         class: :func:`~shardcore.plan.flow.repeated`) holding a planned module (a composite's
         towers and language model alike): what ``ShardConfig(verify=...)`` checks."""
@@ -206,7 +220,7 @@ class PlanPolicy(Policy):
                 continue
             if any(path.startswith(f"{b}.") for b, _ in found):
                 continue  # inside a block already chosen
-            blocks = self.blocks_in(container)
+            blocks = blocks_in(self.model, container)
             if any(any(n.startswith(b + ".") for n in names) for b, _ in blocks):
                 found += blocks
         return found
@@ -240,10 +254,6 @@ class PlanPolicy(Policy):
                 dims[name] = dim
         return dims
 
-    def data_parallel_shard_dims(self) -> dict[str, int]:
-        """The dimension FSDP splits each parameter the plan gives a ``dp`` entry along."""
-        return dict(getattr(self, "_dp_dims", {}))
-
     def module_policy(self):
         plans = self._plans if getattr(self, "_plans", None) is not None else self._layers()
         tp = self.tp_size
@@ -273,14 +283,8 @@ class PlanPolicy(Policy):
             )
         }
 
-    @property
-    def grad_sum_parameters(self) -> list[str]:
-        """Names of the parameters given ``replicated_with_grad_allreduce`` (known after the checks)."""
-        return list(self._grad_sum)
-
     def postprocess(self):
-        """Sum over the group the gradients of the parameters given ``replicated_with_grad_allreduce``;
-        a HuggingFace causal LM's loss on the vocabulary slices while its logits are gathered
+        """A HuggingFace causal LM's loss on the vocabulary slices while its logits are gathered
         (:func:`~shardcore.integrations.hf.causal_lm_loss.defer_logits_gather`), or kept split (``parallel_output``)."""
         from ..integrations.hf.causal_lm_loss import defer_logits_gather, loss_on_slices_where_causal_lm
 
@@ -290,10 +294,4 @@ class PlanPolicy(Policy):
             loss_on_slices_where_causal_lm(self.model, head)
         else:
             defer_logits_gather(self.model, head)
-        if self._grad_sum:
-            from ..tensor_parallel import ParallelModule, sum_gradients_over_group
-
-            group = next(m.process_group for m in self.model.modules() if isinstance(m, ParallelModule))
-            params = dict(self.model.named_parameters(remove_duplicate=False))
-            sum_gradients_over_group({name: params[name] for name in self._grad_sum}, group)
         return self.model

@@ -19,7 +19,7 @@ all-gather), but the activations outside the regions take 1/tp of the memory.
 Replicated parameters used on sequence-split activations (norm weights, a row-parallel layer's
 bias) get gradients from this rank's tokens only: they are summed over the group (the
 parameter enters the forward through Megatron's *f*). Dropout on split activations (the policy's
-:attr:`~shardcore.Policy.sequence_parallel_dropouts`) draws from the per-rank random stream:
+:attr:`SequenceSpec.dropouts <shardcore.spec.SequenceSpec>`) draws from the per-rank random stream:
 each rank drops its own tokens.
 
 A forward whose sequence length the group does not divide (a decoding step of ``generate()``, one
@@ -38,6 +38,7 @@ from __future__ import annotations
 
 from ..tensor_parallel.regions import SequenceParallel
 from .check import check_sequence_parallel
+from .declared import heads_of
 from .ring import ring_attention, zigzag_positions
 from .split_gather import apply_sequence_parallel
 from .ulysses import apply_ulysses, ulysses_attention
@@ -47,6 +48,7 @@ __all__ = [
     "apply_sequence_parallel",
     "apply_ulysses",
     "check_sequence_parallel",
+    "heads_of",
     "ring_attention",
     "ulysses_attention",
     "zigzag_positions",

@@ -5,6 +5,7 @@ from __future__ import annotations
 from torch import nn
 
 from ..tensor_parallel.recompute import checkpointing
+from .declared import attention_problem, heads_of, regions
 
 _BUILT = ("split_gather", "all_to_all", "ring_attn", "all_gather_kv")
 
@@ -24,7 +25,7 @@ def check_sequence_parallel(model: nn.Module, policy, config, layout) -> str | N
             f"ShardConfig(enable_sequence_overlap=True) overlaps the collectives of "
             f"sequence_parallelism_mode='split_gather'; with {mode!r} leave it False"
         )
-    supported = tuple(policy.sequence_parallelism_modes)
+    supported = tuple(policy.sequence().modes)
     if "ring_attn" in supported:  # the same split and registry, the keys and values gathered
         supported += ("all_gather_kv",)
     if mode not in supported:
@@ -42,7 +43,7 @@ def check_sequence_parallel(model: nn.Module, policy, config, layout) -> str | N
 
 
 def _check_split_gather(model: nn.Module, policy, config, layout) -> None:
-    if not policy.sequence_parallel_regions():
+    if not regions(policy):
         raise NotImplementedError(
             f"{type(model).__name__}: {type(policy).__name__} names no blocks to split the sequence over; leave "
             "enable_sequence_parallelism=False"
@@ -67,13 +68,13 @@ def _check_over_sp(model: nn.Module, policy, config, layout, mode: str) -> None:
             f"sequence_parallelism_mode={mode!r} runs over sequence_parallel_size ranks, but it is 1; give "
             "sequence_parallel_size > 1"
         )
-    problem = policy.sequence_attention_problem("ring_attn" if mode == "all_gather_kv" else mode)
+    problem = attention_problem(policy, "ring_attn" if mode == "all_gather_kv" else mode)
     if problem:
         raise NotImplementedError(f"{type(model).__name__}: {problem}")
     if mode != "all_to_all":
         return
     tp = layout.tp if config.enable_tensor_parallelism else 1
-    for what, heads in zip(("attention heads", "key/value heads"), policy.sequence_parallel_heads(), strict=True):
+    for what, heads in zip(("attention heads", "key/value heads"), heads_of(policy), strict=True):
         if heads % (tp * layout.sp):
             raise ValueError(
                 f"{type(model).__name__}: {heads} {what} do not split over tensor_parallel_size x "

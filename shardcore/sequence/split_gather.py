@@ -16,16 +16,17 @@ from ..tensor_parallel.parallel_module import ParallelModule
 from ..tensor_parallel.regions import SequenceParallel, storage_key
 from ..tensor_parallel.rng import fork_tp_rng, in_tp_rng
 from .check import _watch_forward
+from .declared import regions
 
 
 def apply_sequence_parallel(model: nn.Module, policy, state: SequenceParallel) -> None:
     """Split at the first block's input, gather at the last block's output (for each of
-    :meth:`~shardcore.Policy.sequence_parallel_regions`), and make the blocks' parallel layers,
+    :attr:`SequenceSpec.regions <shardcore.spec.SequenceSpec>`), and make the blocks' parallel layers,
     replicated parameters and dropouts follow ``state``. Called by :func:`shardcore.optimize`
     after the sharder (which gave the layers ``state``)."""
     _watch_forward(model, state)
     saving_now: list = []  # the saved-tensor hooks of the split running now
-    for region in policy.sequence_parallel_regions():
+    for region in regions(policy):
         names, blocks = [name for name, _ in region], [block for _, block in region]
         _split_region(model, names, blocks, state, saving_now)
         for block in blocks:
@@ -39,7 +40,7 @@ def apply_sequence_parallel(model: nn.Module, policy, state: SequenceParallel) -
                 ]
                 if partial:
                     _sum_grads_when_split(module, partial, state)
-        _per_rank_dropouts(blocks, policy.sequence_parallel_dropouts, state)
+        _per_rank_dropouts(blocks, policy.sequence().dropouts, state)
 
 
 def _split_region(model: nn.Module, names: list[str], blocks: list[nn.Module], state: SequenceParallel, saving_now):

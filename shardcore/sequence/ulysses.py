@@ -14,6 +14,7 @@ from ..distributed.collectives import all_to_all_cat
 from ..tensor_parallel.mappings import gather_from_tp, split_to_tp
 from ..tensor_parallel.regions import SequenceParallel
 from .check import _watch_forward
+from .declared import set_attention
 from .ring import _unzigzag, _zigzag
 from .split_gather import _per_rank_dropouts, _sum_grads_when_split
 
@@ -24,11 +25,12 @@ def apply_ulysses(model: nn.Module, policy, state: SequenceParallel) -> None:
     the sequence at the first block's input (and the per-block inputs that run along it, such as
     rotary ``position_embeddings``), gathered at the last block's output; around attention an
     all-to-all trades the sequence split for a head split and back, through the model library's
-    attention registry (:meth:`shardcore.Policy.set_sequence_attention`). Every block parameter's
+    attention registry (:attr:`SequenceSpec.set_attention <shardcore.spec.SequenceSpec>`). Every block parameter's
     gradient, from this rank's tokens only, is summed over the group."""
     blocks = [block for _, block in policy.blocks()]
     _watch_forward(model, state)
-    hooks = _SplitHooks(state, tuple(policy.sequence_split_kwargs), len(blocks))
+    spec = policy.sequence()
+    hooks = _SplitHooks(state, spec.split_kwargs, len(blocks))
     blocks[0].register_forward_pre_hook(hooks.split_first, with_kwargs=True)
     for block in blocks:  # after split_first on the first block: the flag is set when these run
         block.register_forward_pre_hook(hooks.split_along, with_kwargs=True)
@@ -39,8 +41,8 @@ def apply_ulysses(model: nn.Module, policy, state: SequenceParallel) -> None:
             own = [n for n, p in module.named_parameters(recurse=False) if p.requires_grad]
             if own:  # every block parameter saw this rank's tokens only
                 _sum_grads_when_split(module, own, state)
-    _per_rank_dropouts(blocks, policy.sequence_parallel_dropouts, state)
-    policy.set_sequence_attention(state)
+    _per_rank_dropouts(blocks, spec.dropouts, state)
+    set_attention(policy, state)
 
 
 class _SplitHooks:

@@ -45,8 +45,8 @@ def verifying(model, policy, config, tensor_parallel: bool) -> bool:
 
 def _blocks(policy) -> list:
     """The blocks to check: a plan's in every container it touches, else the policy's."""
-    planned = getattr(policy, "planned_blocks", None)
-    return planned() if callable(planned) else policy.blocks()
+    planned = policy.checks().blocks
+    return list(planned) if planned is not None else policy.blocks()
 
 
 def probe(model, policy, config, tensor_parallel: bool) -> BlockProbe | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from shardcore import ModulePolicyDescription, Policy
 from shardcore.builders import attention, mlp, vocab_embedding, vocab_head
 from shardcore.integrations.hf.stages import HFStages
+from shardcore.plugin_api import block_type, blocks_in, require_divisible
 
 __all__ = ["MyModelPolicy"]
 
@@ -25,18 +26,18 @@ class MyModelPolicy(HFStages, Policy):
 
     def blocks(self):
         """The repeated layers, in order (pipeline stages, FSDP and the kit use this list)."""
-        return self.blocks_in(self.base.layers)
+        return blocks_in(self.model, self.base.layers)
 
     def config_sanity_check(self) -> None:
         """Every reason the model cannot be sharded at ``self.tp_size``, raised before any collective."""
         cfg, name = self.model.config, type(self.model).__name__
-        self.require_divisible(cfg.num_attention_heads, self.tp_size, "num_attention_heads", name)
-        self.require_divisible(cfg.intermediate_size, self.tp_size, "intermediate_size", name)
+        require_divisible(cfg.num_attention_heads, self.tp_size, "num_attention_heads", name)
+        require_divisible(cfg.intermediate_size, self.tp_size, "intermediate_size", name)
 
     def module_policy(self):
         cfg, tp = self.model.config, self.tp_size
         heads, head_dim = cfg.num_attention_heads, cfg.hidden_size // cfg.num_attention_heads
-        layer_cls = self.block_type()
+        layer_cls = block_type(self.blocks(), self.model)
         policy = {
             layer_cls: ModulePolicyDescription(
                 attribute_replacement={"attn.num_heads": heads // tp},  # what the forward reads per rank

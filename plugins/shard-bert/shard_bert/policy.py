@@ -25,6 +25,7 @@ from torch import nn
 from shardcore import ModulePolicyDescription, Policy
 from shardcore.builders import attention, mlp, vocab_embedding, vocab_head
 from shardcore.integrations.hf.stages import HFStages
+from shardcore.plugin_api import KernelSpec, SequenceSpec, block_type, blocks_in, in_blocks, require_divisible
 
 __all__ = ["BertModelPolicy", "BertPolicy", "BertWithLMHeadPolicy"]
 
@@ -40,37 +41,40 @@ class BertPolicy(HFStages, Policy):
     first_ends = ("embeddings",)
     last_ends = ("pooler",)  # when the model has one
 
-    #: Megatron sequence parallelism (LayerNorms, residuals and their dropout on this rank's tokens)
-    #: and Ulysses (transformers 5: attention through its registry)
-    sequence_parallelism_modes = ("split_gather", "all_to_all", "ring_attn")
-    sequence_parallel_dropouts = ("attention.output.dropout", "output.dropout", "crossattention.output.dropout")
-
     @property
     def base(self):
         return self.model.base_model
 
     def blocks(self):
-        return self.blocks_in(self.base.encoder.layer)
+        return blocks_in(self.model, self.base.encoder.layer)
 
-    def sequence_parallel_heads(self):
+    def sequence(self):
         heads = self.model.config.num_attention_heads
-        return heads, heads
+        return SequenceSpec(
+            # Megatron sequence parallelism (LayerNorms, residuals and their dropout on this rank's tokens),
+            # Ulysses and the ring (transformers 5: attention through its registry)
+            modes=("split_gather", "all_to_all", "ring_attn"),
+            dropouts=("attention.output.dropout", "output.dropout", "crossattention.output.dropout"),
+            heads=(heads, heads),
+        )
 
-    def fusible_modules(self):
+    def kernels(self):
         # bias + GeLU; bias + dropout + residual + LayerNorm (after the MLP and after attention)
-        return self.in_blocks("intermediate", "output", "attention.output", "crossattention.output")
+        return KernelSpec(
+            fusible=in_blocks(self.blocks(), "intermediate", "output", "attention.output", "crossattention.output")
+        )
 
     def config_sanity_check(self) -> None:
         cfg, tp = self.model.config, self.tp_size
         name = type(self.model).__name__
-        self.require_divisible(cfg.num_attention_heads, tp, "num_attention_heads", name)
-        self.require_divisible(cfg.intermediate_size, tp, "intermediate_size", name)
+        require_divisible(cfg.num_attention_heads, tp, "num_attention_heads", name)
+        require_divisible(cfg.intermediate_size, tp, "intermediate_size", name)
 
     def module_policy(self):
         cfg, tp = self.model.config, self.tp_size
         heads, head_dim = cfg.num_attention_heads, cfg.hidden_size // cfg.num_attention_heads
         local = {"num_attention_heads": heads // tp, "all_head_size": cfg.hidden_size // tp}
-        layer_cls = self.block_type()
+        layer_cls = block_type(self.blocks(), self.model)
         cross = hasattr(self.blocks()[0][1], "crossattention")
         attention_parts = ["attention"] + (["crossattention"] if cross else [])
         subs = attention("attention", heads, head_dim, names=_NAMES)

@@ -26,6 +26,7 @@ from torch import nn
 
 from shardcore import CompositePolicy, ModulePolicyDescription, Policy
 from shardcore.builders import attention, mlp
+from shardcore.plugin_api import block_type, blocks_in, require_divisible
 
 __all__ = ["Blip2Policy", "Blip2QFormerPolicy", "Blip2VisionPolicy"]
 
@@ -36,26 +37,26 @@ class Blip2VisionPolicy(Policy):
     """``Blip2VisionModel``: each encoder layer's MLP split, its attention whole (module docstring)."""
 
     def blocks(self):
-        return self.blocks_in(self.model.encoder.layers)
+        return blocks_in(self.model, self.model.encoder.layers)
 
     def config_sanity_check(self) -> None:
         cfg = self.model.config
-        self.require_divisible(cfg.intermediate_size, self.tp_size, "intermediate_size", type(self.model).__name__)
+        require_divisible(cfg.intermediate_size, self.tp_size, "intermediate_size", type(self.model).__name__)
 
     def module_policy(self):
-        return {self.block_type(): ModulePolicyDescription(sub_module_replacement=mlp("mlp"))}
+        return {block_type(self.blocks(), self.model): ModulePolicyDescription(sub_module_replacement=mlp("mlp"))}
 
 
 class Blip2QFormerPolicy(Policy):
     """``Blip2QFormerModel``: every layer's attention, cross-attention and feed-forward split (module docstring)."""
 
     def blocks(self):
-        return self.blocks_in(self.model.encoder.layer)
+        return blocks_in(self.model, self.model.encoder.layer)
 
     def config_sanity_check(self) -> None:
         cfg, name = self.model.config, type(self.model).__name__
-        self.require_divisible(cfg.num_attention_heads, self.tp_size, "num_attention_heads", name)
-        self.require_divisible(cfg.intermediate_size, self.tp_size, "intermediate_size", name)
+        require_divisible(cfg.num_attention_heads, self.tp_size, "num_attention_heads", name)
+        require_divisible(cfg.intermediate_size, self.tp_size, "intermediate_size", name)
 
     def module_policy(self):
         """One description of the encoder, layer by layer: only some layers hold a cross-attention."""

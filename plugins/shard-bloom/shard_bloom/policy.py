@@ -26,6 +26,7 @@ from __future__ import annotations
 from shardcore import ModulePolicyDescription, Policy
 from shardcore import SubModuleReplacementDescription as Sub
 from shardcore.builders import mlp, vocab_embedding, vocab_head
+from shardcore.plugin_api import block_type, blocks_in, require_divisible
 from shardcore.tensor_parallel import Linear1D_Col, Linear1D_Row
 
 __all__ = ["BloomPolicy"]
@@ -54,12 +55,12 @@ class BloomPolicy(Policy):
         return self.model.base_model
 
     def blocks(self):
-        return self.blocks_in(self.base.h)
+        return blocks_in(self.model, self.base.h)
 
     def config_sanity_check(self) -> None:
         cfg, name = self.model.config, type(self.model).__name__
-        self.require_divisible(cfg.n_head, self.tp_size, "n_head", name)
-        self.require_divisible(4 * cfg.hidden_size, self.tp_size, "4 * hidden_size (the MLP width)", name)
+        require_divisible(cfg.n_head, self.tp_size, "n_head", name)
+        require_divisible(4 * cfg.hidden_size, self.tp_size, "4 * hidden_size (the MLP width)", name)
         if cfg.pretraining_tp > 1 and cfg.slow_but_exact:
             raise NotImplementedError(
                 f"{name}: slow_but_exact=True with pretraining_tp={cfg.pretraining_tp} slices the attention's and "
@@ -73,7 +74,7 @@ class BloomPolicy(Policy):
         head_dim = cfg.hidden_size // heads
         qkv = {"num_heads": heads, "head_dim": 3 * head_dim, "copy_input": True}  # [q_h; k_h; v_h] per head
         policy = {
-            self.block_type(): ModulePolicyDescription(
+            block_type(self.blocks(), self.model): ModulePolicyDescription(
                 attribute_replacement={"self_attention.num_heads": heads // tp},
                 param_replacement=[_cut_alibi],
                 sub_module_replacement=[

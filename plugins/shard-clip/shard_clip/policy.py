@@ -18,6 +18,7 @@ from torch import nn
 
 from shardcore import ModulePolicyDescription, Policy
 from shardcore.builders import attention, mlp, vocab_embedding
+from shardcore.plugin_api import blocks_in, require_divisible
 
 __all__ = ["CLIPPolicy"]
 
@@ -38,15 +39,15 @@ class CLIPPolicy(Policy):
         ]
 
     def blocks(self):
-        return self.blocks_in(*(encoder.layers for encoder in self._encoders()))
+        return blocks_in(self.model, *(encoder.layers for encoder in self._encoders()))
 
     def config_sanity_check(self) -> None:
         name = type(self.model).__name__
         if not self._encoders():
             raise ValueError(f"{name}: no CLIP encoder layers (self_attn, mlp.fc1) found to shard")
         for path, layer in self.blocks():
-            self.require_divisible(layer.self_attn.num_heads, self.tp_size, "num_attention_heads", f"{name}.{path}")
-            self.require_divisible(layer.mlp.fc1.out_features, self.tp_size, "intermediate_size", f"{name}.{path}")
+            require_divisible(layer.self_attn.num_heads, self.tp_size, "num_attention_heads", f"{name}.{path}")
+            require_divisible(layer.mlp.fc1.out_features, self.tp_size, "intermediate_size", f"{name}.{path}")
 
     def module_policy(self):
         """Per tower (the vision and the text transformer are different classes, their encoder

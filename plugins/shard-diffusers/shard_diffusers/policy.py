@@ -18,7 +18,15 @@ heads), heads or feed-forward width that the TP size does not divide.
 
 from __future__ import annotations
 
-from shardcore.plugin_api import ModulePolicyDescription, Policy, attention, mlp
+from shardcore.plugin_api import (
+    ModulePolicyDescription,
+    Policy,
+    attention,
+    block_type,
+    blocks_in,
+    mlp,
+    require_divisible,
+)
 
 __all__ = ["DiTPolicy"]
 
@@ -29,16 +37,16 @@ _NAMES = ("to_q", "to_k", "to_v", "to_out.0")
 
 class DiTPolicy(Policy):
     def blocks(self):
-        return self.blocks_in(self.model.transformer_blocks)
+        return blocks_in(self.model, self.model.transformer_blocks)
 
     def _attentions(self, block) -> list[str]:
         return [name for name in ("attn1", "attn2") if getattr(block, name, None) is not None]
 
     def config_sanity_check(self) -> None:
         cfg, name = self.model.config, type(self.model).__name__
-        self.require_divisible(cfg.num_attention_heads, self.tp_size, "num_attention_heads", name)
+        require_divisible(cfg.num_attention_heads, self.tp_size, "num_attention_heads", name)
         block = self.model.transformer_blocks[0]
-        self.require_divisible(block.ff.net[0].proj.out_features, self.tp_size, "the feed-forward width", name)
+        require_divisible(block.ff.net[0].proj.out_features, self.tp_size, "the feed-forward width", name)
         for attn_name in self._attentions(block):
             attn = getattr(block, attn_name)
             processor = type(attn.processor).__name__
@@ -63,7 +71,7 @@ class DiTPolicy(Policy):
             subs += attention(attn_name, heads, head_dim, names=_NAMES, shared_input=attn_name == "attn1")
         subs += mlp("ff.net", ("0.proj",), "2")
         return {
-            self.block_type(): ModulePolicyDescription(
+            block_type(self.blocks(), self.model): ModulePolicyDescription(
                 attribute_replacement={f"{a}.heads": heads // tp for a in attentions},
                 sub_module_replacement=subs,
                 enter_tp_region=["attn1"],  # q, k, v read one tensor: one backward all-reduce for the three

@@ -33,6 +33,7 @@ from __future__ import annotations
 from shardcore import ModulePolicyDescription, Policy
 from shardcore import SubModuleReplacementDescription as Sub
 from shardcore.builders import mlp, vocab_embedding, vocab_head
+from shardcore.plugin_api import block_type, blocks_in, require_divisible
 from shardcore.tensor_parallel import FusedLinear1D_Col, Linear1D_Col, Linear1D_Row
 
 __all__ = ["FalconPolicy"]
@@ -68,7 +69,7 @@ class FalconPolicy(Policy):
         return self.model.base_model
 
     def blocks(self):
-        return self.blocks_in(self.base.h)
+        return blocks_in(self.model, self.base.h)
 
     def _dims(self) -> tuple[int, int, int]:
         """(query heads, key/value heads of the packed projection, head_dim)."""
@@ -83,8 +84,8 @@ class FalconPolicy(Policy):
     def config_sanity_check(self) -> None:
         cfg, name, tp = self.model.config, type(self.model).__name__, self.tp_size
         heads, kv, _ = self._dims()
-        self.require_divisible(heads, tp, "num_attention_heads", name)
-        self.require_divisible(cfg.ffn_hidden_size, tp, "ffn_hidden_size", name)
+        require_divisible(heads, tp, "num_attention_heads", name)
+        require_divisible(cfg.ffn_hidden_size, tp, "ffn_hidden_size", name)
         if cfg.new_decoder_architecture and kv % tp:
             raise ValueError(
                 f"{name}: new_decoder_architecture packs query_key_value by key/value group, and num_kv_heads={kv} "
@@ -112,7 +113,7 @@ class FalconPolicy(Policy):
             1 if cfg.multi_query and not cfg.new_decoder_architecture else kv // tp
         )
         policy = {
-            self.block_type(): ModulePolicyDescription(
+            block_type(self.blocks(), self.model): ModulePolicyDescription(
                 attribute_replacement=per_rank,
                 param_replacement=[_cut_alibi] if cfg.alibi else [],
                 sub_module_replacement=[

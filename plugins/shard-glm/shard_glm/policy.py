@@ -24,6 +24,7 @@ from __future__ import annotations
 from shardcore import ModulePolicyDescription, Policy
 from shardcore import SubModuleReplacementDescription as Sub
 from shardcore.builders import attention, vocab_embedding, vocab_head
+from shardcore.plugin_api import block_type, blocks_in, require_divisible, require_kv_heads
 from shardcore.tensor_parallel import FusedLinear1D_Col, Linear1D_Row
 
 __all__ = ["GlmPolicy"]
@@ -37,7 +38,7 @@ class GlmPolicy(Policy):
         return self.model.base_model
 
     def blocks(self):
-        return self.blocks_in(self.base.layers)
+        return blocks_in(self.model, self.base.layers)
 
     def _dims(self) -> tuple[int, int, int]:
         cfg = self.model.config
@@ -48,9 +49,9 @@ class GlmPolicy(Policy):
     def config_sanity_check(self) -> None:
         cfg, tp, name = self.model.config, self.tp_size, type(self.model).__name__
         heads, kv, _ = self._dims()
-        self.require_divisible(heads, tp, "num_attention_heads", name)
-        self.require_divisible(cfg.intermediate_size, tp, "intermediate_size", name)
-        self.require_kv_heads(kv, heads, tp, name)
+        require_divisible(heads, tp, "num_attention_heads", name)
+        require_divisible(cfg.intermediate_size, tp, "intermediate_size", name)
+        require_kv_heads(kv, heads, tp, name)
 
     def module_policy(self):
         cfg, tp = self.model.config, self.tp_size
@@ -58,7 +59,7 @@ class GlmPolicy(Policy):
         local_kv = kv // tp if kv >= tp else 1
         width = cfg.intermediate_size
         policy = {
-            self.block_type(): ModulePolicyDescription(
+            block_type(self.blocks(), self.model): ModulePolicyDescription(
                 attribute_replacement={"self_attn.num_key_value_groups": (heads // tp) // local_kv},
                 sub_module_replacement=[
                     *attention("self_attn", heads, head_dim, kv_heads=kv),

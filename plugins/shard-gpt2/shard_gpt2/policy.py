@@ -22,6 +22,7 @@ from shardcore import ModulePolicyDescription, Policy
 from shardcore.builders import mlp, packed_attention, vocab_embedding, vocab_head
 from shardcore.integrations.hf.stages import HFStages
 from shardcore.losses import defer_logits_gather
+from shardcore.plugin_api import KernelSpec, SequenceSpec, block_type, blocks_in, in_blocks, require_divisible
 from shardcore.tensor_parallel import Conv1D_Col, Conv1D_Row, FusedConv1D_Col
 
 __all__ = ["GPT2Policy"]
@@ -35,33 +36,36 @@ class GPT2Policy(HFStages, Policy):
     zero_ends = ("wpe",)
     stage_output = "CausalLMOutputWithCrossAttentions"
 
-    #: Megatron sequence parallelism: norms, residuals and residual dropout on this rank's tokens
-    sequence_parallelism_modes = ("split_gather", "all_to_all")  # all_to_all: transformers 5's attention registry
-    sequence_parallel_dropouts = ("attn.resid_dropout", "mlp.dropout")
-
-    def sequence_parallel_heads(self):
+    def sequence(self):
         heads = self.model.config.n_head
-        return heads, heads
+        return SequenceSpec(
+            # Megatron sequence parallelism: norms, residuals and residual dropout on this rank's tokens;
+            # all_to_all: transformers 5's attention registry
+            modes=("split_gather", "all_to_all"),
+            dropouts=("attn.resid_dropout", "mlp.dropout"),
+            heads=(heads, heads),
+        )
 
     @property
     def base(self):
         return self.model.base_model
 
     def blocks(self):
-        return self.blocks_in(self.base.h)
+        return blocks_in(self.model, self.base.h)
 
     def postprocess(self):
         # GPT2LMHeadModel: the loss on the vocabulary slices while the logits are gathered
         defer_logits_gather(self.model, getattr(self.model, "lm_head", None))
         return self.model
 
-    def fusible_modules(self):
-        return self.in_blocks("mlp")  # c_fc, tanh-GeLU, c_proj, dropout: the GeLU's dozen ops fused
+    def kernels(self):
+        # c_fc, tanh-GeLU, c_proj, dropout: the GeLU's dozen ops fused
+        return KernelSpec(fusible=in_blocks(self.blocks(), "mlp"))
 
     def config_sanity_check(self) -> None:
         cfg, tp, name = self.model.config, self.tp_size, type(self.model).__name__
-        self.require_divisible(cfg.n_head, tp, "n_head", name)
-        self.require_divisible(cfg.n_inner or 4 * cfg.n_embd, tp, "n_inner (4 x n_embd by default)", name)
+        require_divisible(cfg.n_head, tp, "n_head", name)
+        require_divisible(cfg.n_inner or 4 * cfg.n_embd, tp, "n_inner (4 x n_embd by default)", name)
         if cfg.add_cross_attention:
             raise NotImplementedError(
                 f"{name}: shard-gpt2 does not shard cross-attention (add_cross_attention=True) yet; "
@@ -71,7 +75,7 @@ class GPT2Policy(HFStages, Policy):
     def module_policy(self):
         cfg, tp = self.model.config, self.tp_size
         heads, head_dim = cfg.n_head, cfg.n_embd // cfg.n_head
-        block_cls = self.block_type()
+        block_cls = block_type(self.blocks(), self.model)
         local = cfg.n_embd // tp
         policy = {
             block_cls: ModulePolicyDescription(

@@ -25,6 +25,16 @@ from shardcore import ModulePolicyDescription, Policy
 from shardcore.builders import attention, mlp, vocab_embedding, vocab_head
 from shardcore.integrations.hf.causal_lm_loss import defer_logits_gather, loss_on_head_slices
 from shardcore.integrations.hf.stages import HFStages
+from shardcore.plugin_api import (
+    KernelSpec,
+    SequenceSpec,
+    TensorParallelSpec,
+    block_type,
+    blocks_in,
+    in_blocks,
+    require_divisible,
+    require_kv_heads,
+)
 from shardcore.tensor_parallel import VocabParallelLMHead1D
 
 __all__ = ["LlamaForCausalLMPolicy", "LlamaForSequenceClassificationPolicy", "LlamaModelPolicy", "LlamaPolicy"]
@@ -33,21 +43,23 @@ __all__ = ["LlamaForCausalLMPolicy", "LlamaForSequenceClassificationPolicy", "Ll
 class LlamaPolicy(Policy):
     """Shared by every Llama-architecture head: shards the base model (``model.base_model``)."""
 
-    #: Megatron sequence parallelism (norms and residuals on this rank's slice of the sequence) and
-    #: Ulysses (each rank's tokens everywhere but attention, which an all-to-all turns to whole heads)
-    sequence_parallelism_modes = ("split_gather", "all_to_all", "ring_attn")
-    sequence_split_kwargs = ("position_embeddings",)  # rotary cos / sin along the sequence
-
-    def sequence_parallel_heads(self):
+    def sequence(self):
         heads, kv, _ = self._dims()
-        return heads, kv
+        return SequenceSpec(
+            # Megatron sequence parallelism (norms and residuals on this rank's slice of the sequence),
+            # Ulysses (each rank's tokens everywhere but attention, which an all-to-all turns to whole
+            # heads) and the ring (context parallelism)
+            modes=("split_gather", "all_to_all", "ring_attn"),
+            split_kwargs=("position_embeddings",),  # rotary cos / sin along the sequence
+            heads=(heads, kv),
+        )
 
     @property
     def base(self):
         return self.model.base_model
 
     def blocks(self):
-        return self.blocks_in(self.base.layers)
+        return blocks_in(self.model, self.base.layers)
 
     def _dims(self):
         cfg = self.model.config
@@ -55,25 +67,25 @@ class LlamaPolicy(Policy):
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
         return heads, kv, head_dim
 
-    def norm_classes(self):
-        return (type(self.base.norm),)  # LlamaRMSNorm / MistralRMSNorm / Qwen2RMSNorm: weight * x / rms(x)
-
-    def fusible_modules(self):
-        return self.in_blocks("mlp")  # down(silu(gate(x)) * up(x)): SwiGLU fused
+    def kernels(self):
+        return KernelSpec(
+            norm_classes=(type(self.base.norm),),  # LlamaRMSNorm / MistralRMSNorm / Qwen2RMSNorm: weight * x / rms(x)
+            fusible=in_blocks(self.blocks(), "mlp"),  # down(silu(gate(x)) * up(x)): SwiGLU fused
+        )
 
     def config_sanity_check(self) -> None:
         cfg, tp = self.model.config, self.tp_size
         name = type(self.model).__name__
         heads, kv, _ = self._dims()
-        self.require_divisible(heads, tp, "num_attention_heads", name)
-        self.require_divisible(cfg.intermediate_size, tp, "intermediate_size", name)
-        self.require_kv_heads(kv, heads, tp, name)
+        require_divisible(heads, tp, "num_attention_heads", name)
+        require_divisible(cfg.intermediate_size, tp, "intermediate_size", name)
+        require_kv_heads(kv, heads, tp, name)
 
     def module_policy(self):
         heads, kv, head_dim = self._dims()
         tp = self.tp_size
         local_kv = kv // tp if kv >= tp else 1
-        layer_cls = self.block_type()
+        layer_cls = block_type(self.blocks(), self.model)
         return {
             layer_cls: ModulePolicyDescription(
                 attribute_replacement={"self_attn.num_key_value_groups": (heads // tp) // local_kv},
@@ -97,9 +109,11 @@ class LlamaForCausalLMPolicy(HFStages, LlamaPolicy):
     """``*ForCausalLM``: the base model plus a vocab-parallel ``lm_head``; pipeline stages on the
     model's own forward (:class:`~shardcore.integrations.hf.stages.HFStages`)."""
 
-    supports_parallel_output = True  # vocab-split logits, vocab-parallel cross entropy
     first_ends = ("embed_tokens",)
     last_ends = ("norm",)
+
+    def tensor_parallel(self):
+        return TensorParallelSpec(parallel_output=True)  # vocab-split logits, vocab-parallel cross entropy
 
     def module_policy(self):
         policy = super().module_policy()

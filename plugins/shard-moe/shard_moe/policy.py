@@ -34,7 +34,17 @@ import attrs
 from shardcore import ModulePolicyDescription, Policy
 from shardcore.builders import attention, experts, mlp, vocab_embedding, vocab_head
 from shardcore.data_parallel import native_class
-from shardcore.expert_parallel.experts import ExpertsEP
+from shardcore.plugin_api import (
+    CheckpointSpec,
+    ExpertSpec,
+    StackedParts,
+    TensorParallelSpec,
+    block_type,
+    blocks_in,
+    defer_logits_gather,
+    require_divisible,
+    require_kv_heads,
+)
 from shardcore.policy import SubModuleReplacementDescription as Sub
 from shardcore.tensor_parallel import SplitRMSNorm
 
@@ -50,14 +60,12 @@ def _optional(subs: list[Sub]) -> list[Sub]:
 class MoePolicy(Policy):
     """Shared by every head: shards the base model (``model.base_model``)."""
 
-    supports_expert_parallel = True
-
     @property
     def base(self):
         return self.model.base_model
 
     def blocks(self):
-        return self.blocks_in(self.base.layers)
+        return blocks_in(self.model, self.base.layers)
 
     def _norms_span_heads(self) -> bool:
         """OLMoE's ``q_norm`` / ``k_norm`` normalize the projection over every head (Qwen3's: each head)."""
@@ -74,8 +82,8 @@ class MoePolicy(Policy):
         cfg, tp = self.model.config, self.tp_size
         name = type(self.model).__name__
         heads, kv, _ = self._dims()
-        self.require_divisible(heads, tp, "num_attention_heads", name)
-        self.require_kv_heads(kv, heads, tp, name)
+        require_divisible(heads, tp, "num_attention_heads", name)
+        require_kv_heads(kv, heads, tp, name)
         layouts = {type(m).__name__ for n, m in self.model.named_modules() if n.endswith(".experts")}
         unfused = [
             m for n, m in self.model.named_modules() if n.endswith(".experts") and not hasattr(m, "gate_up_proj")
@@ -90,7 +98,7 @@ class MoePolicy(Policy):
             )
         experts = getattr(cfg, "num_local_experts", None) or getattr(cfg, "num_experts", None)
         ep = self.shard_config.expert_parallel_size
-        self.require_divisible(experts, tp, "num_experts", name)
+        require_divisible(experts, tp, "num_experts", name)
         if experts % (ep * tp):
             raise ValueError(
                 f"{name}: num_experts={experts} do not split over expert_parallel_size={ep} x "
@@ -99,7 +107,7 @@ class MoePolicy(Policy):
         for field in ("intermediate_size", "shared_expert_intermediate_size"):
             size = getattr(cfg, field, None)
             if size:
-                self.require_divisible(size, tp, field, name)
+                require_divisible(size, tp, field, name)
         if self._norms_span_heads() and kv % tp:
             raise ValueError(
                 f"{name}: k_norm normalizes the keys over every key/value head, which are not replicated across "
@@ -121,12 +129,16 @@ class MoePolicy(Policy):
         local_kv = kv // tp if kv >= tp else 1
         split = experts("mlp.experts", self.shard_config, self.layout)  # the core picks the layer
         if self.shard_config.expert_parallel_size > 1 and tp == 1:  # the experts alone: the rest whole, data-parallel
-            return {self.block_type(): ModulePolicyDescription(sub_module_replacement=_optional([split]))}
+            return {
+                block_type(self.blocks(), self.model): ModulePolicyDescription(
+                    sub_module_replacement=_optional([split])
+                )
+            }
         dense = mlp("mlp", ("gate_proj", "up_proj"), "down_proj")  # each column layer copies its input
         shared = mlp("mlp.shared_expert", ("gate_proj", "up_proj"), "down_proj")
         norms = [Sub(suffix=f"self_attn.{n}", target_module=SplitRMSNorm) for n in ("q_norm", "k_norm")]
         return {
-            self.block_type(): ModulePolicyDescription(
+            block_type(self.blocks(), self.model): ModulePolicyDescription(
                 attribute_replacement={"self_attn.num_key_value_groups": (heads // tp) // local_kv},
                 sub_module_replacement=attention("self_attn", heads, head_dim, kv_heads=kv)
                 + (norms if self._norms_span_heads() else [])
@@ -139,19 +151,33 @@ class MoePolicy(Policy):
             ),
         }
 
-    def checkpoint_names(self, names: list[str]) -> dict[str, str]:
+    def experts(self):
+        from .balance import over_global_batch
+
+        return ExpertSpec(supported=True, balance=lambda gather: over_global_batch(self.model, gather))
+
+    def tensor_parallel(self):
+        """Replicated weights that each rank applies to its own heads only (Qwen3's per-head
+        ``q_norm`` / ``k_norm``): each rank's gradient is its heads' share, summed over the group."""
+        if self._norms_span_heads():  # split with the heads (SplitRMSNorm), not replicated
+            return TensorParallelSpec()
+        norms = ("self_attn.q_norm.weight", "self_attn.k_norm.weight")
+        return TensorParallelSpec(grad_sum=[n for n, _ in self.model.named_parameters() if n.endswith(norms)])
+
+    def checkpoints(self):
+        return CheckpointSpec(names=self._checkpoint_names, parts=self._checkpoint_parts)
+
+    def _checkpoint_names(self, names: list[str]) -> dict[str, str]:
         """Mixtral's checkpoints keep the sparse block under its original name, ``block_sparse_moe``."""
         if native_class(self.model).__name__.startswith("Mixtral"):
             return {n: n.replace(".mlp.gate.", ".block_sparse_moe.gate.") for n in names if ".mlp.gate." in n}
         return {}
 
-    def checkpoint_parts(self, names: list[str]) -> dict:
+    def _checkpoint_parts(self, names: list[str]) -> dict:
         """transformers 5 writes the fused experts one tensor per expert (Mixtral: ``w1`` the gate,
         ``w3`` the up projection, ``w2`` the down projection under ``block_sparse_moe``; Qwen:
         ``gate_proj`` / ``up_proj`` / ``down_proj`` under ``mlp.experts.<e>``) and fuses them when
         loading: shard-on-read reads each rank's experts from those pieces."""
-        from shardcore.checkpoint.parts import StackedParts
-
         cfg = self.model.config
         experts = getattr(cfg, "num_local_experts", None) or cfg.num_experts
         mixtral = native_class(self.model).__name__.startswith("Mixtral")
@@ -173,31 +199,6 @@ class MoePolicy(Policy):
                 )
         return out
 
-    @property
-    def grad_sum_parameters(self) -> list[str]:
-        """Replicated weights that each rank applies to its own heads only (Qwen3's per-head
-        ``q_norm`` / ``k_norm``): each rank's gradient is its heads' share, summed over the group."""
-        if self._norms_span_heads():  # split with the heads (SplitRMSNorm), not replicated
-            return []
-        norms = ("self_attn.q_norm.weight", "self_attn.k_norm.weight")
-        return [n for n, _ in self.model.named_parameters() if n.endswith(norms)]
-
-    def balance_over_global_batch(self, gather) -> None:
-        from .balance import over_global_batch
-
-        over_global_batch(self.model, gather)
-
-    def postprocess(self):
-        from shardcore.tensor_parallel import ParallelModule, sum_gradients_over_group
-
-        if self.tp_size == 1:  # expert parallelism alone: nothing tensor-parallel
-            return self.model
-        tp_layers = (m for m in self.model.modules() if isinstance(m, ParallelModule) and not isinstance(m, ExpertsEP))
-        group = next(m.process_group for m in tp_layers)
-        params = dict(self.model.named_parameters())
-        sum_gradients_over_group({name: params[name] for name in self.grad_sum_parameters}, group)
-        return self.model
-
 
 class MoeModelPolicy(MoePolicy):
     """``MixtralModel`` / ``Qwen2MoeModel`` / ``Qwen3MoeModel``: the decoder stack alone."""
@@ -216,8 +217,6 @@ class MoeForCausalLMPolicy(MoePolicy):
         return policy
 
     def postprocess(self):
-        from shardcore.losses import defer_logits_gather
-
         model = super().postprocess()
         if self.tp_size == 1:
             return model

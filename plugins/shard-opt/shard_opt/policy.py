@@ -16,6 +16,7 @@ from __future__ import annotations
 from shardcore import ModulePolicyDescription, Policy
 from shardcore.builders import attention, mlp, vocab_embedding, vocab_head
 from shardcore.integrations.hf.stages import HFStages
+from shardcore.plugin_api import block_type, blocks_in, require_divisible
 
 __all__ = ["OPTPolicy"]
 
@@ -35,13 +36,13 @@ class OPTPolicy(HFStages, Policy):
 
     def blocks(self):
         """The decoder layers, in order (pipeline stages, FSDP and the kit use this list)."""
-        return self.blocks_in(self.base.decoder.layers)
+        return blocks_in(self.model, self.base.decoder.layers)
 
     def config_sanity_check(self) -> None:
         """Every reason the model cannot be sharded at ``self.tp_size``, raised before any collective."""
         cfg, name = self.model.config, type(self.model).__name__
-        self.require_divisible(cfg.num_attention_heads, self.tp_size, "num_attention_heads", name)
-        self.require_divisible(cfg.ffn_dim, self.tp_size, "ffn_dim", name)
+        require_divisible(cfg.num_attention_heads, self.tp_size, "num_attention_heads", name)
+        require_divisible(cfg.ffn_dim, self.tp_size, "ffn_dim", name)
 
     def module_policy(self):
         cfg, tp = self.model.config, self.tp_size
@@ -49,7 +50,7 @@ class OPTPolicy(HFStages, Policy):
         head_dim = cfg.hidden_size // heads
         names = ("q_proj", "k_proj", "v_proj", "out_proj")
         policy = {
-            self.block_type(): ModulePolicyDescription(
+            block_type(self.blocks(), self.model): ModulePolicyDescription(
                 attribute_replacement={"self_attn.num_heads": heads // tp},  # the attention's view() reads it
                 sub_module_replacement=attention("self_attn", heads, head_dim, names=names) + mlp("", ("fc1",), "fc2"),
                 enter_tp_region=["self_attn"],  # q, k, v read one tensor: one backward all-reduce for the three

@@ -5,7 +5,7 @@
   ``num_attention_heads`` set to this rank's; the MLP's ``lin1`` column and ``lin2`` row parallel.
   The relative positions (``rel_pos_h`` / ``rel_pos_w``, one table for every head) stay
   replicated: each rank applies them to its own heads' queries, so its gradient is its heads'
-  share, and a hook sums it over the group (``grad_sum_parameters``), as the unsharded model's
+  share, and a hook sums it over the group (``TensorParallelSpec.grad_sum``), as the unsharded model's
   single table gets the sum over every head.
 * **Mask decoder**, in every two-way block and the final token-to-image attention: ``q_proj``,
   ``k_proj``, ``v_proj`` column parallel by heads (query, key and value read different tensors:
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from shardcore import ModulePolicyDescription, Policy
 from shardcore.builders import attention, mlp, packed_attention
+from shardcore.plugin_api import TensorParallelSpec, blocks_in, require_divisible
 
 __all__ = ["SamPolicy"]
 
@@ -45,20 +46,20 @@ class SamPolicy(Policy):
         return self.model.mask_decoder.transformer
 
     def blocks(self):
-        return self.blocks_in(self._vision.layers, self._two_way.layers)
+        return blocks_in(self.model, self._vision.layers, self._two_way.layers)
 
     def config_sanity_check(self) -> None:
         name, tp, cfg = type(self.model).__name__, self.tp_size, self.model.config
         vision, decoder = cfg.vision_config, cfg.mask_decoder_config
-        self.require_divisible(vision.num_attention_heads, tp, "vision_config.num_attention_heads", name)
-        self.require_divisible(vision.mlp_dim, tp, "vision_config.mlp_dim", name)
-        self.require_divisible(decoder.num_attention_heads, tp, "mask_decoder_config.num_attention_heads", name)
-        self.require_divisible(decoder.mlp_dim, tp, "mask_decoder_config.mlp_dim", name)
+        require_divisible(vision.num_attention_heads, tp, "vision_config.num_attention_heads", name)
+        require_divisible(vision.mlp_dim, tp, "vision_config.mlp_dim", name)
+        require_divisible(decoder.num_attention_heads, tp, "mask_decoder_config.num_attention_heads", name)
+        require_divisible(decoder.mlp_dim, tp, "mask_decoder_config.mlp_dim", name)
 
-    @property
-    def grad_sum_parameters(self) -> list[str]:
+    def tensor_parallel(self):
         """The image encoder's relative-position tables: replicated, applied by each rank to its heads."""
-        return [n for n, _ in self.model.named_parameters() if n.endswith(("attn.rel_pos_h", "attn.rel_pos_w"))]
+        tables = ("attn.rel_pos_h", "attn.rel_pos_w")
+        return TensorParallelSpec(grad_sum=[n for n, _ in self.model.named_parameters() if n.endswith(tables)])
 
     def module_policy(self):
         tp = self.tp_size
@@ -86,12 +87,3 @@ class SamPolicy(Policy):
             attribute_replacement=final_attrs, sub_module_replacement=final_subs
         )
         return policy
-
-    def postprocess(self):
-        """Sum the relative-position tables' gradients over the group (each rank's is its heads' share)."""
-        from shardcore.tensor_parallel import sum_gradients_over_group
-
-        params = dict(self.model.named_parameters())
-        names = self.grad_sum_parameters
-        sum_gradients_over_group({n: params[n] for n in names}, self._vision.layers[0].attn.proj.process_group)
-        return self.model

@@ -34,6 +34,7 @@ from torch import nn
 from shardcore import ModulePolicyDescription, Policy
 from shardcore import SubModuleReplacementDescription as Sub
 from shardcore.builders import attention, mlp, vocab_embedding, vocab_head
+from shardcore.plugin_api import blocks_in, require_divisible
 from shardcore.tensor_parallel import ColumnParallelEmbedding1D
 
 __all__ = ["T5Policy"]
@@ -50,7 +51,7 @@ class T5Policy(Policy):
 
     def blocks(self):
         """Encoder blocks, then decoder blocks (those present)."""
-        return self.blocks_in(*(stack.block for stack in self._stacks()))
+        return blocks_in(self.model, *(stack.block for stack in self._stacks()))
 
     def _dims(self) -> tuple[int, int, int]:
         cfg = self.model.config
@@ -63,8 +64,8 @@ class T5Policy(Policy):
         """Heads and the feed-forward width must divide the group; checked on every rank before any collective."""
         name = type(self.model).__name__
         heads, _, d_ff = self._dims()
-        self.require_divisible(heads, self.tp_size, "num_heads", name)
-        self.require_divisible(d_ff, self.tp_size, "d_ff", name)
+        require_divisible(heads, self.tp_size, "num_heads", name)
+        require_divisible(d_ff, self.tp_size, "d_ff", name)
         if not self._stacks():
             raise ValueError(f"{name}: no T5 stack (a module with a 'block' list) found to shard")
 

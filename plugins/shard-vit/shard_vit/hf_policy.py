@@ -22,6 +22,16 @@ from torch import nn
 from shardcore import ModulePolicyDescription, Policy
 from shardcore.builders import attention, mlp
 from shardcore.losses import classification_items, classification_loss
+from shardcore.plugin_api import (
+    CheckpointSpec,
+    KernelSpec,
+    PipelineSpec,
+    SequenceSpec,
+    block_type,
+    blocks_in,
+    in_blocks,
+    require_divisible,
+)
 
 __all__ = ["HFViTPolicy"]
 
@@ -45,45 +55,49 @@ def _is_v4_layer(module) -> bool:
 
 
 class HFViTPolicy(Policy):
-    #: Megatron sequence parallelism and Ulysses (transformers 5's attention registry) over the
-    #: tokens: the class (and distillation) token and the patches. ViT's 1 + n*n tokens divide by 2
-    #: for odd n and never by 4; DeiT's 2 + n*n by 2 for even n: a length the group does not divide
-    #: runs unsplit (plain tensor parallelism). No ring_attn: 2 x sp chunks would need 4 | tokens.
-    sequence_parallelism_modes = ("split_gather", "all_to_all")
-    #: the residual dropout (transformers 5: the layer's one ``dropout``, applied after attention
-    #: and after the MLP; 4.x: the attention output's and the output's)
-    sequence_parallel_dropouts = ("dropout", "attention.output.dropout", "output.dropout")
-
-    def sequence_parallel_heads(self):
+    def sequence(self):
+        """Megatron sequence parallelism and Ulysses (transformers 5's attention registry) over the
+        tokens: the class (and distillation) token and the patches. ViT's 1 + n*n tokens divide by 2
+        for odd n and never by 4; DeiT's 2 + n*n by 2 for even n: a length the group does not divide
+        runs unsplit (plain tensor parallelism). No ring_attn: 2 x sp chunks would need 4 | tokens."""
         heads = self.model.config.num_attention_heads
-        return heads, heads
+        return SequenceSpec(
+            modes=("split_gather", "all_to_all"),
+            # the residual dropout (transformers 5: the layer's one ``dropout``, applied after attention
+            # and after the MLP; 4.x: the attention output's and the output's)
+            dropouts=("dropout", "attention.output.dropout", "output.dropout"),
+            heads=(heads, heads),
+        )
 
     def blocks(self):
         """The layer stack: the first ``ModuleList`` of layers with ``attention`` and ``mlp`` (its
         place differs between transformers versions: ``vit.layers`` or ``vit.encoder.layer``)."""
         for module in self.model.modules():
             if isinstance(module, nn.ModuleList) and module and all(_is_layer(m) for m in module):
-                return self.blocks_in(module)
+                return blocks_in(self.model, module)
         raise ValueError(
             f"{type(self.model).__name__}: no ViT layers found (attention.q_proj + mlp.fc1 in transformers 5, "
             "attention.attention.query + intermediate.dense in 4.x)"
         )
 
-    def fusible_modules(self):
+    def kernels(self):
         # transformers 5: mlp (fc1, GeLU, fc2); 4.x: intermediate (bias + GeLU), output (bias + dropout + residual)
-        return self.in_blocks("mlp", "intermediate", "output")
+        return KernelSpec(fusible=in_blocks(self.blocks(), "mlp", "intermediate", "output"))
 
     def _layer_cls(self) -> type:
-        layer_cls = self.block_type()
+        layer_cls = block_type(self.blocks(), self.model)
         return layer_cls
 
     def config_sanity_check(self) -> None:
         cfg, name = self.model.config, type(self.model).__name__
-        self.require_divisible(cfg.num_attention_heads, self.tp_size, "num_attention_heads", name)
-        self.require_divisible(cfg.intermediate_size, self.tp_size, "intermediate_size", name)
+        require_divisible(cfg.num_attention_heads, self.tp_size, "num_attention_heads", name)
+        require_divisible(cfg.intermediate_size, self.tp_size, "intermediate_size", name)
         self._layer_cls()
 
-    def checkpoint_names(self, names: list[str]) -> dict[str, str]:
+    def checkpoints(self):
+        return CheckpointSpec(names=self._checkpoint_names)
+
+    def _checkpoint_names(self, names: list[str]) -> dict[str, str]:
         """transformers 5 saves ViT/DeiT under their legacy names (``encoder.layer.0.attention.
         attention.query``): map ours onto them with transformers' own conversion mapping. Under
         4.x the module names are the checkpoint names."""
@@ -133,8 +147,19 @@ class HFViTPolicy(Policy):
 
     # -- pipeline parallelism (image classification) -------------------------------------------
 
+    def pipeline(self):
+        return PipelineSpec(
+            ends=self._pp_ends(),
+            inputs=self._pp_inputs,
+            stage_forward=self._pp_stage_forward,
+            output=self._pp_output,
+            num_items=self._pp_num_items,
+            loss=self._pp_loss,
+            block_returns_tuple=self._pp_block_returns_tuple,
+        )
+
     @property
-    def pipeline_block_returns_tuple(self) -> bool:
+    def _pp_block_returns_tuple(self) -> bool:
         return _is_v4_layer(self.blocks()[0][1])  # transformers 4.x layers return (hidden, ...)
 
     def _base_path(self) -> str:
@@ -143,14 +168,14 @@ class HFViTPolicy(Policy):
             raise NotImplementedError(f"pipeline stages are built for *ForImageClassification, not {name}")
         return next(n for n, m in self.model.named_modules() if m is self.model.base_model)
 
-    def pipeline_ends(self):
+    def _pp_ends(self):
         pre = self._base_path() + "."
         ends = {f"{pre}embeddings": "first", f"{pre}layernorm": "last", "classifier": "last"}
         if getattr(self.model.base_model, "pooler", None) is not None:
             ends[f"{pre}pooler"] = "last"
         return ends
 
-    def pipeline_inputs(self, batch, training=True):
+    def _pp_inputs(self, batch, training=True):
         batch = {k: v for k, v in batch.items() if v is not None and (training or k != "return_dict")}
         if (
             set(batch) - {"pixel_values", "labels"}
@@ -163,19 +188,19 @@ class HFViTPolicy(Policy):
             )
         return (batch["pixel_values"],), batch.get("labels")
 
-    def pipeline_stage_forward(self, inputs, *, first, last):
+    def _pp_stage_forward(self, inputs, *, first, last):
         (x,) = inputs  # pixel values on the first stage, hidden states after it
         if last:
             return self.model(pixel_values=x).logits
         return self.model.base_model(pixel_values=x).last_hidden_state
 
-    def pipeline_num_items(self, labels):
+    def _pp_num_items(self, labels):
         return classification_items(self.model.config, labels)
 
-    def pipeline_loss(self, output, labels, num_items):
+    def _pp_loss(self, output, labels, num_items):
         return classification_loss(self.model.config, output, labels, num_items)
 
-    def pipeline_output(self, output, loss):
+    def _pp_output(self, output, loss):
         from transformers.modeling_outputs import ImageClassifierOutput
 
         return ImageClassifierOutput(loss=loss, logits=output)

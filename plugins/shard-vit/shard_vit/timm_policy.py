@@ -21,6 +21,7 @@ from torch import nn
 
 from shardcore import ModulePolicyDescription, Policy
 from shardcore.builders import mlp, packed_attention
+from shardcore.plugin_api import KernelSpec, PipelineSpec, SequenceSpec, blocks_in, in_blocks, require_divisible
 
 __all__ = ["TimmViTPolicy"]
 
@@ -30,23 +31,36 @@ def _is_identity(module) -> bool:
 
 
 class TimmViTPolicy(Policy):
-    #: Megatron sequence parallelism over the tokens (class / register tokens and patches; a length
-    #: the group does not divide runs unsplit). No Ulysses: timm's attention calls
-    #: ``F.scaled_dot_product_attention`` itself, with no registry to route it through.
-    sequence_parallelism_modes = ("split_gather",)
-    #: the dropouts after the row-parallel projections: on this rank's tokens when split
-    sequence_parallel_dropouts = ("attn.proj_drop", "mlp.drop2")
+    def sequence(self):
+        """Megatron sequence parallelism over the tokens (class / register tokens and patches; a length
+        the group does not divide runs unsplit). No Ulysses: timm's attention calls
+        ``F.scaled_dot_product_attention`` itself, with no registry to route it through."""
+        # the dropouts after the row-parallel projections: on this rank's tokens when split
+        return SequenceSpec(modes=("split_gather",), dropouts=("attn.proj_drop", "mlp.drop2"))
 
     def blocks(self):
         blocks = getattr(self.model, "blocks", None)
         if not blocks:
             raise ValueError(f"{type(self.model).__name__}: no transformer blocks to shard")
-        return self.blocks_in(blocks)
+        return blocks_in(self.model, blocks)
 
     def _block(self):
         return self.blocks()[0][1]
 
-    def set_attention_backend(self, backend: str) -> str:
+    def kernels(self):
+        # timm's LayerNorm subclasses nn.LayerNorm and computes F.layer_norm (unless timm's fast_norm
+        # is switched on, which shardcore then replaces by the same kernel choice). Fused: fc1, GeLU,
+        # fc2 (bias + GeLU); an MLP whose hidden dropout draws (p > 0) stays eager: that dropout runs
+        # on a per-rank random stream, which a compiled graph would not keep.
+        return KernelSpec(
+            norm_classes=tuple({type(m) for m in self.model.modules() if isinstance(m, nn.LayerNorm)}),
+            fusible=[
+                (n, m) for n, m in in_blocks(self.blocks(), "mlp") if getattr(getattr(m, "drop1", None), "p", 0) == 0
+            ],
+            attention_backend=self._attention_backend,
+        )
+
+    def _attention_backend(self, backend: str) -> str:
         """timm's own switch: every attention with ``fused_attn`` runs ``F.scaled_dot_product_attention``
         (on CUDA in fp16/bf16 torch picks its flash kernel itself; timm has no flash-attn path)."""
         count = 0
@@ -56,16 +70,6 @@ class TimmViTPolicy(Policy):
         if not count:
             raise NotImplementedError(f"timm {type(self.model).__name__}: no attention with fused_attn to switch")
         return "sdpa (timm fused_attn)"
-
-    def norm_classes(self):
-        # timm's LayerNorm subclasses nn.LayerNorm and computes F.layer_norm (unless timm's fast_norm
-        # is switched on, which shardcore then replaces by the same kernel choice)
-        return tuple({type(m) for m in self.model.modules() if isinstance(m, nn.LayerNorm)})
-
-    def fusible_modules(self):
-        # fc1, GeLU, fc2: bias + GeLU fused. An MLP whose hidden dropout draws (p > 0) stays eager:
-        # that dropout runs on a per-rank random stream, which a compiled graph would not keep.
-        return [(n, m) for n, m in self.in_blocks("mlp") if getattr(getattr(m, "drop1", None), "p", 0) == 0]
 
     def config_sanity_check(self) -> None:
         name = f"timm {type(self.model).__name__}"
@@ -92,8 +96,8 @@ class TimmViTPolicy(Policy):
             raise NotImplementedError(
                 f"{name}: {', '.join(unsupported)} inside attention/MLP is not supported under TP yet"
             )
-        self.require_divisible(attn.num_heads, self.tp_size, "num_heads", name)
-        self.require_divisible(mlp.fc1.out_features, self.tp_size, "mlp hidden features", name)
+        require_divisible(attn.num_heads, self.tp_size, "num_heads", name)
+        require_divisible(mlp.fc1.out_features, self.tp_size, "mlp hidden features", name)
 
     def module_policy(self):
         block = self._block()
@@ -113,7 +117,17 @@ class TimmViTPolicy(Policy):
 
     # -- pipeline parallelism (classification) ---------------------------------------------------
 
-    def pipeline_ends(self):
+    def pipeline(self):
+        return PipelineSpec(
+            ends=self._pp_ends(),
+            inputs=self._pp_inputs,
+            stage_forward=self._pp_stage_forward,
+            output=self._pp_output,
+            num_items=self._pp_num_items,
+            loss=self._pp_loss,
+        )
+
+    def _pp_ends(self):
         model = self.model
         first = [
             n for n in ("patch_embed", "pos_drop", "patch_drop", "norm_pre") if getattr(model, n, None) is not None
@@ -122,7 +136,7 @@ class TimmViTPolicy(Policy):
         last = [n for n in ("norm", "fc_norm", "attn_pool", "head_drop", "head") if getattr(model, n, None) is not None]
         return {**dict.fromkeys(first, "first"), **dict.fromkeys(last, "last")}
 
-    def pipeline_inputs(self, batch, training=True):
+    def _pp_inputs(self, batch, training=True):
         batch = {k: v for k, v in batch.items() if v is not None}
         if set(batch) - {"x", "labels"} or "x" not in batch or (training and "labels" not in batch):
             raise ValueError(
@@ -131,7 +145,7 @@ class TimmViTPolicy(Policy):
             )
         return (batch["x"],), batch.get("labels")
 
-    def pipeline_stage_forward(self, inputs, *, first, last):
+    def _pp_stage_forward(self, inputs, *, first, last):
         (x,) = inputs  # images on the first stage, tokens after it
         model = self.model
         if first:  # later blocks and the final norm are holes here
@@ -139,13 +153,13 @@ class TimmViTPolicy(Policy):
         x = model.blocks(x)  # this stage's blocks; the others are holes
         return model.forward_head(model.norm(x)) if last else x
 
-    def pipeline_num_items(self, labels):
+    def _pp_num_items(self, labels):
         return labels.shape[0]
 
-    def pipeline_loss(self, output, labels, num_items):
+    def _pp_loss(self, output, labels, num_items):
         import torch.nn.functional as F
 
         return F.cross_entropy(output, labels, reduction="sum") / num_items
 
-    def pipeline_output(self, output, loss):
+    def _pp_output(self, output, loss):
         return output  # timm returns the logits

@@ -33,6 +33,7 @@ from torch import nn
 from shardcore import ModulePolicyDescription, Policy
 from shardcore.builders import attention, mlp, vocab_embedding, vocab_head
 from shardcore.losses import token_items, token_loss
+from shardcore.plugin_api import PipelineSpec, SequenceSpec, blocks_in, require_divisible
 
 __all__ = ["WhisperPolicy"]
 
@@ -54,27 +55,40 @@ class WhisperPolicy(Policy):
 
     def blocks(self):
         """Encoder layers, then decoder layers (those present)."""
-        return self.blocks_in(*(stack.layers for stack in self._stacks()))
+        return blocks_in(self.model, *(stack.layers for stack in self._stacks()))
 
     # -- sequence parallelism: the encoder's frames ----------------------------------------------
 
-    #: Megatron sequence parallelism over the encoder's frames (1500 in every released Whisper,
-    #: which 2, 4 and 5 divide). The decoder runs as plain tensor parallelism: its tokens are few,
-    #: and its cross-attention reads the encoder's whole output.
-    sequence_parallelism_modes = ("split_gather",)
-    #: the whole encoder layer on the per-rank stream while split: its residual and activation
-    #: dropouts are functional (no module to name), its attention's is per rank already
-    sequence_parallel_dropouts = ("",)
-
-    def sequence_parallel_regions(self):
-        """The encoder's layers (where present): split at the first, gathered after the last."""
+    def sequence(self):
+        """Megatron sequence parallelism over the encoder's frames (1500 in every released Whisper,
+        which 2, 4 and 5 divide), split at its first layer and gathered after its last. The decoder
+        runs as plain tensor parallelism: its tokens are few, and its cross-attention reads the
+        encoder's whole output."""
         encoders = [stack for stack in self._stacks() if not hasattr(stack, "embed_tokens")]
-        return [self.blocks_in(encoders[0].layers)] if encoders else []
+        return SequenceSpec(
+            modes=("split_gather",),
+            # the whole encoder layer on the per-rank stream while split: its residual and activation
+            # dropouts are functional (no module to name), its attention's is per rank already
+            dropouts=("",),
+            regions=[blocks_in(self.model, encoders[0].layers)] if encoders else [],
+        )
 
     # -- pipeline parallelism (conditional generation) -------------------------------------------
 
+    def pipeline(self):
+        return PipelineSpec(
+            ends=self._pp_ends(),
+            zero_ends=self._pp_zero_ends(),
+            inputs=self._pp_inputs,
+            stage_forward=self._pp_stage_forward,
+            output=self._pp_output,
+            num_items=self._pp_num_items,
+            loss=self._pp_loss,
+            generate_refusal=self._pp_generate_unsupported,
+        )
+
     #: generate() computes the encoder output outside the model's forward: not through stages yet
-    pipeline_generate_unsupported = (
+    _pp_generate_unsupported = (
         "generate() of an encoder-decoder runs the encoder outside the model's forward, which the pipeline "
         "cannot route yet"
     )
@@ -90,7 +104,7 @@ class WhisperPolicy(Policy):
             )
         return self._stacks()
 
-    def pipeline_ends(self):
+    def _pp_ends(self):
         encoder, decoder = self._encoder_decoder()
         paths = {id(m): n for n, m in self.model.named_modules()}
         enc, dec, n_enc = paths[id(encoder)], paths[id(decoder)], len(encoder.layers)
@@ -107,12 +121,12 @@ class WhisperPolicy(Policy):
             "proj_out": "last",
         }
 
-    def pipeline_zero_ends(self):
+    def _pp_zero_ends(self):
         encoder, decoder = self._encoder_decoder()
         paths = {id(m): n for n, m in self.model.named_modules()}
         return {f"{paths[id(encoder)]}.embed_positions", f"{paths[id(decoder)]}.embed_positions"}
 
-    def pipeline_inputs(self, batch, training=True):
+    def _pp_inputs(self, batch, training=True):
         batch = {
             k: v for k, v in batch.items() if v is not None and (training or k not in ("return_dict", "use_cache"))
         }
@@ -133,7 +147,7 @@ class WhisperPolicy(Policy):
             ids = shift(labels, cfg.pad_token_id, cfg.decoder_start_token_id)
         return (batch["input_features"], ids), labels
 
-    def pipeline_stage_forward(self, inputs, *, first, last):
+    def _pp_stage_forward(self, inputs, *, first, last):
         from shardcore.pipeline import PipelineHole
 
         encoder, decoder = self._encoder_decoder()
@@ -180,13 +194,13 @@ class WhisperPolicy(Policy):
             handle.remove()
             encoder.dropout = saved
 
-    def pipeline_num_items(self, labels):
+    def _pp_num_items(self, labels):
         return token_items(labels)
 
-    def pipeline_loss(self, output, labels, num_items):
+    def _pp_loss(self, output, labels, num_items):
         return token_loss(output[0], labels, num_items)  # (logits, encoder output)
 
-    def pipeline_output(self, output, loss, encoder_output=None):
+    def _pp_output(self, output, loss, encoder_output=None):
         from transformers.modeling_outputs import Seq2SeqLMOutput
 
         return Seq2SeqLMOutput(loss=loss, logits=output, encoder_last_hidden_state=encoder_output)
@@ -208,8 +222,8 @@ class WhisperPolicy(Policy):
         checks = [("encoder_attention_heads", "encoder_ffn_dim")] if encoder else []
         checks += [("decoder_attention_heads", "decoder_ffn_dim")] if decoder else []
         for heads, ffn in checks:
-            self.require_divisible(getattr(cfg, heads), tp, heads, name)
-            self.require_divisible(getattr(cfg, ffn), tp, ffn, name)
+            require_divisible(getattr(cfg, heads), tp, heads, name)
+            require_divisible(getattr(cfg, ffn), tp, ffn, name)
         config = self.shard_config
         if config.enable_sequence_parallelism and config.pipeline_parallel_size > 1:
             raise NotImplementedError(

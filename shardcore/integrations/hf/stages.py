@@ -5,7 +5,8 @@ stage takes ``input_ids``, later stages take the previous stage's hidden states 
 ``inputs_embeds``, and the last calls the whole model so that its own head (and any scaling or
 soft cap it applies) produces the logits. The small inputs every stage needs (the attention mask,
 positions or token types) travel with the hidden states. A policy mixes :class:`HFStages` in
-before :class:`~shardcore.Policy` and says, as data, what differs for its family:
+before :class:`~shardcore.Policy` (its :meth:`~HFStages.pipeline` is the policy's) and says, as data,
+what differs for its family:
 
 .. code-block:: python
 
@@ -27,6 +28,7 @@ import torch
 from torch import nn
 
 from ...losses import classification_items, classification_loss, token_items, token_loss
+from ...spec import PipelineSpec
 
 __all__ = ["HFStages", "base_path"]
 
@@ -59,7 +61,10 @@ def _unused(value) -> bool:
 
 
 class HFStages:
-    """The pipeline hooks of :class:`~shardcore.Policy` for a HuggingFace model (see the module)."""
+    """The :class:`~shardcore.spec.PipelineSpec` of a HuggingFace model (see the module): :meth:`pipeline`."""
+
+    #: why ``generate()`` cannot run through the stages (``None``: it can)
+    stage_generate_refusal: str | None = None
 
     #: inputs besides ``input_ids`` that travel with the hidden states, each with its default
     #: (``"ones"``, ``"zeros"``, ``"arange"``) when the batch leaves it out
@@ -88,6 +93,19 @@ class HFStages:
     #: the ``transformers.modeling_outputs`` class a forward through the pipeline returns
     stage_output: str = "CausalLMOutputWithPast"
 
+    def pipeline(self) -> PipelineSpec:
+        """The stages on the model's own forward, from the data above."""
+        return PipelineSpec(
+            ends=self._pp_ends(),
+            zero_ends=self._pp_zero_ends(),
+            inputs=self._pp_inputs,
+            stage_forward=self._pp_forward,
+            output=self._pp_output,
+            num_items=self._pp_num_items,
+            loss=self._pp_loss,
+            generate_refusal=self.stage_generate_refusal,
+        )
+
     def _head(self) -> str:
         for head in self.heads:
             if isinstance(getattr(self.model, head, None), nn.Module):
@@ -97,7 +115,7 @@ class HFStages:
             f"head, not {type(self.model).__name__}"
         )
 
-    def pipeline_ends(self) -> dict[str, str | int]:
+    def _pp_ends(self) -> dict[str, str | int]:
         head, pre = self._head(), base_path(self.model, self.base)
         # optional modules (a projection or a pooler the model was built without) may be absent, at either end
         ends: dict[str, str | int] = {f"{pre}{name}": "first" for name in self.first_ends if _present(self.base, name)}
@@ -105,11 +123,11 @@ class HFStages:
         ends[head] = "last"
         return ends
 
-    def pipeline_zero_ends(self) -> set[str]:
+    def _pp_zero_ends(self) -> set[str]:
         pre = base_path(self.model, self.base)
         return {f"{pre}{name}" for name in self.zero_ends}
 
-    def pipeline_inputs(self, batch: dict, training: bool = True) -> tuple[tuple, Any]:
+    def _pp_inputs(self, batch: dict, training: bool = True) -> tuple[tuple, Any]:
         batch = dict(batch)
         if not training:  # a None argument is the model's default: nothing to hand through
             batch = {k: v for k, v in batch.items() if v is not None}
@@ -131,7 +149,7 @@ class HFStages:
         rest = [batch[k] if batch.get(k) is not None else _DEFAULTS[d](ids) for k, d in self.stage_inputs.items()]
         return (ids, *rest), batch.get("labels")
 
-    def pipeline_stage_forward(self, inputs: tuple, *, first: bool, last: bool):
+    def _pp_forward(self, inputs: tuple, *, first: bool, last: bool):
         tokens, *rest = inputs
         kwargs = {**dict(zip(self.stage_inputs, rest, strict=True)), **self.stage_call}
         entry = {"input_ids": tokens} if first else {"inputs_embeds": tokens}
@@ -139,14 +157,14 @@ class HFStages:
             return self.model(**entry, **kwargs).logits
         return (self.base(**entry, **kwargs).last_hidden_state, *rest)
 
-    def pipeline_num_items(self, labels):
+    def _pp_num_items(self, labels):
         if self.stage_loss == "causal_lm":
             return (labels[..., 1:] != -100).sum()  # the shifted labels transformers' causal-LM loss counts
         if self.stage_loss == "masked_lm":
             return token_items(labels)
         return classification_items(self.model.config, labels)
 
-    def pipeline_loss(self, output, labels, num_items):
+    def _pp_loss(self, output, labels, num_items):
         if self.stage_loss == "causal_lm":
             vocab = self.model.config.vocab_size
             return self.model.loss_function(
@@ -156,7 +174,7 @@ class HFStages:
             return token_loss(output, labels, num_items)
         return classification_loss(self.model.config, output, labels, num_items)
 
-    def pipeline_output(self, output, loss, *extra):
+    def _pp_output(self, output, loss, *extra):
         from transformers import modeling_outputs
 
         return getattr(modeling_outputs, self.stage_output)(loss=loss, logits=output)

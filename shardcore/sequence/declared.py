@@ -1,0 +1,36 @@
+"""A policy's :class:`~shardcore.spec.SequenceSpec` read with its defaults filled in."""
+
+from __future__ import annotations
+
+from ..spec.attention import attention_registry
+
+
+def regions(policy) -> list:
+    """The runs of blocks ``split_gather`` splits: the spec's, or one run of every block."""
+    found = policy.sequence().regions
+    return [list(r) for r in found] if found is not None else [policy.blocks()]
+
+
+def heads_of(policy) -> tuple[int, int]:
+    """``(attention heads, key/value heads)`` the spec declares; ``NotImplementedError`` when it does not."""
+    heads = policy.sequence().heads
+    if heads is None:
+        raise NotImplementedError(f"{type(policy).__name__} declares no SequenceSpec.heads")
+    return tuple(heads)
+
+
+def attention_problem(policy, mode: str) -> str | None:
+    """Why the model's attention cannot run under ``mode`` (``None``: it can), before any collective."""
+    ask = policy.sequence().attention_problem
+    if ask is not None:
+        return ask(mode)
+    try:
+        return attention_registry().sequence_problem(policy.model, mode)
+    except NotImplementedError as err:
+        return f"sequence_parallelism_mode={mode!r}: {err}"
+
+
+def set_attention(policy, state) -> str:
+    """Make the model's attention run under ``state.mode``; the name now in use."""
+    use = policy.sequence().set_attention
+    return use(state) if use is not None else attention_registry().use_sequence(policy.model, state.mode)

@@ -1,0 +1,43 @@
+"""What sequence parallelism reads from a family (see :mod:`shardcore.sequence`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+import attrs
+
+__all__ = ["SequenceSpec"]
+
+
+@attrs.frozen(kw_only=True)
+class SequenceSpec:
+    """How a model runs with its sequence split. The default declares nothing: every mode refused.
+
+    * ``modes``: the ``ShardConfig.sequence_parallelism_mode`` values supported; ``optimize`` refuses
+      the others, naming them.
+    * ``dropouts``: dropout modules (suffixes inside each block) acting on sequence-split activations
+      (residual dropout): they then draw from the per-rank random stream.
+    * ``split_kwargs``: keyword arguments of every block that run along the sequence with the hidden
+      states (rotary ``position_embeddings``): under ``all_to_all`` / ``ring_attn`` each rank takes its slice.
+    * ``heads``: ``(attention heads, key/value heads)``; ``all_to_all`` gives each rank whole heads.
+    * ``regions``: runs of consecutive ``(name, block)`` that ``split_gather`` splits at the first block's
+      input and gathers at the last's output. ``None``: one, all of ``blocks()``. An encoder-decoder whose
+      decoder reads the encoder's whole output names its encoder's blocks only.
+    * ``attention_problem(mode)``: why the attention cannot run under ``mode`` (``None``: it can), asked
+      before any collective; ``set_attention(state)``: make it run under ``state.mode``, the name now in use.
+      ``None``: HuggingFace's attention registry, around the model's own attention.
+
+    Composite: the composite's own (its forward joins the parts).
+    """
+
+    modes: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    dropouts: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    split_kwargs: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    heads: tuple[int, int] | None = None
+    regions: Sequence[Sequence[tuple[str, object]]] | None = None
+    attention_problem: Callable[[str], str | None] | None = None
+    set_attention: Callable | None = None
+
+    @classmethod
+    def merge(cls, own: SequenceSpec, parts: Mapping[str, SequenceSpec]) -> SequenceSpec:
+        return own
