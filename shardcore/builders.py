@@ -9,7 +9,9 @@ the module class the policy describes):
 * :func:`mlp`: input projection(s) column parallel, output projection row parallel;
 * :func:`vocab_embedding` / :func:`vocab_head`: the vocabulary split over the group;
 * :func:`experts`: a mixture-of-experts layer's experts module, split as the layout says (expert
-  parallelism or tensor parallelism): the plugin names the module, the core picks the layer.
+  parallelism or tensor parallelism): the plugin names the module, the core picks the layer;
+* :func:`heads_of_this_rank`: a ``param_replacement`` cutting keyword arguments that run over every
+  head (ALiBi's bias, a per-head mask the model built before the blocks) to this rank's heads.
 
 ``shared_input=True`` builds the column layers with ``copy_input=False``: the policy must then
 name the module that receives their common input in ``enter_tp_region`` (one backward
@@ -29,7 +31,7 @@ from .tensor_parallel import (
     VocabParallelLMHead1D,
 )
 
-__all__ = ["attention", "experts", "mlp", "packed_attention", "vocab_embedding", "vocab_head"]
+__all__ = ["attention", "experts", "heads_of_this_rank", "mlp", "packed_attention", "vocab_embedding", "vocab_head"]
 
 
 def _join(prefix: str, name: str) -> str:
@@ -129,3 +131,31 @@ def experts(suffix: str, config: ShardConfig, layout) -> Sub:
     if config.expert_parallel_size > 1:
         return Sub(suffix=suffix, target_module=ExpertsEP, kwargs={"layout": layout})
     return Sub(suffix=suffix, target_module=ExpertsTP)
+
+
+def heads_of_this_rank(suffix: str, layer: str, names: tuple[str, ...], heads: str = "num_heads"):
+    """A ``param_replacement`` (``f(module)``): a forward pre-hook on the submodule at ``suffix`` that
+    cuts its keyword arguments ``names`` to the heads the column-parallel ``layer`` (a suffix inside it)
+    holds on this rank. The submodule's ``heads`` attribute is its per-rank head count (an
+    ``attribute_replacement``). A tensor ``[batch * all heads, ...]`` (ALiBi's bias, head-major in each
+    row) is cut row by row; a ``[batch, all heads, queries, keys]`` one (a per-head mask) along dim 1;
+    anything else (a mask shared by every head, ``None``) is left as it is."""
+
+    def cut(attention, args, kwargs):
+        split = attention.get_submodule(layer)
+        local = getattr(attention, heads)
+        full, start = local * split.tp_size, local * split.tp_rank
+        for name in names:
+            t = kwargs.get(name)
+            if t is None or (t.dim() == 4 and t.shape[1] != full):
+                continue
+            if t.dim() == 4:
+                kwargs[name] = t.narrow(1, start, local)
+            else:
+                kwargs[name] = t.reshape(-1, full, *t.shape[1:]).narrow(1, start, local).reshape(-1, *t.shape[1:])
+        return args, kwargs
+
+    def install(module) -> None:
+        module.get_submodule(suffix).register_forward_pre_hook(cut, with_kwargs=True)
+
+    return install

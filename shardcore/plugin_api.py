@@ -19,7 +19,7 @@ does for 0.1's paths). The conformance kit a plugin tests with is :mod:`shardcor
 from __future__ import annotations
 
 from . import tensor_parallel
-from .builders import attention, experts, mlp, packed_attention, vocab_embedding, vocab_head
+from .builders import attention, experts, heads_of_this_rank, mlp, packed_attention, vocab_embedding, vocab_head
 from .checkpoint.parts import StackedParts
 from .composite import CompositePolicy
 from .config import ShardConfig
@@ -29,6 +29,7 @@ from .expert_parallel import route
 from .expert_parallel.experts import ExpertsEP, ExpertsTP
 from .hookspecs import hookimpl
 from .integrations.hf.causal_lm_loss import defer_logits_gather, loss_on_head_slices
+from .integrations.hf.heads import attention_dims
 from .integrations.hf.stages import HFStages
 from .losses import classification_items, classification_loss, token_items, token_loss
 from .pipeline import PipelineHole
@@ -79,12 +80,14 @@ __all__ = [
     "StackedParts",
     "SubModuleReplacementDescription",
     "attention",
+    "attention_dims",
     "classification_items",
     "classification_loss",
     "defer_logits_gather",
     "experts",
     "group_rank",
     "group_size",
+    "heads_of_this_rank",
     "hookimpl",
     "loss_on_head_slices",
     "mlp",

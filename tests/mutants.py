@@ -56,6 +56,7 @@ def _m(name, bug, file, edits, test, expect, fast=False) -> Mutant:
 
 
 POLICY = "plugins/shard-llama/shard_llama/policy.py"
+SPEC = "tests/test_core_spec.py"
 
 MUTANTS: dict[str, Mutant] = {
     m.name: m
@@ -828,21 +829,21 @@ MUTANTS: dict[str, Mutant] = {
             "bytes per step, this rank put",
         ),
         _m(
-            "bloom-alibi-first-heads",
-            "shard-bloom: every rank adds the first heads' ALiBi slopes, not its own heads'",
-            "plugins/shard-bloom/shard_bloom/policy.py",
-            ("rows.narrow(1, qkv.tp_rank * local, local)", "rows.narrow(1, 0, local)"),
+            "alibi-first-heads",
+            "heads_of_this_rank: every rank adds the first heads' ALiBi slopes (BLOOM), not its own heads'",
+            "shardcore/builders.py",
+            (
+                "        full, start = local * split.tp_size, local * split.tp_rank\n",
+                "        full, start = local * split.tp_size, 0\n",
+            ),
             "plugins/shard-bloom/tests/test_bloom_tp.py::test_matches_unsharded[causal-tp2]",
             "output 'logits': max abs diff",
         ),
         _m(
-            "falcon-alibi-first-heads",
-            "shard-falcon: every rank adds the first heads' ALiBi bias (and per-head mask), not its own heads'",
+            "falcon-alibi-mask-whole",
+            "shard-falcon: the per-head mask ALiBi was folded into reaches every rank whole, not cut to its heads",
             "plugins/shard-falcon/shard_falcon/policy.py",
-            (
-                "    full, start = local * qkv.tp_size, local * qkv.tp_rank\n",
-                "    full, start = local * qkv.tp_size, 0\n",
-            ),
+            ('("alibi", "attention_mask"))', '("alibi",))'),
             "plugins/shard-falcon/tests/test_falcon_tp.py::test_matches_unsharded[alibi-tp2]",
             "output 'logits': max abs diff",
         ),
@@ -867,7 +868,10 @@ MUTANTS: dict[str, Mutant] = {
             "sam-rel-pos-gradient-partial",
             "shard-sam: the relative-position tables' gradient left at this rank's heads' share (not summed)",
             "plugins/shard-sam/shard_sam/policy.py",
-            ("        names = self.grad_sum_parameters\n", "        names = []\n"),
+            (
+                "        return TensorParallelSpec(grad_sum=[n for n, _ in self.model.named_parameters() if n.endswith(tables)])",
+                "        return TensorParallelSpec()",
+            ),
             "plugins/shard-sam/tests/test_sam_tp.py::test_matches_unsharded[rel-pos-tp2]",
             "gradient of vision_encoder.layers.0.attn.rel_pos_h",
         ),
@@ -1508,7 +1512,7 @@ MUTANTS: dict[str, Mutant] = {
             "materialize-buffers-not-computed",
             "buffers left on meta by a meta build are filled but never computed by the policy",
             "shardcore/checkpoint/materialize.py",
-            ("        policy.materialize_buffers(owners)\n", "        pass\n"),
+            ("        _compute_buffers(model, policy, owners)\n", "        pass\n"),
             f"{LLAMA}/test_llama_checkpoint.py::test_torch_meta_device_build_computes_buffers_or_refuses",
             "the buffers ['model.rotary_emb.inv_freq', 'model.rotary_emb.original_inv_freq'] are not in the checkpoint",
         ),
@@ -1654,7 +1658,7 @@ MUTANTS: dict[str, Mutant] = {
             "policy-mixed-blocks-accepted",
             "block_type() of a model mixing block classes answers the first class instead of refusing",
             "shardcore/policy.py",
-            ("        if len(types) != 1:", "        if False:"),
+            ("    if len(types) != 1:", "    if False:"),
             "tests/test_core_config.py::test_block_type_names_mixed_blocks",
             "DID NOT RAISE ValueError",
         ),
@@ -2026,6 +2030,108 @@ MUTANTS: dict[str, Mutant] = {
             ("    for group in _gloo_groups():\n", "    for group in []:\n"),
             "tests/test_core_exit.py::test_the_exit_hook_settles_every_gloo_group_with_a_kept_barrier",
             "the exit barrier settled {'settled': 0",
+        ),
+        # -- the policy contract: one declared spec per parallelism, merged once for composites ------
+        _m(
+            "spec-grad-sum-parts-dropped",
+            "a composite's gradient sums keep only its own declaration, not its parts' (their norms left at one rank's share)",
+            "shardcore/spec/parallel.py",
+            (
+                "            grad_sum=(*own.grad_sum, *(under(path, n) for path, p in parts.items() for n in p.grad_sum)),",
+                "            grad_sum=own.grad_sum,",
+            ),
+            f"{SPEC}::test_a_composite_merges_tensor_parallel_from_its_parts",
+            "not the tower's norm under its path",
+            fast=True,
+        ),
+        _m(
+            "spec-fusible-not-under-part",
+            "a composite's fused modules named as inside their part, not from the whole model (compiled at the wrong path)",
+            "shardcore/spec/model.py",
+            ("            fusible=(*own.fusible, *((under(path, n), m)", "            fusible=(*own.fusible, *((n, m)"),
+            f"{SPEC}::test_a_composite_merges_kernels_from_its_parts",
+            "not named from the whole model",
+        ),
+        _m(
+            "spec-part-asked-in-whole-names",
+            "a part's checkpoint names asked with the whole model's names, not its own (its renames never match)",
+            "shardcore/spec/under.py",
+            (
+                '    return name[len(path) + 1 :] if name.startswith(f"{path}.") else None',
+                '    return name if name.startswith(f"{path}.") else None',
+            ),
+            f"{SPEC}::test_a_composite_merges_checkpoints_from_its_parts",
+            "a part asked in the whole model's names",
+        ),
+        _m(
+            "spec-pipeline-from-a-part",
+            "a composite runs its first part's pipeline as its own (the parts' forwards are not the composite's)",
+            "shardcore/spec/pipeline.py",
+            ("        return own\n", "        return own or next(iter(parts.values()), None)\n"),
+            f"{SPEC}::test_a_composite_pipeline_is_its_own_only",
+            "the parts' pipelines cannot be joined",
+        ),
+        _m(
+            "spec-sequence-from-a-part",
+            "a composite runs its first part's sequence modes as its own",
+            "shardcore/spec/sequence.py",
+            ("        return own\n", "        return next(iter(parts.values()), own)\n"),
+            f"{SPEC}::test_a_composite_sequence_is_its_own_only",
+            "the composite took a part's sequence modes as its own",
+        ),
+        _m(
+            "spec-legacy-silent",
+            "a policy written on 0.x's members is read without the DeprecationWarning naming the new spelling",
+            "shardcore/spec/legacy.py",
+            ("    if mine:\n", "    if False:\n"),
+            f"{SPEC}::test_a_policy_written_on_0x_members_warns_once_naming_the_new_spelling",
+            "DeprecationWarnings for a 0.x policy class, not one",
+        ),
+        _m(
+            "spec-attention-registry-unset",
+            "the model library's attention registry is never registered (every attention switch refused)",
+            "shardcore/spec/attention.py",
+            ("    _REGISTRY[:] = [registry]\n", "    pass\n"),
+            f"{SPEC}::test_a_sequence_spec_is_read_with_its_defaults",
+            "no model library's attention registry is registered",
+        ),
+        _m(
+            "spec-sequence-regions-ignored",
+            "split_gather splits over every block, ignoring the regions the spec declares (Whisper's decoder split)",
+            "shardcore/sequence/declared.py",
+            (
+                "    return [list(r) for r in found] if found is not None else [policy.blocks()]",
+                "    return [policy.blocks()]",
+            ),
+            f"{SPEC}::test_a_sequence_spec_is_read_with_its_defaults",
+            "not the declared [['blocks.0']]",
+        ),
+        _m(
+            "plugin-api-old-hooks-silent",
+            "0.x's hook bases load from shardcore.plugin_api without the DeprecationWarning naming the spec",
+            "shardcore/plugin_api.py",
+            ("        warnings.warn(\n", "        (lambda *a, **k: None)(\n"),
+            f"{SPEC}::test_the_old_hook_bases_warn_from_the_plugin_api",
+            "DID NOT WARN",
+        ),
+        _m(
+            "hf-kv-heads-as-heads",
+            "attention_dims reads a GQA config's key/value heads as many as its query heads",
+            "shardcore/integrations/hf/heads.py",
+            ('    kv = getattr(config, "num_key_value_heads", None) or heads\n', "    kv = heads\n"),
+            f"{LLAMA}/test_llama_tp.py::test_causal_lm_variants[gqa-2]",
+            "expected size 64 along dim 0, got shape (32, 64)",
+        ),
+        _m(
+            "bloom-alibi-whole",
+            "shard-bloom: ALiBi's bias for every head reaches each rank's attention over its own heads",
+            "plugins/shard-bloom/shard_bloom/policy.py",
+            (
+                'heads_of_this_rank("self_attention", "query_key_value", ("alibi",))',
+                'heads_of_this_rank("self_attention", "query_key_value", ())',
+            ),
+            "plugins/shard-bloom/tests/test_bloom_tp.py::test_matches_unsharded[causal-tp2]",
+            "must match the existing size (8) at non-singleton dimension 0",
         ),
         # -- every plugin's registration (the entry point's one computing line) -------------------
         *[

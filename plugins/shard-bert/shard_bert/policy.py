@@ -23,9 +23,19 @@ from __future__ import annotations
 from torch import nn
 
 from shardcore import ModulePolicyDescription, Policy
-from shardcore.builders import attention, mlp, vocab_embedding, vocab_head
-from shardcore.integrations.hf.stages import HFStages
-from shardcore.plugin_api import KernelSpec, SequenceSpec, block_type, blocks_in, in_blocks, require_divisible
+from shardcore.plugin_api import (
+    HFStages,
+    KernelSpec,
+    SequenceSpec,
+    attention,
+    block_type,
+    blocks_in,
+    in_blocks,
+    mlp,
+    require_divisible,
+    vocab_embedding,
+    vocab_head,
+)
 
 __all__ = ["BertModelPolicy", "BertPolicy", "BertWithLMHeadPolicy"]
 

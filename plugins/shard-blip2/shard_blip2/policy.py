@@ -25,8 +25,13 @@ from __future__ import annotations
 from torch import nn
 
 from shardcore import CompositePolicy, ModulePolicyDescription, Policy
-from shardcore.builders import attention, mlp
-from shardcore.plugin_api import block_type, blocks_in, require_divisible
+from shardcore.plugin_api import (
+    attention,
+    block_type,
+    blocks_in,
+    mlp,
+    require_divisible,
+)
 
 __all__ = ["Blip2Policy", "Blip2QFormerPolicy", "Blip2VisionPolicy"]
 

@@ -25,26 +25,19 @@ from __future__ import annotations
 
 from shardcore import ModulePolicyDescription, Policy
 from shardcore import SubModuleReplacementDescription as Sub
-from shardcore.builders import mlp, vocab_embedding, vocab_head
-from shardcore.plugin_api import block_type, blocks_in, require_divisible
-from shardcore.tensor_parallel import Linear1D_Col, Linear1D_Row
+from shardcore.plugin_api import (
+    Linear1D_Col,
+    Linear1D_Row,
+    block_type,
+    blocks_in,
+    heads_of_this_rank,
+    mlp,
+    require_divisible,
+    vocab_embedding,
+    vocab_head,
+)
 
 __all__ = ["BloomPolicy"]
-
-
-def _alibi_of_this_rank(attention, args, kwargs):
-    """Forward pre-hook: ``alibi`` (``[batch * heads, 1, keys]``, head-major in each row) cut to
-    this rank's heads, those ``attention.query_key_value`` holds."""
-    qkv = attention.query_key_value
-    alibi = kwargs["alibi"]
-    heads, local = attention.num_heads * qkv.tp_size, attention.num_heads
-    rows = alibi.view(-1, heads, *alibi.shape[1:])
-    kwargs["alibi"] = rows.narrow(1, qkv.tp_rank * local, local).reshape(-1, *alibi.shape[1:])
-    return args, kwargs
-
-
-def _cut_alibi(block) -> None:
-    block.self_attention.register_forward_pre_hook(_alibi_of_this_rank, with_kwargs=True)
 
 
 class BloomPolicy(Policy):
@@ -76,7 +69,7 @@ class BloomPolicy(Policy):
         policy = {
             block_type(self.blocks(), self.model): ModulePolicyDescription(
                 attribute_replacement={"self_attention.num_heads": heads // tp},
-                param_replacement=[_cut_alibi],
+                param_replacement=[heads_of_this_rank("self_attention", "query_key_value", ("alibi",))],
                 sub_module_replacement=[
                     Sub(suffix="self_attention.query_key_value", target_module=Linear1D_Col, kwargs=qkv),
                     Sub(

@@ -17,8 +17,13 @@ from __future__ import annotations
 from torch import nn
 
 from shardcore import ModulePolicyDescription, Policy
-from shardcore.builders import attention, mlp, vocab_embedding
-from shardcore.plugin_api import blocks_in, require_divisible
+from shardcore.plugin_api import (
+    attention,
+    blocks_in,
+    mlp,
+    require_divisible,
+    vocab_embedding,
+)
 
 __all__ = ["CLIPPolicy"]
 

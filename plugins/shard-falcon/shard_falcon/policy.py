@@ -32,33 +32,25 @@ from __future__ import annotations
 
 from shardcore import ModulePolicyDescription, Policy
 from shardcore import SubModuleReplacementDescription as Sub
-from shardcore.builders import mlp, vocab_embedding, vocab_head
-from shardcore.plugin_api import block_type, blocks_in, require_divisible
-from shardcore.tensor_parallel import FusedLinear1D_Col, Linear1D_Col, Linear1D_Row
+from shardcore.plugin_api import (
+    FusedLinear1D_Col,
+    Linear1D_Col,
+    Linear1D_Row,
+    block_type,
+    blocks_in,
+    heads_of_this_rank,
+    mlp,
+    require_divisible,
+    vocab_embedding,
+    vocab_head,
+)
 
 __all__ = ["FalconPolicy"]
 
 
-def _heads_of_this_rank(attention, args, kwargs):
-    """Forward pre-hook under ALiBi: the bias (``[batch * heads, 1, keys]`` or ``[batch, heads, 1,
-    keys]``) and the per-head mask the model folded it into (``[batch, heads, queries, keys]``)
-    cut to the heads ``attention.query_key_value`` holds on this rank."""
-    alibi = kwargs.get("alibi")
-    if alibi is None:  # rotary positions: nothing per head outside the attention
-        return None
-    qkv = attention.query_key_value
-    local = attention.num_heads
-    full, start = local * qkv.tp_size, local * qkv.tp_rank
-    per_head = alibi.reshape(-1, full, *alibi.shape[-2:]).narrow(1, start, local)
-    kwargs["alibi"] = per_head if alibi.dim() == 4 else per_head.reshape(-1, *alibi.shape[-2:])
-    mask = kwargs.get("attention_mask")
-    if mask is not None and mask.dim() == 4 and mask.shape[1] == full:
-        kwargs["attention_mask"] = mask.narrow(1, start, local)
-    return args, kwargs
-
-
-def _cut_alibi(layer) -> None:
-    layer.self_attention.register_forward_pre_hook(_heads_of_this_rank, with_kwargs=True)
+#: under ALiBi, the bias (``[batch * heads, 1, keys]`` or ``[batch, heads, 1, keys]``) and the per-head
+#: mask the model folded it into (``[batch, heads, queries, keys]``), cut to this rank's heads
+_ALIBI = heads_of_this_rank("self_attention", "query_key_value", ("alibi", "attention_mask"))
 
 
 class FalconPolicy(Policy):
@@ -115,7 +107,7 @@ class FalconPolicy(Policy):
         policy = {
             block_type(self.blocks(), self.model): ModulePolicyDescription(
                 attribute_replacement=per_rank,
-                param_replacement=[_cut_alibi] if cfg.alibi else [],
+                param_replacement=[_ALIBI] if cfg.alibi else [],
                 sub_module_replacement=[
                     self._qkv(),
                     Sub(

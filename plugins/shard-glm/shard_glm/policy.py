@@ -23,9 +23,18 @@ from __future__ import annotations
 
 from shardcore import ModulePolicyDescription, Policy
 from shardcore import SubModuleReplacementDescription as Sub
-from shardcore.builders import attention, vocab_embedding, vocab_head
-from shardcore.plugin_api import block_type, blocks_in, require_divisible, require_kv_heads
-from shardcore.tensor_parallel import FusedLinear1D_Col, Linear1D_Row
+from shardcore.plugin_api import (
+    FusedLinear1D_Col,
+    Linear1D_Row,
+    attention,
+    attention_dims,
+    block_type,
+    blocks_in,
+    require_divisible,
+    require_kv_heads,
+    vocab_embedding,
+    vocab_head,
+)
 
 __all__ = ["GlmPolicy"]
 
@@ -40,11 +49,8 @@ class GlmPolicy(Policy):
     def blocks(self):
         return blocks_in(self.model, self.base.layers)
 
-    def _dims(self) -> tuple[int, int, int]:
-        cfg = self.model.config
-        heads = cfg.num_attention_heads
-        kv = cfg.num_key_value_heads or heads
-        return heads, kv, getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    def _dims(self):
+        return attention_dims(self.model.config)
 
     def config_sanity_check(self) -> None:
         cfg, tp, name = self.model.config, self.tp_size, type(self.model).__name__

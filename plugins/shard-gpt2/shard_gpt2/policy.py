@@ -19,11 +19,23 @@ Structural: imports nothing from transformers.
 from __future__ import annotations
 
 from shardcore import ModulePolicyDescription, Policy
-from shardcore.builders import mlp, packed_attention, vocab_embedding, vocab_head
-from shardcore.integrations.hf.stages import HFStages
-from shardcore.losses import defer_logits_gather
-from shardcore.plugin_api import KernelSpec, SequenceSpec, block_type, blocks_in, in_blocks, require_divisible
-from shardcore.tensor_parallel import Conv1D_Col, Conv1D_Row, FusedConv1D_Col
+from shardcore.plugin_api import (
+    Conv1D_Col,
+    Conv1D_Row,
+    FusedConv1D_Col,
+    HFStages,
+    KernelSpec,
+    SequenceSpec,
+    block_type,
+    blocks_in,
+    defer_logits_gather,
+    in_blocks,
+    mlp,
+    packed_attention,
+    require_divisible,
+    vocab_embedding,
+    vocab_head,
+)
 
 __all__ = ["GPT2Policy"]
 

@@ -22,20 +22,25 @@ instance, so they import nothing from transformers.
 from __future__ import annotations
 
 from shardcore import ModulePolicyDescription, Policy
-from shardcore.builders import attention, mlp, vocab_embedding, vocab_head
-from shardcore.integrations.hf.causal_lm_loss import defer_logits_gather, loss_on_head_slices
-from shardcore.integrations.hf.stages import HFStages
 from shardcore.plugin_api import (
+    HFStages,
     KernelSpec,
     SequenceSpec,
     TensorParallelSpec,
+    VocabParallelLMHead1D,
+    attention,
+    attention_dims,
     block_type,
     blocks_in,
+    defer_logits_gather,
     in_blocks,
+    loss_on_head_slices,
+    mlp,
     require_divisible,
     require_kv_heads,
+    vocab_embedding,
+    vocab_head,
 )
-from shardcore.tensor_parallel import VocabParallelLMHead1D
 
 __all__ = ["LlamaForCausalLMPolicy", "LlamaForSequenceClassificationPolicy", "LlamaModelPolicy", "LlamaPolicy"]
 
@@ -62,10 +67,7 @@ class LlamaPolicy(Policy):
         return blocks_in(self.model, self.base.layers)
 
     def _dims(self):
-        cfg = self.model.config
-        heads, kv = cfg.num_attention_heads, cfg.num_key_value_heads or cfg.num_attention_heads
-        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
-        return heads, kv, head_dim
+        return attention_dims(self.model.config)
 
     def kernels(self):
         return KernelSpec(

@@ -13,7 +13,9 @@ config ties them) gathering full logits, so the model's own loss and ``generate(
 from __future__ import annotations
 
 from shardcore import CompositePolicy, ModulePolicyDescription
-from shardcore.builders import vocab_head
+from shardcore.plugin_api import (
+    vocab_head,
+)
 
 __all__ = ["LlavaPolicy"]
 

@@ -3,7 +3,10 @@ re-exports them with a ``DeprecationWarning``; it goes away in 0.3)."""
 
 import warnings
 
-from shardcore.expert_parallel.experts import ExpertsEP, ExpertsTP
+from shardcore.plugin_api import (
+    ExpertsEP,
+    ExpertsTP,
+)
 
 warnings.warn(
     "shard_moe.experts moved to shardcore.expert_parallel.experts: import ExpertsTP / ExpertsEP from there "

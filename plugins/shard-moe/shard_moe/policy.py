@@ -32,21 +32,28 @@ from __future__ import annotations
 import attrs
 
 from shardcore import ModulePolicyDescription, Policy
-from shardcore.builders import attention, experts, mlp, vocab_embedding, vocab_head
-from shardcore.data_parallel import native_class
 from shardcore.plugin_api import (
     CheckpointSpec,
     ExpertSpec,
+    SplitRMSNorm,
     StackedParts,
     TensorParallelSpec,
+    attention,
+    attention_dims,
     block_type,
     blocks_in,
     defer_logits_gather,
+    experts,
+    mlp,
+    native_class,
     require_divisible,
     require_kv_heads,
+    vocab_embedding,
+    vocab_head,
 )
-from shardcore.policy import SubModuleReplacementDescription as Sub
-from shardcore.tensor_parallel import SplitRMSNorm
+from shardcore.plugin_api import (
+    SubModuleReplacementDescription as Sub,
+)
 
 __all__ = ["MoeForCausalLMPolicy", "MoeModelPolicy", "MoePolicy"]
 
@@ -73,10 +80,7 @@ class MoePolicy(Policy):
         return norm is not None and norm.weight.shape[0] > self._dims()[2]
 
     def _dims(self):
-        cfg = self.model.config
-        heads, kv = cfg.num_attention_heads, cfg.num_key_value_heads or cfg.num_attention_heads
-        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
-        return heads, kv, head_dim
+        return attention_dims(self.model.config)
 
     def config_sanity_check(self) -> None:
         cfg, tp = self.model.config, self.tp_size

@@ -14,9 +14,16 @@ transformers, so importing it is cheap and a user of another library never pays 
 from __future__ import annotations
 
 from shardcore import ModulePolicyDescription, Policy
-from shardcore.builders import attention, mlp, vocab_embedding, vocab_head
-from shardcore.integrations.hf.stages import HFStages
-from shardcore.plugin_api import block_type, blocks_in, require_divisible
+from shardcore.plugin_api import (
+    HFStages,
+    attention,
+    block_type,
+    blocks_in,
+    mlp,
+    require_divisible,
+    vocab_embedding,
+    vocab_head,
+)
 
 __all__ = ["OPTPolicy"]
 

@@ -21,8 +21,14 @@ Structural: the classes are read off the model instance, nothing imports transfo
 from __future__ import annotations
 
 from shardcore import ModulePolicyDescription, Policy
-from shardcore.builders import attention, mlp, packed_attention
-from shardcore.plugin_api import TensorParallelSpec, blocks_in, require_divisible
+from shardcore.plugin_api import (
+    TensorParallelSpec,
+    attention,
+    blocks_in,
+    mlp,
+    packed_attention,
+    require_divisible,
+)
 
 __all__ = ["SamPolicy"]
 

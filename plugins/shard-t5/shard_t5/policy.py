@@ -33,9 +33,15 @@ from torch import nn
 
 from shardcore import ModulePolicyDescription, Policy
 from shardcore import SubModuleReplacementDescription as Sub
-from shardcore.builders import attention, mlp, vocab_embedding, vocab_head
-from shardcore.plugin_api import blocks_in, require_divisible
-from shardcore.tensor_parallel import ColumnParallelEmbedding1D
+from shardcore.plugin_api import (
+    ColumnParallelEmbedding1D,
+    attention,
+    blocks_in,
+    mlp,
+    require_divisible,
+    vocab_embedding,
+    vocab_head,
+)
 
 __all__ = ["T5Policy"]
 

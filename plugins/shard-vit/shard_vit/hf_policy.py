@@ -20,16 +20,18 @@ from __future__ import annotations
 from torch import nn
 
 from shardcore import ModulePolicyDescription, Policy
-from shardcore.builders import attention, mlp
-from shardcore.losses import classification_items, classification_loss
 from shardcore.plugin_api import (
     CheckpointSpec,
     KernelSpec,
     PipelineSpec,
     SequenceSpec,
+    attention,
     block_type,
     blocks_in,
+    classification_items,
+    classification_loss,
     in_blocks,
+    mlp,
     require_divisible,
 )
 

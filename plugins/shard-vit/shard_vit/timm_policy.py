@@ -20,8 +20,16 @@ from __future__ import annotations
 from torch import nn
 
 from shardcore import ModulePolicyDescription, Policy
-from shardcore.builders import mlp, packed_attention
-from shardcore.plugin_api import KernelSpec, PipelineSpec, SequenceSpec, blocks_in, in_blocks, require_divisible
+from shardcore.plugin_api import (
+    KernelSpec,
+    PipelineSpec,
+    SequenceSpec,
+    blocks_in,
+    in_blocks,
+    mlp,
+    packed_attention,
+    require_divisible,
+)
 
 __all__ = ["TimmViTPolicy"]
 

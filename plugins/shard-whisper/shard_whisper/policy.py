@@ -31,9 +31,18 @@ from __future__ import annotations
 from torch import nn
 
 from shardcore import ModulePolicyDescription, Policy
-from shardcore.builders import attention, mlp, vocab_embedding, vocab_head
-from shardcore.losses import token_items, token_loss
-from shardcore.plugin_api import PipelineSpec, SequenceSpec, blocks_in, require_divisible
+from shardcore.plugin_api import (
+    PipelineSpec,
+    SequenceSpec,
+    attention,
+    blocks_in,
+    mlp,
+    require_divisible,
+    token_items,
+    token_loss,
+    vocab_embedding,
+    vocab_head,
+)
 
 __all__ = ["WhisperPolicy"]
 
@@ -148,7 +157,7 @@ class WhisperPolicy(Policy):
         return (batch["input_features"], ids), labels
 
     def _pp_stage_forward(self, inputs, *, first, last):
-        from shardcore.pipeline import PipelineHole
+        from shardcore.plugin_api import PipelineHole
 
         encoder, decoder = self._encoder_decoder()
         x, y = inputs  # (features | encoder states | encoder output, decoder ids | embeddings | states)
