@@ -82,3 +82,70 @@ def test_committed_score_is_the_whole_harness_and_the_readme_quotes_it():
     assert mutants.readme_table(record) in (ROOT / "docs" / "plugins.md").read_text(), (
         "paste the table nox -s mutants prints"
     )
+
+
+def _locals(text: str, where: str) -> list[str]:
+    """The local variables the definition ``where`` assigns (not its parameters), in first-seen order."""
+    import ast
+
+    node = ast.parse(text).body
+    for part in where.split("."):
+        node = next(n for n in node if getattr(n, "name", None) == part)
+        node = node if part == where.split(".")[-1] else node.body
+    found = [n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)]
+    return list(dict.fromkeys(found))
+
+
+def _renamed(text: str, where: str, old: str, new: str) -> str:
+    """``text`` with the local ``old`` renamed ``new`` inside ``where`` (not as an attribute or a keyword argument)."""
+    import io
+    import tokenize
+
+    start, end = mutants.definition(text, where)
+    inside = text[start:end]
+    lines = inside.splitlines(keepends=True)
+    offsets = [0]
+    for line in lines:
+        offsets.append(offsets[-1] + len(line))
+    spans = []
+    for tok in tokenize.generate_tokens(io.StringIO(inside).readline):
+        if tok.type == tokenize.NAME and tok.string == old:
+            at = offsets[tok.start[0] - 1] + tok.start[1]
+            after = inside[at + len(old) :]
+            before = inside[:at]
+            if before.endswith((".", "def ", "class ")):
+                continue  # an attribute, or the definition's own name
+            if not (after.startswith("=") and not after.startswith("==")):
+                spans.append(at)
+    for at in reversed(spans):
+        inside = inside[:at] + new + inside[at + len(old) :]
+    return text[:start] + inside + text[end:]
+
+
+def test_a_local_renamed_inside_a_mutated_function_leaves_every_mutant_applicable():
+    """On a copy of each mutated file, a local variable of the mutated function (one the mutant's code
+    names, where it names one) renamed everywhere in the function: the mutant still applies, and makes
+    the same edit as before, under the new name."""
+    renamed_some = 0
+    for mutant in mutants.MUTANTS.values():
+        text = (ROOT / mutant.file).read_text()
+        if not mutant.where or mutant.where.split(".")[-1][0].isupper():
+            continue  # a module's or a class's body: no local variables
+        names = _locals(text, mutant.where)
+        named = [n for n in names if any(n in code for code, _ in mutant.edits)]
+        for old in (named or names)[:1]:
+            copy = _renamed(text, mutant.where, old, f"{old}_renamed")
+            assert copy != text, (mutant.name, old)
+            mutated = mutants.apply(mutant, copy)  # a MutantError when it no longer applies
+            assert mutated != copy, mutant.name
+            expected = _renamed(mutants.apply(mutant, text), mutant.where, old, f"{old}_renamed")
+            assert mutated == expected, f"{mutant.name}: after renaming {old}, the mutant edits something else"
+            renamed_some += 1
+    assert renamed_some > 150, renamed_some
+
+
+def test_a_removed_function_is_reported_by_name():
+    mutant = mutants.MUTANTS["policy-mixed-blocks-accepted"]
+    text = (ROOT / mutant.file).read_text().replace("def block_type(", "def block_kind(")
+    with pytest.raises(mutants.MutantError, match=r"shardcore/policy\.py has no block_type \(removed or renamed\)"):
+        mutants.apply(mutant, text)

@@ -1,0 +1,24 @@
+"""Mutants of shard-t5: each a deliberate bug one declared check must catch (tests/mutant_kit.py)."""
+
+from mutant_kit import m
+
+MUTANTS = [
+    m(
+        "t5-shared-embedding-apart",
+        "shard-t5: the shared embedding left a module of its own, which the forward never calls",
+        "plugins/shard-t5/shard_t5/policy.py",
+        "T5Policy.postprocess",
+        [("                self.model.shared = encoder\n", "                pass\n")],
+        "plugins/shard-t5/tests/test_t5_tp.py::test_explain_predicts_a_step",
+        "bytes per step, this rank put",
+    ),
+    m(
+        "t5-registers-nothing",
+        "shard-t5's hook registers no model: its models fall to zero-config or are refused",
+        "plugins/shard-t5/shard_t5/__init__.py",
+        "shardcore_register_policies",
+        [("    register(MODELS)", "    register({})")],
+        "plugins/shard-t5/tests/test_t5_tp.py::test_matches_unsharded[t5-tp2]",
+        "covers transformers.models.t5.modeling_t5.T5ForConditionalGeneration",
+    ),
+]

@@ -1,0 +1,112 @@
+"""Mutants of cost: each a deliberate bug one declared check must catch (tests/mutant_kit.py)."""
+
+from mutant_kit import m
+
+MUTANTS = [
+    m(
+        "auto-memory-cap-ignored",
+        "explain --auto ranks every layout as fitting, whatever its bytes per rank and the cap",
+        "shardcore/cost/search.py",
+        "search",
+        [('        row["fits"] = row["memory_bytes"]["total"] <= cap', '        row["fits"] = True')],
+        "plugins/shard-llama/tests/test_llama_auto.py::test_the_chosen_layout_never_exceeds_the_memory_cap",
+        "the cap did not rule out",
+        fast=True,
+    ),
+    m(
+        "auto-pipeline-bubble-dropped",
+        "the cost model's pipeline: M microbatches in M slots, no (P - 1) bubble",
+        "shardcore/cost/model.py",
+        "_pipeline_seconds",
+        [("    path = (sum(inner) + (m - 1) * max(inner)) / m\n", "    path = max(inner)\n")],
+        "plugins/shard-llama/tests/test_llama_auto.py::test_a_pipeline_bubble_costs_on_dedicated_devices_and_is_reclaimed_where_ranks_share_them",
+        "pipeline bubble",
+    ),
+    m(
+        "auto-pipeline-largest-stage-slots",
+        "the cost model's pipeline: M + P - 1 slots of the largest stage, as if a heavy last stage waited on its own",
+        "shardcore/cost/model.py",
+        "_pipeline_seconds",
+        [
+            (
+                "    path = (sum(inner) + (m - 1) * max(inner)) / m\n",
+                "    path = (m + len(inner) - 1) * max(inner) / m\n",
+            )
+        ],
+        "tests/test_core_cost.py::test_a_pipeline_waits_on_the_other_stages_single_slots",
+        "a heavy last stage's step:",
+    ),
+    m(
+        "auto-shape-factor-ignored",
+        "the cost model's compute at the reference block's rate whatever the rank's microbatch shape",
+        "shardcore/cost/model.py",
+        "_rates",
+        [("    factor = shape_factor(here, dtype, tokens, tp)\n", "    factor = 1.0\n")],
+        "tests/test_core_cost.py::test_the_compute_rate_follows_the_rank_s_microbatch_shape",
+        "at half the reference block's rate the step took",
+    ),
+    m(
+        "calibrate-shape-reference-apart",
+        "calibrate's block shapes over a reference timed apart from them (here: the smallest shape's rate)",
+        "shardcore/cost/measure.py",
+        "_blocks",
+        [("    reference = rate[1, batch * seq]\n", "    reference = rate[1, min(SHAPE_TOKENS)]\n")],
+        "tests/test_core_cost.py::test_calibrate_measures_once_and_caches",
+        "the reference shape's factor is",
+    ),
+    m(
+        "auto-optimizer-mean-size",
+        "the cost model's optimizer step priced at the mean tensor size: embeddings as cheap per byte as projections",
+        "shardcore/cost/model.py",
+        "optimizer_seconds",
+        [("    sizes = [b / shard for b in stage.dense_sizes] + list(stage.expert_sizes)\n", "    sizes = []\n")],
+        "tests/test_core_cost.py::test_the_optimizer_step_is_timed_tensor_by_tensor",
+        "not tensor by tensor",
+    ),
+    m(
+        "auto-choice-not-broadcast",
+        "ShardConfig(auto=...): rank 0's choice (or its error) never sent to the other ranks",
+        "shardcore/cost/auto.py",
+        "optimize",
+        [('    message = broadcast_object(message, 0, where="the automatic layout chosen by rank 0")\n', "")],
+        "plugins/shard-llama/tests/test_llama_auto.py::test_auto_refuses_alike_on_every_rank_with_what_to_do",
+        "the ranks refused unalike",
+    ),
+    m(
+        "auto-table-without-the-chosen",
+        "explain --auto's table starts at the runner-up: the chosen layout is missing from it",
+        "shardcore/cost/report.py",
+        "format_search",
+        [
+            (
+                '    for row in [r for r in result["ranked"] if r["fits"]][:top]:',
+                '    for row in [r for r in result["ranked"] if r["fits"]][1:top]:',
+            )
+        ],
+        "plugins/shard-llama/tests/test_llama_auto.py::test_explain_auto_prints_the_choice_and_its_config",
+        "not the chosen layout",
+    ),
+    m(
+        "cost-attention-heads-not-split",
+        "the cost model counts every attention head on each tensor-parallel rank",
+        "shardcore/cost/facts.py",
+        "attention_width",
+        [
+            (
+                "    return max(1, heads // tp) if heads else 0, dim, causal",
+                "    return max(1, heads) if heads else 0, dim, causal",
+            )
+        ],
+        "plugins/shard-llama/tests/test_llama_auto.py::test_the_cost_facts_split_a_llama_s_bytes_and_matmul_weights_by_stage_as_counted_by_name",
+        "attention facts (4, 16, True)",
+    ),
+    m(
+        "stale-profile-read",
+        "a cached machine profile of another shardcore version is read as current",
+        "shardcore/cost/profile.py",
+        "load_profile",
+        [('        if cached.get("version") == VERSION:', "        if True:")],
+        "tests/test_core_cost.py::test_a_profile_of_another_version_is_not_read",
+        "a profile of version -1 gave 'nothing (the stale profile was read)'",
+    ),
+]

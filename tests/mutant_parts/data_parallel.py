@@ -1,0 +1,62 @@
+"""Mutants of data_parallel: each a deliberate bug one declared check must catch (tests/mutant_kit.py)."""
+
+from mutant_kit import m
+
+MUTANTS = [
+    m(
+        "fsdp-block-skipped",
+        "FSDP: fully_shard skipped on the first block (its weights stay whole on every dp rank)",
+        "shardcore/data_parallel/__init__.py",
+        "apply_data_parallel",
+        [("            for block in blocks:\n", "            for block in blocks[1:]:\n")],
+        "plugins/shard-llama/tests/test_llama_data_parallel.py::test_trains_like_unsharded_full_batch[fsdp2xtp2]",
+        "are not wrapped by fully_shard",
+    ),
+    m(
+        "pipeline-stage-ends-not-data-parallel",
+        "under pipeline x FSDP only the blocks are wrapped: the stage's embedding, norm and head are never reduced",
+        "shardcore/data_parallel/__init__.py",
+        "apply_data_parallel",
+        [
+            (
+                "                fully_shard(block, mesh=mesh, **kwargs)\n            fully_shard(root, mesh=mesh, **kwargs)\n",
+                "                fully_shard(block, mesh=mesh, **kwargs)\n",
+            )
+        ],
+        "plugins/shard-llama/tests/test_llama_pipeline_data_parallel.py::test_pp2_x_dp2_trains_like_unsharded[fsdp-1f1b]",
+        "(held, gathered over tp): relative error",
+    ),
+    m(
+        "hsdp-on-the-flat-mesh",
+        "data_parallel='hsdp' runs on the 1-D dp mesh: plain FSDP, nothing replicated",
+        "shardcore/data_parallel/__init__.py",
+        "dp_mesh",
+        [
+            (
+                '    if config.data_parallel == "hsdp":\n        return layout.hsdp_mesh',
+                "    if False:\n        return layout.hsdp_mesh",
+            )
+        ],
+        "plugins/shard-llama/tests/test_llama_data_parallel.py::test_trains_like_unsharded_full_batch[hsdp2x2]",
+        "HSDP wants a (replicate, shard=2) mesh",
+    ),
+    m(
+        "zero2-reshards-after-forward",
+        "data_parallel='zero2' without reshard_after_forward=False: plain FSDP's memory and traffic",
+        "shardcore/data_parallel/__init__.py",
+        "apply_data_parallel",
+        [('            kwargs["reshard_after_forward"] = False\n', "            pass\n")],
+        "plugins/shard-llama/tests/test_llama_data_parallel.py::test_trains_like_unsharded_full_batch[zero2xtp2]",
+        "weights kept gathered after forward: {False}",
+    ),
+    m(
+        "mixed-precision-ignored",
+        "ShardConfig(mixed_precision='bf16') accepted but FSDP's MixedPrecisionPolicy never given",
+        "shardcore/data_parallel/__init__.py",
+        "_fsdp_kwargs",
+        [("    if config.mixed_precision is not None:  # compute in it", "    if False:  # compute in it")],
+        "plugins/shard-llama/tests/test_llama_data_parallel.py::test_bf16_mixed_precision_fsdp_x_tp_within_bf16_of_the_unsharded_autocast_run",
+        "the sharded model computed in torch.float32, not bf16",
+        fast=True,
+    ),
+]

@@ -1,0 +1,85 @@
+"""Mutants of expert_parallel: each a deliberate bug one declared check must catch (tests/mutant_kit.py)."""
+
+from mutant_kit import m
+
+MUTANTS = [
+    m(
+        "moe-expert-shares-not-summed",
+        "shard-moe: each rank returns its own experts' share of the tokens (the all-reduce dropped)",
+        "shardcore/expert_parallel/experts.py",
+        "ExpertsTP.forward",
+        [("        return reduce_from_tp(out, group)", "        return out")],
+        "plugins/shard-moe/tests/test_moe_tp.py::test_matches_unsharded[mixtral-tp2]",
+        "max abs diff",
+    ),
+    m(
+        "moe-router-gradient-partial",
+        "shard-moe: the routing weights' gradient left at this rank's experts' share (router trains apart)",
+        "shardcore/expert_parallel/experts.py",
+        "ExpertsTP.forward",
+        [("torch.where(mine, copy_to_tp(top_k_weights, group), 0.0)", "torch.where(mine, top_k_weights, 0.0)")],
+        "plugins/shard-moe/tests/test_moe_tp.py::test_matches_unsharded[mixtral-tp2]",
+        "gradient of model.",
+    ),
+    m(
+        "ep-token-returned-to-wrong-row",
+        "expert parallelism: the experts' outputs come back to the rows in send order, not the tokens' order",
+        "shardcore/expert_parallel/__init__.py",
+        "route.back",
+        [
+            (
+                "        return whole.index_copy(0, sent, returned)",
+                "        return whole.index_copy(0, sent.sort().values, returned)",
+            )
+        ],
+        "plugins/shard-moe/tests/test_moe_expert_parallel.py::test_matches_unsharded[mixtral-ep2]",
+        "mean loss over the data-parallel ranks",
+    ),
+    m(
+        "ep-expert-gradient-not-averaged",
+        "expert parallelism: an expert's gradient left as the sum over the ranks' losses (not divided by dp)",
+        "shardcore/expert_parallel/__init__.py",
+        "install.average",
+        [("        grad = grad / dp\n", "        grad = grad\n")],
+        "plugins/shard-moe/tests/test_moe_expert_parallel.py::test_matches_unsharded[mixtral-ep2]",
+        "gradient of model.layers.0.mlp.experts.",
+    ),
+    m(
+        "ep-expert-replicas-not-summed",
+        "expert parallelism: an expert's gradient not summed over the ranks holding the same experts",
+        "shardcore/expert_parallel/__init__.py",
+        "install.average",
+        [
+            (
+                '        return all_reduce(grad, replicas, where="backward of the experts (gradient summed over their replicas)")',
+                "        return grad",
+            )
+        ],
+        "plugins/shard-moe/tests/test_moe_expert_parallel.py::test_matches_unsharded[mixtral-ep2-dp4]",
+        "gradient of model.layers.0.mlp.experts.",
+    ),
+    m(
+        "ep-global-balance-one-rank",
+        "global-batch balancing: the load-balancing loss from this rank's router statistics only",
+        "shardcore/expert_parallel/__init__.py",
+        "gather_over.gather",
+        [("        return _GatherOver.apply(t, group) if group_size(group) > 1 else t", "        return t")],
+        "plugins/shard-moe/tests/test_moe_expert_parallel.py::test_matches_unsharded[mixtral-ep2-global-balance]",
+        "mean loss over the data-parallel ranks",
+    ),
+    m(
+        "ep-global-balance-gradient-not-summed",
+        "global-batch balancing: each rank's rows get only its own copy of the loss's gradient (the backward's sum dropped)",
+        "shardcore/expert_parallel/__init__.py",
+        "_GatherOver.backward",
+        [
+            (
+                "        return reduce_scatter_cat(grad.contiguous(), ctx.group, 0, where=ctx.back), None",
+                "        return grad.chunk(group_size(ctx.group))[torch.distributed.get_rank(ctx.group)], None",
+            )
+        ],
+        "plugins/shard-moe/tests/test_moe_expert_parallel.py::test_matches_unsharded[mixtral-ep2-global-balance]",
+        "gradient of model.",
+        fast=True,
+    ),
+]

@@ -1,0 +1,15 @@
+"""Mutants of moved: each a deliberate bug one declared check must catch (tests/mutant_kit.py)."""
+
+from mutant_kit import m
+
+MUTANTS = [
+    m(
+        "moved-attention-names-unwarned",
+        "the attention names moved out of shardcore.kernels resolve silently: plugins get no warning before 0.3 drops them",
+        "shardcore/moved.py",
+        "moved_names.__getattr__",
+        [("        warnings.warn(\n", "        (lambda *a, **k: None)(\n")],
+        "tests/test_core_moved_imports.py::test_the_attention_registry_s_old_names_in_kernels_warn_and_are_the_new_code",
+        "the moved attention names did not each warn naming their new module",
+    ),
+]

@@ -1,0 +1,95 @@
+"""Mutants of plan: each a deliberate bug one declared check must catch (tests/mutant_kit.py)."""
+
+from mutant_kit import m
+
+MUTANTS = [
+    m(
+        "plan-axis-used-twice",
+        "the plan reader lets one mesh axis split two dimensions of a tensor (each rank then holds a corner)",
+        "shardcore/plan/syntax.py",
+        "_check_spec",
+        [("        if spec is not None and sum(a == axis for a in spec) > 1:", "        if False:")],
+        "tests/test_core_plan.py::test_plan_syntax[plan0-splits more than one dimension]",
+        "was read without an error (expected: splits more than one dimension)",
+        fast=True,
+    ),
+    m(
+        "plan-returns-the-vocab-slice",
+        "a plan's head on a plain model returns each rank's vocabulary slice again (no split found leaving)",
+        "shardcore/plan/policy.py",
+        "PlanPolicy._heads",
+        [("        return heads | leave\n", "        return heads\n")],
+        "tests/test_core_own_model.py::test_the_head_s_split_comes_back_whole",
+        "the head's split came back as each rank's slice",
+        fast=True,
+    ),
+    m(
+        "flow-walks-through-rows",
+        "the walk from the model's outputs goes on past a row-parallel layer (every column found leaving)",
+        "shardcore/plan/flow.py",
+        "_walk",
+        [('        if kind == "row":  # the split was reduced here\n            continue\n', "")],
+        "tests/test_core_own_model.py::test_splits_reduced_inside_the_model_are_not_gathered",
+        "a column was taken for leaving the model",
+    ),
+    m(
+        "plan-embedding-split-over-width",
+        "a plan splitting an embedding over its width (not the vocabulary) is taken as a vocabulary split",
+        "shardcore/plan/layers.py",
+        "Layers.layer",
+        [
+            (
+                "            if dim != 0:\n                raise PlanError(",
+                "            if False:\n                raise PlanError(",
+            )
+        ],
+        "plugins/shard-llama/tests/test_llama_plan.py::test_bad_plans_are_refused_early_on_every_rank[embedding width]",
+        "embedding width: refused with 'no error'",
+    ),
+    m(
+        "derive-without-blocks-unnamed",
+        "a model with no repeated blocks to derive a plan from fails on a None instead of a PlanError naming it",
+        "shardcore/plan/derive.py",
+        "derived_plan",
+        [("    if found is None:\n        raise PlanError(", "    if False:\n        raise PlanError(")],
+        "tests/test_core_verify.py::test_derive_names_what_it_could_not_read",
+        "cannot unpack non-iterable NoneType object",
+    ),
+    m(
+        "zero-config-unknown-style-accepted",
+        "a shipped tp_plan style zero-config does not translate is not refused by name",
+        "shardcore/plan/zero_config.py",
+        "hf_tp_plan",
+        [("            if style not in STYLES:", "            if False:")],
+        "tests/test_core_zero_config.py::test_unsupported_tp_style_is_named",
+        "DID NOT RAISE PlanError",
+    ),
+    m(
+        "plan-tie-split-two-ways",
+        "a plan giving two names of one tied parameter different specs is not refused",
+        "shardcore/plan/policy.py",
+        "PlanPolicy._check_ties",
+        [
+            (
+                "            if split and (len(split) != len(tied) or len({tuple(s) for s in split.values()}) > 1):",
+                "            if False:",
+            )
+        ],
+        "tests/test_core_plan.py::test_tied_parameters_need_one_spec",
+        "a tie split two ways: no error",
+    ),
+    m(
+        "colwise-style-read-as-rowwise",
+        "a plan's colwise style on a plain linear weight becomes a row split",
+        "shardcore/plan/styles.py",
+        "linear_spec",
+        [
+            (
+                '        return ["tp", None] if column else [None, "tp"]',
+                '        return [None, "tp"] if column else [None, "tp"]',
+            )
+        ],
+        "tests/test_core_plan.py::test_a_plan_s_style_names_become_the_specs_its_table_gives",
+        "the styles became {('weight', 'colwise'): [None, 'tp']",
+    ),
+]

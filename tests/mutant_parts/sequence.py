@@ -1,0 +1,136 @@
+"""Mutants of sequence: each a deliberate bug one declared check must catch (tests/mutant_kit.py)."""
+
+from mutant_kit import m
+
+MUTANTS = [
+    m(
+        "sequence-region-drops-the-last-block",
+        "the default split_gather region leaves a model's last block out: it runs on the whole sequence, unsplit",
+        "shardcore/sequence/hooks.py",
+        "SequenceHooks.sequence_parallel_regions",
+        [("        return [self.blocks()]", "        return [self.blocks()[:-1]]")],
+        "plugins/shard-llama/tests/test_llama_sequence.py::test_the_sequence_is_split_and_an_odd_length_runs_unsplit",
+        "not every block's two regions ran sequence-split",
+    ),
+    m(
+        "sp-replicated-grads-not-summed",
+        "split_gather: replicated parameters' gradients (norms) not summed over the sequence split",
+        "shardcore/sequence/split_gather.py",
+        "apply_sequence_parallel",
+        [
+            (
+                "                if partial:\n                    _sum_grads_when_split",
+                "                if False:\n                    _sum_grads_when_split",
+            )
+        ],
+        "plugins/shard-llama/tests/test_llama_sequence.py::test_split_gather_matches_unsharded[causal-tp2]",
+        "gradient of model.layers.0.input_layernorm.weight (gathered): relative error",
+        fast=True,
+    ),
+    m(
+        "ulysses-backward-swapped",
+        "Ulysses: the backward exchange with scatter and gather swapped (reshaped to fit, as one silences autograd's shape check)",
+        "shardcore/sequence/ulysses.py",
+        "_AllToAll",
+        [
+            (
+                "        ctx.group, ctx.scatter, ctx.gather = group, scatter, gather\n",
+                "        ctx.group, ctx.scatter, ctx.gather, ctx.shape = group, scatter, gather, x.shape\n",
+            ),
+            (
+                '            all_to_all_cat(grad, ctx.group, ctx.gather, ctx.scatter, where="backward of Ulysses attention"),',
+                "            all_to_all_cat(grad, ctx.group, ctx.scatter, ctx.gather).reshape(ctx.shape),",
+            ),
+        ],
+        "plugins/shard-llama/tests/test_llama_sequence.py::test_all_to_all_matches_unsharded[seqcls-gqa-sp2]",
+        "gradient of model.embed_tokens.weight (gathered): relative error",
+    ),
+    m(
+        "ring-mask-offset",
+        "ring_attn: every rank masks its queries as if it held the first chunks (mask offset lost)",
+        "shardcore/sequence/ring.py",
+        "ring_attention.attention",
+        [("        mine = positions[group_rank(group)]", "        mine = positions[0]")],
+        "plugins/shard-llama/tests/test_llama_sequence.py::test_ring_attn_matches_unsharded[gqa-padded-sp2]",
+        "output 'logits': max abs diff",
+    ),
+    m(
+        "sp-swaps-registered-parameters",
+        "sequence parallelism puts the gradient-summing copy of a norm weight into the parameter registry mid-forward",
+        "shardcore/sequence/split_gather.py",
+        "_sum_grads_when_split.enter",
+        [("            mod.__dict__[n] = copy_to_tp(", "            mod._parameters[n] = copy_to_tp(")],
+        "plugins/shard-llama/tests/test_llama_sequence.py::test_a_split_forward_never_swaps_registered_parameters",
+        "_registry_mid_forward failed",
+    ),
+    m(
+        "ring-merge-not-rescaled",
+        "ring attention adds each block's output without rescaling the running result to the new log-sum-exp",
+        "shardcore/sequence/blocks.py",
+        "merge",
+        [
+            (
+                "    out[:, :, rows] = now_out * torch.exp(now_lse - safe).unsqueeze(-1) + piece_out",
+                "    out[:, :, rows] = now_out + piece_out",
+            )
+        ],
+        "tests/test_core_ring.py::test_ring_attention_equals_full_attention[causal-2-fused]",
+        "ring attention differs from full attention",
+    ),
+    m(
+        "ring-diagonal-chunk-unmasked",
+        "ring attention: a query chunk sees its own key chunk whole, later tokens included (causal flag lost)",
+        "shardcore/sequence/blocks.py",
+        "pieces",
+        [("(j + 1) * half), None, theirs == mine)", "(j + 1) * half), None, False)")],
+        "tests/test_core_ring.py::test_ring_attention_equals_full_attention[zigzag-4-fused]",
+        "ring attention differs from full attention",
+    ),
+    m(
+        "ring-masked-row-counted",
+        "ring attention: a row that sees no key of a block keeps the fused kernel's log-sum-exp (0, not -inf)",
+        "shardcore/sequence/blocks.py",
+        "attend",
+        [('        lse = lse.masked_fill(_sees_nothing(piece.mask), float("-inf"))', "        pass")],
+        "tests/test_core_ring.py::test_ring_attention_equals_full_attention[padded-2-fused]",
+        "ring attention differs from full attention",
+    ),
+    m(
+        "ring-gradients-not-home",
+        "ring attention's key/value gradients stop one hop short of their owner (the last shift skipped)",
+        "shardcore/sequence/ring.py",
+        "_RingAttention.backward",
+        [
+            ("        for step in range(world):\n", "        for step in range(world):\n"),
+            (
+                "            if world > 1:  # after the last step the block goes home with every rank's gradients",
+                "            if world > 1 and step < world - 1:",
+            ),
+        ],
+        "tests/test_core_ring.py::test_ring_attention_equals_full_attention[padded-4-math]",
+        "ring shifts (3, 3)",
+    ),
+    m(
+        "sp-unsupported-mode-accepted",
+        "a sequence-parallel mode the policy does not support is not refused before sharding",
+        "shardcore/sequence/check.py",
+        "check_sequence_parallel",
+        [("    if mode not in supported:", "    if False:")],
+        "plugins/shard-t5/tests/test_t5_tp.py::test_pipeline_and_sequence_parallelism_refused_by_name[sequence]",
+        "refused with 'no error'",
+    ),
+    m(
+        "spec-sequence-regions-ignored",
+        "split_gather splits over every block, ignoring the regions the spec declares (Whisper's decoder split)",
+        "shardcore/sequence/declared.py",
+        "regions",
+        [
+            (
+                "    return [list(r) for r in found] if found is not None else [policy.blocks()]",
+                "    return [policy.blocks()]",
+            )
+        ],
+        "tests/test_core_spec.py::test_a_sequence_spec_is_read_with_its_defaults",
+        "not the declared [['blocks.0']]",
+    ),
+]
