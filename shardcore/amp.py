@@ -25,6 +25,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .attach import attached
 from .data_parallel import dp_local
 from .distributed.collectives import all_reduce, group_device, group_size
 
@@ -101,7 +102,7 @@ def install_overflow_agreement(model: nn.Module, group, config) -> None:
             if t.requires_grad:
                 t.register_hook(on_grad)
 
-    model.register_forward_hook(hook)
+    attached(model).after_forward(model, "overflow_agreement", hook, what="fp16 overflow agreed in the backward")
 
 
 def _tensors(output) -> list[torch.Tensor]:

@@ -29,6 +29,8 @@ import zlib
 import torch
 from torch import nn
 
+from .attach import attached
+from .config import ShardConfig
 from .distributed.collectives import all_gather_cat, broadcast, current_scope, group_device, group_ranks
 from .distributed.objects import all_gather_object
 from .distributed.traced import compiling
@@ -175,7 +177,13 @@ def install_sequence_check(model: nn.Module, group, config) -> None:
     def same_inputs(module, args, kwargs):
         gate.check(group, f"{name}.forward (sequence-parallel group)", args, kwargs)
 
-    model.register_forward_pre_hook(same_inputs, with_kwargs=True, prepend=True)
+    attached(model).before_forward(
+        model,
+        "same_sequence_batch",
+        same_inputs,
+        with_kwargs=True,
+        what="every sequence-parallel rank sees the same batch",
+    )
 
 
 def install(model: nn.Module, group, config) -> None:
@@ -198,21 +206,56 @@ def install(model: nn.Module, group, config) -> None:
             if not generating[0] and not getattr(module, "_shardcore_in_stage", False):
                 gate.check(group, f"{model_name}.forward", args, kwargs)
 
-        model.register_forward_pre_hook(hook, with_kwargs=True, prepend=True)
-    generate = getattr(model, "generate", None)
-    if callable(generate):
+        attached(model).before_forward(
+            model, "same_inputs", hook, with_kwargs=True, what="every rank of the group sees the same batch"
+        )
+    if callable(getattr(model, "generate", None)):
+        attached(model).route(
+            model,
+            "generate",
+            "same_sampling",
+            lambda generate: _synced_generate(model, generate, group, config, generating),
+            what="the random state synced and the prompts checked across the group",
+        )
 
-        @functools.wraps(generate)
-        def synced_generate(*args, **kwargs):
-            param = next(model.parameters(), None)
-            sync_random_state(group, param.device if param is not None else torch.device("cpu"))
-            if config.check_inputs and not generating[0]:
-                check_inputs(group, f"{model_name}.generate", args, kwargs)
-            # the steps' inputs derive from the checked ones and the synced draws: not re-checked
-            outer, generating[0] = generating[0], True
-            try:
-                return generate(*args, **kwargs)
-            finally:
-                generating[0] = outer
 
-        model.generate = synced_generate
+def _synced_generate(model: nn.Module, generate, group, config, generating: list):
+    model_name = type(model).__name__
+
+    @functools.wraps(generate)
+    def synced_generate(*args, **kwargs):
+        param = next(model.parameters(), None)
+        sync_random_state(group, param.device if param is not None else torch.device("cpu"))
+        if config.check_inputs and not generating[0]:
+            check_inputs(group, f"{model_name}.generate", args, kwargs)
+        # the steps' inputs derive from the checked ones and the synced draws: not re-checked
+        outer, generating[0] = generating[0], True
+        try:
+            return generate(*args, **kwargs)
+        finally:
+            generating[0] = outer
+
+    return synced_generate
+
+
+def freeze_for_inference(model: nn.Module, config: ShardConfig) -> None:
+    """``inference_only``: eval mode, frozen parameters, and a clear error (first, before any
+    collective) if the model is put back in training mode."""
+    if not config.inference_only:
+        return
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    name = type(model).__name__
+
+    def refuse_training(module, args, kwargs):
+        if module.training:
+            raise RuntimeError(
+                f"{name} was sharded with ShardConfig(inference_only=True): its backward all-reduce hooks and "
+                "per-rank random streams were left out, so it cannot train; call model.eval(), or shard it "
+                "without inference_only to train it"
+            )
+
+    attached(model).before_forward(
+        model, "inference_only", refuse_training, with_kwargs=True, what="a training forward refused"
+    )

@@ -32,6 +32,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from .attach import attached
 from .grad_norm import grad_norm, like_grads, owner, register_model
 
 __all__ = ["NormPart", "ShardDTensorGrad", "ShardGrad", "mark_gradients", "register", "unmark"]
@@ -188,8 +189,7 @@ def mark_gradients(model: nn.Module) -> None:
                 _mark(p)
 
     mark_new(model)
-    # first among the pre-hooks: before FSDP's swaps the root's sharded parameters for unsharded ones
-    handles.append(model.register_forward_pre_hook(mark_new, prepend=True))
+    attached(model).before_forward(model, "grad_mark", mark_new, what="parameters added since marked for the norm")
     pipeline = getattr(getattr(model, "shardcore", None), "pipeline", None)
     if pipeline is not None:  # zero-bubble schedules set later stages' weight gradients with no autograd hook
         pipeline.after_step.append(_mark_all)
@@ -212,3 +212,5 @@ def unmark(model: nn.Module) -> None:
     model whose parameters became DTensors on the tensor-parallel mesh (benchmarks/bench_param_repr.py)."""
     for handle in model.__dict__.pop("_shardcore_marks", []):
         handle.remove()
+    if attached(model).has("before", "grad_mark"):
+        attached(model).remove(model, "before", "grad_mark")

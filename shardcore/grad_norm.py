@@ -39,6 +39,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from .attach import attached
 from .data_parallel import dp_shard_group, reshard
 from .distributed.collectives import all_reduce, group_key, group_rank, group_size
 from .sharded_state import parameter_specs
@@ -70,7 +71,9 @@ def register_model(model: nn.Module) -> None:
     def clip(max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False) -> torch.Tensor:
         return clip_grad_norm_(model, max_norm, norm_type, error_if_nonfinite=error_if_nonfinite)
 
-    object.__setattr__(model, "clip_grad_norm_", clip)
+    attached(model).route(
+        model, "clip_grad_norm_", "sharded_norm", lambda inner: clip, what="the unsharded model's norm, clipped"
+    )
 
 
 def _row_weights(spec, rank: int, copies: float, like: torch.Tensor) -> torch.Tensor | None:

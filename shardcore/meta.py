@@ -9,6 +9,8 @@ from collections.abc import Iterator
 from torch import nn
 from torch.nn.modules.module import register_module_parameter_registration_hook
 
+from .attach import attached, attachments
+
 __all__ = ["guard_meta", "init_empty", "unguard_meta"]
 
 
@@ -41,7 +43,7 @@ def init_empty() -> Iterator[None]:
 
 def guard_meta(model: nn.Module) -> None:
     """Refuse to run a model whose weights are still on the meta device, with the fix."""
-    if not any(p.is_meta for p in model.parameters()) or getattr(model, "_shardcore_meta_guard", None):
+    if not any(p.is_meta for p in model.parameters()) or attached(model).has("before", "meta_guard"):
         return
 
     def hook(module, args, kwargs):
@@ -51,11 +53,10 @@ def guard_meta(model: nn.Module) -> None:
             "checkpoints; random init on meta is not supported)"
         )
 
-    model._shardcore_meta_guard = model.register_forward_pre_hook(hook, with_kwargs=True)
+    attached(model).before_forward(model, "meta_guard", hook, with_kwargs=True, what="weights on meta refused")
 
 
 def unguard_meta(model: nn.Module) -> None:
-    handle = getattr(model, "_shardcore_meta_guard", None)
-    if handle is not None and not any(p.is_meta for p in model.parameters()):
-        handle.remove()
-        model._shardcore_meta_guard = None
+    found = attachments(model)
+    if found is not None and found.has("before", "meta_guard") and not any(p.is_meta for p in model.parameters()):
+        found.remove(model, "before", "meta_guard")

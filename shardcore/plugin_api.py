@@ -8,7 +8,8 @@ does for 0.1's paths). The conformance kit a plugin tests with is :mod:`shardcor
 * the specs a policy declares, one per parallelism (:mod:`shardcore.spec`: :class:`PipelineSpec`,
   :class:`SequenceSpec`, ...), :class:`HFStages` (a HuggingFace model's pipeline spec) and :class:`PipelineHole`;
 * the helpers a policy's code uses: :func:`blocks_in`, :func:`in_blocks`, :func:`block_type`,
-  :func:`require_divisible`, :func:`require_kv_heads`;
+  :func:`require_divisible`, :func:`require_kv_heads`, and :func:`attached` (a hook or a routed method a
+  policy puts on the model goes through the model's registry, :mod:`shardcore.attach`);
 * the parallel layers, their mappings and :class:`ShardSpec` (:mod:`shardcore.tensor_parallel`);
 * the builders of the usual descriptions (:mod:`shardcore.builders`);
 * the losses a pipeline's last stage and a vocabulary-split head use (:mod:`shardcore.losses`);
@@ -19,6 +20,7 @@ does for 0.1's paths). The conformance kit a plugin tests with is :mod:`shardcor
 from __future__ import annotations
 
 from . import tensor_parallel
+from .attach import attached
 from .builders import attention, experts, heads_of_this_rank, mlp, packed_attention, vocab_embedding, vocab_head
 from .checkpoint.parts import StackedParts
 from .composite import CompositePolicy
@@ -79,6 +81,7 @@ __all__ = [
     "ShardConfig",
     "StackedParts",
     "SubModuleReplacementDescription",
+    "attached",
     "attention",
     "attention_dims",
     "classification_items",

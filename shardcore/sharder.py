@@ -1,5 +1,5 @@
 """``ModelSharder`` applies a :class:`~shardcore.Policy` to a model (match -> replace -> retie), and
-the checks and guards :mod:`shardcore.optimize` runs around it."""
+the checks and guards :mod:`shardcore.steps` runs around it."""
 
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ from .integrations.hf.peft import (
     shard_lora_layer,
 )
 from .policy import ModulePolicyDescription, Policy
-from .tensor_parallel.mappings import shared_copies
 from .tensor_parallel.regions import enter_tp_region
 from .tensor_parallel.rng import run_in_shared_rng, run_in_tp_rng
 
@@ -27,9 +26,7 @@ __all__ = [
     "ShardInfo",
     "check_policy_features",
     "check_same_weights",
-    "freeze_for_inference",
     "resolve_policy",
-    "share_copies_per_forward",
 ]
 
 
@@ -59,6 +56,14 @@ class ShardInfo:
     #: predicted ``step_s`` and ``memory_bytes``, the ``config`` fields it set, the ``seq``,
     #: ``batch`` and ``world`` planned for, and how many ``layouts`` it ranked; ``None`` without auto.
     auto: dict | None = None
+    #: What optimize attached to the model (:mod:`shardcore.attach`), in the order it runs: ``print(model.shardcore)``.
+    attached: object = None
+
+    def __str__(self) -> str:
+        """Every hook and routed method shardcore put on the model, in the order they run."""
+        return self.attached.describe() if self.attached is not None else "nothing attached"
+
+    describe = __str__
 
 
 def _get(module: nn.Module, dotted: str):
@@ -254,41 +259,3 @@ def check_policy_features(model: nn.Module, policy: Policy, config: ShardConfig)
             f"{type(model).__name__}: {type(policy).__name__} does not support ShardConfig(parallel_output=True) "
             "(vocab-split logits and loss) yet; leave it False: logits are gathered and the loss is the unsharded one."
         )
-
-
-def share_copies_per_forward(model: nn.Module) -> None:
-    """Open a :func:`~shardcore.tensor_parallel.mappings.shared_copies` scope for each forward of ``model``."""
-    scopes: list = []
-
-    def enter(module, args):
-        scope = shared_copies()
-        scope.__enter__()
-        scopes.append(scope)
-
-    def leave(module, args, output):
-        if scopes:
-            scopes.pop().__exit__(None, None, None)
-
-    model.register_forward_pre_hook(enter)
-    model.register_forward_hook(leave, always_call=True)
-
-
-def freeze_for_inference(model: nn.Module, config: ShardConfig) -> None:
-    """``inference_only``: eval mode, frozen parameters, and a clear error (first, before any
-    collective) if the model is put back in training mode."""
-    if not config.inference_only:
-        return
-    model.eval()
-    for p in model.parameters():
-        p.requires_grad_(False)
-    name = type(model).__name__
-
-    def refuse_training(module, args, kwargs):
-        if module.training:
-            raise RuntimeError(
-                f"{name} was sharded with ShardConfig(inference_only=True): its backward all-reduce hooks and "
-                "per-rank random streams were left out, so it cannot train; call model.eval(), or shard it "
-                "without inference_only to train it"
-            )
-
-    model.register_forward_pre_hook(refuse_training, with_kwargs=True, prepend=True)

@@ -21,6 +21,7 @@ TIERS = [
         "moved",
         "inputs",
         "spec",
+        "attach",
     ],  # moved: the warned re-exports of moved names; inputs: a model's example input; spec: what a policy declares
     ["distributed"],  # groups, the layout and its mesh, bounded + counted collectives, the rank launcher
     ["tensor_parallel"],  # Megatron's mappings and regions, the parallel layers, per-rank random streams
@@ -30,7 +31,11 @@ TIERS = [
     ["checkpoint"],
     ["integrations"],
     ["plan", "verify"],  # verify: the checks of plans shardcore did not write
-    ["sharder", "optimize", "composite"],  # composite: a part's policy found as resolve_policy finds one
+    [
+        "sharder",
+        "steps",
+        "composite",
+    ],  # steps: optimize's ordered list; composite: a part's policy found as resolve_policy finds one
     ["inference"],
     ["explain"],
     ["cost"],  # the machine's measured profile (shardcore calibrate), the cost model over explain's counts

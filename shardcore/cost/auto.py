@@ -23,7 +23,7 @@ from ..config import ShardConfig
 from ..distributed import init_from_env
 from ..distributed.objects import broadcast_object
 from ..integrations.hf.peft import peft_base_model
-from ..optimize import optimize as _optimize
+from ..steps import optimize as _optimize
 
 __all__ = ["choose", "meta_copy", "optimize"]
 

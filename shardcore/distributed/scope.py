@@ -19,6 +19,7 @@ from collections.abc import Iterator
 import attrs
 import torch
 
+from ..attach import attached
 from . import audit
 
 COUNTS: Counter[str] = Counter()
@@ -104,8 +105,8 @@ def enter_scope_per_forward(model: torch.nn.Module, scope: Scope) -> None:
         if tokens:
             _CURRENT.reset(tokens.pop())
 
-    model.register_forward_pre_hook(enter, prepend=True)
-    model.register_forward_hook(leave, always_call=True)
+    attached(model).before_forward(model, "scope", enter, what="the model's bounded, named collectives")
+    attached(model).after_forward(model, "scope", leave, always=True)
 
 
 class Where(str):

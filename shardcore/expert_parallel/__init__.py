@@ -27,6 +27,7 @@ import functools
 import torch
 from torch import nn
 
+from ..attach import attached
 from ..distributed.collectives import all_to_all_cat, all_to_all_v, group_size
 from ..distributed.scope import backward_of
 
@@ -166,18 +167,20 @@ def _synced_generate(model: nn.Module) -> None:
     """Each expert-parallel rank generates for its own prompts, and every forward is a collective
     (the all-to-alls): a rank whose sequences are done keeps stepping until every rank is
     (transformers' ``synced_gpus``, made the default here; ``synced_gpus=False`` is refused)."""
-    generate = getattr(model, "generate", None)
-    if generate is None:
+    if getattr(model, "generate", None) is None:
         return
 
-    @functools.wraps(generate)
-    def synced(*args, **kwargs):
-        if kwargs.get("synced_gpus") is False:
-            raise ValueError(
-                "generate(synced_gpus=False) under expert parallelism: every rank's forward moves tokens to "
-                "the others' experts, so a rank that stops early leaves the others waiting; leave synced_gpus out"
-            )
-        kwargs["synced_gpus"] = True
-        return generate(*args, **kwargs)
+    def synced_gpus(generate):
+        @functools.wraps(generate)
+        def synced(*args, **kwargs):
+            if kwargs.get("synced_gpus") is False:
+                raise ValueError(
+                    "generate(synced_gpus=False) under expert parallelism: every rank's forward moves tokens to "
+                    "the others' experts, so a rank that stops early leaves the others waiting; leave synced_gpus out"
+                )
+            kwargs["synced_gpus"] = True
+            return generate(*args, **kwargs)
 
-    model.generate = synced
+        return synced
+
+    attached(model).route(model, "generate", "synced_gpus", synced_gpus, what="every rank steps until all are done")

@@ -238,7 +238,7 @@ def check_on_paper(
 ) -> None:
     """``optimize``'s checks of the layout on a meta ``model``, which is left as it is: raises
     :class:`ExplainError` with ``optimize``'s message where the layout is refused."""
-    from ..optimize import Build, run_steps
+    from ..steps import Build, run_steps
 
     config = _paper_config(config or ShardConfig(), tp, pp, sp, ep, dp or ep)
     layout = ParallelLayout.from_config(config, world_size=tp * pp * sp * (dp or ep))
@@ -252,7 +252,7 @@ def check_on_paper(
 def _shard_on_paper(model: nn.Module, config: ShardConfig, policy, tp: int, pp: int, ranks_beside: int):
     """``optimize``'s policy, checks and sharding steps over a paper group: the build, the valid
     tensor-parallel sizes, and the blocks' names and classes (``ranks_beside``: sp x dp)."""
-    from ..optimize import PAPER_STEPS, Build, run_steps
+    from ..steps import PAPER_STEPS, Build, run_steps
 
     layout = ParallelLayout.from_config(config, world_size=tp * pp * ranks_beside)  # optimize's layout step, on paper
     build = Build(model, config, policy, layout=layout, group=PaperGroup(0, tp))

@@ -66,7 +66,7 @@ def _build(key: str, source: Mapping, config: ShardConfig, policy, dtype, device
     from ..checkpoint.materialize import replace_tensors
     from ..distributed.objects import barrier
     from ..meta import init_empty
-    from ..optimize import optimize
+    from ..steps import optimize
 
     if "structure" in source:
         model = loads_payload(source["structure"])  # classes of the caller's script found there

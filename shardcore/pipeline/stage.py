@@ -8,6 +8,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..attach import attached
 from ..distributed.groups import new_group
 from .check import PipelineInfo, _stage_indices
 from .hole import PipelineHole
@@ -256,26 +257,23 @@ def _route_forward(model: nn.Module, policy, info: PipelineInfo) -> None:
     """``model(...)`` outside a stage runs the whole pipeline forward (inference: no autograd across
     stages) and returns the model's outputs on every rank; ``generate()`` runs through it, without a
     KV cache (each step recomputes the sequence), its random state shared by the pipeline's ranks."""
-    import functools
 
-    original = model.forward
+    def through_stages(original):
+        @functools.wraps(original)  # generate() inspects the signature (position_ids, logits_to_keep)
+        def forward(*args, **kwargs):
+            if getattr(model, "_shardcore_in_stage", False):
+                return original(*args, **kwargs)
+            if model.training and torch.is_grad_enabled():
+                raise RuntimeError(
+                    f"{type(model).__name__} is split into {info.num_stages} pipeline stages: train it with "
+                    "shardcore.pipeline_step(model, batch); a forward through the pipeline is for inference "
+                    "(model.eval(), or under torch.no_grad())"
+                )
+            return _forward_only(model, policy, info, args, kwargs)
 
-    @functools.wraps(original)  # generate() inspects the signature (position_ids, logits_to_keep)
-    def forward(*args, **kwargs):
-        if getattr(model, "_shardcore_in_stage", False):
-            return original(*args, **kwargs)
-        if model.training and torch.is_grad_enabled():
-            raise RuntimeError(
-                f"{type(model).__name__} is split into {info.num_stages} pipeline stages: train it with "
-                "shardcore.pipeline_step(model, batch); a forward through the pipeline is for inference "
-                "(model.eval(), or under torch.no_grad())"
-            )
-        return _forward_only(model, policy, info, args, kwargs)
+        return forward
 
-    model.forward = forward
-    generate = getattr(model, "generate", None)
-    if callable(generate):
-
+    def generate_through(generate):
         @functools.wraps(generate)
         def generate_through_pipeline(*args, **kwargs):
             from ..consistency import sync_random_state
@@ -294,4 +292,8 @@ def _route_forward(model: nn.Module, policy, info: PipelineInfo) -> None:
             sync_random_state(info.group, next(model.parameters()).device)  # sampling alike on every stage
             return generate(*args, **kwargs)
 
-        model.generate = generate_through_pipeline
+        return generate_through_pipeline
+
+    attached(model).route(model, "forward", "pipeline", through_stages, what="the whole pipeline outside a stage")
+    if callable(getattr(model, "generate", None)):
+        attached(model).route(model, "generate", "pipeline", generate_through, what="no KV cache, sampling synced")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from ..attach import attached
 from ..tensor_parallel.recompute import checkpointing
 from .declared import attention_problem, heads_of, regions
 
@@ -111,4 +112,6 @@ def _watch_forward(model: nn.Module, state) -> None:
             )
         state.checkpointing = checkpointing(module)
 
-    model.register_forward_pre_hook(watch, with_kwargs=True)
+    attached(model).before_forward(
+        model, "watch_sequence", watch, with_kwargs=True, what="what the sequence split cannot honour, refused"
+    )

@@ -17,6 +17,7 @@ import attrs
 import torch
 import torch.nn.functional as F
 
+from ..attach import attached
 from ..distributed.collectives import (
     all_gather_cat,
     backward_of,
@@ -26,7 +27,7 @@ from ..distributed.collectives import (
     start_all_gather,
     start_reduce_scatter,
 )
-from .mappings import _COPIES, copy_to_tp, reduce_from_tp
+from .mappings import _COPIES, copy_to_tp, reduce_from_tp, shared_copies
 
 
 def enter_tp_region(module: torch.nn.Module, group, arg: str = "hidden_states", sequence=None):
@@ -218,3 +219,20 @@ def leave_region(
 @torch.compiler.disable  # the sequence split's collectives run eagerly, bounded and counted
 def _scatter_sequence(y: torch.Tensor, group, sequence: SequenceParallel) -> torch.Tensor:
     return _ReduceScatterSeq.apply(y, group, sequence.dim % y.dim())
+
+
+def share_copies_per_forward(model: torch.nn.Module) -> None:
+    """Open a :func:`~shardcore.tensor_parallel.mappings.shared_copies` scope for each forward of ``model``."""
+    scopes: list = []
+
+    def enter(module, args):
+        scope = shared_copies()
+        scope.__enter__()
+        scopes.append(scope)
+
+    def leave(module, args, output):
+        if scopes:
+            scopes.pop().__exit__(None, None, None)
+
+    attached(model).before_forward(model, "share_copies", enter, what="one copy per tensor for the column layers")
+    attached(model).after_forward(model, "share_copies", leave, always=True)

@@ -36,6 +36,7 @@ A typical plugin test::
 """
 
 from ..distributed.launcher import RankError, RankPool, close_pools, run_on_ranks
+from .attached import assert_attachments_listed
 from .checkpoints import assert_lazy_load_matches, assert_resume_matches, assert_same_checkpoint, train_and_save
 from .clipping import CLIP_CALLS, assert_clipping_matches
 from .conformance import (
@@ -64,6 +65,7 @@ __all__ = [
     "RankPool",
     "Sync",
     "as_watchdog_backend",
+    "assert_attachments_listed",
     "assert_clipping_matches",
     "assert_data_parallel_matches",
     "assert_explain_matches",

@@ -10,7 +10,7 @@ MUTANTS = [
         "mark_gradients",
         [
             (
-                "    mark_new(model)\n    # first among the pre-hooks: before FSDP's swaps the root's sharded parameters for unsharded ones\n    handles.append(model.register_forward_pre_hook(mark_new, prepend=True))\n",
+                '    mark_new(model)\n    attached(model).before_forward(model, "grad_mark", mark_new, what="parameters added since marked for the norm")\n',
                 "    pass\n",
             )
         ],
@@ -22,7 +22,12 @@ MUTANTS = [
         "parameters added after optimize (LoRA) are never marked: torch's norm of their gradients is per rank",
         "shardcore/grad_mark.py",
         "mark_gradients",
-        [("    handles.append(model.register_forward_pre_hook(mark_new, prepend=True))\n", "")],
+        [
+            (
+                '    attached(model).before_forward(model, "grad_mark", mark_new, what="parameters added since marked for the norm")\n',
+                "",
+            )
+        ],
         "plugins/shard-llama/tests/test_llama_peft.py::test_lora_matches_unsharded_peft_model[optimize-then-lora-2]",
         "torch's norm of the LoRA gradients is not the unsharded one",
     ),

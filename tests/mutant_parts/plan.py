@@ -76,7 +76,7 @@ MUTANTS = [
             )
         ],
         "tests/test_core_plan.py::test_tied_parameters_need_one_spec",
-        "a tie split two ways: no error",
+        "calls to other ranks: ShardingCheckError",
     ),
     m(
         "colwise-style-read-as-rowwise",

@@ -168,4 +168,18 @@ MUTANTS = [
         "tests/test_core_sync.py::test_the_audits_hear_the_wrapper_host_syncs_and_refuse_a_tensor_off_the_model_s_device",
         "'device': 'cpu'",
     ),
+    m(
+        "kit-stray-hook-accepted",
+        "the attachments check accepts a shardcore hook put on the model outside the registry (listed as torch's)",
+        "shardcore/testing/attached.py",
+        "assert_attachments_listed",
+        [
+            (
+                '        assert not name.startswith("shardcore."), f"{name} is on the model outside shardcore\'s registry"\n',
+                "",
+            )
+        ],
+        "tests/test_core_attach.py::test_the_kit_finds_a_shardcore_hook_outside_the_registry",
+        "DID NOT RAISE",
+    ),
 ]

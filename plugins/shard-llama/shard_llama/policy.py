@@ -28,6 +28,7 @@ from shardcore.plugin_api import (
     SequenceSpec,
     TensorParallelSpec,
     VocabParallelLMHead1D,
+    attached,
     attention,
     attention_dims,
     block_type,
@@ -45,6 +46,7 @@ from shardcore.plugin_api import (
 __all__ = ["LlamaForCausalLMPolicy", "LlamaForSequenceClassificationPolicy", "LlamaModelPolicy", "LlamaPolicy"]
 
 
+# --8<-- [start:specs]
 class LlamaPolicy(Policy):
     """Shared by every Llama-architecture head: shards the base model (``model.base_model``)."""
 
@@ -74,6 +76,8 @@ class LlamaPolicy(Policy):
             norm_classes=(type(self.base.norm),),  # LlamaRMSNorm / MistralRMSNorm / Qwen2RMSNorm: weight * x / rms(x)
             fusible=in_blocks(self.blocks(), "mlp"),  # down(silu(gate(x)) * up(x)): SwiGLU fused
         )
+
+    # --8<-- [end:specs]
 
     def config_sanity_check(self) -> None:
         cfg, tp = self.model.config, self.tp_size
@@ -129,7 +133,10 @@ class LlamaForCausalLMPolicy(HFStages, LlamaPolicy):
         if self.shard_config.parallel_output:
             from .modeling import generate_needs_full_logits
 
-            self.model.generate = generate_needs_full_logits
+            refuse = "generate() refused: it needs the full logits"
+            attached(self.model).route(
+                self.model, "generate", "parallel_output", lambda _: generate_needs_full_logits, what=refuse
+            )
             if isinstance(self.model.lm_head, VocabParallelLMHead1D):  # the model's own forward, the loss on slices
                 loss_on_head_slices(self.model, self.model.lm_head)
         else:  # the loss on the vocabulary slices while the logits are gathered

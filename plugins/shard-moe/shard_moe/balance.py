@@ -20,6 +20,8 @@ import sys
 
 from torch import nn
 
+from shardcore.plugin_api import attached
+
 
 def loss_module(model: nn.Module):
     """The module that defines ``model``'s ``load_balancing_loss_func``; refused by name for a model
@@ -55,4 +57,6 @@ def over_global_batch(model: nn.Module, gather) -> None:
         output.aux_loss = whole
         return output
 
-    model.register_forward_hook(whole_batch, with_kwargs=True)
+    attached(model).after_forward(
+        model, "global_batch_balance", whole_batch, with_kwargs=True, what="the balancing loss of the global batch"
+    )

@@ -14,6 +14,7 @@ import functools
 
 import torch
 
+from ...attach import attached
 from ...losses import causal_lm_loss_on_slices
 
 __all__ = ["defer_logits_gather", "loss_on_head_slices", "loss_on_slices_where_causal_lm"]
@@ -26,7 +27,10 @@ def loss_on_head_slices(model, head) -> None:
     slice (:func:`causal_lm_loss_on_slices`): no rank ever holds the full logits."""
 
     head.loss_on_slices = True
-    model.loss_function = _loss_on_slices_of(head)
+    on_slices = _loss_on_slices_of(head)
+    attached(model).route(
+        model, "loss_function", "vocab_parallel", lambda inner: on_slices, what="cross entropy on the slices"
+    )
 
 
 def loss_on_slices_where_causal_lm(model, head) -> bool:
@@ -92,26 +96,29 @@ def defer_logits_gather(model, head) -> bool:
             return causal_lm_loss(logits=logits, labels=labels, vocab_size=vocab_size, **kwargs)
         return on_slices(logits, labels, vocab_size, **kwargs)
 
-    original = model.forward
+    def deferring(original):
+        @functools.wraps(original)  # generate() inspects the signature
+        def forward(*args, **kwargs):
+            head.defer_gather = True
+            try:
+                output = original(*args, **kwargs)
+            except BaseException:
+                head.drop_gather()
+                raise
+            finally:
+                head.defer_gather = False
+            local = head.pending_logits
+            if local is None:  # the head did not run (a pipeline stage before the last)
+                return output
+            return _put_full_logits(model, head, output, local, head.finish_gather())
 
-    @functools.wraps(original)  # generate() inspects the signature
-    def forward(*args, **kwargs):
-        head.defer_gather = True
-        try:
-            output = original(*args, **kwargs)
-        except BaseException:
-            head.drop_gather()
-            raise
-        finally:
-            head.defer_gather = False
-        local = head.pending_logits
-        if local is None:  # the head did not run (a pipeline stage before the last)
-            return output
-        return _put_full_logits(model, head, output, local, head.finish_gather())
+        return forward
 
     head.loss_on_slices = True
-    model.loss_function = loss_function
-    model.forward = forward
+    attached(model).route(
+        model, "loss_function", "vocab_parallel", lambda inner: loss_function, what="cross entropy on the slices"
+    )
+    attached(model).route(model, "forward", "logits_gather_deferred", deferring, what="the gather overlaps the loss")
     return True
 
 

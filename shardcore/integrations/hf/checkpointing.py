@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 from torch import nn
 
+from ...attach import attached
 from ...tensor_parallel.recompute import Carried, carry_into_recompute, checkpointing
 
 __all__ = ["carry_into_checkpoints"]
@@ -35,7 +36,9 @@ def carry_into_checkpoints(model: nn.Module, carried: Sequence[Carried]) -> None
             if func is not None and not getattr(func, "shardcore_carries", False):
                 sub._gradient_checkpointing_func = _carrying(func, carried)
 
-    model.register_forward_pre_hook(wrap)
+    attached(model).before_forward(
+        model, "checkpointing", wrap, what="gradient checkpointing recomputes with the forward's random streams"
+    )
 
 
 def _carrying(checkpoint, carried: tuple[Carried, ...]):

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ...attach import attached
 from ...distributed.collectives import all_reduce, group_device
 
 __all__ = ["install_save_pretrained"]
@@ -106,4 +107,10 @@ def install_save_pretrained(model: nn.Module) -> None:
             raise
 
     save_pretrained.__doc__ = __doc__
-    object.__setattr__(model, "save_pretrained", save_pretrained)
+    attached(model).route(
+        model,
+        "save_pretrained",
+        "whole_checkpoint",
+        lambda inner: save_pretrained,
+        what="the unsharded checkpoint, written by rank 0",
+    )

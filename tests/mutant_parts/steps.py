@@ -6,7 +6,7 @@ MUTANTS = [
     m(
         "expert-groups-not-prepared",
         "optimize no longer builds the expert-parallel groups before the layers: an expert layer would have to create them itself",
-        "shardcore/optimize.py",
+        "shardcore/steps.py",
         "_shard",
         [("    if b.expert_parallel:  # the expert layers' groups", "    if False:  # the expert layers' groups")],
         "plugins/shard-moe/tests/test_moe_expert_parallel.py::test_each_rank_holds_its_share_of_the_experts[2-2-1]",
@@ -15,7 +15,7 @@ MUTANTS = [
     m(
         "error-after-collective",
         "the policy's checks moved behind the same-weights all-gather: one rank's error leaves the others waiting",
-        "shardcore/optimize.py",
+        "shardcore/steps.py",
         "",
         [
             ("    policy.config_sanity_check()\n", ""),
@@ -30,7 +30,7 @@ MUTANTS = [
     m(
         "lora-cut-only-at-forward",
         "adapters peft adds after optimize cut only at the next forward (no registration hook)",
-        "shardcore/optimize.py",
+        "shardcore/steps.py",
         "_register",
         [("        watch_adapters(model)\n", "")],
         "plugins/shard-llama/tests/test_llama_peft.py::test_merge_and_unload_before_any_forward",
@@ -40,7 +40,7 @@ MUTANTS = [
     m(
         "accelerate-ddp-overwrites-slices",
         "a sharded model without its DDP ignore list: accelerate's prepare broadcasts rank 0's slices",
-        "shardcore/optimize.py",
+        "shardcore/steps.py",
         "_data_parallel",
         [("        b.model._ddp_params_and_buffers_to_ignore = sorted(parameter_specs(b.model))", "        pass")],
         "plugins/shard-llama/tests/test_llama_trainer.py::test_accelerate_prepare_is_right_or_loud",
@@ -49,7 +49,7 @@ MUTANTS = [
     m(
         "replica-groups-not-prepared",
         "optimize no longer makes the replica sub-groups before the layers are built",
-        "shardcore/optimize.py",
+        "shardcore/steps.py",
         "_shard",
         [("    prepare_replica_groups(b.group, tp_groups)\n", "")],
         "plugins/shard-llama/tests/test_llama_tp.py::test_causal_lm_variants[gqa-4]",

@@ -23,6 +23,7 @@ from torch import nn
 
 from . import consistency, distributed, kernels, verify
 from .amp import install_overflow_agreement
+from .attach import attached
 from .composite import CompositePolicy
 from .config import OVER_SP_MODES, ShardConfig
 from .data_parallel import apply_data_parallel, check_data_parallel
@@ -45,12 +46,10 @@ from .sharder import (
     ShardInfo,
     check_policy_features,
     check_same_weights,
-    freeze_for_inference,
     resolve_policy,
-    share_copies_per_forward,
 )
 from .tensor_parallel.grad_sum import sum_named_gradients
-from .tensor_parallel.regions import SequenceParallel
+from .tensor_parallel.regions import SequenceParallel, share_copies_per_forward
 from .tensor_parallel.rng import STREAMS
 
 __all__ = ["PAPER_STEPS", "STEPS", "Build", "optimize", "run_steps"]
@@ -208,7 +207,7 @@ def _guards(b: Build) -> None:
         consistency.install(b.model, b.group, b.config)
         if not b.config.inference_only:  # before data parallelism wraps the model: FSDP's backward work first
             install_overflow_agreement(b.model, dist.group.WORLD if b.whole_world else b.group, b.config)
-    freeze_for_inference(b.model, b.config)
+    consistency.freeze_for_inference(b.model, b.config)
 
 
 def _pipeline(b: Build) -> None:
@@ -229,19 +228,19 @@ def _data_parallel(b: Build) -> None:
 def _register(b: Build) -> None:
     model = b.model
     if b.sharded:
-        model.shardcore = ShardInfo(
-            b.config, b.layout.tp, b.group, b.policy, b.layout, b.applied, b.data_parallel, b.pipeline, b.scope
-        )
+        found = (b.config, b.layout.tp, b.group, b.policy, b.layout, b.applied, b.data_parallel, b.pipeline, b.scope)
+        model.shardcore = ShardInfo(*found, attached=attached(model))  # print(model.shardcore): what is attached
         register(model)  # its gradient norm, model.clip_grad_norm_, the mark torch's own norm reads (grad_mark)
         install_save_pretrained(model)
         carry_into_checkpoints(model, [STREAMS, *b.recompute])  # HF gradient checkpointing recomputes exactly
     if b.tensor_parallel:
-        # LoRA added after optimize: cut when peft sets its layer in (so merge_and_unload is right before
-        # any forward), and adapters added to a wrapped layer before the next forward (and its input check)
+        # LoRA added after optimize: cut when peft sets its layer in, or before the next forward
         watch_adapters(model)
-        model.register_forward_pre_hook(lambda module, args: shard_new_adapters(module), prepend=True)
+        attached(model).before_forward(
+            model, "new_adapters", lambda module, args: shard_new_adapters(module), what="LoRA added since: cut"
+        )
     guard_meta(model)
-    if b.scope is not None:  # registered last, runs first: every hook's collectives are the model's
+    if b.scope is not None:  # first before the forward, last after it (shardcore.attach's order)
         enter_scope_per_forward(model, b.scope)
 
 
@@ -252,8 +251,7 @@ STEPS: list[tuple[str, Callable[[Build], None]]] = [
 ]
 
 
-#: The steps ``shardcore explain`` runs on a paper layout (its own ``layout`` step: a world of
-#: paper ranks, no process group): the policy, every check, and the sharding itself over a PaperGroup.
+#: The steps ``shardcore explain`` runs on a paper layout (a world of paper ranks): policy, checks, sharding.
 PAPER_STEPS = ("policy", "checks", "plan", "shard")
 
 
@@ -295,6 +293,8 @@ def optimize(
             "or the optimize module's own function): set the layout, e.g. as `shardcore explain MODEL --auto` prints it"
         )
     build = Build(model, config, policy)
-    for _, step in STEPS:
+    for name, step in STEPS:
+        attached(build.model).step = name  # what each step attaches is recorded under its name
         step(build)
+    attached(build.model).finish(build.model)  # its hooks first before the forward: before data parallelism's
     return build.model

@@ -1,0 +1,282 @@
+"""What ``optimize`` attaches to a model, in one place: :func:`attached` (``model.shardcore.attached``).
+
+Every hook around the model's forward and every method ``optimize`` replaces on the instance goes through
+the model's :class:`Attached`, recorded with its name and the optimize step that attached it:
+
+* hooks before and after the forward run from ONE dispatcher each, in the order of :data:`BEFORE_FORWARD`
+  and :data:`AFTER_FORWARD` (a name not listed there is refused: a new feature places itself in that
+  order, here, not with ``prepend=True`` and a comment). The dispatchers run before (after) the hooks
+  torch's own data parallelism puts on the model (FSDP's parameter swaps), re-placed so at the end of
+  ``optimize``;
+* ``forward``, ``generate`` and the other replaced methods (``clip_grad_norm_``, ``save_pretrained``,
+  ``loss_function``) are routed through one chain each: each feature gives a wrapper of what was there
+  before it, the registry sets the one composed function on the instance.
+
+``print(model.shardcore)`` (or ``model.shardcore.attached.describe()``) lists them in the order they run,
+and torch's own hooks found on the model beside them.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from torch import nn
+
+__all__ = ["AFTER_FORWARD", "BEFORE_FORWARD", "Attached", "Entry", "attached", "attachments"]
+
+#: The hooks before the model's forward, in the order they run (each a name an :class:`Entry` takes).
+BEFORE_FORWARD = (
+    "scope",  # every collective below, the other hooks' too, is this model's (bounded, named)
+    "new_adapters",  # LoRA adapters added since optimize: cut over the group before anything reads them
+    "grad_mark",  # parameters added since: their gradients marked (before FSDP swaps the root's parameters)
+    "inference_only",  # an inference-only model put back in training: refused before any collective
+    "same_inputs",  # every rank of the group sees the same batch (a collective of digests)
+    "same_sequence_batch",  # ... and every rank of the sequence-parallel group
+    "watch_sequence",  # what the sequence split cannot honour, refused; activation checkpointing noted
+    "share_copies",  # column layers reading one tensor share one copy (plans)
+    "checkpointing",  # the model's gradient checkpointing recomputes with the forward's random streams
+    "meta_guard",  # weights still on the meta device: refused with the fix
+)
+#: The hooks after the model's forward, in the order they run; ``always`` ones run after a forward that raised too.
+AFTER_FORWARD = (
+    "share_copies",  # the forward's shared copies closed (always)
+    "overflow_agreement",  # fp16: the ranks agree on an overflow in the backward
+    "global_batch_balance",  # the router's balancing loss over the whole global batch
+    "scope",  # the model's scope left (always): last
+)
+
+
+@dataclass
+class Entry:
+    """One attachment: ``kind`` is ``"before"``, ``"after"`` or the name of a routed method."""
+
+    kind: str
+    name: str
+    step: str
+    fn: Callable
+    with_kwargs: bool = False
+    always: bool = False
+    what: str = ""
+
+    def line(self) -> str:
+        flags = " (always, also after a forward that raised)" if self.always else ""
+        return f"{self.name} [{self.step}]{flags}" + (f": {self.what}" if self.what else "")
+
+
+@dataclass
+class Attached:
+    """The registry of one model's attachments (module docstring)."""
+
+    owner: str
+    #: the model (a weak reference: the registry lives on it)
+    model: Callable[[], nn.Module | None] = lambda: None
+    #: the optimize step running now (set by ``optimize``; attachments after it: ``"after optimize"``)
+    step: str = "after optimize"
+    entries: list[Entry] = field(default_factory=list)
+    #: the names the dispatchers ran in the last forward (the outermost: a stage runs the model inside its
+    #: own forward), in order: what :meth:`describe` says must hold
+    last_run: list[str] = field(default_factory=list)
+    _handles: list = field(default_factory=list)
+    _calls: list = field(default_factory=list)  # per forward in flight: whether it returned (after-hooks)
+    _originals: dict = field(default_factory=dict)
+    #: ``{method: the function the registry set on the model}`` (what ``getattr(model, method)`` must be)
+    installed: dict = field(default_factory=dict)
+
+    # -- hooks around the forward ---------------------------------------------------------------------
+
+    def before_forward(self, model: nn.Module, name: str, fn: Callable, *, with_kwargs: bool = False, what: str = ""):
+        """Run ``fn(module, args[, kwargs])`` before each forward, at ``name``'s place in :data:`BEFORE_FORWARD`."""
+        self._add(model, Entry("before", name, self.step, fn, with_kwargs, False, what), BEFORE_FORWARD)
+
+    def after_forward(
+        self,
+        model: nn.Module,
+        name: str,
+        fn: Callable,
+        *,
+        with_kwargs: bool = False,
+        always: bool = False,
+        what: str = "",
+    ):
+        """Run ``fn(module, args, [kwargs,] output)`` after each forward, at ``name``'s place in :data:`AFTER_FORWARD`."""
+        self._add(model, Entry("after", name, self.step, fn, with_kwargs, always, what), AFTER_FORWARD)
+
+    def remove(self, model: nn.Module, kind: str, name: str) -> None:
+        """Drop the attachment ``name`` of ``kind`` (``"before"``, ``"after"``, or a routed method, which
+        goes back to what was there before the chain)."""
+        self.entries = [e for e in self.entries if not (e.kind == kind and e.name == name)]
+        if kind not in ("before", "after"):
+            self._install_route(model, kind)
+
+    def has(self, kind: str, name: str) -> bool:
+        return any(e.kind == kind and e.name == name for e in self.entries)
+
+    def _add(self, model: nn.Module, entry: Entry, order: tuple[str, ...]) -> None:
+        if entry.name not in order:
+            where = "BEFORE_FORWARD" if entry.kind == "before" else "AFTER_FORWARD"
+            raise ValueError(f"{entry.name!r} has no place in shardcore.attach.{where}: add it there, in run order")
+        if self.has(entry.kind, entry.name):
+            raise ValueError(f"{self.owner}: a {entry.kind}-forward hook {entry.name!r} is attached already")
+        self.entries.append(entry)
+        if not self._handles:
+            self.settle(model)
+
+    def in_order(self, kind: str) -> list[Entry]:
+        order = BEFORE_FORWARD if kind == "before" else AFTER_FORWARD
+        return sorted((e for e in self.entries if e.kind == kind), key=lambda e: order.index(e.name))
+
+    def settle(self, model: nn.Module) -> None:
+        """(Re-)register the dispatchers: the one before the forward first among the model's own pre-hooks,
+        those after it last (``optimize`` calls this last, after torch's data parallelism added its hooks)."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles = [
+            model.register_forward_pre_hook(self._before, with_kwargs=True, prepend=True),
+            model.register_forward_hook(self._returned, with_kwargs=True),
+            model.register_forward_hook(self._after, with_kwargs=True, always_call=True),
+        ]
+
+    def finish(self, model: nn.Module) -> None:
+        """The end of ``optimize``: what is attached from now on is attached after it; :meth:`settle`."""
+        self.step = "after optimize"
+        self.settle(model)
+
+    def _before(self, module, args, kwargs):
+        outer = not self._calls  # not a forward of the model inside its own (a pipeline stage's)
+        self._calls.append(False)
+        if outer:
+            self.last_run = []
+        for entry in self.in_order("before"):
+            if outer:
+                self.last_run.append(f"before:{entry.name}")
+            if entry.with_kwargs:
+                out = entry.fn(module, args, kwargs)
+                if out is not None:
+                    args, kwargs = out
+            else:
+                out = entry.fn(module, args)
+                if out is not None:
+                    args = out if isinstance(out, tuple) else (out,)
+        return args, kwargs
+
+    def _returned(self, module, args, kwargs, output):
+        if self._calls:
+            self._calls[-1] = True  # the forward returned: every after-hook runs, not only the always ones
+
+    def _after(self, module, args, kwargs, output):
+        returned = self._calls.pop() if self._calls else True
+        outer = not self._calls
+        for entry in self.in_order("after"):
+            if not (returned or entry.always):
+                continue
+            if outer:
+                self.last_run.append(f"after:{entry.name}")
+            out = entry.fn(module, args, kwargs, output) if entry.with_kwargs else entry.fn(module, args, output)
+            if out is not None and returned:
+                output = out
+        return output if returned else None
+
+    # -- routed methods ---------------------------------------------------------------------------------
+
+    def route(self, model: nn.Module, method: str, name: str, wrap: Callable[[Callable], Callable], *, what: str = ""):
+        """Route ``model.<method>`` (``forward``, ``generate``, ``clip_grad_norm_``, ...) through ``wrap``:
+        ``wrap(inner)`` returns the function run instead, given what ran before (the class's method, or
+        the previous feature's function). The one composed function is set on the instance."""
+        if self.has(method, name):
+            raise ValueError(f"{self.owner}: {method} is routed through {name!r} already")
+        if method not in self._originals:  # (the instance's own, or none: the class's; what it was)
+            self._originals[method] = (model.__dict__.get(method, _CLASS), getattr(model, method, None))
+        self.entries.append(Entry(method, name, self.step, wrap, what=what))
+        self._install_route(model, method)
+
+    def _install_route(self, model: nn.Module, method: str) -> None:
+        own, value = self._originals[method]
+        chain = [e for e in self.entries if e.kind == method]
+        if chain or own is not _CLASS or isinstance(getattr(type(model), method, None), property):
+            for entry in chain:
+                value = entry.fn(value)
+            object.__setattr__(model, method, value)  # a property (loss_function) takes it through its setter
+            self.installed[method] = getattr(model, method)
+        else:
+            model.__dict__.pop(method, None)  # nothing routed any more: the class's own
+            self.installed.pop(method, None)
+
+    def routes(self) -> dict[str, list[Entry]]:
+        """``{method: its chain, innermost first}``."""
+        out: dict[str, list[Entry]] = {}
+        for e in self.entries:
+            if e.kind not in ("before", "after"):
+                out.setdefault(e.kind, []).append(e)
+        return out
+
+    # -- what a user reads --------------------------------------------------------------------------------
+
+    def describe(self) -> str:
+        """Every attachment, in the order it runs, and torch's own hooks found on the model beside them."""
+        model = self.model()
+        lines = [f"what shardcore attached to {self.owner}, in the order it runs:", "  before each forward:"]
+        lines += [f"    {i}. {e.line()}" for i, e in enumerate(self.in_order("before"), 1)]
+        if model is not None:
+            foreign = [h for h in model._forward_pre_hooks.values() if h != self._before]
+            lines += [f"    then torch's own: {_name(h)}" for h in foreign]
+        lines.append("  after each forward:")
+        if model is not None:
+            foreign = [h for h in model._forward_hooks.values() if h not in (self._returned, self._after)]
+            lines += [f"    first torch's own: {_name(h)}" for h in foreign]
+        lines += [f"    {i}. {e.line()}" for i, e in enumerate(self.in_order("after"), 1)]
+        for method, chain in self.routes().items():
+            names = " -> ".join(e.line() for e in reversed(chain))
+            lines.append(f"  {method}: {names} -> the model's own" if method in _WRAPPING else f"  {method}: {names}")
+        if model is not None:
+            lines += _inside(model)
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.describe()
+
+
+#: what a routed method's chain ends in
+_WRAPPING = ("forward", "generate")
+_CLASS = object()
+
+
+def _inside(model: nn.Module) -> list[str]:
+    """The hooks and replaced forwards found on the model's submodules (the parallel layers' regions, the
+    per-rank random streams, the sequence split), by function: what the sharder put inside the model."""
+    found: dict[tuple[str, str], list[str]] = {}
+    for path, module in model.named_modules():
+        if not path:
+            continue
+        for kind, hooks in (("before", module._forward_pre_hooks), ("after", module._forward_hooks)):
+            for hook in hooks.values():
+                found.setdefault((kind, _name(hook)), []).append(path)
+        if "forward" in module.__dict__:
+            found.setdefault(("forward", _name(module.__dict__["forward"])), []).append(path)
+    if not found:
+        return []
+    lines = ["  inside the model (found on its modules):"]
+    for (kind, name), paths in found.items():
+        more = ", ..." if len(paths) > 3 else ""
+        lines.append(f"    {kind} {name}: {len(paths)} modules ({', '.join(paths[:3])}{more})")
+    return lines
+
+
+def _name(hook) -> str:
+    fn = getattr(hook, "__func__", hook)
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
+
+
+def attachments(model: nn.Module) -> Attached | None:
+    """``model``'s registry, or ``None`` when nothing was attached to it."""
+    return model.__dict__.get("_shardcore_attached")
+
+
+def attached(model: nn.Module) -> Attached:
+    """``model``'s registry of attachments, made on first use."""
+    found = model.__dict__.get("_shardcore_attached")
+    if found is None:
+        found = Attached(type(model).__name__, weakref.ref(model))
+        object.__setattr__(model, "_shardcore_attached", found)
+    return found
