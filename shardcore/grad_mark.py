@@ -33,9 +33,9 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from .attach import attached
-from .grad_norm import grad_norm, like_grads, owner, register_model
+from .grad_norm import grad_norm, like_grads, owner
 
-__all__ = ["NormPart", "ShardDTensorGrad", "ShardGrad", "mark_gradients", "register", "unmark"]
+__all__ = ["NormPart", "ShardDTensorGrad", "ShardGrad", "mark_gradients", "unmark"]
 
 
 def _plain(func, args, kwargs):
@@ -198,13 +198,6 @@ def mark_gradients(model: nn.Module) -> None:
 def _mark_all(model: nn.Module) -> None:
     for p in model.parameters():
         _mark(p)
-
-
-def register(model: nn.Module) -> None:
-    """What ``optimize`` does for a sharded model: its norm and ``model.clip_grad_norm_``
-    (:func:`shardcore.grad_norm.register_model`), and the mark on its gradients."""
-    register_model(model)
-    mark_gradients(model)
 
 
 def unmark(model: nn.Module) -> None:

@@ -32,6 +32,7 @@ collective); a call on one rank only ends in :class:`~shardcore.CollectiveTimeou
 from __future__ import annotations
 
 import math
+import types
 import weakref
 from collections.abc import Iterable
 
@@ -67,13 +68,15 @@ def register_model(model: nn.Module) -> None:
     """Make ``model``'s gradients known to torch's norm (``shardcore.grad_mark``) and give the
     model a ``clip_grad_norm_(max_norm, norm_type=2.0)`` method. Called by ``optimize``."""
     _MODELS.add(model)
-
-    def clip(max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False) -> torch.Tensor:
-        return clip_grad_norm_(model, max_norm, norm_type, error_if_nonfinite=error_if_nonfinite)
-
+    clip = types.MethodType(_clip, model)
     attached(model).route(
         model, "clip_grad_norm_", "sharded_norm", lambda inner: clip, what="the unsharded model's norm, clipped"
     )
+
+
+def _clip(model: nn.Module, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False) -> torch.Tensor:
+    """``model.clip_grad_norm_(max_norm, norm_type=2.0)``: :func:`clip_grad_norm_` of the model."""
+    return clip_grad_norm_(model, max_norm, norm_type, error_if_nonfinite=error_if_nonfinite)
 
 
 def _row_weights(spec, rank: int, copies: float, like: torch.Tensor) -> torch.Tensor | None:

@@ -32,7 +32,8 @@ from .distributed.collectives import Scope, enter_scope_per_forward, group_size,
 from .distributed.groups import prepare_replica_groups
 from .expert_parallel import check_expert_parallel
 from .expert_parallel import install as install_expert_parallel
-from .grad_mark import register
+from .grad_mark import mark_gradients
+from .grad_norm import register_model
 from .integrations.hf import install_save_pretrained
 from .integrations.hf.checkpointing import carry_into_checkpoints
 from .integrations.hf.peft import check_lora, peft_base_model, shard_new_adapters, watch_adapters
@@ -230,7 +231,7 @@ def _register(b: Build) -> None:
     if b.sharded:
         found = (b.config, b.layout.tp, b.group, b.policy, b.layout, b.applied, b.data_parallel, b.pipeline, b.scope)
         model.shardcore = ShardInfo(*found, attached=attached(model))  # print(model.shardcore): what is attached
-        register(model)  # its gradient norm, model.clip_grad_norm_, the mark torch's own norm reads (grad_mark)
+        register_model(model), mark_gradients(model)  # its norm, model.clip_grad_norm_, the mark torch's norm reads
         install_save_pretrained(model)
         carry_into_checkpoints(model, [STREAMS, *b.recompute])  # HF gradient checkpointing recomputes exactly
     if b.tensor_parallel:
@@ -274,15 +275,14 @@ def optimize(
     The policy comes from the installed plugins, matched on ``type(model)``'s MRO, unless
     ``policy`` (an instance or a subclass of :class:`~shardcore.Policy`) is given. The steps run in
     the order of :data:`STEPS`; every check runs before the first collective, so bad input fails on
-    every rank alike: first the parallel layout against the world size, then features not built
-    yet, then the policy's own checks.
+    every rank alike: the parallel layout against the world size, features not built, the policy's checks.
     """
     if getattr(model, "shardcore", None) is not None:
         raise RuntimeError(f"{type(model).__name__} is already sharded by shardcore; optimize it once")
     inner = peft_base_model(model)
     if inner is not None:  # a PEFT model: shard the model it wraps (its LoRA layers with it), keep the wrapper
         model.shardcore = optimize(inner, config, policy=policy).shardcore
-        register(model)
+        register_model(model), mark_gradients(model)
         return model
     config = ShardConfig() if config is None else config
     if not isinstance(config, ShardConfig):
