@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
-__all__ = ["AFTER_FORWARD", "BEFORE_FORWARD", "Attached", "Entry", "attached", "attachments"]
+__all__ = ["AFTER_FORWARD", "BEFORE_FORWARD", "Attached", "Entry", "attached", "attachments", "hook_name"]
 
 #: The hooks before the model's forward, in the order they run (each a name an :class:`Entry` takes).
 BEFORE_FORWARD = (
@@ -138,6 +138,11 @@ class Attached:
             model.register_forward_hook(self._after, with_kwargs=True, always_call=True),
         ]
 
+    @property
+    def dispatchers(self) -> tuple[Callable, Callable, Callable]:
+        """The hooks the registry puts on the model: before the forward, after it (normal), after it (always)."""
+        return self._before, self._returned, self._after
+
     def finish(self, model: nn.Module) -> None:
         """The end of ``optimize``: what is attached from now on is attached after it; :meth:`settle`."""
         self.step = "after optimize"
@@ -220,11 +225,11 @@ class Attached:
         lines += [f"    {i}. {e.line()}" for i, e in enumerate(self.in_order("before"), 1)]
         if model is not None:
             foreign = [h for h in model._forward_pre_hooks.values() if h != self._before]
-            lines += [f"    then torch's own: {_name(h)}" for h in foreign]
+            lines += [f"    then torch's own: {hook_name(h)}" for h in foreign]
         lines.append("  after each forward:")
         if model is not None:
             foreign = [h for h in model._forward_hooks.values() if h not in (self._returned, self._after)]
-            lines += [f"    first torch's own: {_name(h)}" for h in foreign]
+            lines += [f"    first torch's own: {hook_name(h)}" for h in foreign]
         lines += [f"    {i}. {e.line()}" for i, e in enumerate(self.in_order("after"), 1)]
         for method, chain in self.routes().items():
             names = " -> ".join(e.line() for e in reversed(chain))
@@ -251,9 +256,9 @@ def _inside(model: nn.Module) -> list[str]:
             continue
         for kind, hooks in (("before", module._forward_pre_hooks), ("after", module._forward_hooks)):
             for hook in hooks.values():
-                found.setdefault((kind, _name(hook)), []).append(path)
+                found.setdefault((kind, hook_name(hook)), []).append(path)
         if "forward" in module.__dict__:
-            found.setdefault(("forward", _name(module.__dict__["forward"])), []).append(path)
+            found.setdefault(("forward", hook_name(module.__dict__["forward"])), []).append(path)
     if not found:
         return []
     lines = ["  inside the model (found on its modules):"]
@@ -263,7 +268,8 @@ def _inside(model: nn.Module) -> list[str]:
     return lines
 
 
-def _name(hook) -> str:
+def hook_name(hook) -> str:
+    """``module.qualname`` of a hook function (a bound method's function)."""
     fn = getattr(hook, "__func__", hook)
     return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
 

@@ -7,6 +7,8 @@ from typing import Any
 
 from torch import nn
 
+from ..attach import hook_name
+
 __all__ = ["assert_attachments_listed"]
 
 
@@ -23,14 +25,13 @@ def assert_attachments_listed(model: nn.Module, run: Callable[[], Any]) -> dict[
     """
     reg = model.shardcore.attached
     text = reg.describe()  # what print(model.shardcore) prints
+    before, returned, after = reg.dispatchers
     pre = list(model._forward_pre_hooks.values())
-    assert pre and pre[0] == reg._before, f"shardcore's dispatcher is not first among the pre-hooks: {pre}"
+    assert pre and pre[0] == before, f"shardcore's dispatcher is not first among the pre-hooks: {pre}"
     post = list(model._forward_hooks.values())
-    assert post[-2:] == [reg._returned, reg._after], f"shardcore's dispatchers are not last after the forward: {post}"
-    from ..attach import _name
-
+    assert post[-2:] == [returned, after], f"shardcore's dispatchers are not last after the forward: {post}"
     for hook in [*pre[1:], *post[:-2]]:
-        name = _name(hook)
+        name = hook_name(hook)
         assert not name.startswith("shardcore."), f"{name} is on the model outside shardcore's registry"
         assert name in text, f"torch's hook {name} on the model is not in its listing:\n{text}"
     routes = reg.routes()
