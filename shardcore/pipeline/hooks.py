@@ -1,4 +1,6 @@
-"""What a policy says about pipeline parallelism (:class:`PipelineHooks`, a base of :class:`~shardcore.Policy`).
+"""0.x's pipeline members of a policy (:class:`PipelineHooks`), kept for this minor version: a policy now returns a
+:class:`~shardcore.spec.PipelineSpec` from ``pipeline()``; a 0.x policy's own members are read into it
+(:mod:`shardcore.spec.legacy`).
 
 A policy without them refuses pipeline parallelism, naming the hooks it lacks; a HuggingFace plugin
 gets them all from :class:`shardcore.integrations.hf.stages.HFStages`.
@@ -12,16 +14,10 @@ from typing import Any
 class PipelineHooks:
     """The pipeline part of the policy contract (see :mod:`shardcore.pipeline`)."""
 
-    @property
-    def pipeline_block_returns_tuple(self) -> bool:
-        """Whether a block returns a tuple whose first element is the hidden states rather than
-        the hidden states: what its pipeline hole returns. Default: ``True`` for a HuggingFace
-        model under transformers 4.x (its layers return ``(hidden, ...)``), else ``False``."""
-        if not type(self.model).__module__.startswith("transformers."):
-            return False
-        import transformers  # the model is a transformers model: it is imported already
-
-        return int(transformers.__version__.split(".")[0]) < 5
+    #: Whether a block returns ``(hidden, ...)`` rather than the hidden states (``None``: ``True`` for a
+    #: HuggingFace model under transformers 4.x, else ``False``; :attr:`PipelineSpec.block_returns_tuple
+    #: <shardcore.spec.PipelineSpec>`).
+    pipeline_block_returns_tuple: bool | None = None
 
     #: Why ``generate()`` cannot run through this model's pipeline stages (``None``: it can).
     pipeline_generate_unsupported: str | None = None
@@ -34,10 +30,10 @@ class PipelineHooks:
         stays (timm's root ``cls_token``): the stages that do not hold it do not have it."""
         raise NotImplementedError(f"{type(self).__name__} does not implement pipeline_ends()")
 
-    def pipeline_zero_ends(self) -> set[str]:
+    def pipeline_zero_ends(self) -> tuple[str, ...]:
         """Paths of :meth:`pipeline_ends` whose output the model *adds* to the hidden states (a
-        position embedding): their holes return zero instead of handing the input through."""
-        return set()
+        position embedding): their holes return zero instead of handing the input through. Default: none."""
+        return ()
 
     def pipeline_inputs(self, batch: dict, training: bool = True) -> tuple[tuple, Any]:
         """``(positional inputs of the first stage, labels or None)`` from a batch as the model

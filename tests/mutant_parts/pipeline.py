@@ -66,14 +66,9 @@ MUTANTS = [
     m(
         "non-hf-blocks-return-tuples",
         "a model outside transformers is taken to return (hidden, ...) from its blocks: its holes return tuples",
-        "shardcore/pipeline/hooks.py",
-        "PipelineHooks.pipeline_block_returns_tuple",
-        [
-            (
-                "            return False\n        import transformers",
-                "            return True\n        import transformers",
-            )
-        ],
+        "shardcore/pipeline/stage.py",
+        "_hf4",
+        [("        return False\n    import transformers", "        return True\n    import transformers")],
         "plugins/shard-vit/tests/test_vit_pipeline.py::test_timm_pipeline_trains_like_unsharded[gpipe]",
         "layer_norm(): argument 'input' (position 1) must be Tensor, not tuple",
     ),

@@ -6,9 +6,9 @@ MUTANTS = [
     m(
         "sequence-region-drops-the-last-block",
         "the default split_gather region leaves a model's last block out: it runs on the whole sequence, unsplit",
-        "shardcore/sequence/hooks.py",
-        "SequenceHooks.sequence_parallel_regions",
-        [("        return [self.blocks()]", "        return [self.blocks()[:-1]]")],
+        "shardcore/sequence/declared.py",
+        "regions",
+        [("else [policy.blocks()]", "else [policy.blocks()[:-1]]")],
         "plugins/shard-llama/tests/test_llama_sequence.py::test_the_sequence_is_split_and_an_odd_length_runs_unsplit",
         "not every block's two regions ran sequence-split",
     ),

@@ -48,6 +48,7 @@ def test_a_pp2_x_tp2_llama_lists_the_pipeline_route():
         assert found["before"] == ["scope", "new_adapters", "grad_mark", "same_inputs", "checkpointing"], found
         assert "forward: ['logits_gather_deferred', 'pipeline']" in found["routes"], found
         assert "generate: ['same_sampling', 'pipeline']" in found["routes"], found
-        assert "forward: pipeline [pipeline]: the whole pipeline outside a stage -> logits_gather_deferred" in found[
-            "text"
-        ], found["text"]
+        assert (
+            "forward: pipeline [pipeline]: the whole pipeline outside a stage -> logits_gather_deferred"
+            in found["text"]
+        ), found["text"]
