@@ -75,9 +75,8 @@ class Attached:
     #: the optimize step running now (set by ``optimize``; attachments after it: ``"after optimize"``)
     step: str = "after optimize"
     entries: list[Entry] = field(default_factory=list)
-    #: the names the dispatchers ran in the last forward (the outermost: a stage runs the model inside its
-    #: own forward), in order: what :meth:`describe` says must hold
-    last_run: list[str] = field(default_factory=list)
+    _ran: list = field(default_factory=list)  # the entries the last (outermost) forward ran
+    _running: dict = field(default_factory=dict)  # {"before" / "after": entries in run order}, kept as they change
     _handles: list = field(default_factory=list)
     _calls: list = field(default_factory=list)  # per forward in flight: whether it returned (after-hooks)
     _originals: dict = field(default_factory=dict)
@@ -107,6 +106,7 @@ class Attached:
         """Drop the attachment ``name`` of ``kind`` (``"before"``, ``"after"``, or a routed method, which
         goes back to what was there before the chain)."""
         self.entries = [e for e in self.entries if not (e.kind == kind and e.name == name)]
+        self._running = {kind: self.in_order(kind) for kind in ("before", "after")}
         if kind not in ("before", "after"):
             self._install_route(model, kind)
 
@@ -120,6 +120,7 @@ class Attached:
         if self.has(entry.kind, entry.name):
             raise ValueError(f"{self.owner}: a {entry.kind}-forward hook {entry.name!r} is attached already")
         self.entries.append(entry)
+        self._running = {kind: self.in_order(kind) for kind in ("before", "after")}
         if not self._handles:
             self.settle(model)
 
@@ -139,6 +140,12 @@ class Attached:
         ]
 
     @property
+    def last_run(self) -> list[str]:
+        """``"before:name"`` / ``"after:name"`` of what the last forward ran, in order (the outermost one: a
+        pipeline stage runs the model inside its own forward): what :meth:`describe` says must hold."""
+        return [f"{e.kind}:{e.name}" for e in self._ran]
+
+    @property
     def dispatchers(self) -> tuple[Callable, Callable, Callable]:
         """The hooks the registry puts on the model: before the forward, after it (normal), after it (always)."""
         return self._before, self._returned, self._after
@@ -152,10 +159,10 @@ class Attached:
         outer = not self._calls  # not a forward of the model inside its own (a pipeline stage's)
         self._calls.append(False)
         if outer:
-            self.last_run = []
-        for entry in self.in_order("before"):
+            self._ran = []
+        for entry in self._running.get("before", ()):
             if outer:
-                self.last_run.append(f"before:{entry.name}")
+                self._ran.append(entry)
             if entry.with_kwargs:
                 out = entry.fn(module, args, kwargs)
                 if out is not None:
@@ -173,11 +180,11 @@ class Attached:
     def _after(self, module, args, kwargs, output):
         returned = self._calls.pop() if self._calls else True
         outer = not self._calls
-        for entry in self.in_order("after"):
+        for entry in self._running.get("after", ()):
             if not (returned or entry.always):
                 continue
             if outer:
-                self.last_run.append(f"after:{entry.name}")
+                self._ran.append(entry)
             out = entry.fn(module, args, kwargs, output) if entry.with_kwargs else entry.fn(module, args, output)
             if out is not None and returned:
                 output = out
