@@ -35,7 +35,7 @@ def _recv(peer: int, group) -> tuple:
     )
 
 
-def _forward_only(model: nn.Module, policy, info: PipelineInfo, args: tuple, kwargs: dict):
+def _forward_only(model: nn.Module, info: PipelineInfo, args: tuple, kwargs: dict):
     """The whole batch through the stages in order; the last stage's output broadcast to every rank."""
     names = list(inspect.signature(model.forward).parameters)
     batch = {**dict(zip(names, args, strict=False)), **{k: v for k, v in kwargs.items() if v is not None}}

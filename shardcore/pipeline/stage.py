@@ -212,7 +212,7 @@ def build_pipeline(model: nn.Module, policy, config, layout, name: str, layers: 
             f"ShardConfig(pipeline_schedule={name!r}, pipeline_parallel_size={pp}, num_microbatches="
             f"{info.num_microbatches}): torch.distributed.pipelining refuses it: {err}"
         ) from err
-    _route_forward(model, policy, info)
+    _route_forward(model, info)
     return info
 
 
@@ -253,7 +253,7 @@ def _make_stages(model: nn.Module, policy, info: PipelineInfo, blocks, stage_blo
     info.schedule = _make_schedule(info, loss_fn)
 
 
-def _route_forward(model: nn.Module, policy, info: PipelineInfo) -> None:
+def _route_forward(model: nn.Module, info: PipelineInfo) -> None:
     """``model(...)`` outside a stage runs the whole pipeline forward (inference: no autograd across
     stages) and returns the model's outputs on every rank; ``generate()`` runs through it, without a
     KV cache (each step recomputes the sequence), its random state shared by the pipeline's ranks."""
@@ -269,7 +269,7 @@ def _route_forward(model: nn.Module, policy, info: PipelineInfo) -> None:
                     "shardcore.pipeline_step(model, batch); a forward through the pipeline is for inference "
                     "(model.eval(), or under torch.no_grad())"
                 )
-            return _forward_only(model, policy, info, args, kwargs)
+            return _forward_only(model, info, args, kwargs)
 
         return forward
 
