@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The GPU checks in one run, for a lent machine with a CUDA device and no package registry:
-#   the GPU test subset (pytest -m gpu) and the GPU benchmark (bench_gpu.py, 3 runs, repeat.py).
+#   one process as one rank of 8 (bench_simulate.py: every layout at Llama-3-8B and -70B layer shapes,
+#   seq 4096, then 8192 for shardcore alone), the GPU benchmark at TP=1 (bench_gpu.py, 3 runs,
+#   repeat.py) and the GPU test subset (pytest -m gpu): within 10 minutes of device time.
 #
 #   python -m pip wheel --no-deps --no-build-isolation -w .whl . plugins/shard-*   # here, where pip works
 #   bash benchmarks/gpu_checks.sh [OUT_DIR] [bench_gpu.py args...]                  # there
@@ -36,7 +38,9 @@ part() {  # part NAME SECONDS COMMAND...
     [ $rc -ne 0 ] && [ $status -eq 0 ] && status=$rc
 }
 
-part bench-gpu "${BENCH_GPU_LIMIT:-280}" python3 benchmarks/repeat.py --name gpu -- python3 benchmarks/bench_gpu.py "$@"
+part simulate-4096 "${SIMULATE_LIMIT:-230}" python3 benchmarks/bench_simulate.py --seq 4096 --out "$out/simulate_4096.json"
+part simulate-8192 "${SIMULATE_8192_LIMIT:-100}" python3 benchmarks/bench_simulate.py --seq 8192 --contestants shardcore --out "$out/simulate_8192.json"
+part bench-gpu "${BENCH_GPU_LIMIT:-110}" python3 benchmarks/repeat.py --name gpu -- python3 benchmarks/bench_gpu.py "$@"
 cp benchmarks/results/gpu.json "$out/gpu.json" 2>/dev/null
-part gpu-tests "${GPU_TESTS_LIMIT:-280}" python3 -m pytest -m gpu -p no:cacheprovider -rA plugins/shard-llama/tests/test_llama_gpu.py plugins/shard-llama/tests/test_llama_kernels.py
+part gpu-tests "${GPU_TESTS_LIMIT:-130}" python3 -m pytest -m gpu -p no:cacheprovider -rA plugins/shard-llama/tests/test_llama_gpu.py plugins/shard-llama/tests/test_llama_kernels.py
 exit $status

@@ -271,9 +271,10 @@ def _data_parallel(profile: dict, layout: dict, stage: StageFacts) -> float:
     return seconds
 
 
-def memory_per_rank(facts: dict, layout: dict, optimizer: str = "adamw") -> dict[str, int]:
-    """Bytes the largest stage's rank holds: parameters, gradients, optimizer state, activations, and
-    under ZeRO-2 the gathered weights (every block's stay whole from its forward to its backward)."""
+def memory_per_rank(facts: dict, layout: dict, optimizer: str = "adamw", index: int | None = None) -> dict[str, int]:
+    """Bytes the largest stage's rank (or stage ``index``'s) holds: parameters, gradients, optimizer state,
+    activations, and under ZeRO-2 the gathered weights (every block's stay whole from its forward to
+    its backward)."""
     dp, pp, sp = layout["dp"], layout["pp"], layout["sp"]
     m = layout["microbatches"]
     tokens_mb = facts["batch"] // dp // m * facts["seq"] // sp
@@ -292,6 +293,8 @@ def memory_per_rank(facts: dict, layout: dict, optimizer: str = "adamw") -> dict
             "activations": acts,
         }
         row["total"] = sum(row.values())
+        if s == index:
+            return row
         if not worst or row["total"] > worst["total"]:
             worst = row
     return worst

@@ -6,7 +6,9 @@
   builds the ``("dp", "pp", "sp", "tp")`` device mesh, TP innermost;
 * :func:`replica_group` (``groups.py``) makes the sub-groups that hold the same replicated shard;
 * :class:`RankPool` / :func:`run_on_ranks` (``launcher.py``) run functions on N spawned gloo
-  ranks kept alive between calls: the tests, the benchmarks and one-process launches use it.
+  ranks kept alive between calls: the tests, the benchmarks and one-process launches use it;
+* :func:`init_simulated_world` (``simulate.py``) makes one process one rank of a larger world on
+  torch's fake backend: that rank's shards, memory and kernels are real, its collectives move nothing.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import torch.distributed as dist
 from .groups import GROUP_WAIT_FACTOR, prepare_replica_groups, replica_group
 from .launcher import RankError, RankPool, close_pools, run_on_ranks
 from .layout import DIMS, ParallelLayout
+from .simulate import init_simulated_world, is_simulated
 from .watch import FLIGHT_RECORDER, use_flight_recorder
 
 __all__ = [
@@ -32,6 +35,8 @@ __all__ = [
     "RankPool",
     "close_pools",
     "init_from_env",
+    "init_simulated_world",
+    "is_simulated",
     "prepare_replica_groups",
     "replica_group",
     "run_on_ranks",

@@ -32,6 +32,7 @@ class PipelineInfo:
     num_items: Any = None  # the loss terms of the batch in flight (pipeline_step sets it)
     spec: Any = None  # the policy's PipelineSpec (shardcore.spec), read once when the stages are built
     shapes: Any = None  # the input shapes the stages were built for
+    static: dict = attrs.field(factory=dict)  # a simulated rank's stages' shapes, given to torch up front
     rebuild: Any = None
     loss_scale: Any = None  # pipeline_step(loss_scale=...) of the step in flight, and its unscaled losses
     unscaled: list = attrs.field(factory=list)

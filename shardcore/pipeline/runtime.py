@@ -16,6 +16,7 @@ from ..distributed.collectives import all_reduce, broadcast, group_device
 from ..distributed.objects import broadcast_object, recv, recv_object, send, send_object
 from .check import PipelineInfo, _stage_indices
 from .schedule import _is_single, _schedule_class
+from .simulated import check_simulated_shapes
 
 #: what a forward-only pipeline's transfers say they are, in a time-out or an audit
 _WHERE = "the forward-only pipeline's activations"
@@ -129,6 +130,7 @@ def pipeline_step(model: nn.Module, batch: Mapping[str, Any], *, loss_scale=None
     _check_same_batch(model, info, batch)
     info.num_items = info.spec.num_items(labels)
     shapes = tuple(tuple(a.shape) for a in args)
+    check_simulated_shapes(info, shapes)
     device = next(model.parameters()).device
     if (info.shapes is not None and info.shapes != shapes) or info.stages[0].device != device:
         # torch's stages keep the shapes of their first step and the device they were built on (meta,

@@ -9,10 +9,11 @@ import torch.distributed as dist
 from torch import nn
 
 from ..attach import attached
-from ..distributed.groups import new_group
 from .check import PipelineInfo, _stage_indices
 from .hole import PipelineHole
 from .runtime import _forward_only, _make_schedule, _stage_owner
+from .simulated import stage_shapes
+from .tied import _tied, _tied_groups
 
 
 class _Stage(nn.Module):
@@ -93,34 +94,6 @@ def _ends(model: nn.Module, policy, blocks: list, stage_of_block: dict[int, int]
     return end_stage, param_ends
 
 
-def _tied(model: nn.Module, blocks: list, end_stage: dict[str, int], stage_of_block: dict[int, int], owner) -> tuple:
-    """``({id(param): the pp ranks whose stages hold one of its names}, {name: its other names})``
-    for parameters the unsharded model holds under several names (tied embeddings): their
-    gradients are summed over the ranks of those stages. ``owner(stage)``: the pp rank running it."""
-    names_of: dict[int, list[str]] = {}
-    for n, p in model.named_parameters(remove_duplicate=False):
-        names_of.setdefault(id(p), []).append(n)
-
-    def stage_of(param_name: str) -> int | None:
-        for path, stage in end_stage.items():
-            if param_name == path or param_name.startswith(path + "."):
-                return stage
-        for b, (block_name, _) in enumerate(blocks):
-            if param_name.startswith(block_name + "."):
-                return stage_of_block[b]
-        return None  # outside blocks and ends: every stage has it
-
-    owners_of = {}
-    for pid, names in names_of.items():
-        stages = {stage_of(n) for n in names}
-        if len(names) > 1 and None not in stages:
-            owners = tuple(sorted({owner(t) for t in stages}))
-            if len(owners) > 1:
-                owners_of[pid] = owners
-    aliases = {n: [m for m in names if m != n] for names in names_of.values() if len(names) > 1 for n in names}
-    return owners_of, aliases
-
-
 def _hf4(model: nn.Module) -> bool:
     """Whether ``model`` is a HuggingFace model under transformers 4.x, whose layers return ``(hidden, ...)``."""
     if not type(model).__module__.startswith("transformers."):
@@ -161,24 +134,6 @@ def _prune(model: nn.Module, policy, blocks: list, held: set[int], ends: tuple, 
     return holes, end_holes
 
 
-def _tied_groups(model: nn.Module, layout, owners_of: dict) -> list:
-    """The ranks holding a tied parameter's stages sum its gradients: one group per (dp, sp, tp)
-    coordinate (collective over the world: every rank creates every group, in one order)."""
-    if not owners_of:
-        return []
-    coords = [layout.coordinates(r) for r in range(dist.get_world_size())]
-    keys = sorted({(c["dp"], c["sp"], c["tp"]) for c in coords})
-    groups = {}
-    for owners in sorted(set(owners_of.values())):
-        for key in keys:
-            ranks = sorted(r for r, c in enumerate(coords) if (c["dp"], c["sp"], c["tp"]) == key and c["pp"] in owners)
-            g = new_group(ranks)
-            if dist.get_rank() in ranks:
-                groups[owners] = g
-    live = {id(p): n for n, p in model.named_parameters()}  # by name: data parallelism replaces the objects
-    return [(live[pid], groups[owners]) for pid, owners in owners_of.items() if pid in live]
-
-
 def build_pipeline(model: nn.Module, policy, config, layout, name: str, layers: list[int], per_rank: int):
     """Prune ``model`` to this rank's stages and build the stages and the schedule (collective:
     groups for tied weights). Called by :func:`shardcore.optimize` after tensor-parallel sharding."""
@@ -191,6 +146,7 @@ def build_pipeline(model: nn.Module, policy, config, layout, name: str, layers: 
     stage_of_block = {b: t for t in range(num_stages) for b in range(starts[t], starts[t] + layers[t])}
     ends = _ends(model, policy, blocks, stage_of_block)
     owners_of, aliases = _tied(model, blocks, ends[0], stage_of_block, lambda t: _stage_owner(t, pp, per_rank, name))
+    static, shapes = stage_shapes(policy.pipeline(), config, pp * per_rank, group)  # fake backend: shapes first
     holes = _prune(model, policy, blocks, set().union(*stage_blocks.values()), ends, indices)
     info = PipelineInfo(
         schedule_name=name,
@@ -203,6 +159,8 @@ def build_pipeline(model: nn.Module, policy, config, layout, name: str, layers: 
         last_stage_rank=_stage_owner(num_stages - 1, pp, per_rank, name),
         aliases=aliases,
         spec=policy.pipeline(),
+        static=static,
+        shapes=shapes,
     )
     info.rebuild = functools.partial(_make_stages, model, policy, info, blocks, stage_blocks, ends, holes)
     try:
@@ -220,28 +178,17 @@ def _make_stages(model: nn.Module, policy, info: PipelineInfo, blocks, stage_blo
     """This rank's ``PipelineStage`` objects and the schedule over them (``info.rebuild``)."""
     from torch.distributed.pipelining import PipelineStage
 
-    (end_stage, param_ends), (block_holes, end_holes) = ends, holes
     indices, num_stages = info.stage_indices, info.num_stages
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     info.stages = []
     for s in indices:
-        if s in info.submods:  # rebuilt for new shapes: the same modules (data parallelism wraps them once)
-            info.stages.append(PipelineStage(info.submods[s], s, num_stages, device, group=info.group))
-            continue
-        others = [(blocks[b][0], blocks[b][1], block_holes[b]) for t in indices if t != s for b in stage_blocks[t]]
-        own = [blocks[b][1] for b in sorted(stage_blocks[s])]  # its blocks first: _Stage.blocks
-        own_params = []
-        for path, stage in end_stage.items():
-            if path in param_ends:
-                if stage == s:
-                    own_params.append(model.get_parameter(path))
-            elif stage == s:
-                own.append(model.get_submodule(path))
-            elif stage in indices:  # this rank runs that end in another of its stages: a hole while this one runs
-                others.append((path, model.get_submodule(path), end_holes[path]))
-        stage = info.submods[s] = _Stage(model, policy, s == 0, s == num_stages - 1, own, own_params, others)
-        stage.num_blocks = len(stage_blocks[s])
-        info.stages.append(PipelineStage(stage, s, num_stages, device, group=info.group))
+        # rebuilt for new shapes: the same modules (data parallelism wraps them once)
+        submod = (
+            info.submods[s]
+            if s in info.submods
+            else _stage_module(model, policy, info, s, blocks, stage_blocks, ends, holes)
+        )
+        info.stages.append(PipelineStage(submod, s, num_stages, device, group=info.group, **info.static.get(s, {})))
 
     def loss_fn(output, target):
         loss = info.spec.loss(output, target, info.num_items)
@@ -251,6 +198,26 @@ def _make_stages(model: nn.Module, policy, info: PipelineInfo, blocks, stage_blo
         return info.loss_scale(loss)
 
     info.schedule = _make_schedule(info, loss_fn)
+
+
+def _stage_module(model: nn.Module, policy, info: PipelineInfo, s: int, blocks, stage_blocks, ends, holes) -> _Stage:
+    """Stage ``s``'s module: its blocks, its ends, and holes for what this rank runs in its other stages."""
+    (end_stage, param_ends), (block_holes, end_holes) = ends, holes
+    indices = info.stage_indices
+    others = [(blocks[b][0], blocks[b][1], block_holes[b]) for t in indices if t != s for b in stage_blocks[t]]
+    own = [blocks[b][1] for b in sorted(stage_blocks[s])]  # its blocks first: _Stage.blocks
+    own_params = []
+    for path, stage in end_stage.items():
+        if path in param_ends:
+            if stage == s:
+                own_params.append(model.get_parameter(path))
+        elif stage == s:
+            own.append(model.get_submodule(path))
+        elif stage in indices:  # this rank runs that end in another of its stages: a hole while this one runs
+            others.append((path, model.get_submodule(path), end_holes[path]))
+    stage = info.submods[s] = _Stage(model, policy, s == 0, s == info.num_stages - 1, own, own_params, others)
+    stage.num_blocks = len(stage_blocks[s])
+    return stage
 
 
 def _route_forward(model: nn.Module, info: PipelineInfo) -> None:

@@ -84,7 +84,7 @@ MUTANTS = [
     m(
         "pipeline-tied-gradients-not-summed",
         "a weight tied across the first and last stages (GPT-2's embedding and head) keeps each stage's gradient",
-        "shardcore/pipeline/stage.py",
+        "shardcore/pipeline/tied.py",
         "_tied",
         [
             (
