@@ -261,6 +261,24 @@ def families(session: nox.Session) -> None:
     _run(session, bin_dir, "python", "benchmarks/families.py", *session.posargs)
 
 
+@nox.session(default=False)
+def matrix(session: nox.Session) -> None:
+    """Not a test: every installed family (plugins/shard-*/tests/matrix_*.py) against every feature (TP, the
+    sequence modes, PP, FSDP x TP, kernels, lazy init) on 2-4 gloo ranks against the unsharded model, beside
+    what each family declares; writes benchmarks/results/matrix.json and .md, fails on a cell that disagrees
+    with its declaration (``-- --rows bloom glm4 --features pp`` for some)."""
+    bin_dir = _install(session)
+    _run(session, bin_dir, "python", "benchmarks/matrix.py", *session.posargs)
+
+
+@nox.session(name="simulate", default=False)
+def simulate(session: nox.Session) -> None:
+    """Benchmark (not a test): one process as one rank of 8 (torch's fake backend), every layout's step time,
+    memory and MFU beside explain's prediction (benchmarks/bench_simulate.py; on a CPU add ``-- --tiny``)."""
+    bin_dir = _install(session)
+    _run(session, bin_dir, "python", "benchmarks/bench_simulate.py", *session.posargs)
+
+
 @nox.session(name="bench-verify", default=False)
 def bench_verify(session: nox.Session) -> None:
     """Benchmark (not a test): what ShardConfig(verify=True) costs at optimize, the first step and after."""

@@ -1,4 +1,4 @@
-"""``shardcore`` command line: ``shardcore plugins [--json]``, ``shardcore explain MODEL --tp N``,
+"""``shardcore`` command line: ``shardcore plugins [--features] [--json]``, ``shardcore explain MODEL --tp N``,
 ``shardcore plan MODEL [--out FILE]``, ``shardcore calibrate [--world N ...] [--out FILE] [--force]``."""
 
 from __future__ import annotations
@@ -47,6 +47,36 @@ def _plugins(as_json: bool) -> int:
         if r["error"]:
             print(f"\n{r['name']}: {r['error']}", file=sys.stderr)
     return failed
+
+
+def _features(as_json: bool) -> int:
+    """What each installed family declares (:mod:`shardcore.explain.features`), one model class a plugin."""
+    from .explain.features import FEATURES, family_features
+
+    rows = family_features(get_registry())
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    names = list(FEATURES)
+    notes: dict[str, int] = {}
+
+    def mark(why: str | None) -> str:
+        if why is None:
+            return "yes"
+        notes.setdefault(why, len(notes) + 1)
+        return f"no [{notes[why]}]"
+
+    table = [("plugin", "model", *names)]
+    for r in rows:
+        cells = [mark(r["features"].get(f)) for f in names] if r["features"] else [mark(r["error"])] * len(names)
+        table.append((r["plugin"], r["model"], *cells))
+    widths = [max(len(str(x[i])) for x in table) for i in range(len(table[0]))]
+    for line in table:
+        print("  ".join(str(c).ljust(w) for c, w in zip(line, widths, strict=True)).rstrip())
+    print("\nyes: optimize's checks accept the layout (nox -s matrix measures it against the unsharded model)")
+    for why, n in notes.items():
+        print(f"[{n}] {why}")
+    return 0
 
 
 def _explain(args) -> int:
@@ -227,6 +257,11 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("plugins", help="list installed plugins and the model classes they cover")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument(
+        "--features",
+        action="store_true",
+        help="what each installed family supports (tp, sequence modes, pp, fsdp, kernels, lazy init), from its policy",
+    )
     _explain_parser(sub)
     pl = sub.add_parser("plan", help="write the sharding plan a HuggingFace model ships, as a YAML plan to edit")
     pl.add_argument("model", help="a directory with a HuggingFace config.json, or module:Class")
@@ -245,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "plan":
         return _plan(args)
     if args.command == "plugins":
-        return _plugins(args.json)
+        return _features(args.json) if args.features else _plugins(args.json)
     if args.command == "explain":
         if args.tp is None and not args.auto:
             parser.error("explain needs --tp (or --auto --world N --seq L to choose the layout)")

@@ -111,10 +111,8 @@ def _switches(config) -> tuple[bool, bool, bool]:
     )
 
 
-def replace_norms(model: torch.nn.Module, classes: tuple[type, ...]) -> int:
-    """Put every ``nn.LayerNorm`` / ``nn.RMSNorm`` (exactly those classes) and every instance of
-    ``classes`` (the policy's, see :attr:`KernelSpec.norm_classes <shardcore.spec.KernelSpec>`) on its fused layer,
-    keeping the parameters; how many were replaced."""
+def norm_targets(model: torch.nn.Module, classes: tuple[type, ...]) -> list[tuple[str, type]]:
+    """``(name, fused class)`` of every norm :func:`replace_norms` puts on a fused layer."""
     from .tensor_parallel.norm import FusedLayerNorm, FusedRMSNorm
 
     targets = []
@@ -125,6 +123,14 @@ def replace_norms(model: torch.nn.Module, classes: tuple[type, ...]) -> int:
             targets.append((name, FusedLayerNorm))
         elif isinstance(module, classes) or type(module) is getattr(torch.nn, "RMSNorm", None):
             targets.append((name, FusedRMSNorm))
+    return targets
+
+
+def replace_norms(model: torch.nn.Module, classes: tuple[type, ...]) -> int:
+    """Put every ``nn.LayerNorm`` / ``nn.RMSNorm`` (exactly those classes) and every instance of
+    ``classes`` (the policy's, see :attr:`KernelSpec.norm_classes <shardcore.spec.KernelSpec>`) on its fused layer,
+    keeping the parameters; how many were replaced."""
+    targets = norm_targets(model, classes)
     for name, cls in targets:
         parent, _, attr = name.rpartition(".")
         holder = model.get_submodule(parent) if parent else model

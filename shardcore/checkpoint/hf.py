@@ -54,6 +54,30 @@ def _resolve_key(name: str, available: dict, prefix: str | None, renamed: dict[s
     return None
 
 
+def library_names(model: nn.Module, keys) -> dict[str, str]:
+    """``{model name: checkpoint key}`` of ``keys`` the model's library renames when it loads them:
+    transformers 5 keeps a checkpoint's historical names (a Llava checkpoint's ``language_model.model.*`` is
+    the model's ``model.language_model.*``) and renames them in ``from_pretrained``; the same renames here.
+    Only plain renames: a tensor the library fuses or splits on loading stays missing (and is named)."""
+    try:
+        from transformers.conversion_mapping import get_model_conversion_mapping
+        from transformers.core_model_loading import WeightRenaming
+    except ImportError:  # not a transformers 5 model, or no transformers
+        return {}
+    try:
+        renames = [t for t in get_model_conversion_mapping(model) if isinstance(t, WeightRenaming)]
+    except Exception:  # not a PreTrainedModel: no library naming
+        return {}
+    out = {}
+    for key in keys:
+        name = key
+        for rename in renames:
+            name = rename.rename_source_key(name)[0]
+        if name != key:
+            out[name] = key
+    return out
+
+
 def model_tensors(model: nn.Module) -> Iterator[tuple[str, torch.Tensor, bool]]:
     """``(name, tensor, is_parameter)``: parameters (tied ones once) and persistent buffers."""
     for name, param in model.named_parameters():
@@ -128,7 +152,7 @@ def _read_plan(model: nn.Module, files: dict) -> tuple[list[tuple], list[str]]:
     specs = parameter_specs(reshard(model))
     prefix = getattr(model, "base_model_prefix", None)
     tensors = list(model_tensors(model))
-    renamed = checkpoint_names(model, [name for name, _, _ in tensors])
+    renamed = {**library_names(model, files), **checkpoint_names(model, [name for name, _, _ in tensors])}
     parts = checkpoint_parts(model, [name for name, _, _ in tensors])
     aliases = tensor_aliases(model)
     plan, problems = [], []

@@ -130,6 +130,12 @@ def check_data_parallel(model: nn.Module, policy, config, layout) -> None:
             ) from None
         if not blocks:
             raise ValueError(f"ShardConfig(data_parallel={mode!r}): {type(policy).__name__}.blocks() is empty")
+        scalars = [n for n, p in model.named_parameters() if p.dim() == 0]
+        if scalars:  # torch's fully_shard refuses them when it is called: said here, before any collective
+            raise NotImplementedError(
+                f"ShardConfig(data_parallel={mode!r}): {type(model).__name__} holds 0-d parameters {scalars[:3]}, "
+                "which torch's fully_shard cannot split; use data_parallel='ddp' for this model"
+            )
         grad_sum = policy.tensor_parallel().grad_sum
         if grad_sum and layout.tp > 1:
             raise NotImplementedError(

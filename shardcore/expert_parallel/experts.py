@@ -18,8 +18,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..distributed.collectives import group_rank, group_size
+from ..distributed.collectives import all_gather_cat, group_rank, group_size
 from ..tensor_parallel import ParallelModule, copy_to_tp, reduce_from_tp
+from ..tensor_parallel.regions import gather_seq, scatter_seq
 from ..tensor_parallel.shard_spec import ShardSpec
 from . import route
 
@@ -79,12 +80,28 @@ class ExpertsTP(ParallelModule):
 
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor, **kwargs):
         group, local = self.process_group, self.num_experts
+        sequence = getattr(self, "sequence", None)
+        if sequence is not None and sequence.active and self.tp_size > 1:
+            return self._split_forward(hidden_states, top_k_index, top_k_weights, **kwargs)
         index = top_k_index - self.tp_rank * local
         mine = (index >= 0) & (index < local)
         index = torch.where(mine, index, local)  # another rank's expert: the sentinel, skipped
         weights = torch.where(mine, copy_to_tp(top_k_weights, group), 0.0)
         out = self.native.forward(self, copy_to_tp(hidden_states, group), index, weights, **kwargs)
         return reduce_from_tp(out, group)
+
+    def _split_forward(self, hidden, top_k_index, top_k_weights, **kwargs):
+        """Under Megatron's split each rank routes its own tokens (rows): every rank's rows are gathered,
+        each rank's experts serve them all, and each rank gets its own rows' sums back (reduce-scatter)."""
+        group, local = self.process_group, self.num_experts
+        where = "the experts' tokens (sequence split)"
+        index = all_gather_cat(top_k_index.contiguous(), group, 0, where=where) - self.tp_rank * local
+        mine = (index >= 0) & (index < local)
+        weights = torch.where(mine, gather_seq(top_k_weights.contiguous(), group, 0), 0.0)
+        out = self.native.forward(
+            self, gather_seq(hidden.contiguous(), group, 0), torch.where(mine, index, local), weights, **kwargs
+        )
+        return scatter_seq(out, group, 0)
 
     def extra_repr(self) -> str:
         return f"experts {self.tp_rank * self.num_experts}..{(self.tp_rank + 1) * self.num_experts - 1} of {self.total_experts}"

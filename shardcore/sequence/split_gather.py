@@ -96,7 +96,7 @@ class _Regather:
     once for all the nodes that saved it (q, k and v read one gathered input)."""
 
     def __init__(self, local: torch.Tensor, state: SequenceParallel) -> None:
-        self.local, self.group, self.dim, self.uses, self.full = local, state.group, state.dim, 0, None
+        self.local, self.group, self.dim, self.uses, self.full = local, state.group, state.dim_of(local), 0, None
 
     def prefetch(self) -> None:
         """Start gathering now, to overlap with the backward that runs before :meth:`get`

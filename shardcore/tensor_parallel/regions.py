@@ -88,6 +88,11 @@ class SequenceParallel:
         finally:
             self.active, self.attention_calls, self.checkpointing = live
 
+    def dim_of(self, x: torch.Tensor) -> int:
+        """The sequence dim of ``x``: :attr:`dim` of hidden states ``[batch, seq, ...]``; the rows of a
+        2-D tensor whose tokens are flattened (an MoE block's shared MLP reads ``[tokens, hidden]``)."""
+        return 0 if x.dim() == 2 else self.dim % x.dim()
+
 
 def storage_key(t: torch.Tensor) -> tuple:
     """What identifies a tensor's memory: autograd may save a view of it (``F.linear`` saves its
@@ -112,6 +117,11 @@ class _GatherSeq(torch.autograd.Function):
 def gather_seq(x: torch.Tensor, group, dim: int) -> torch.Tensor:
     """All-gather along ``dim`` forward; the gradient (partial on each rank) reduce-scattered backward."""
     return _GatherSeq.apply(x, group, dim)
+
+
+def scatter_seq(x: torch.Tensor, group, dim: int) -> torch.Tensor:
+    """Partial sums reduce-scattered along ``dim`` forward; the gradient all-gathered backward."""
+    return _ReduceScatterSeq.apply(x, group, dim)
 
 
 class _ReduceScatterSeq(torch.autograd.Function):
@@ -178,7 +188,7 @@ def linear_leave_region(x: torch.Tensor, weight: torch.Tensor, group, sequence: 
 @torch.compiler.disable  # the overlap's prefetch and saved-tensor bookkeeping run eagerly
 def _overlapped(x: torch.Tensor, weight: torch.Tensor, group, sequence: SequenceParallel):
     prefetch, sequence.latest_saved = sequence.latest_saved, None
-    return _LinearScatterOverlap.apply(x, weight, group, sequence.dim % x.dim(), prefetch)
+    return _LinearScatterOverlap.apply(x, weight, group, sequence.dim_of(x), prefetch)
 
 
 def enter_region(x: torch.Tensor, group, sequence: SequenceParallel | None = None) -> torch.Tensor:
@@ -197,10 +207,10 @@ def _gather_sequence(x: torch.Tensor, group, sequence: SequenceParallel) -> torc
         hit = _COPIES[-1].get(key)
         if hit is not None and hit[0] is x:
             return hit[1]
-        y = _GatherSeq.apply(x, group, sequence.dim % x.dim())
+        y = _GatherSeq.apply(x, group, sequence.dim_of(x))
         _COPIES[-1][key] = (x, y)
     else:
-        y = _GatherSeq.apply(x, group, sequence.dim % x.dim())
+        y = _GatherSeq.apply(x, group, sequence.dim_of(x))
     sequence.gathered[storage_key(y)] = (weakref.ref(y), x)
     return y
 
@@ -218,7 +228,7 @@ def leave_region(
 
 @torch.compiler.disable  # the sequence split's collectives run eagerly, bounded and counted
 def _scatter_sequence(y: torch.Tensor, group, sequence: SequenceParallel) -> torch.Tensor:
-    return _ReduceScatterSeq.apply(y, group, sequence.dim % y.dim())
+    return _ReduceScatterSeq.apply(y, group, sequence.dim_of(y))
 
 
 def share_copies_per_forward(model: torch.nn.Module) -> None:

@@ -20,6 +20,7 @@
 * ``refusals.py``: :func:`refusal_message` (bad input fails on every rank before any collective,
   nobody hangs), :func:`count_c10d_calls`, :func:`rank_zero_only` (the ``if rank == 0:`` mistake
   ends in a named error on rank 0);
+* ``batches.py``: :func:`token_batch` (ids, mask and labels of a tiny text model, one row padded);
 * ``syncs.py``: :func:`record_syncs` with :func:`as_watchdog_backend` (the sync audit: the host
   syncs shardcore's code makes in a step, its collectives on their GPU path).
 
@@ -37,6 +38,7 @@ A typical plugin test::
 
 from ..distributed.launcher import RankError, RankPool, close_pools, run_on_ranks
 from .attached import assert_attachments_listed
+from .batches import token_batch
 from .checkpoints import assert_lazy_load_matches, assert_resume_matches, assert_same_checkpoint, train_and_save
 from .clipping import CLIP_CALLS, assert_clipping_matches
 from .conformance import (
@@ -92,5 +94,6 @@ __all__ = [
     "run_on_ranks",
     "state_bytes",
     "switch_refusal",
+    "token_batch",
     "train_and_save",
 ]

@@ -26,11 +26,15 @@ from __future__ import annotations
 from shardcore import ModulePolicyDescription, Policy
 from shardcore import SubModuleReplacementDescription as Sub
 from shardcore.plugin_api import (
+    HFStages,
+    KernelSpec,
     Linear1D_Col,
     Linear1D_Row,
+    SequenceSpec,
     block_type,
     blocks_in,
     heads_of_this_rank,
+    in_blocks,
     mlp,
     require_divisible,
     vocab_embedding,
@@ -40,8 +44,28 @@ from shardcore.plugin_api import (
 __all__ = ["BloomPolicy"]
 
 
-class BloomPolicy(Policy):
-    """Every BLOOM head: shards the base model (``model.transformer`` or the model itself)."""
+class BloomPolicy(HFStages, Policy):
+    """Every BLOOM head: shards the base model (``model.transformer`` or the model itself); pipeline
+    stages (the causal LM) on the model's own forward, each stage building ALiBi from the mask."""
+
+    first_ends = ("word_embeddings", "word_embeddings_layernorm")
+    last_ends = ("ln_f",)
+    stage_inputs = {"attention_mask": "ones"}  # BLOOM takes no position ids: ALiBi reads the mask
+    stage_block_returns_tuple = True  # BloomBlock returns (hidden, ...): the model reads outputs[0]
+
+    def kernels(self):
+        return KernelSpec(fusible=in_blocks(self.blocks(), "mlp"))  # dense_h_to_4h, GeLU, dense_4h_to_h, dropout_add
+
+    def sequence(self):
+        heads = self.model.config.n_head
+        return SequenceSpec(
+            # Megatron's split: the attention runs on the gathered sequence, so the ALiBi bias (whole keys) is
+            # the unsharded one. Ulysses and the ring are refused by name: BLOOM's attention is its own
+            # (ALiBi added in a baddbmm), not transformers' attention registry they run through.
+            modes=("split_gather", "all_to_all", "ring_attn"),
+            dropouts=("",),  # dropout_add on the residuals, inside the block: this rank's tokens when split
+            heads=(heads, heads),
+        )
 
     @property
     def base(self):
@@ -65,7 +89,8 @@ class BloomPolicy(Policy):
         cfg, tp = self.model.config, self.tp_size
         heads = cfg.n_head
         head_dim = cfg.hidden_size // heads
-        qkv = {"num_heads": heads, "head_dim": 3 * head_dim, "copy_input": True}  # [q_h; k_h; v_h] per head
+        # [q_h; k_h; v_h] per head; its input enters the region with the attention's (below)
+        qkv = {"num_heads": heads, "head_dim": 3 * head_dim, "copy_input": False}
         policy = {
             block_type(self.blocks(), self.model): ModulePolicyDescription(
                 attribute_replacement={"self_attention.num_heads": heads // tp},
@@ -80,6 +105,9 @@ class BloomPolicy(Policy):
                     *mlp("mlp", ("dense_h_to_4h",), "dense_4h_to_h"),
                 ],
                 per_rank_rng=["self_attention.attention_dropout"],  # the probabilities of this rank's heads
+                # the attention reads its query length off its input: under Megatron's split that input is
+                # gathered whole when the attention is entered, not only when query_key_value is
+                enter_tp_region=["self_attention"],
             ),
             type(self.base): ModulePolicyDescription(
                 sub_module_replacement=[vocab_embedding("word_embeddings", self.shard_config)]

@@ -26,4 +26,19 @@ MUTANTS = [
         "plugins/shard-bloom/tests/test_bloom_tp.py::test_matches_unsharded[causal-tp2]",
         "covers transformers.models.bloom.modeling_bloom.BloomForCausalLM",
     ),
+    m(
+        "bloom-pipeline-stage-split-wrong",
+        "shard-bloom declares pipeline stages whose first stage does not own the embedding's layer norm: every "
+        "stage normalizes its input again",
+        "plugins/shard-bloom/shard_bloom/policy.py",
+        "BloomPolicy",
+        [
+            (
+                '    first_ends = ("word_embeddings", "word_embeddings_layernorm")',
+                '    first_ends = ("word_embeddings",)',
+            )
+        ],
+        "tests/test_core_matrix.py::test_a_cell_measures_as_declared[bloom-pp]",
+        "bloom pp: declared, measured wrong",
+    ),
 ]

@@ -47,6 +47,15 @@ class DiTPolicy(Policy):
         require_divisible(cfg.num_attention_heads, self.tp_size, "num_attention_heads", name)
         block = self.model.transformer_blocks[0]
         require_divisible(block.ff.net[0].proj.out_features, self.tp_size, "the feed-forward width", name)
+        if (
+            self.shard_config.data_parallel in ("fsdp", "zero2", "hsdp")
+            and getattr(block.norm1, "emb", None) is not None
+        ):
+            raise NotImplementedError(
+                f"{name}: its forward calls transformer_blocks[0].norm1.emb again after the blocks (the output's "
+                "conditioning), while FSDP holds a block's weights whole only inside that block's forward; use "
+                "data_parallel='ddp' for this model"
+            )
         for attn_name in self._attentions(block):
             attn = getattr(block, attn_name)
             processor = type(attn.processor).__name__

@@ -34,11 +34,15 @@ from shardcore import ModulePolicyDescription, Policy
 from shardcore import SubModuleReplacementDescription as Sub
 from shardcore.plugin_api import (
     FusedLinear1D_Col,
+    HFStages,
+    KernelSpec,
     Linear1D_Col,
     Linear1D_Row,
+    SequenceSpec,
     block_type,
     blocks_in,
     heads_of_this_rank,
+    in_blocks,
     mlp,
     require_divisible,
     vocab_embedding,
@@ -53,8 +57,27 @@ __all__ = ["FalconPolicy"]
 _ALIBI = heads_of_this_rank("self_attention", "query_key_value", ("alibi", "attention_mask"))
 
 
-class FalconPolicy(Policy):
-    """Every Falcon head: shards the base model (``model.transformer`` or the model itself)."""
+class FalconPolicy(HFStages, Policy):
+    """Every Falcon head: shards the base model (``model.transformer`` or the model itself); pipeline
+    stages (the causal LM) on the model's own forward (rotary or ALiBi built on every stage)."""
+
+    first_ends = ("word_embeddings",)
+    last_ends = ("ln_f",)
+    stage_block_returns_tuple = True  # FalconDecoderLayer returns (hidden, ...): the model reads outputs[0]
+
+    def kernels(self):
+        return KernelSpec(fusible=in_blocks(self.blocks(), "mlp"))  # dense_h_to_4h, GeLU, dense_4h_to_h
+
+    def sequence(self):
+        heads, kv, _ = self._dims()
+        return SequenceSpec(
+            # Megatron's split: the attention runs on the gathered sequence (rotary cos / sin and the ALiBi
+            # bias whole). Ulysses and the ring are refused by name: Falcon's attention is its own, not
+            # transformers' attention registry they run through.
+            modes=("split_gather", "all_to_all", "ring_attn"),
+            dropouts=("",),  # dropout_add on the residuals, in the decoder layer: this rank's tokens when split
+            heads=(heads, kv),
+        )
 
     @property
     def base(self):

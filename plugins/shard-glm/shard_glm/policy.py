@@ -25,11 +25,15 @@ from shardcore import ModulePolicyDescription, Policy
 from shardcore import SubModuleReplacementDescription as Sub
 from shardcore.plugin_api import (
     FusedLinear1D_Col,
+    HFStages,
+    KernelSpec,
     Linear1D_Row,
+    SequenceSpec,
     attention,
     attention_dims,
     block_type,
     blocks_in,
+    in_blocks,
     require_divisible,
     require_kv_heads,
     vocab_embedding,
@@ -39,8 +43,22 @@ from shardcore.plugin_api import (
 __all__ = ["GlmPolicy"]
 
 
-class GlmPolicy(Policy):
-    """Every GLM / GLM-4 head: shards the base model (``model.model`` or the model itself)."""
+class GlmPolicy(HFStages, Policy):
+    """Every GLM / GLM-4 head: shards the base model (``model.model`` or the model itself); pipeline
+    stages on the model's own forward (the embedding first, the final norm and head last)."""
+
+    first_ends = ("embed_tokens",)
+    last_ends = ("norm",)
+
+    def sequence(self):
+        heads, kv, _ = self._dims()
+        return SequenceSpec(
+            # Megatron's split (norms and residuals on this rank's tokens), Ulysses and the ring: the
+            # attention is HuggingFace's registry's, the rotary cos / sin split with the tokens
+            modes=("split_gather", "all_to_all", "ring_attn"),
+            split_kwargs=("position_embeddings",),
+            heads=(heads, kv),
+        )
 
     @property
     def base(self):
@@ -51,6 +69,12 @@ class GlmPolicy(Policy):
 
     def _dims(self):
         return attention_dims(self.model.config)
+
+    def kernels(self):
+        return KernelSpec(
+            norm_classes=(type(self.base.norm),),  # GlmRMSNorm / Glm4RMSNorm: weight * x / rms(x)
+            fusible=in_blocks(self.blocks(), "mlp"),  # down(silu(gate) * up) of the packed gate_up: fused
+        )
 
     def config_sanity_check(self) -> None:
         cfg, tp, name = self.model.config, self.tp_size, type(self.model).__name__

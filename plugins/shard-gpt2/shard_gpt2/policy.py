@@ -52,8 +52,8 @@ class GPT2Policy(HFStages, Policy):
         heads = self.model.config.n_head
         return SequenceSpec(
             # Megatron sequence parallelism: norms, residuals and residual dropout on this rank's tokens;
-            # all_to_all: transformers 5's attention registry
-            modes=("split_gather", "all_to_all"),
+            # all_to_all and the ring: transformers 5's attention registry
+            modes=("split_gather", "all_to_all", "ring_attn"),
             dropouts=("attn.resid_dropout", "mlp.dropout"),
             heads=(heads, heads),
         )

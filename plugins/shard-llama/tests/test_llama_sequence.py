@@ -302,7 +302,6 @@ def _refused(config: dict, cls_name: str = "LlamaForCausalLM") -> str:
             "LlamaForCausalLM",
             "overlaps the collectives of sequence_parallelism_mode='split_gather'; with 'all_to_all' leave it False",
         ),
-        ({**SP, "data_parallel": "ddp"}, "LlamaForCausalLM", "together with data_parallel='ddp' is not built"),
         ({**SP, "enable_jit_fused": True}, "LlamaForCausalLM", "enable_jit_fused (compiled modules) is not built"),
     ],
     ids=[
@@ -310,7 +309,6 @@ def _refused(config: dict, cls_name: str = "LlamaForCausalLM") -> str:
         "sp-without-mode",
         "split-gather-sp",
         "overlap",
-        "ddp",
         "jit",
     ],  # other families: their plugins
 )

@@ -35,6 +35,9 @@ from shardcore import ModulePolicyDescription, Policy
 from shardcore.plugin_api import (
     CheckpointSpec,
     ExpertSpec,
+    HFStages,
+    KernelSpec,
+    SequenceSpec,
     SplitRMSNorm,
     StackedParts,
     TensorParallelSpec,
@@ -82,6 +85,21 @@ class MoePolicy(Policy):
     def _dims(self):
         return attention_dims(self.model.config)
 
+    def kernels(self):
+        # the RMSNorm class of the final norm (and of every layer's): weight * x / rms(x); the q / k norms the
+        # sharder split are SplitRMSNorm, not this class
+        return KernelSpec(norm_classes=(type(self.base.norm),))
+
+    def sequence(self):
+        heads, kv, _ = self._dims()
+        return SequenceSpec(
+            # Megatron's split (the experts see the gathered tokens in the TP region), Ulysses and the ring
+            # (transformers' attention registry), the rotary cos / sin split with the tokens
+            modes=("split_gather", "all_to_all", "ring_attn"),
+            split_kwargs=("position_embeddings",),
+            heads=(heads, kv),
+        )
+
     def config_sanity_check(self) -> None:
         cfg, tp = self.model.config, self.tp_size
         name = type(self.model).__name__
@@ -121,10 +139,27 @@ class MoePolicy(Policy):
             from .balance import loss_module
 
             loss_module(self.model)
+        self._check_router_loss(name)
         if getattr(cfg, "router_jitter_noise", 0.0):
             raise NotImplementedError(
                 f"{name}: router_jitter_noise={cfg.router_jitter_noise} draws the router's noise per rank; "
                 "set it to 0 to shard"
+            )
+
+    def _check_router_loss(self, name: str) -> None:
+        """The router's auxiliary loss balances every layer's and every token's routing at once: a
+        pipeline stage sees its layers only, a sequence split its tokens only."""
+        if not getattr(self.model.config, "output_router_logits", False):
+            return
+        sc = self.shard_config
+        split = sc.enable_sequence_parallelism or sc.sequence_parallel_size > 1
+        if sc.pipeline_parallel_size > 1 or split:
+            what = "pipeline stages" if sc.pipeline_parallel_size > 1 else "a sequence split"
+            raise NotImplementedError(
+                f"{name}: output_router_logits=True adds the router's load-balancing loss over every layer's and "
+                f"every token's routing at once; under {what} each rank sees only its "
+                f"{'layers' if sc.pipeline_parallel_size > 1 else 'tokens'}, which is not built: set "
+                "config.output_router_logits=False (or shard without that layout)"
             )
 
     def module_policy(self):
@@ -208,8 +243,12 @@ class MoeModelPolicy(MoePolicy):
     """``MixtralModel`` / ``Qwen2MoeModel`` / ``Qwen3MoeModel``: the decoder stack alone."""
 
 
-class MoeForCausalLMPolicy(MoePolicy):
-    """``*ForCausalLM``: the base model plus a vocab-parallel ``lm_head`` gathering the logits."""
+class MoeForCausalLMPolicy(HFStages, MoePolicy):
+    """``*ForCausalLM``: the base model plus a vocab-parallel ``lm_head`` gathering the logits; pipeline
+    stages on the model's own forward (each layer's experts on the stage that holds the layer)."""
+
+    first_ends = ("embed_tokens",)
+    last_ends = ("norm",)
 
     def module_policy(self):
         policy = super().module_policy()

@@ -16,6 +16,7 @@ from __future__ import annotations
 from shardcore import ModulePolicyDescription, Policy
 from shardcore.plugin_api import (
     HFStages,
+    SequenceSpec,
     attention,
     block_type,
     blocks_in,
@@ -36,6 +37,16 @@ class OPTPolicy(HFStages, Policy):
     zero_ends = ("decoder.embed_positions",)  # added to the hidden states: zero on later stages
     # OPT derives its positions from the attention mask (left padding shifts them): no arange default
     stage_inputs = {"attention_mask": "ones"}
+
+    def sequence(self):
+        heads = self.model.config.num_attention_heads
+        return SequenceSpec(
+            # Megatron's split, Ulysses and the ring (transformers' attention registry); the learned
+            # positions are added before the first block, where the sequence is still whole
+            modes=("split_gather", "all_to_all", "ring_attn"),
+            dropouts=("",),  # the residual and activation dropouts, in the decoder layer: this rank's tokens
+            heads=(heads, heads),
+        )
 
     @property
     def base(self):

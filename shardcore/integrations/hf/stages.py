@@ -92,6 +92,9 @@ class HFStages:
     stage_loss: str = "causal_lm"
     #: the ``transformers.modeling_outputs`` class a forward through the pipeline returns
     stage_output: str = "CausalLMOutputWithPast"
+    #: whether the blocks return ``(hidden, ...)`` (BLOOM's still do under transformers 5); ``None``:
+    #: as transformers' major version says (:attr:`PipelineSpec.block_returns_tuple <shardcore.spec.PipelineSpec>`)
+    stage_block_returns_tuple: bool | None = None
 
     def pipeline(self) -> PipelineSpec:
         """The stages on the model's own forward, from the data above."""
@@ -104,6 +107,7 @@ class HFStages:
             num_items=self._pp_num_items,
             loss=self._pp_loss,
             generate_refusal=self.stage_generate_refusal,
+            block_returns_tuple=self.stage_block_returns_tuple,
         )
 
     def _head(self) -> str:
