@@ -175,7 +175,8 @@ def install_sequence_check(model: nn.Module, group, config) -> None:
     gate = InputGate(config.check_inputs == "always")
 
     def same_inputs(module, args, kwargs):
-        gate.check(group, f"{name}.forward (sequence-parallel group)", args, kwargs)
+        if not getattr(module, "_shardcore_in_stage", False):  # inside a pipeline stage: pipeline_step checked it
+            gate.check(group, f"{name}.forward (sequence-parallel group)", args, kwargs)
 
     attached(model).before_forward(
         model,

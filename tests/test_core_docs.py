@@ -71,6 +71,8 @@ def test_every_snippet_include_is_a_section_of_code_the_tests_run():
         if parts[0] == "examples":
             stem = pathlib.PurePosixPath(path).stem
             assert f'"{stem}"' in tests or file.name in tests, f"{page}: {path} is run by no test"
+        elif parts[:2] == ("benchmarks", "results"):  # a committed result a test checks (the feature table)
+            assert file.name in tests, f"{page}: {path} is checked by no test"
         else:
             assert parts[0] == "tests" or (parts[0] == "plugins" and not parts[1].startswith("_")), (
                 f"{page}: {path} is not code the tests run"

@@ -153,14 +153,14 @@ def pipeline_step(model: nn.Module, batch: Mapping[str, Any], *, loss_scale=None
 
 
 def _check_same_batch(model: nn.Module, info: PipelineInfo, batch: Mapping[str, Any]) -> None:
-    """Every rank of a pipeline (and of its TP groups) gets the same batch (``check_inputs``)."""
+    """Every rank of a pipeline (and of its TP and sequence-parallel groups) gets the same batch (``check_inputs``)."""
     check = model.shardcore.config.check_inputs
     if not check:
         return
     from ..consistency import InputGate
 
     layout = model.shardcore.layout
-    for dim in ("pp", "tp"):
+    for dim in ("pp", "tp", "sp"):
         if layout.degrees[dim] > 1:
             gate = info.input_gates.setdefault(dim, InputGate(check == "always"))
             gate.check(layout.group(dim), "pipeline_step", (), dict(batch))

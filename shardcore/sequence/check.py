@@ -86,8 +86,6 @@ def _check_over_sp(model: nn.Module, policy, config, layout, mode: str) -> None:
 
 def _refuse_combinations(config, layout, mode: str) -> None:
     refused = {
-        f"pipeline_parallel_size > 1 (sequence_parallelism_mode={mode!r}; 'split_gather' composes)": layout.pp > 1
-        and mode != "split_gather",
         "enable_jit_fused (compiled modules)": config.enable_jit_fused or config.enable_all_optimization,
         "inference_only": config.inference_only,
     }

@@ -27,14 +27,13 @@ def apply_ulysses(model: nn.Module, policy, state: SequenceParallel) -> None:
     all-to-all trades the sequence split for a head split and back, through the model library's
     attention registry (:attr:`SequenceSpec.set_attention <shardcore.spec.SequenceSpec>`). Every block parameter's
     gradient, from this rank's tokens only, is summed over the group."""
-    blocks = [block for _, block in policy.blocks()]
+    names, blocks = zip(*policy.blocks(), strict=True)
     _watch_forward(model, state)
     spec = policy.sequence()
-    hooks = _SplitHooks(state, spec.split_kwargs, len(blocks))
-    blocks[0].register_forward_pre_hook(hooks.split_first, with_kwargs=True)
-    for block in blocks:  # after split_first on the first block: the flag is set when these run
-        block.register_forward_pre_hook(hooks.split_along, with_kwargs=True)
-    blocks[-1].register_forward_hook(hooks.gather_last)
+    hooks = _SplitHooks(state, spec.split_kwargs, model, list(names))
+    for i, block in enumerate(blocks):  # on a pipeline stage: the first and last block this stage holds
+        block.register_forward_pre_hook(functools.partial(hooks.enter, i), with_kwargs=True)
+        block.register_forward_hook(functools.partial(hooks.leave, i))
     for block in blocks:
         for module in block.modules():
             module.__dict__["_shardcore_sequence"] = state  # the attention function finds it here
@@ -50,10 +49,30 @@ class _SplitHooks:
     gather them at the last block's output; ``ring_attn`` splits in zigzag order, two chunks a rank
     (for causal balance)."""
 
-    def __init__(self, state: SequenceParallel, split_kwargs: tuple[str, ...], blocks: int) -> None:
-        self.state, self.split_kwargs, self.blocks = state, split_kwargs, blocks
+    def __init__(self, state: SequenceParallel, split_kwargs: tuple[str, ...], model: nn.Module, names: list) -> None:
+        self.state, self.split_kwargs, self.model, self.names = state, split_kwargs, model, names
         self.ring = state.mode in ("ring_attn", "all_gather_kv")
         self.parts = 2 * state.size if self.ring else state.size
+        self.blocks = 0  # the blocks run since the split (a pipeline stage runs its own)
+
+    def held(self, index: int) -> bool:
+        """Whether block ``index`` runs here: on a pipeline stage the others are holes, and the split (the
+        gather) goes with the first (the last) block the stage holds; the stages hand on whole states."""
+        from ..pipeline import PipelineHole
+
+        names = self.names
+        return 0 <= index < len(names) and not isinstance(self.model.get_submodule(names[index]), PipelineHole)
+
+    def enter(self, index: int, module, args, kwargs):
+        if not self.held(index - 1):
+            split = self.split_first(module, args, kwargs)
+            args, kwargs = split if split is not None else (args, kwargs)
+        if self.state.active:
+            self.blocks += 1
+        return self.split_along(module, args, kwargs)
+
+    def leave(self, index: int, module, args, output):
+        return None if self.held(index + 1) else self.gather_last(module, args, output)
 
     def split(self, t: torch.Tensor) -> torch.Tensor:
         state = self.state
@@ -75,13 +94,13 @@ class _SplitHooks:
         state.active = length % self.parts == 0 and length >= self.parts and not cached
         if not state.active:
             return None
-        state.attention_calls = 0
+        state.attention_calls, self.blocks = 0, 0
         x = self.split(x)
         return (args, {**kwargs, "hidden_states": x}) if in_kwargs else ((x, *args[1:]), kwargs)
 
     def split_along(self, module, args, kwargs):
         if not self.state.active:
-            return None
+            return args, kwargs
         out = dict(kwargs)
         for key in self.split_kwargs:
             value = kwargs.get(key)

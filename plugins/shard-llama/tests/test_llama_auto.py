@@ -201,6 +201,10 @@ def test_explain_auto_for_a_70b_llama_on_64_ranks_answers_in_seconds_without_the
     print(f"explain --auto for 70B on 64 ranks: {wall:.1f} s (reported; speed lives in benchmarks)")
     assert stats["rss_mb"] < 1536, f"explain --auto held {stats['rss_mb']:.0f} MB"
     assert result["candidates"] > 100 and len(result["ranked"]) > 10
+    # every refusal is a reason in the model or the layout, none a combination shardcore lacks
+    unbuilt = [r["name"] + ": " + r["refused"] for r in result["refused"] if "not built yet" in r["refused"]]
+    assert not unbuilt, unbuilt
+    print(f"{len(result['ranked'])} of {result['candidates']} layouts ranked, {len(result['refused'])} refused")
 
 
 AUTO_CFG = {"heads": 4, "kv": 4, "layers": 2, "vocab": 256}

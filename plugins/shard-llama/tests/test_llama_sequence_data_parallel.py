@@ -1,7 +1,7 @@
 """Llama with its sequence split (Ulysses, the ring, Megatron's) composed with data parallelism
-(FSDP, ZeRO-2, HSDP, DDP): torchtitan's long-context layout (FSDP x CP x TP). The loss and every
-parameter after 3 AdamW steps equal the unsharded model's on the whole batch, and the sequence's
-collectives ran (an all-to-all, a ring shift, a reduce-scatter)."""
+(FSDP, ZeRO-2, HSDP, DDP: torchtitan's long-context layout, FSDP x CP x TP) and with pipeline
+stages. The loss and every parameter after 3 AdamW steps equal the unsharded model's on the whole
+batch, and the sequence's collectives ran (an all-to-all, a ring shift, a reduce-scatter)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from llama_cases import build
 
 from shardcore import ShardConfig
 from shardcore.tensor_parallel import count_collectives
-from shardcore.testing import assert_data_parallel_matches, run_on_ranks, token_batch
+from shardcore.testing import assert_data_parallel_matches, assert_pipeline_matches, run_on_ranks, token_batch
 
 PROOF = {"all_to_all": "all_to_all", "ring_attn": "ring_shift", "split_gather": "reduce_scatter"}
 
@@ -66,4 +66,25 @@ def test_sequence_split_with_data_parallel_on_4_ranks(mode, data_parallel, tp, s
 @pytest.mark.parametrize(("mode", "data_parallel", "tp", "sp", "dp"), EIGHT, ids=_ids(EIGHT))
 def test_sequence_split_with_data_parallel_on_8_ranks(mode, data_parallel, tp, sp, dp):
     for report in run_on_ranks(tp * sp * dp, _check, mode, data_parallel, tp, sp, dp):
+        assert report["max_abs_diff_after_steps"] <= 1e-5 and report["proof"] > 0, report
+
+
+def _check_stages(mode: str) -> dict:
+    config = ShardConfig(
+        pipeline_parallel_size=2,
+        sequence_parallel_size=2,
+        num_microbatches=2,
+        enable_sequence_parallelism=True,
+        sequence_parallelism_mode=mode,
+    )
+    # each stage splits at its first block and hands the next stage whole states
+    with count_collectives() as counts:
+        report = assert_pipeline_matches(lambda: build("LlamaForCausalLM", layers=4, kv=2), token_batch(128, 4), config)
+    report["proof"] = counts.get(PROOF[mode], 0)
+    return report
+
+
+@pytest.mark.parametrize("mode", ["all_to_all", "ring_attn"])
+def test_sequence_split_in_pipeline_stages(mode):
+    for report in run_on_ranks(4, _check_stages, mode):
         assert report["max_abs_diff_after_steps"] <= 1e-5 and report["proof"] > 0, report

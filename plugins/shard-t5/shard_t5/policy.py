@@ -74,6 +74,11 @@ class T5Policy(Policy):
         require_divisible(d_ff, self.tp_size, "d_ff", name)
         if not self._stacks():
             raise ValueError(f"{name}: no T5 stack (a module with a 'block' list) found to shard")
+        if self.shard_config.pipeline_parallel_size > 1:
+            raise NotImplementedError(
+                f"{name}: T5's relative position bias is computed by each stack's first layer and handed to the "
+                "others with the hidden states, which pipeline stages do not carry yet; leave pipeline_parallel_size=1"
+            )
 
     def _layer_classes(self) -> tuple[type, type | None, type]:
         """(self-attention layer, cross-attention layer or None, feed-forward layer) classes."""

@@ -2,4 +2,20 @@
 
 from t5_cases import batch_for, build
 
-CASES = {"t5": {"build": lambda: build(), "batch": lambda rows: batch_for("T5ForConditionalGeneration", rows=rows)}}
+
+def _dp_batch(rows: int) -> dict:
+    """No padding and every target a label: each data-parallel rank's mean loss weighs as the whole batch's."""
+    b = batch_for("T5ForConditionalGeneration", rows=rows)
+    b["attention_mask"] = b["attention_mask"].new_ones(b["input_ids"].shape)
+    b["input_ids"] = b["input_ids"].clamp(min=2)
+    b["labels"] = b["labels"].clamp(min=2)
+    return b
+
+
+CASES = {
+    "t5": {
+        "build": lambda: build(),
+        "batch": lambda rows: batch_for("T5ForConditionalGeneration", rows=rows),
+        "dp_batch": _dp_batch,
+    }
+}

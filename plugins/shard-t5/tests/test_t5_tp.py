@@ -128,7 +128,7 @@ def _layout_refused(config: dict) -> str:
 @pytest.mark.parametrize(
     ("config", "message"),
     [
-        ({"pipeline_parallel_size": 2}, "T5Policy does not support pipeline parallelism"),
+        ({"pipeline_parallel_size": 2}, "relative position bias is computed by each stack's first layer"),
         (
             {"tensor_parallel_size": 2, "enable_sequence_parallelism": True},
             "T5Policy does not support sequence_parallelism_mode",
