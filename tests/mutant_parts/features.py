@@ -27,7 +27,7 @@ MUTANTS = [
         "the kit's text batch has no padded row: masks and ignored labels go untested",
         "shardcore/testing/batches.py",
         "token_batch",
-        [("        mask[0, :3] = 0\n", "")],
+        [("        mask[0, :3] = 0\n        ids[0, :3] = 0\n", "        ids[0, :3] = 0\n")],
         "tests/test_core_kit_helpers.py::test_token_batch_pads_the_first_row_and_ignores_its_labels",
         "the first row is not left-padded",
     ),
