@@ -116,15 +116,29 @@ def _layout_refused(config: dict) -> str:
     return refusal_message(lambda: build("mixtral"), ShardConfig(**config))
 
 
+ROUTER_LOSS = "output_router_logits=True adds the router's load-balancing loss over every layer's and every token's"
+
+
 @pytest.mark.parametrize(
     ("config", "expected"),
     [
-        ({"tensor_parallel_size": 1, "pipeline_parallel_size": 2}, "does not support pipeline parallelism"),
-        ({"tensor_parallel_size": 2, "enable_sequence_parallelism": True}, "(no sequence parallelism)"),
+        ({"tensor_parallel_size": 1, "pipeline_parallel_size": 2}, ROUTER_LOSS),
+        ({"tensor_parallel_size": 2, "enable_sequence_parallelism": True}, ROUTER_LOSS),
+        (
+            {
+                "sequence_parallel_size": 2,
+                "enable_sequence_parallelism": True,
+                "sequence_parallelism_mode": "ring_attn",
+            },
+            ROUTER_LOSS,
+        ),
     ],
-    ids=["pipeline", "sequence"],
+    ids=["pipeline", "split_gather", "ring"],
 )
-def test_layouts_not_built_refused_by_name(config, expected):
+def test_the_router_loss_refuses_stages_and_sequence_splits_by_name(config, expected):
+    """With ``output_router_logits=True`` (the cases' default) a stage sees its layers only and a split
+    rank its tokens only: refused on every rank before any collective. Without it they run
+    (``nox -s matrix``, the mixtral, qwen2_moe and olmoe rows; tests/test_core_matrix.py's Mixtral PP)."""
     if not _fused_experts():
         pytest.skip("transformers 4.x: refused by name (test_transformers_4_refused_by_name)")
     for message in run_on_ranks(2, _layout_refused, config):
