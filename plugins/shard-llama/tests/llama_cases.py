@@ -49,14 +49,9 @@ def build(cls_name: str, family: str = "llama", **cfg):
 
 def lm_batch(vocab: int = 128, batch: int = 2, seq: int = 12, seed: int = 1, pad: bool = True) -> dict:
     """Token ids with left padding on the first row (masked, labels ignored), labels = ids."""
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(1, vocab, (batch, seq), generator=g)
-    mask = torch.ones_like(ids)
-    if pad:
-        mask[0, :3] = 0
-        ids[0, :3] = 0
-    labels = ids.masked_fill(mask == 0, -100)
-    return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+    from shardcore.testing import token_batch
+
+    return token_batch(vocab, batch, seq, seed=seed, pad=pad)
 
 
 def gather_vocab_logits(model, output):

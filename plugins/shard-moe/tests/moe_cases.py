@@ -3,8 +3,6 @@ the load-balancing loss in the loss (``output_router_logits=True``)."""
 
 from __future__ import annotations
 
-import torch
-
 VOCAB = 128
 
 
@@ -65,10 +63,6 @@ def build(family: str = "mixtral", **cfg):
 
 def lm_batch(batch: int = 2, seq: int = 12, seed: int = 1, pad: bool = True) -> dict:
     """Token ids with left padding on the first row (masked, labels ignored), labels = ids."""
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(1, VOCAB, (batch, seq), generator=g)
-    mask = torch.ones_like(ids)
-    if pad:
-        mask[0, :3] = 0
-        ids[0, :3] = 0
-    return {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100)}
+    from shardcore.testing import token_batch
+
+    return token_batch(VOCAB, batch, seq, seed=seed, pad=pad)
