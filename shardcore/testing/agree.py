@@ -12,7 +12,7 @@ def _on_every_rank(check: Callable[[], float]) -> float:
     it fails on one: a rank that went on to the next step's collectives would wait for ever."""
     import torch.distributed as dist
 
-    from ..distributed.collectives import all_reduce
+    from ..distributed.collectives import all_reduce, group_device
 
     failure = None
     try:
@@ -20,21 +20,10 @@ def _on_every_rank(check: Callable[[], float]) -> float:
     except AssertionError as err:
         failure, result = err, 0.0
     if dist.is_initialized():
-        flag = torch.tensor([0.0 if failure is None else 1.0], device=_world_device())
+        flag = torch.tensor([0.0 if failure is None else 1.0], device=group_device(dist.group.WORLD))
         all_reduce(flag, dist.group.WORLD, op=dist.ReduceOp.MAX, where="the kit: did a rank's own check fail")
         if failure is None and flag.item():
             raise AssertionError("another rank's check of its own slices failed (its message is in its report)")
     if failure is not None:
         raise failure
     return result
-
-
-def _world_device() -> torch.device:
-    import torch.distributed as dist
-
-    backend = dist.get_backend()
-    return (
-        torch.device("cuda", torch.cuda.current_device())
-        if "nccl" in backend and "gloo" not in backend
-        else torch.device("cpu")
-    )
