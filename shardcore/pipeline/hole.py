@@ -9,11 +9,17 @@ from torch import nn
 class PipelineHole(nn.Module):
     """What stands in a stage for a module another stage holds: no parameters; its forward hands
     its first input (the hidden states) through, as a tuple when the module it replaces returned
-    one (``as_tuple``), or, with ``zero``, a zero to add (a skipped position embedding). Simple attributes of the replaced module (``attention_type``, ...) are kept,
+    one (``as_tuple``; a tuple of indices: those positional arguments, as T5's blocks hand on the
+    position biases), or, with ``zero``, a zero to add (a skipped position embedding). Simple attributes of the replaced module (``attention_type``, ...) are kept,
     so the model's forward reads them as before."""
 
     def __init__(
-        self, replaced: nn.Module | None = None, *, as_tuple: bool = False, where: str = "", zero: bool = False
+        self,
+        replaced: nn.Module | None = None,
+        *,
+        as_tuple: bool | tuple[int, ...] = False,
+        where: str = "",
+        zero: bool = False,
     ) -> None:
         super().__init__()
         self.as_tuple, self.where, self.zero = as_tuple, where, zero
@@ -40,6 +46,8 @@ class PipelineHole(nn.Module):
         hidden = args[0] if args else kwargs.get("hidden_states", kwargs.get("inputs_embeds"))
         if self.zero:  # a term added to the hidden states (a position embedding): nothing to add
             hidden = torch.zeros(())
+        if isinstance(self.as_tuple, tuple):  # what the block takes and returns changed, handed on unchanged
+            return tuple(args[i] if i < len(args) else None for i in self.as_tuple)
         return (hidden,) if self.as_tuple else hidden
 
     def extra_repr(self) -> str:

@@ -17,7 +17,7 @@ class PipelineHooks:
     #: Whether a block returns ``(hidden, ...)`` rather than the hidden states (``None``: ``True`` for a
     #: HuggingFace model under transformers 4.x, else ``False``; :attr:`PipelineSpec.block_returns_tuple
     #: <shardcore.spec.PipelineSpec>`).
-    pipeline_block_returns_tuple: bool | None = None
+    pipeline_block_returns_tuple: bool | tuple[int, ...] | None = None
 
     #: Why ``generate()`` cannot run through this model's pipeline stages (``None``: it can).
     pipeline_generate_unsupported: str | None = None

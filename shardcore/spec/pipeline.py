@@ -33,7 +33,10 @@ class PipelineSpec:
     * ``loss(output, labels, num_items)``: one microbatch's loss summed over its terms, divided by the
       whole batch's ``num_items`` (the microbatches add up to the whole batch's mean).
     * ``block_returns_tuple``: a block returns ``(hidden, ...)`` rather than the hidden states (what its
-      hole returns). ``None``: ``True`` for a HuggingFace model under transformers 4, else ``False``.
+      hole returns). ``None``: ``True`` for a HuggingFace model under transformers 4, else ``False``. A
+      tuple of indices: the block returns those positional arguments of its call, changed (T5's blocks
+      take and return the position biases the stack hands from block to block: ``(0, 2, 5)``); its
+      hole hands them on unchanged.
     * ``generate_refusal``: why ``generate()`` cannot run through the stages (``None``: it can).
 
     Composite: the composite's own (its forward joins the parts); parts' pipelines are not joined.
@@ -46,7 +49,7 @@ class PipelineSpec:
     num_items: Callable
     loss: Callable
     zero_ends: frozenset[str] = attrs.field(default=frozenset(), converter=frozenset)
-    block_returns_tuple: bool | None = None
+    block_returns_tuple: bool | tuple[int, ...] | None = None
     generate_refusal: str | None = None
 
     @classmethod

@@ -116,7 +116,7 @@ MUTANTS = [
         "shardcore/sequence/check.py",
         "check_sequence_parallel",
         [("    if mode not in supported:", "    if False:")],
-        "plugins/shard-t5/tests/test_t5_tp.py::test_pipeline_and_sequence_parallelism_refused_by_name[sequence]",
+        "plugins/shard-t5/tests/test_t5_tp.py::test_sequence_parallelism_refused_by_name[sequence]",
         "refused with 'no error'",
     ),
     m(

@@ -23,6 +23,9 @@ Replicated: the layer norms (T5's RMS-style ``T5LayerNorm``) and the final norms
 feed-forward dropout act on split activations and draw from a per-rank stream; the residual
 dropouts stay on the shared stream.
 
+Pipeline stages (``*ForConditionalGeneration``, transformers 5): :class:`~shard_t5.stages.T5Stages`,
+the encoder and decoder blocks one list of stages, the position bias handed between them.
+
 Structural: the classes are read off the model instance (``layer[0]``, ``layer[1]``,
 ``layer[-1]`` of each block), so T5, MT5 and UMT5 share the policy and nothing imports transformers.
 """
@@ -43,12 +46,14 @@ from shardcore.plugin_api import (
     vocab_head,
 )
 
+from .stages import T5Stages
+
 __all__ = ["T5Policy"]
 
 _NAMES = ("q", "k", "v", "o")
 
 
-class T5Policy(Policy):
+class T5Policy(T5Stages, Policy):
     """Every T5-architecture model: the encoder and decoder stacks present, their embeddings, the head."""
 
     def _stacks(self) -> list[nn.Module]:
@@ -74,11 +79,6 @@ class T5Policy(Policy):
         require_divisible(d_ff, self.tp_size, "d_ff", name)
         if not self._stacks():
             raise ValueError(f"{name}: no T5 stack (a module with a 'block' list) found to shard")
-        if self.shard_config.pipeline_parallel_size > 1:
-            raise NotImplementedError(
-                f"{name}: T5's relative position bias is computed by each stack's first layer and handed to the "
-                "others with the hidden states, which pipeline stages do not carry yet; leave pipeline_parallel_size=1"
-            )
 
     def _layer_classes(self) -> tuple[type, type | None, type]:
         """(self-attention layer, cross-attention layer or None, feed-forward layer) classes."""

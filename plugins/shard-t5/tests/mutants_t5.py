@@ -21,4 +21,14 @@ MUTANTS = [
         "plugins/shard-t5/tests/test_t5_tp.py::test_matches_unsharded[t5-tp2]",
         "covers transformers.models.t5.modeling_t5.T5ForConditionalGeneration",
     ),
+    m(
+        "t5-pipeline-bias-not-handed",
+        "shard-t5: a stage entered mid-stack leaves the position bias the stage before handed it, so its "
+        "first block attends with a zero bias",
+        "plugins/shard-t5/shard_t5/stages.py",
+        "T5Stages._run",
+        [("            if bias is not None:\n", "            if bias is not None and False:\n")],
+        "plugins/shard-t5/tests/test_t5_pipeline.py::test_pipeline_trains_like_unsharded[1f1b-1-3]",
+        "loss_rel_diff",
+    ),
 ]

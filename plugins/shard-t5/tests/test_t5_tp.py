@@ -128,15 +128,14 @@ def _layout_refused(config: dict) -> str:
 @pytest.mark.parametrize(
     ("config", "message"),
     [
-        ({"pipeline_parallel_size": 2}, "relative position bias is computed by each stack's first layer"),
         (
             {"tensor_parallel_size": 2, "enable_sequence_parallelism": True},
             "T5Policy does not support sequence_parallelism_mode",
         ),
     ],
-    ids=["pipeline", "sequence"],
+    ids=["sequence"],
 )
-def test_pipeline_and_sequence_parallelism_refused_by_name(config, message):
+def test_sequence_parallelism_refused_by_name(config, message):
     """What the README says is refused: on every rank, before any collective."""
     for refused in run_on_ranks(2, _layout_refused, config):
         assert message in refused, f"refused with {refused!r}"
