@@ -180,7 +180,8 @@ class ShardConfig:
             the tensor-parallel group (norms, residuals and dropout on each rank's slice of the
             sequence; all-gather / reduce-scatter instead of the all-reduces). ``"all_to_all"``
             (DeepSpeed-Ulysses) over ``sequence_parallel_size`` ranks, alone or with TP.
-            ``"ring_attn"``: context parallelism over them (zigzag-balanced queries; key/value
+            ``"ring_attn"``: context parallelism over them (zigzag-balanced queries, a bidirectional
+            model's in contiguous parts; key/value
             blocks passed around the ring, merged by log-sum-exp: a rank holds two blocks, never the
             whole sequence's). ``"all_gather_kv"``: the same split, but each attention all-gathers
             every rank's keys and values and runs the model's own attention over them (one

@@ -1,5 +1,6 @@
 """Ring attention (``sequence_parallelism_mode="ring_attn"``): each rank keeps its queries (two
-zigzag chunks of the sequence, for causal balance) and its keys and values; the key/value blocks
+zigzag chunks of the sequence, for causal balance; a bidirectional model's one contiguous part)
+and its keys and values; the key/value blocks
 travel around the ``sp`` group, one block in hand and the next in flight, and each block's partial
 attention is merged into the running result by the log-sum-exp rule. Backward: the same ring,
 each block's key/value gradients travelling with it back to their owner. A rank holds a few
@@ -42,6 +43,12 @@ def zigzag_positions(length: int, size: int) -> torch.Tensor:
     """The global position of each token in the zigzag order (rank ``r``'s part is the ``r``-th of
     ``size`` equal slices of the result)."""
     return _zigzag(torch.arange(length), size, 0)
+
+
+def ring_positions(length: int, size: int, zigzag: bool) -> torch.Tensor:
+    """The global position of each token in the ring's order: zigzag (a causal model), or the
+    sequence as it is (a bidirectional one, split in contiguous parts)."""
+    return zigzag_positions(length, size) if zigzag else torch.arange(length)
 
 
 class _RingAttention(torch.autograd.Function):
@@ -132,7 +139,7 @@ def ring_attention(base, *, gather: bool = False):
         state.attention_calls += 1
         group, size = state.group, state.size
         local = query.shape[2]
-        positions = zigzag_positions(local * size, size).to(query.device).view(size, local)
+        positions = ring_positions(local * size, size, state.zigzag).to(query.device).view(size, local)
         mine = positions[group_rank(group)]
         used = [name for name in _UNSUPPORTED if kwargs.get(name) is not None]
         if module.training and kwargs.get("dropout"):
@@ -148,7 +155,8 @@ def ring_attention(base, *, gather: bool = False):
         def mask_of(block: int):  # built when needed (forward, then backward): never all blocks' at once
             return _mask_at(module, attention_mask, mine, positions[block])
 
-        causal_only = attention_mask is None and getattr(module, "is_causal", True)
+        # the causal rule alone, cut by zigzag chunks (a contiguous split takes the rule from positions)
+        causal_only = attention_mask is None and getattr(module, "is_causal", True) and state.zigzag
         scale = kwargs.get("scaling") or query.shape[-1] ** -0.5
         out = _RingAttention.apply(query, key, value, mask_of, causal_only, group, scale)
         return out.transpose(1, 2).contiguous(), None

@@ -30,6 +30,7 @@ def apply_ulysses(model: nn.Module, policy, state: SequenceParallel) -> None:
     names, blocks = zip(*policy.blocks(), strict=True)
     _watch_forward(model, state)
     spec = policy.sequence()
+    state.zigzag = spec.causal  # a bidirectional model's ring: contiguous parts, no balance to keep
     hooks = _SplitHooks(state, spec.split_kwargs, model, list(names))
     for i, block in enumerate(blocks):  # on a pipeline stage: the first and last block this stage holds
         block.register_forward_pre_hook(functools.partial(hooks.enter, i), with_kwargs=True)
@@ -47,11 +48,11 @@ def apply_ulysses(model: nn.Module, policy, state: SequenceParallel) -> None:
 class _SplitHooks:
     """The hooks that split the hidden states (and ``split_kwargs``) at the first block's input and
     gather them at the last block's output; ``ring_attn`` splits in zigzag order, two chunks a rank
-    (for causal balance)."""
+    (for causal balance), or a bidirectional model's in contiguous parts."""
 
     def __init__(self, state: SequenceParallel, split_kwargs: tuple[str, ...], model: nn.Module, names: list) -> None:
         self.state, self.split_kwargs, self.model, self.names = state, split_kwargs, model, names
-        self.ring = state.mode in ("ring_attn", "all_gather_kv")
+        self.ring = state.mode in ("ring_attn", "all_gather_kv") and state.zigzag
         self.parts = 2 * state.size if self.ring else state.size
         self.blocks = 0  # the blocks run since the split (a pipeline stage runs its own)
 

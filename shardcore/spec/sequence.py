@@ -23,6 +23,9 @@ class SequenceSpec:
     * ``regions``: runs of consecutive ``(name, block)`` that ``split_gather`` splits at the first block's
       input and gathers at the last's output. ``None``: one, all of ``blocks()``. An encoder-decoder whose
       decoder reads the encoder's whole output names its encoder's blocks only.
+    * ``causal``: ``False`` for bidirectional attention (an encoder): ``ring_attn`` then splits the sequence
+      in contiguous parts, one a rank, so the group need only divide the length. A causal model's ring
+      splits it in zigzag order (two chunks a rank, for causal balance): the length by ``2 x sp``.
     * ``attention_problem(mode)``: why the attention cannot run under ``mode`` (``None``: it can), asked
       before any collective; ``set_attention(state)``: make it run under ``state.mode``, the name now in use.
       ``None``: HuggingFace's attention registry, around the model's own attention.
@@ -35,6 +38,7 @@ class SequenceSpec:
     split_kwargs: tuple[str, ...] = attrs.field(default=(), converter=tuple)
     heads: tuple[int, int] | None = None
     regions: Sequence[Sequence[tuple[str, object]]] | None = None
+    causal: bool = True
     attention_problem: Callable[[str], str | None] | None = None
     set_attention: Callable | None = None
 

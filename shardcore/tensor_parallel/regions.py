@@ -73,6 +73,8 @@ class SequenceParallel:
     #: the blocks are recomputed in the backward (activation checkpointing): their saved tensors are the
     #: checkpoint's to keep, not saved as slices (``gathered`` stays unused)
     checkpointing: bool = False
+    #: ``ring_attn``: the sequence split in zigzag order (causal balance), else in contiguous parts
+    zigzag: bool = True
 
     def capture(self) -> tuple[bool, int]:
         """Whether the forward was split (when a checkpointed block starts): a

@@ -133,4 +133,28 @@ MUTANTS = [
         "tests/test_core_spec.py::test_a_sequence_spec_is_read_with_its_defaults",
         "not the declared [['blocks.0']]",
     ),
+    m(
+        "ring-bidirectional-split-zigzag",
+        "a bidirectional model's ring splits in zigzag chunks as a causal one's: ViT's 10 tokens (not divisible "
+        "by 2 x sp) run unsplit",
+        "shardcore/sequence/ulysses.py",
+        "apply_ulysses",
+        [("    state.zigzag = spec.causal", "    state.zigzag = True")],
+        "plugins/shard-vit/tests/test_vit_sequence.py::test_hf_sequence_parallel_matches_unsharded[vit-ring_attn-sp2]",
+        "'split': 0",
+    ),
+    m(
+        "ring-contiguous-positions-zigzag",
+        "the ring takes a contiguous split's tokens at zigzag positions: the padding mask lands on the wrong keys",
+        "shardcore/sequence/ring.py",
+        "ring_positions",
+        [
+            (
+                "    return zigzag_positions(length, size) if zigzag else",
+                "    return zigzag_positions(length, size) if True else",
+            )
+        ],
+        "plugins/shard-bert/tests/test_bert_sequence.py::test_over_the_sp_dim_matches_unsharded[ring-mlm-padded-sp4]",
+        "output 'logits': max abs diff",
+    ),
 ]

@@ -66,6 +66,8 @@ class BertPolicy(HFStages, Policy):
             modes=("split_gather", "all_to_all", "ring_attn"),
             dropouts=("attention.output.dropout", "output.dropout", "crossattention.output.dropout"),
             heads=(heads, heads),
+            # bidirectional unless built as a decoder: the ring splits the tokens in contiguous parts
+            causal=bool(getattr(self.model.config, "is_decoder", False)),
         )
 
     def kernels(self):

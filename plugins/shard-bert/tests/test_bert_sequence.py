@@ -20,7 +20,7 @@ def _batch(cls_name: str, seq: int = 12) -> dict:  # 12 tokens: 6 or 3 per rank
     mask = torch.ones_like(ids)
     mask[0, -3:] = 0  # right padding on the first example
     out = {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.randint(0, 2, ids.shape, generator=g)}
-    if cls_name.endswith("MaskedLM"):
+    if cls_name.endswith(("MaskedLM", "LMHeadModel")):
         out["labels"] = torch.where(torch.rand(ids.shape, generator=g) < 0.3, ids, torch.full_like(ids, -100))
     else:
         out["labels"] = torch.tensor([2, 0])
@@ -112,7 +112,7 @@ def _over_sp(mode: str, tp: int, sp: int) -> ShardConfig:
 
 
 def _check_over_sp(mode: str, tp: int, sp: int, cls_name: str, pad: bool) -> dict:
-    batch = _batch(cls_name, seq=16)  # ring_attn: 2 x sp chunks
+    batch = _batch(cls_name, seq=16)  # a causal ring (BertLMHeadModel) splits in 2 x sp zigzag chunks
     if not pad:
         batch["attention_mask"] = torch.ones_like(batch["attention_mask"])  # no padding: no mask at all
     with count_collectives() as counts:
@@ -165,8 +165,17 @@ def test_ring_attn_gathers_keys_and_values_for_attention_dropout():
         ("all_to_all", 2, 2, "BertForSequenceClassification", True),
         ("ring_attn", 1, 2, "BertForMaskedLM", True),
         ("ring_attn", 1, 2, "BertForSequenceClassification", False),
+        ("ring_attn", 1, 4, "BertForMaskedLM", True),  # contiguous parts: 4 tokens a rank, padding on rank 3's
+        ("ring_attn", 1, 2, "BertLMHeadModel", True),  # a decoder: causal, zigzag chunks
     ],
-    ids=["ulysses-mlm-sp4", "ulysses-seqcls-sp2-tp2", "ring-mlm-padded-sp2", "ring-seqcls-sp2"],
+    ids=[
+        "ulysses-mlm-sp4",
+        "ulysses-seqcls-sp2-tp2",
+        "ring-mlm-padded-sp2",
+        "ring-seqcls-sp2",
+        "ring-mlm-padded-sp4",
+        "ring-decoder-sp2",
+    ],
 )
 def test_over_the_sp_dim_matches_unsharded(mode, tp, sp, cls_name, pad):
     import transformers

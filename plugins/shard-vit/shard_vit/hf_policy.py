@@ -58,13 +58,15 @@ def _is_v4_layer(module) -> bool:
 
 class HFViTPolicy(Policy):
     def sequence(self):
-        """Megatron sequence parallelism and Ulysses (transformers 5's attention registry) over the
-        tokens: the class (and distillation) token and the patches. ViT's 1 + n*n tokens divide by 2
-        for odd n and never by 4; DeiT's 2 + n*n by 2 for even n: a length the group does not divide
-        runs unsplit (plain tensor parallelism). No ring_attn: 2 x sp chunks would need 4 | tokens."""
+        """Megatron sequence parallelism, Ulysses and the ring (transformers 5's attention registry)
+        over the tokens: the class (and distillation) token and the patches. ViT's 1 + n*n tokens
+        divide by 2 for odd n and never by 4; DeiT's 2 + n*n by 2 for even n: a length the group does
+        not divide runs unsplit (plain tensor parallelism). The attention is bidirectional: the ring
+        splits the tokens in contiguous parts (``causal=False``), one a rank, not in 2 x sp zigzag chunks."""
         heads = self.model.config.num_attention_heads
         return SequenceSpec(
-            modes=("split_gather", "all_to_all"),
+            modes=("split_gather", "all_to_all", "ring_attn"),
+            causal=False,
             # the residual dropout (transformers 5: the layer's one ``dropout``, applied after attention
             # and after the MLP; 4.x: the attention output's and the output's)
             dropouts=("dropout", "attention.output.dropout", "output.dropout"),
