@@ -69,6 +69,11 @@ def _check_over_sp(model: nn.Module, policy, config, layout, mode: str) -> None:
             f"sequence_parallelism_mode={mode!r} runs over sequence_parallel_size ranks, but it is 1; give "
             "sequence_parallel_size > 1"
         )
+    if not regions(policy):
+        raise NotImplementedError(
+            f"{type(model).__name__}: {type(policy).__name__} names no blocks to split the sequence over; leave "
+            "enable_sequence_parallelism=False"
+        )
     problem = attention_problem(policy, "ring_attn" if mode == "all_gather_kv" else mode)
     if problem:
         raise NotImplementedError(f"{type(model).__name__}: {problem}")

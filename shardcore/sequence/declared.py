@@ -6,7 +6,8 @@ from ..spec.attention import attention_registry
 
 
 def regions(policy) -> list:
-    """The runs of blocks ``split_gather`` splits: the spec's, or one run of every block."""
+    """The runs of blocks the sequence split covers (each split at its first block, gathered after
+    its last): the spec's, or one run of every block."""
     found = policy.sequence().regions
     return [list(r) for r in found] if found is not None else [policy.blocks()]
 
@@ -25,12 +26,14 @@ def attention_problem(policy, mode: str) -> str | None:
     if ask is not None:
         return ask(mode)
     try:
-        return attention_registry().sequence_problem(policy.model, mode)
+        return attention_registry().sequence_problem(policy.model, mode, routed=policy.sequence().routed)
     except NotImplementedError as err:
         return f"sequence_parallelism_mode={mode!r}: {err}"
 
 
 def set_attention(policy, state) -> str:
     """Make the model's attention run under ``state.mode``; the name now in use."""
-    use = policy.sequence().set_attention
-    return use(state) if use is not None else attention_registry().use_sequence(policy.model, state.mode)
+    spec = policy.sequence()
+    if spec.set_attention is not None:
+        return spec.set_attention(state)
+    return attention_registry().use_sequence(policy.model, state.mode, routed=spec.routed)

@@ -14,7 +14,7 @@ from ..distributed.collectives import all_to_all_cat
 from ..tensor_parallel.mappings import gather_from_tp, split_to_tp
 from ..tensor_parallel.regions import SequenceParallel
 from .check import _watch_forward
-from .declared import set_attention
+from .declared import regions, set_attention
 from .ring import _unzigzag, _zigzag
 from .split_gather import _per_rank_dropouts, _sum_grads_when_split
 
@@ -26,15 +26,19 @@ def apply_ulysses(model: nn.Module, policy, state: SequenceParallel) -> None:
     rotary ``position_embeddings``), gathered at the last block's output; around attention an
     all-to-all trades the sequence split for a head split and back, through the model library's
     attention registry (:attr:`SequenceSpec.set_attention <shardcore.spec.SequenceSpec>`). Every block parameter's
-    gradient, from this rank's tokens only, is summed over the group."""
-    names, blocks = zip(*policy.blocks(), strict=True)
+    gradient, from this rank's tokens only, is summed over the group. Each of the spec's ``regions``
+    (an encoder-decoder's encoder) is split and gathered on its own; blocks outside them run whole."""
     _watch_forward(model, state)
     spec = policy.sequence()
     state.zigzag = spec.causal  # a bidirectional model's ring: contiguous parts, no balance to keep
-    hooks = _SplitHooks(state, spec.split_kwargs, model, list(names))
-    for i, block in enumerate(blocks):  # on a pipeline stage: the first and last block this stage holds
-        block.register_forward_pre_hook(functools.partial(hooks.enter, i), with_kwargs=True)
-        block.register_forward_hook(functools.partial(hooks.leave, i))
+    blocks = []
+    for region in regions(policy):
+        names, run = zip(*region, strict=True)
+        hooks = _SplitHooks(state, spec.split_kwargs, model, list(names))
+        for i, block in enumerate(run):  # on a pipeline stage: the first and last block this stage holds
+            block.register_forward_pre_hook(functools.partial(hooks.enter, i), with_kwargs=True)
+            block.register_forward_hook(functools.partial(hooks.leave, i))
+        blocks += run
     for block in blocks:
         for module in block.modules():
             module.__dict__["_shardcore_sequence"] = state  # the attention function finds it here

@@ -13,8 +13,10 @@ _REGISTRY: list = []
 
 def register_attention_registry(registry) -> None:
     """Make ``registry`` (an object with ``switchable(model)``, ``use(model, backend)``,
-    ``sequence_problem(model, mode)``, ``use_sequence(model, mode)`` and ``module``, where the
-    library's functions live) the one policies switch attention through."""
+    ``sequence_problem(model, mode, routed=False)``, ``use_sequence(model, mode, routed=False)`` and
+    ``module``, where the library's functions live) the one policies switch attention through.
+    ``routed``: the policy vouches that the model's attention reads the registry at each call
+    (:attr:`SequenceSpec.routed <shardcore.spec.SequenceSpec>`)."""
     _REGISTRY[:] = [registry]
 
 

@@ -20,12 +20,15 @@ class SequenceSpec:
     * ``split_kwargs``: keyword arguments of every block that run along the sequence with the hidden
       states (rotary ``position_embeddings``): under ``all_to_all`` / ``ring_attn`` each rank takes its slice.
     * ``heads``: ``(attention heads, key/value heads)``; ``all_to_all`` gives each rank whole heads.
-    * ``regions``: runs of consecutive ``(name, block)`` that ``split_gather`` splits at the first block's
+    * ``regions``: runs of consecutive ``(name, block)`` that every mode splits at the first block's
       input and gathers at the last's output. ``None``: one, all of ``blocks()``. An encoder-decoder whose
       decoder reads the encoder's whole output names its encoder's blocks only.
     * ``causal``: ``False`` for bidirectional attention (an encoder): ``ring_attn`` then splits the sequence
       in contiguous parts, one a rank, so the group need only divide the length. A causal model's ring
       splits it in zigzag order (two chunks a rank, for causal balance): the length by ``2 x sp``.
+    * ``routed``: the policy vouches that the model's attention reads the library's registry at each
+      call though the model class does not say so (transformers' ``_supports_attention_backend``,
+      which Whisper's leaves unset): the registry switches it all the same.
     * ``attention_problem(mode)``: why the attention cannot run under ``mode`` (``None``: it can), asked
       before any collective; ``set_attention(state)``: make it run under ``state.mode``, the name now in use.
       ``None``: HuggingFace's attention registry, around the model's own attention.
@@ -39,6 +42,7 @@ class SequenceSpec:
     heads: tuple[int, int] | None = None
     regions: Sequence[Sequence[tuple[str, object]]] | None = None
     causal: bool = True
+    routed: bool = False
     attention_problem: Callable[[str], str | None] | None = None
     set_attention: Callable | None = None
 

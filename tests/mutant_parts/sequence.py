@@ -157,4 +157,24 @@ MUTANTS = [
         "plugins/shard-bert/tests/test_bert_sequence.py::test_over_the_sp_dim_matches_unsharded[ring-mlm-padded-sp4]",
         "output 'logits': max abs diff",
     ),
+    m(
+        "ulysses-regions-ignored",
+        "Ulysses and the ring split every block as one run, ignoring the spec's regions: Whisper's decoder "
+        "reads the encoder's frames still split",
+        "shardcore/sequence/ulysses.py",
+        "apply_ulysses",
+        [("    for region in regions(policy):", "    for region in [policy.blocks()]:")],
+        "plugins/shard-whisper/tests/test_whisper_sequence.py::test_over_the_sp_dim_matches_unsharded[ulysses-sp2]",
+        "Expected input batch_size",
+    ),
+    m(
+        "sequence-routed-ignored",
+        "a policy's word that its attention reads the registry (SequenceSpec.routed) is ignored: Whisper's "
+        "Ulysses and ring refused though they run",
+        "shardcore/integrations/hf/attention.py",
+        "ulysses_problem",
+        [("    if not routed and not getattr(model,", "    if not getattr(model,")],
+        "plugins/shard-whisper/tests/test_whisper_sequence.py::test_over_the_sp_dim_matches_unsharded[ring-sp2]",
+        "does not run its attention through",
+    ),
 ]

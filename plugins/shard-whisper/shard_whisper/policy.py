@@ -69,18 +69,30 @@ class WhisperPolicy(Policy):
     # -- sequence parallelism: the encoder's frames ----------------------------------------------
 
     def sequence(self):
-        """Megatron sequence parallelism over the encoder's frames (1500 in every released Whisper,
-        which 2, 4 and 5 divide), split at its first layer and gathered after its last. The decoder
-        runs as plain tensor parallelism: its tokens are few, and its cross-attention reads the
-        encoder's whole output."""
+        """Sequence parallelism over the encoder's frames (1500 in every released Whisper, which 2, 4
+        and 5 divide), split at its first layer and gathered after its last: Megatron's split_gather,
+        Ulysses and the ring (transformers 5's attention registry; bidirectional, so the ring's parts
+        are contiguous). The decoder runs as plain tensor parallelism: its tokens are few, and its
+        cross-attention reads the encoder's whole output."""
         encoders = [stack for stack in self._stacks() if not hasattr(stack, "embed_tokens")]
+        heads = self.model.config.encoder_attention_heads
         return SequenceSpec(
-            modes=("split_gather",),
+            modes=("split_gather", "all_to_all", "ring_attn"),
+            heads=(heads, heads),
+            causal=False,
+            # transformers 5's Whisper attention reads the registry at each call, though the class
+            # leaves _supports_attention_backend unset
+            routed=self._registry_attention(),
             # the whole encoder layer on the per-rank stream while split: its residual and activation
             # dropouts are functional (no module to name), its attention's is per rank already
             dropouts=("",),
             regions=[blocks_in(self.model, encoders[0].layers)] if encoders else [],
         )
+
+    def _registry_attention(self) -> bool:
+        import transformers  # the model is a transformers model: it is imported already
+
+        return int(transformers.__version__.split(".")[0]) >= 5
 
     # -- pipeline parallelism (conditional generation) -------------------------------------------
 

@@ -104,8 +104,10 @@ def use_hf_attention(model: torch.nn.Module, backend: str) -> str:
     return name
 
 
-def ulysses_problem(model: torch.nn.Module, mode: str = "all_to_all") -> str | None:
-    """Why :func:`use_ulysses_attention` cannot switch ``model`` to ``mode`` (``None``: it can). No collective."""
+def ulysses_problem(model: torch.nn.Module, mode: str = "all_to_all", routed: bool = False) -> str | None:
+    """Why :func:`use_ulysses_attention` cannot switch ``model`` to ``mode`` (``None``: it can). No collective.
+    ``routed``: the policy vouches that the attention reads the registry at each call, whatever
+    ``_supports_attention_backend`` says."""
     base_name = getattr(getattr(model, "config", None), "_attn_implementation", None)
     try:
         from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
@@ -115,7 +117,7 @@ def ulysses_problem(model: torch.nn.Module, mode: str = "all_to_all") -> str | N
             f"sequence_parallelism_mode={mode!r} runs attention through transformers' attention and mask "
             "registries, which this transformers version lacks"
         )
-    if not getattr(model, "_supports_attention_backend", False):
+    if not routed and not getattr(model, "_supports_attention_backend", False):
         return (
             f"sequence_parallelism_mode={mode!r}: {type(model).__name__} does not run its attention through "
             "transformers' attention registry in this transformers version"
@@ -128,13 +130,13 @@ def ulysses_problem(model: torch.nn.Module, mode: str = "all_to_all") -> str | N
     return None
 
 
-def use_ulysses_attention(model: torch.nn.Module, mode: str = "all_to_all") -> str:
+def use_ulysses_attention(model: torch.nn.Module, mode: str = "all_to_all", routed: bool = False) -> str:
     """Register ``shardcore_ulysses_<implementation>`` (the model's attention implementation under
     :func:`shardcore.sequence.ulysses_attention`, with that implementation's mask builder) in
     HuggingFace's registries and switch the model to it; the name."""
     from ...sequence import ring_attention, ulysses_attention
 
-    problem = ulysses_problem(model, mode)
+    problem = ulysses_problem(model, mode, routed)
     if problem:
         raise NotImplementedError(problem)
     from transformers import AttentionInterface
