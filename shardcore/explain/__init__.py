@@ -22,6 +22,7 @@ from torch import nn
 from ..config import ShardConfig
 from ..distributed import ParallelLayout
 from ..distributed.collectives import PaperGroup
+from ..pipeline.check import pipeline_blocks
 from .counts import _collective_counts, _module_rows, _nbytes, _stage_bytes, _valid_tp_sizes
 from .experts import add_balance_counts, expert_traffic
 from .report import format_report, to_json
@@ -207,7 +208,8 @@ def explain_on_paper(
     add_sequence_counts(build, build.policy.blocks(), block_cls, per_block, outside, step)
     add_balance_counts(build, outside, step)
     traffic, why = collective_bytes_per_step(build, seq * batch, itemsize) if seq else (None, None)
-    stages = _stage_bytes(model, block_names, pp) if pp > 1 else None
+    staged = [n for n, _ in pipeline_blocks(policy)]  # what the stages are cut from (a composite: its LM's)
+    stages = _stage_bytes(model, staged, pp) if pp > 1 else None
     report = {
         "model": type(model).__name__,
         "policy": type(policy).__name__,
@@ -230,7 +232,7 @@ def explain_on_paper(
         "experts": expert_traffic(model, seq * batch if seq else None, itemsize) if ep > 1 else None,
         "notes": _notes(config, pp, sp) + ([f"collective bytes per step not predicted: {why}"] if why else []),
     }
-    return report, build, block_names
+    return report, build, staged
 
 
 def check_on_paper(

@@ -113,9 +113,20 @@ def _check_schedule(config) -> tuple[str, int]:
     return name, per_rank
 
 
+def pipeline_blocks(policy) -> list:
+    """The ``(name, block)`` the stages are cut from: :attr:`PipelineSpec.blocks <shardcore.spec.PipelineSpec>`
+    when the spec names them (a composite's language model), else ``Policy.blocks()``."""
+    try:
+        spec = policy.pipeline()
+    except NotImplementedError:  # no stages for this model: its blocks are the policy's
+        spec = None
+    named = spec.blocks if spec is not None else None
+    return list(named()) if named is not None else policy.blocks()
+
+
 def _stage_layers(model: nn.Module, policy, config, pp: int, per_rank: int) -> list[int]:
     """The number of blocks of each stage: ``config.pipeline_layers`` checked, or an even split."""
-    blocks = len(policy.blocks())
+    blocks = len(pipeline_blocks(policy))
     stages = pp * per_rank
     if stages > blocks:
         raise ValueError(

@@ -9,7 +9,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..attach import attached
-from .check import PipelineInfo, _stage_indices
+from .check import PipelineInfo, _stage_indices, pipeline_blocks
 from .hole import PipelineHole
 from .runtime import _forward_only, _make_schedule, _stage_owner
 from .simulated import stage_shapes
@@ -142,7 +142,7 @@ def build_pipeline(model: nn.Module, policy, config, layout, name: str, layers: 
     num_stages = pp * per_rank
     starts = [sum(layers[:s]) for s in range(num_stages)]
     stage_blocks = {s: set(range(starts[s], starts[s] + layers[s])) for s in indices}
-    blocks = policy.blocks()
+    blocks = pipeline_blocks(policy)
     stage_of_block = {b: t for t in range(num_stages) for b in range(starts[t], starts[t] + layers[t])}
     ends = _ends(model, policy, blocks, stage_of_block)
     owners_of, aliases = _tied(model, blocks, ends[0], stage_of_block, lambda t: _stage_owner(t, pp, per_rank, name))

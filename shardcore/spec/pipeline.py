@@ -38,6 +38,8 @@ class PipelineSpec:
       take and return the position biases the stack hands from block to block: ``(0, 2, 5)``); its
       hole hands them on unchanged.
     * ``generate_refusal``: why ``generate()`` cannot run through the stages (``None``: it can).
+    * ``blocks()``: the ``(name, block)`` the stages are cut from, when not all of ``Policy.blocks()``
+      (a composite's language model's: its vision tower, whole, is one of the ``ends`` of the first stage).
 
     Composite: the composite's own (its forward joins the parts); parts' pipelines are not joined.
     """
@@ -51,6 +53,7 @@ class PipelineSpec:
     zero_ends: frozenset[str] = attrs.field(default=frozenset(), converter=frozenset)
     block_returns_tuple: bool | tuple[int, ...] | None = None
     generate_refusal: str | None = None
+    blocks: Callable | None = None
 
     @classmethod
     def merge(cls, own: PipelineSpec | None, parts: Mapping[str, PipelineSpec | None]) -> PipelineSpec | None:

@@ -95,4 +95,28 @@ MUTANTS = [
         "plugins/shard-gpt2/tests/test_gpt2_pipeline.py::test_pipeline_trains_like_unsharded[2-1-1F1B]",
         "gradient of lm_head.weight (held, gathered over tp): relative error",
     ),
+    m(
+        "pipeline-spec-blocks-ignored",
+        "the stages are cut from every block of the policy, not the blocks its PipelineSpec names: Llava's "
+        "vision layers land on the second stage",
+        "shardcore/pipeline/check.py",
+        "pipeline_blocks",
+        [("    return list(named()) if named is not None else policy.blocks()", "    return policy.blocks()")],
+        "plugins/shard-llava/tests/test_llava_pipeline.py::test_pipeline_trains_like_unsharded[pp2-tp2-1f1b-1-3]",
+        "summing to the model's 6 blocks",
+    ),
+    m(
+        "stage-first-inputs-dropped",
+        "HFStages' first stage leaves out its own inputs (Llava's pixels): image tokens embedded as text",
+        "shardcore/integrations/hf/stages.py",
+        "HFStages._pp_forward",
+        [
+            (
+                "            entry |= {k: v for k, v in zip(",
+                "            entry |= {} if True else {k: v for k, v in zip(",
+            )
+        ],
+        "plugins/shard-llava/tests/test_llava_pipeline.py::test_pipeline_trains_like_unsharded[pp2-gpipe]",
+        "pipeline_step loss",
+    ),
 ]

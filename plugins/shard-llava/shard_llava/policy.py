@@ -8,19 +8,42 @@ it. Nothing of theirs is copied here. Llava's own modules: ``lm_head`` becomes a
 vocabulary-parallel head (tied to the language model's vocabulary-parallel embedding when the
 config ties them) gathering full logits, so the model's own loss and ``generate()`` run; the
 ``multi_modal_projector`` (two small linears) stays replicated.
+
+Pipeline stages (``LlavaForConditionalGeneration``, :class:`~shardcore.integrations.hf.stages.HFStages`):
+the language model's layers are cut into stages; the vision tower, the projector and the token
+embedding run whole on the first stage, which merges the image features into the embeddings as
+the model's own forward does (the pixels go to that stage only); later stages take the hidden
+states as ``inputs_embeds``; the last runs the final norm and ``lm_head`` (tied to the embedding:
+its gradient summed over the two stages).
 """
 
 from __future__ import annotations
 
 from shardcore import CompositePolicy, ModulePolicyDescription
-from shardcore.plugin_api import (
-    vocab_head,
-)
+from shardcore.plugin_api import HFStages, vocab_head
 
 __all__ = ["LlavaPolicy"]
 
 
-class LlavaPolicy(CompositePolicy):
+class LlavaPolicy(HFStages, CompositePolicy):
+    # -- pipeline stages: the language model's layers; the vision tower whole on the first stage ------
+    stage_first_inputs = ("pixel_values",)
+    first_ends = ("vision_tower", "multi_modal_projector", "language_model.embed_tokens")
+    last_ends = ("language_model.norm",)
+    stage_generate_refusal = (
+        "generate() of Llava computes the image features outside the model's forward (mm_encoder_outputs), "
+        "which the pipeline cannot route yet"
+    )
+
+    @property
+    def base(self):
+        return self.model.base_model  # LlavaModel
+
+    def stage_blocks(self):
+        """The language model's layers: the stages are cut from them (the vision tower is an end)."""
+        prefix = self._path(self.base.language_model) + "."
+        return [(name, block) for name, block in self.blocks() if name.startswith(prefix)]
+
     def _path(self, module) -> str:
         return next(name for name, m in self.model.named_modules() if m is module)
 

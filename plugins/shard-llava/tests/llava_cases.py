@@ -15,7 +15,7 @@ def build(cls_name: str = "LlavaForConditionalGeneration", **text):
     vision = {"hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2}
     vision.update(image_size=16, patch_size=8)
     language = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2}
-    language.update(num_hidden_layers=2, vocab_size=VOCAB, pad_token_id=0, **text)
+    language.update({"num_hidden_layers": 2, "vocab_size": VOCAB, "pad_token_id": 0, **text})
     config = transformers.LlavaConfig(
         vision_config=transformers.CLIPVisionConfig(**vision),
         text_config=transformers.LlamaConfig(**language),

@@ -88,15 +88,6 @@ def test_a_part_s_refusal_names_the_part_on_every_rank():
         assert "num_attention_heads=2 is not divisible" in message, message
 
 
-def _pipeline_refused() -> str:
-    return refusal_message(build, ShardConfig(pipeline_parallel_size=2))
-
-
-def test_pipeline_refused_by_name():
-    """A composite declares no pipeline stages: refused on every rank, naming the policy."""
-    assert all("LlavaPolicy does not support pipeline parallelism" in m for m in run_on_ranks(2, _pipeline_refused))
-
-
 def _explain(tp: int) -> dict:
     # the vision tower runs on patches, the Llama on tokens: explain's bytes (priced at the ids' length) left out
     return assert_explain_matches(build, batch_for(), ShardConfig(tensor_parallel_size=tp), price_bytes=False)

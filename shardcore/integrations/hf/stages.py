@@ -69,6 +69,9 @@ class HFStages:
     #: inputs besides ``input_ids`` that travel with the hidden states, each with its default
     #: (``"ones"``, ``"zeros"``, ``"arange"``) when the batch leaves it out
     stage_inputs: dict[str, str] = {"attention_mask": "ones", "position_ids": "arange"}
+    #: inputs only the first stage takes (an image's pixels, which the first stage's vision tower
+    #: reads): they do not travel; one the batch leaves out is an empty tensor (rows, 0) there
+    stage_first_inputs: tuple[str, ...] = ()
     #: keyword arguments of every stage's call of the model (a decoder: no cache)
     stage_call: dict[str, Any] = {"use_cache": False}
     #: what a forward through the pipeline (``generate()``) may pass and the stages drop: the
@@ -108,6 +111,7 @@ class HFStages:
             loss=self._pp_loss,
             generate_refusal=self.stage_generate_refusal,
             block_returns_tuple=self.stage_block_returns_tuple,
+            blocks=getattr(self, "stage_blocks", None),  # a composite: its language model's blocks
         )
 
     def _head(self) -> str:
@@ -138,25 +142,31 @@ class HFStages:
             for key, only_unused in self.stage_ignored.items():
                 if key in batch and (not only_unused or _unused(batch[key])):
                     batch.pop(key)
-        extra = sorted(set(batch) - {"input_ids", "labels", *self.stage_inputs})
+        extra = sorted(set(batch) - {"input_ids", "labels", *self.stage_inputs, *self.stage_first_inputs})
         if extra or "input_ids" not in batch or (training and "labels" not in batch):
             what = "pipeline_step" if training else "a forward through the pipeline"
             raise ValueError(
                 f"{what} ({type(self.model).__name__}) takes input_ids, "
                 + ("labels, " if training else "")
-                + f"and optionally {', '.join(self.stage_inputs)}"
+                + f"and optionally {', '.join([*self.stage_inputs, *self.stage_first_inputs])}"
                 + ("" if training else ", labels")
                 + f"; got {sorted(batch)}"
                 + (f" ({extra} not supported through pipeline stages)" if extra else "")
             )
         ids = batch["input_ids"]
         rest = [batch[k] if batch.get(k) is not None else _DEFAULTS[d](ids) for k, d in self.stage_inputs.items()]
-        return (ids, *rest), batch.get("labels")
+        firsts = [
+            batch[k] if batch.get(k) is not None else ids.new_zeros(ids.shape[0], 0) for k in self.stage_first_inputs
+        ]
+        return (ids, *rest, *firsts), batch.get("labels")
 
     def _pp_forward(self, inputs: tuple, *, first: bool, last: bool):
         tokens, *rest = inputs
-        kwargs = {**dict(zip(self.stage_inputs, rest, strict=True)), **self.stage_call}
         entry = {"input_ids": tokens} if first else {"inputs_embeds": tokens}
+        if first and self.stage_first_inputs:  # the first stage's own inputs (an empty one: left out)
+            rest, firsts = rest[: len(self.stage_inputs)], rest[len(self.stage_inputs) :]
+            entry |= {k: v for k, v in zip(self.stage_first_inputs, firsts, strict=True) if v.numel()}
+        kwargs = {**dict(zip(self.stage_inputs, rest, strict=True)), **self.stage_call}
         if last:  # the last stage is never the first: a pipeline has two stages at least
             return self.model(**entry, **kwargs).logits
         return (self.base(**entry, **kwargs).last_hidden_state, *rest)
@@ -170,7 +180,8 @@ class HFStages:
 
     def _pp_loss(self, output, labels, num_items):
         if self.stage_loss == "causal_lm":
-            vocab = self.model.config.vocab_size
+            config = self.model.config  # a composite's vocabulary is its text config's
+            vocab = getattr(config, "vocab_size", None) or config.get_text_config().vocab_size
             return self.model.loss_function(
                 logits=output, labels=labels, vocab_size=vocab, num_items_in_batch=num_items
             )
