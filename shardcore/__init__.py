@@ -20,7 +20,12 @@ from .plugins import NoPolicyError
 from .policy import ModulePolicyDescription, Policy, SubModuleReplacementDescription
 from .sharded_state import full_named_tensors
 from .sharder import resolve_policy
-from .tensor_parallel import VocabSliceError, vocab_parallel_cross_entropy
+from .tensor_parallel import (
+    VocabSliceError,
+    selective_checkpoint_context,
+    vocab_parallel_cross_entropy,
+    vocab_parallel_linear_cross_entropy,
+)
 from .tensor_parallel.parallel_module import ParallelModule
 from .verify import ShardingCheckError
 
@@ -57,5 +62,7 @@ __all__ = [
     "resolve_policy",
     "save_checkpoint",
     "save_distributed",
+    "selective_checkpoint_context",
     "vocab_parallel_cross_entropy",
+    "vocab_parallel_linear_cross_entropy",
 ]

@@ -7,12 +7,14 @@ from .embedding import VocabParallelEmbedding1D, VocabParallelLMHead1D
 from .grad_sum import sum_gradients_over_group, summed_over
 from .in_place import InPlace
 from .linear import FusedLinear1D_Col, Linear1D_Col, Linear1D_Row
+from .linear_loss import vocab_parallel_linear_cross_entropy
 from .loss import vocab_parallel_cross_entropy
 from .mappings import copy_to_tp, gather_from_tp, reduce_from_tp, split_to_tp
 from .norm import FusedLayerNorm, FusedRMSNorm
 from .parallel_module import ParallelModule
 from .regions import enter_tp_region
 from .rng import fork_tp_rng, run_in_shared_rng, run_in_tp_rng
+from .selective import selective_checkpoint_context
 from .shard_spec import Segment, ShardSpec
 from .split_norm import SplitRMSNorm
 from .vocab_slice import VocabSlice, VocabSliceError, gather_vocab
@@ -45,8 +47,10 @@ __all__ = [
     "reduce_from_tp",
     "run_in_shared_rng",
     "run_in_tp_rng",
+    "selective_checkpoint_context",
     "split_to_tp",
     "sum_gradients_over_group",
     "summed_over",
     "vocab_parallel_cross_entropy",
+    "vocab_parallel_linear_cross_entropy",
 ]

@@ -22,6 +22,7 @@ import torch
 
 from ..distributed import traced
 from ..distributed.collectives import all_gather_cat, all_reduce, backward_of, group_rank, group_size, start_all_gather
+from .selective import selective_active
 
 
 def _local_chunk(x: torch.Tensor, group, dim: int) -> torch.Tensor:
@@ -55,7 +56,7 @@ class _ReduceFromTP(torch.autograd.Function):
     def forward(ctx, x, group, fresh):
         if traced.compiling():  # out of place: a graph has no in-place collective on an input
             return traced.all_reduce(x, group)
-        if fresh and x.is_contiguous():
+        if fresh and x.is_contiguous() and not selective_active():  # a selective checkpoint keeps x
             ctx.mark_dirty(x)
             return all_reduce(x, group)
         return all_reduce(x.clone(memory_format=torch.contiguous_format), group)

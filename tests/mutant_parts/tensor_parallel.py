@@ -328,4 +328,58 @@ MUTANTS = [
         "plugins/shard-bert/tests/test_bert_kernels.py::test_optimization_flags_at_tp2[norm]",
         "missing ['bert.embeddings.LayerNorm.bias'",
     ),
+    m(
+        "linear-ce-hidden-grad-not-summed",
+        "the chunked LM-head loss leaves the hidden states' gradient of this rank's vocabulary slice alone, not "
+        "summed over the group",
+        "shardcore/tensor_parallel/linear_loss.py",
+        "vocab_parallel_linear_cross_entropy",
+        [("        hidden = copy_to_tp(hidden, group)", "        hidden = hidden")],
+        "tests/test_core_linear_loss.py::test_equals_the_whole_logits_cross_entropy[tp2-bias]",
+        "differs from the whole logits' cross entropy",
+    ),
+    m(
+        "linear-ce-padding-logits-counted",
+        "the chunked LM-head loss counts the vocabulary padding rows as logits (zero logits in every softmax)",
+        "shardcore/tensor_parallel/linear_loss.py",
+        "vocab_parallel_linear_cross_entropy",
+        [
+            (
+                '    n_local = getattr(head, "vocab_end", head.weight.shape[0]) - start',
+                "    n_local = head.weight.shape[0]",
+            )
+        ],
+        "tests/test_core_linear_loss.py::test_equals_the_whole_logits_cross_entropy[tp4]",
+        "differs from the whole logits' cross entropy",
+    ),
+    m(
+        "sac-reduces-kept-matmul-in-place",
+        "under a selective checkpoint a row-parallel all-reduce sums into its matmul's output in place, which "
+        "the checkpoint keeps for the recompute",
+        "shardcore/tensor_parallel/mappings.py",
+        "_ReduceFromTP.forward",
+        [
+            (
+                "        if fresh and x.is_contiguous() and not selective_active():",
+                "        if fresh and x.is_contiguous():",
+            )
+        ],
+        "plugins/shard-llama/tests/test_llama_selective_checkpoint.py::test_selective_checkpointing_matches_unsharded[tp2]",
+        "gradient of model.embed_tokens.weight",
+    ),
+    m(
+        "sac-context-unmarked",
+        "a selective checkpoint's forward and recompute run unmarked: row-parallel all-reduces sum into the "
+        "kept matmul outputs in place",
+        "shardcore/tensor_parallel/selective.py",
+        "_marked",
+        [
+            (
+                '    _ACTIVE.depth = getattr(_ACTIVE, "depth", 0) + 1',
+                '    _ACTIVE.depth = getattr(_ACTIVE, "depth", 0) - 1',
+            )
+        ],
+        "plugins/shard-llama/tests/test_llama_selective_checkpoint.py::test_selective_checkpointing_matches_unsharded[tp2]",
+        "gradient of model.embed_tokens.weight",
+    ),
 ]
