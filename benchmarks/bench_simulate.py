@@ -74,6 +74,11 @@ KERNELS = {
     "fused_norm": {"enable_fused_normalization": True},
     "jit_fused": {"enable_jit_fused": True},
     "all": {"enable_all_optimization": True},
+    # the user's own lines, not a ShardConfig switch (USER_LINES): the loss without the logits,
+    # selective and full activation checkpointing through the model's own gradient_checkpointing_enable
+    "chunked_ce": {},
+    "sac": {},
+    "ac": {},
 }
 KERNEL_LAYOUTS = ("tp1", "tp8")
 CONTESTANTS = ("unsharded", "shardcore", "pytorch_tp", "hf_tp_plan", *(f"shardcore+{k}" for k in KERNELS))
@@ -151,14 +156,35 @@ def build(cfg, device, dtype):
         return LlamaForCausalLM(cfg).to(dtype)
 
 
+def chunked_loss(model, batch: dict) -> torch.Tensor:
+    """``shardcore+chunked_ce``'s loss: the head and its cross entropy a chunk of tokens at a time."""
+    import shardcore
+
+    hidden = model.model(input_ids=batch["input_ids"]).last_hidden_state
+    labels = batch["labels"][:, 1:].flatten()
+    return shardcore.vocab_parallel_linear_cross_entropy(hidden[:, :-1].flatten(0, 1), model.lm_head, labels)
+
+
+def checkpointed(model, selective: bool):
+    """``shardcore+sac`` / ``+ac``: the model's own activation checkpointing, selective or full."""
+    import shardcore
+
+    kwargs = {"use_reentrant": False}
+    if selective:
+        kwargs["context_fn"] = shardcore.selective_checkpoint_context()
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    return model
+
+
 def make(contestant: str, name: str, cfg, device, dtype, batch: dict, saved: str | None):
     import shardcore
 
     if contestant == "unsharded":
         return build(cfg, device, dtype)
     if contestant.startswith("shardcore"):
-        kernels = KERNELS[contestant.partition("+")[2]] if "+" in contestant else None
-        return shardcore.optimize(build(cfg, device, dtype), shard_config(name, batch, kernels))
+        kernel = contestant.partition("+")[2]
+        model = shardcore.optimize(build(cfg, device, dtype), shard_config(name, batch, KERNELS.get(kernel)))
+        return checkpointed(model, kernel == "sac") if kernel in ("sac", "ac") else model
     tp = cost_layout(name)["tp"]
     if contestant == "pytorch_tp":
         from bench_llama_tp import pytorch_tp
@@ -191,7 +217,7 @@ def _sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def timed_steps(model, optimizer, batch, pipeline: bool, args, device) -> dict:
+def timed_steps(model, optimizer, batch, pipeline: bool, args, device, loss_of=None) -> dict:
     """Per run: the median step and optimizer seconds of ``--steps`` steps; ``--runs`` runs after ``--warmup``."""
     import shardcore
 
@@ -204,7 +230,7 @@ def timed_steps(model, optimizer, batch, pipeline: bool, args, device) -> dict:
             if pipeline:
                 shardcore.pipeline_step(model, batch)
             else:
-                model(**batch).loss.backward()
+                (loss_of(model, batch) if loss_of else model(**batch).loss).backward()
             _sync(device)
             mid = time.perf_counter()
             optimizer.step()
@@ -241,7 +267,8 @@ def measure(contestant: str, name: str, args, saved: str | None) -> dict:
             torch.cuda.reset_peak_memory_stats(device)
         optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5)
         row = {"layout": name, "contestant": contestant, "world": world, "rank": dist.get_rank()}
-        row |= timed_steps(model, optimizer, batch, cost_layout(name)["pp"] > 1, args, device)
+        loss_of = chunked_loss if contestant == "shardcore+chunked_ce" else None
+        row |= timed_steps(model, optimizer, batch, cost_layout(name)["pp"] > 1, args, device, loss_of)
         row["held_bytes"] = held_bytes(model, optimizer)
         if args.cuda:
             row["peak_allocated_bytes"] = torch.cuda.max_memory_allocated(device)
