@@ -18,14 +18,22 @@
   :class:`shardcore.CompositePolicy` in the registry; nothing of theirs is copied.
 
 Replicated: the vision embeddings, every layer norm, the query tokens, ``language_projection``.
+
+Pipeline stages (``Blip2ForConditionalGeneration`` with a decoder-only language model): the
+language model's layers cut into stages by its own policy's spec (shard-opt's), the vision
+encoder, query tokens, Q-Former and projection whole on the first stage, which runs BLIP-2's own
+forward (the pixels go to that stage only); later stages run the language model's stages.
 """
 
 from __future__ import annotations
+
+import functools
 
 from torch import nn
 
 from shardcore import CompositePolicy, ModulePolicyDescription, Policy
 from shardcore.plugin_api import (
+    PipelineSpec,
     attention,
     block_type,
     blocks_in,
@@ -95,3 +103,69 @@ class Blip2Policy(CompositePolicy):
     def parts(self):
         names = ("vision_model", "qformer", "language_model")
         return [name for name in names if isinstance(getattr(self.model, name, None), nn.Module)]
+
+    # -- pipeline stages: the language model's layers; the vision side whole on the first stage --------
+
+    #: generate() is BLIP-2's own: it encodes the image, then calls the language model's generate()
+    _pp_generate_unsupported = (
+        "BLIP-2's generate() encodes the image outside the model's forward and calls the language model's own "
+        "generate(), which the pipeline cannot route yet"
+    )
+
+    def _language_stages(self):
+        """The language model's policy, which runs its layers in stages (shard-opt's: HFStages)."""
+        name = type(self.model).__name__
+        if not getattr(self.model.config, "use_decoder_only_language_model", False) or not hasattr(
+            self.model, "language_projection"
+        ):
+            raise NotImplementedError(
+                f"{name}: pipeline stages are built for Blip2ForConditionalGeneration with a decoder-only language "
+                "model (an encoder-decoder's encoder and decoder would both have to be cut)"
+            )
+        policy = self.part_policies()["language_model"]
+        if not hasattr(policy, "_pp_forward"):
+            raise NotImplementedError(
+                f"{name}: its language model's policy ({type(policy).__name__}) runs no pipeline stages on the "
+                "HuggingFace stage mixin (shardcore.plugin_api.HFStages)"
+            )
+        return policy
+
+    def pipeline(self) -> PipelineSpec:
+        """The language model's stages (its own spec, under ``language_model.``), with the vision
+        encoder, the query tokens, the Q-Former and the projection on the first stage, which runs
+        BLIP-2's own forward (the image's query outputs put in the prompt's image tokens)."""
+        lm = self._language_stages()
+        spec = lm.pipeline()
+        ends = {f"language_model.{path}": where for path, where in spec.ends.items()}
+        ends |= dict.fromkeys(("vision_model", "query_tokens", "qformer", "language_projection"), "first")
+
+        def inputs(batch, training=True):
+            batch = dict(batch)
+            pixels = batch.pop("pixel_values", None)
+            if pixels is None:
+                raise ValueError(f"pipeline stages of {type(self.model).__name__} take pixel_values (the image)")
+            (ids, *rest), labels = lm._pp_inputs(batch, training)
+            return (ids, *rest, pixels), labels
+
+        return PipelineSpec(
+            ends=ends,
+            zero_ends={f"language_model.{path}" for path in spec.zero_ends},
+            inputs=inputs,
+            stage_forward=functools.partial(self._pp_stage_forward, lm),
+            output=spec.output,
+            num_items=spec.num_items,
+            loss=spec.loss,
+            block_returns_tuple=spec.block_returns_tuple,
+            generate_refusal=self._pp_generate_unsupported,
+            blocks=lambda: [(n, b) for n, b in self.blocks() if n.startswith("language_model.")],
+        )
+
+    def _pp_stage_forward(self, lm, inputs: tuple, *, first: bool, last: bool):
+        if not first:  # the language model's own stage: it takes the hidden states as inputs_embeds
+            return lm._pp_forward(inputs, first=False, last=last)
+        ids, *rest, pixels = inputs
+        kwargs = {**dict(zip(lm.stage_inputs, rest, strict=True)), **lm.stage_call}
+        # BLIP-2's forward on the first stage: its language model's head is a hole there, so its
+        # "logits" are the hidden states after this stage's layers
+        out = self.model(input_ids=ids, pixel_values=pixels, **kwargs)
+        return (out.logits, *rest)

@@ -26,4 +26,18 @@ MUTANTS = [
         "plugins/shard-blip2/tests/test_blip2_tp.py::test_matches_unsharded[opt-tp2]",
         "covers transformers.models.blip_2.modeling_blip_2.Blip2ForConditionalGeneration",
     ),
+    m(
+        "blip2-stage-image-blanked",
+        "shard-blip2's first stage encodes a blank image, not the batch's pixels",
+        "plugins/shard-blip2/shard_blip2/policy.py",
+        "Blip2Policy._pp_stage_forward",
+        [
+            (
+                "        out = self.model(input_ids=ids, pixel_values=pixels, **kwargs)",
+                "        out = self.model(input_ids=ids, pixel_values=pixels * 0, **kwargs)",
+            )
+        ],
+        "plugins/shard-blip2/tests/test_blip2_pipeline.py::test_pipeline_trains_like_unsharded[pp2-gpipe]",
+        "pipeline_step loss",
+    ),
 ]
