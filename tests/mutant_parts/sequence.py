@@ -117,7 +117,7 @@ MUTANTS = [
         "check_sequence_parallel",
         [("    if mode not in supported:", "    if False:")],
         "plugins/shard-t5/tests/test_t5_tp.py::test_sequence_parallelism_refused_by_name[sequence]",
-        "refused with 'no error'",
+        "refused with \"NotImplementedError: T5ForConditionalGeneration: sequence_parallelism_mode='all_to_all': ",
     ),
     m(
         "spec-sequence-regions-ignored",

@@ -38,6 +38,7 @@ from shardcore import ModulePolicyDescription, Policy
 from shardcore import SubModuleReplacementDescription as Sub
 from shardcore.plugin_api import (
     ColumnParallelEmbedding1D,
+    SequenceSpec,
     attention,
     blocks_in,
     mlp,
@@ -64,6 +65,18 @@ class T5Policy(T5Stages, Policy):
         """Encoder blocks, then decoder blocks (those present)."""
         return blocks_in(self.model, *(stack.block for stack in self._stacks()))
 
+    def sequence(self):
+        """Megatron sequence parallelism over the encoder's tokens (split at its first block, gathered
+        after its last): norms and residuals on this rank's tokens; each attention gathers the whole
+        sequence on entry, so the relative position bias is computed over it as before. The decoder
+        runs as plain tensor parallelism: its cross-attention reads the encoder's whole output."""
+        encoders = [stack for stack in self._stacks() if not getattr(stack, "is_decoder", False)]
+        return SequenceSpec(
+            modes=("split_gather",),
+            dropouts=("layer.0.dropout", "layer.1.dropout"),  # the residual dropouts, on split tokens
+            regions=[blocks_in(self.model, encoders[0].block)] if encoders else [],
+        )
+
     def _dims(self) -> tuple[int, int, int]:
         cfg = self.model.config
         return cfg.num_heads, cfg.d_kv, cfg.d_ff
@@ -79,6 +92,12 @@ class T5Policy(T5Stages, Policy):
         require_divisible(d_ff, self.tp_size, "d_ff", name)
         if not self._stacks():
             raise ValueError(f"{name}: no T5 stack (a module with a 'block' list) found to shard")
+        config = self.shard_config
+        if config.enable_sequence_parallelism and config.pipeline_parallel_size > 1:
+            raise NotImplementedError(
+                f"{name}: sequence parallelism with pipeline stages is not built for T5 (a stage entered mid-stack "
+                "takes its states in through a hook that would run after the split); use one of them"
+            )
 
     def _layer_classes(self) -> tuple[type, type | None, type]:
         """(self-attention layer, cross-attention layer or None, feed-forward layer) classes."""

@@ -31,4 +31,19 @@ MUTANTS = [
         "plugins/shard-t5/tests/test_t5_pipeline.py::test_pipeline_trains_like_unsharded[1f1b-1-3]",
         "pipeline_step loss",
     ),
+    m(
+        "t5-sequence-split-over-the-decoder",
+        "shard-t5 splits the sequence over every block, the decoder's too: its cross-attention's keys and "
+        "values, read from the encoder's whole output, are gathered along the sequence again",
+        "plugins/shard-t5/shard_t5/policy.py",
+        "T5Policy.sequence",
+        [
+            (
+                "            regions=[blocks_in(self.model, encoders[0].block)] if encoders else [],",
+                "            regions=None,",
+            )
+        ],
+        "plugins/shard-t5/tests/test_t5_sequence.py::test_split_gather_over_the_encoder_matches_unsharded[t5-tp2]",
+        "must match the size of tensor b",
+    ),
 ]

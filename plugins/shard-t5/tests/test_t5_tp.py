@@ -129,8 +129,13 @@ def _layout_refused(config: dict) -> str:
     ("config", "message"),
     [
         (
-            {"tensor_parallel_size": 2, "enable_sequence_parallelism": True},
-            "T5Policy does not support sequence_parallelism_mode",
+            {
+                "tensor_parallel_size": 1,
+                "sequence_parallel_size": 2,
+                "enable_sequence_parallelism": True,
+                "sequence_parallelism_mode": "all_to_all",
+            },
+            "T5Policy does not support sequence_parallelism_mode='all_to_all' (it supports split_gather)",
         ),
     ],
     ids=["sequence"],
