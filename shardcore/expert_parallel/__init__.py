@@ -64,10 +64,10 @@ def check_expert_parallel(model: nn.Module, policy, config, layout) -> None:
                 f"ShardConfig({what}) runs over the data-parallel ranks, whose dense weights must be kept "
                 "in step: set data_parallel='ddp' or 'fsdp'"
             )
-    if layout.ep > 1 and (layout.pp > 1 or layout.sp > 1):
+    if layout.ep > 1 and layout.sp > 1:
         raise NotImplementedError(
-            f"ShardConfig(expert_parallel_size={layout.ep}) with pipeline_parallel_size={layout.pp} or "
-            f"sequence_parallel_size={layout.sp} is not built; use expert and tensor parallelism over data parallelism"
+            f"ShardConfig(expert_parallel_size={layout.ep}) with sequence_parallel_size={layout.sp} is not built; "
+            "use expert and tensor parallelism over data parallelism"
         )
 
 

@@ -34,10 +34,10 @@ def build(cls_name: str = "T5ForConditionalGeneration", family: str = "T5", *, u
     return model
 
 
-def batch_for(cls_name: str, seed: int = 1, rows: int = 2, target: int = 7) -> dict:
-    """Source ids (9 tokens) with right padding on the first row (masked); ``target`` labels with -100 on its tail."""
+def batch_for(cls_name: str, seed: int = 1, rows: int = 2, target: int = 7, source: int = 9) -> dict:
+    """``source`` ids with right padding on the first row (masked); ``target`` labels with -100 on its tail."""
     g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(2, VOCAB, (rows, 9), generator=g)
+    ids = torch.randint(2, VOCAB, (rows, source), generator=g)
     mask = torch.ones_like(ids)
     mask[0, -3:] = 0
     ids[0, -3:] = 0  # T5's pad token

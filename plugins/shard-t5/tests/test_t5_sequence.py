@@ -15,8 +15,7 @@ from shardcore.testing import assert_sharded_matches, hidden_state_loss, refusal
 
 def _check(tp: int, cls_name: str, family: str, overlap: bool) -> dict:
     config = ShardConfig(tensor_parallel_size=tp, enable_sequence_parallelism=True, enable_sequence_overlap=overlap)
-    batch = batch_for(cls_name, rows=2)
-    batch["input_ids"], batch["attention_mask"] = batch["input_ids"][:, :8], batch["attention_mask"][:, :8]
+    batch = batch_for(cls_name, rows=2, source=8)
     with count_collectives() as counts:
         extra = {"loss_fn": hidden_state_loss("last_hidden_state")} if cls_name.endswith("EncoderModel") else {}
         report = assert_sharded_matches(lambda: build(cls_name, family), batch, config, **extra)

@@ -139,9 +139,9 @@ class HFStages:
         batch = dict(batch)
         if not training:  # a None argument is the model's default: nothing to hand through
             batch = {k: v for k, v in batch.items() if v is not None}
-            for key, only_unused in self.stage_ignored.items():
-                if key in batch and (not only_unused or _unused(batch[key])):
-                    batch.pop(key)
+        for key, only_unused in self.stage_ignored.items():  # a training step: what is unused only
+            if key in batch and ((not training and not only_unused) or _unused(batch[key])):
+                batch.pop(key)
         extra = sorted(set(batch) - {"input_ids", "labels", *self.stage_inputs, *self.stage_first_inputs})
         if extra or "input_ids" not in batch or (training and "labels" not in batch):
             what = "pipeline_step" if training else "a forward through the pipeline"
