@@ -5,7 +5,7 @@
   :func:`hidden_state_loss`; ``structure.py``: :func:`check_blocks` and the checks that sharding
   happened (parallel modules in every block, each rank's slices);
 * ``generation.py``: :func:`assert_generate_matches` (tokens and per-step scores, with inputs that
-  make it able to fail);
+  make it able to fail), :func:`assert_generate_through_stages` (greedy generation through pipeline stages);
 * ``checkpoints.py``: :func:`assert_lazy_load_matches`, :func:`assert_same_checkpoint`,
   :func:`train_and_save` / :func:`assert_resume_matches` (save at one layout, resume at another);
 * ``data_parallel.py``: :func:`assert_data_parallel_matches` (FSDP / DDP x TP trains like the
@@ -52,7 +52,7 @@ from .conformance import (
 from .data_parallel import assert_data_parallel_matches, dp_part, state_bytes
 from .examples import example_main
 from .explained import assert_explain_matches
-from .generation import assert_generate_matches
+from .generation import assert_generate_matches, assert_generate_through_stages
 from .pipeline import assert_pipeline_matches
 from .refusals import count_c10d_calls, rank_zero_only, refusal_message
 from .saving import assert_save_pretrained_matches
@@ -72,6 +72,7 @@ __all__ = [
     "assert_data_parallel_matches",
     "assert_explain_matches",
     "assert_generate_matches",
+    "assert_generate_through_stages",
     "assert_lazy_load_matches",
     "assert_pipeline_matches",
     "assert_resume_matches",

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
-__all__ = ["assert_generate_matches"]
+__all__ = ["assert_generate_matches", "assert_generate_through_stages"]
 
 
 def assert_generate_matches(
@@ -41,3 +43,21 @@ def assert_generate_matches(
         if not diff <= bound:
             raise AssertionError(f"step {step}: scores differ by {diff:.3g} > {bound:.3g}")
     return got.sequences
+
+
+def assert_generate_through_stages(
+    make: Callable[[], nn.Module], vocab: int, *, stages: int = 2, rows: int = 2, prompt: int = 6, new_tokens: int = 5
+) -> list:
+    """Greedy ``generate()`` of ``make()`` cut into ``stages`` pipeline stages by :func:`shardcore.optimize`
+    equal to ``make()``'s own, tokens and scores (:func:`assert_generate_matches`, which refuses a
+    model whose tokens barely vary); returns the tokens. ``make()`` builds the same weights at each
+    call (it seeds). Run on every rank of ``stages``."""
+    import shardcore
+
+    ref = make().eval()
+    model = shardcore.optimize(make(), shardcore.ShardConfig(pipeline_parallel_size=stages)).eval()
+    ids = torch.randint(1, vocab, (rows, prompt), generator=torch.Generator().manual_seed(3))
+    mask = torch.ones_like(ids)
+    return assert_generate_matches(
+        ref, model, input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False, pad_token_id=0
+    ).tolist()

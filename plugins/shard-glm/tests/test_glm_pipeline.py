@@ -28,25 +28,13 @@ def test_pipeline_trains_like_unsharded(tp, schedule):
 def _generate() -> list:
     import torch
 
-    import shardcore
-    from shardcore.testing import assert_generate_matches
+    from shardcore.testing import assert_generate_through_stages
 
-    torch.manual_seed(0)
-    ref = build("Glm4ForCausalLM", num_hidden_layers=4).eval()
-    torch.manual_seed(0)
-    model = shardcore.optimize(
-        build("Glm4ForCausalLM", num_hidden_layers=4), ShardConfig(pipeline_parallel_size=2)
-    ).eval()
-    ids = torch.randint(1, VOCAB, (2, 6), generator=torch.Generator().manual_seed(3))
-    return assert_generate_matches(
-        ref,
-        model,
-        input_ids=ids,
-        attention_mask=torch.ones_like(ids),
-        max_new_tokens=5,
-        do_sample=False,
-        pad_token_id=0,
-    ).tolist()
+    def make():
+        torch.manual_seed(0)
+        return build("Glm4ForCausalLM", num_hidden_layers=4)
+
+    return assert_generate_through_stages(make, VOCAB)
 
 
 def test_generate_through_the_stages():
