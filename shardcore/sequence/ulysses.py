@@ -56,8 +56,8 @@ class _SplitHooks:
 
     def __init__(self, state: SequenceParallel, split_kwargs: tuple[str, ...], model: nn.Module, names: list) -> None:
         self.state, self.split_kwargs, self.model, self.names = state, split_kwargs, model, names
-        self.ring = state.mode in ("ring_attn", "all_gather_kv") and state.zigzag
-        self.parts = 2 * state.size if self.ring else state.size
+        self.zigzag = state.mode in ("ring_attn", "all_gather_kv") and state.zigzag  # zigzag chunks, 2 a rank
+        self.parts = 2 * state.size if self.zigzag else state.size
         self.blocks = 0  # the blocks run since the split (a pipeline stage runs its own)
 
     def held(self, index: int) -> bool:
@@ -81,12 +81,12 @@ class _SplitHooks:
 
     def split(self, t: torch.Tensor) -> torch.Tensor:
         state = self.state
-        return split_to_tp(_zigzag(t, state.size, state.dim) if self.ring else t, state.group, dim=state.dim)
+        return split_to_tp(_zigzag(t, state.size, state.dim) if self.zigzag else t, state.group, dim=state.dim)
 
     def gather(self, t: torch.Tensor) -> torch.Tensor:
         state = self.state
         t = gather_from_tp(t, state.group, dim=state.dim)
-        return _unzigzag(t, state.size, state.dim) if self.ring else t
+        return _unzigzag(t, state.size, state.dim) if self.zigzag else t
 
     def split_first(self, module, args, kwargs):
         state = self.state

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..distributed.collectives import all_gather_cat, group_size
+from .loss import combine
 from .mappings import copy_to_tp
 
 __all__ = ["vocab_parallel_linear_cross_entropy"]
@@ -53,13 +53,8 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 for s in range(0, hidden.shape[0], chunk)
             ],
             dim=1,
-        ).unsqueeze(0)
-        if group is not None and group_size(group) > 1:
-            stats = all_gather_cat(stats, group, dim=0)  # [tp, 3, tokens]
-        top = stats[:, 0].amax(dim=0)
-        total = (stats[:, 1] * (stats[:, 0] - top).exp()).sum(dim=0)
-        kept = target != ignore_index
-        loss = (total.log() + top - stats[:, 2].sum(dim=0)).masked_fill(~kept, 0.0)
+        )
+        loss, top, total, kept = combine(stats, group, target, ignore_index)  # one all-gather, as the plain loss
         ctx.save_for_backward(hidden, weight, bias, local_target, here & kept, kept, top, total)
         ctx.chunk = chunk
         return loss

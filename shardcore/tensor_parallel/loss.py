@@ -12,10 +12,25 @@ from __future__ import annotations
 
 import torch
 
-from ..distributed.collectives import all_gather_cat
+from ..distributed.collectives import all_gather_cat, group_size
 from .vocab_slice import plain, slice_of
 
 __all__ = ["vocab_parallel_cross_entropy"]
+
+
+def combine(stats: torch.Tensor, group, target: torch.Tensor, ignore_index: int) -> tuple:
+    """Every rank's ``[3, ...]`` statistics of its vocabulary slice (local max, sum of exponentials
+    below it, the target's logit or 0), all-gathered (one collective) and combined: ``(loss per
+    target, global max, sum of exponentials below it, which targets count)``."""
+    stats = stats.unsqueeze(0)
+    if group is not None and group_size(group) > 1:
+        stats = all_gather_cat(stats, group, dim=0)  # [tp, 3, ...]
+    maxes, sums = stats[:, 0], stats[:, 1]
+    global_max = maxes.amax(dim=0)
+    sum_exp = (sums * (maxes - global_max).exp()).sum(dim=0)
+    kept = target != ignore_index
+    loss = (sum_exp.log() + global_max - stats[:, 2].sum(dim=0)).masked_fill(~kept, 0.0)
+    return loss, global_max, sum_exp, kept
 
 
 class _VocabParallelCE(torch.autograd.Function):
@@ -39,15 +54,8 @@ class _VocabParallelCE(torch.autograd.Function):
             target_logit = torch.zeros_like(local_max)
 
         exp.exp_()
-        stats = torch.stack([local_max, exp.sum(dim=-1), target_logit]).unsqueeze(0)
-        stats = all_gather_cat(stats, group, dim=0)  # [tp, 3, ...]
-        maxes, sums = stats[:, 0], stats[:, 1]
-        global_max = maxes.amax(dim=0)
-        sum_exp = (sums * (maxes - global_max).exp()).sum(dim=0)
-        target_logit = stats[:, 2].sum(dim=0)
-
-        kept = target != ignore_index
-        loss = (sum_exp.log() + global_max - target_logit).masked_fill(~kept, 0.0)
+        stats = torch.stack([local_max, exp.sum(dim=-1), target_logit])
+        loss, global_max, sum_exp, kept = combine(stats, group, target, ignore_index)
         exp.mul_(((local_max - global_max).exp() / sum_exp).unsqueeze(-1))  # now the softmax, kept for backward
         ctx.save_for_backward(exp, local_target, (here & kept).unsqueeze(-1), kept)
         return loss
