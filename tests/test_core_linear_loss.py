@@ -1,7 +1,8 @@
 """vocab_parallel_linear_cross_entropy: the LM head and its cross entropy chunk by chunk, at TP = 1, 2
 and 4 on gloo, equal to F.cross_entropy of the whole logits (loss under each reduction, the gradients
 of the hidden states, the weight and the bias), a vocabulary padded to the group, ignored targets, a
-chunk that does not divide the tokens; and the logits are never saved for the backward."""
+chunk that does not divide the tokens; and the logits are never saved for the backward. And the mark a
+selective checkpoint sets while it runs (shardcore.selective_checkpoint_context)."""
 
 from __future__ import annotations
 
@@ -81,3 +82,23 @@ def test_bad_shapes_refused():
         vocab_parallel_linear_cross_entropy(torch.randn(2, 3, 4), head, torch.zeros(2, 3, dtype=torch.long))
     with pytest.raises(ValueError, match="chunk_tokens must be at least 1"):
         vocab_parallel_linear_cross_entropy(torch.randn(3, 4), head, torch.zeros(3, dtype=torch.long), chunk_tokens=0)
+
+
+def test_a_selective_checkpoint_marks_its_forward_and_recompute():
+    """While a selective checkpoint's forward or recompute runs, ``selective_active()`` says so (the
+    row-parallel reductions then sum into a copy); outside it, not."""
+    from torch.utils.checkpoint import checkpoint
+
+    import shardcore
+    from shardcore.tensor_parallel.selective import selective_active
+
+    seen = []
+
+    def block(x):
+        seen.append(selective_active())
+        return (x @ x.t()).relu().sum()
+
+    x = torch.randn(4, 4, requires_grad=True)
+    checkpoint(block, x, use_reentrant=False, context_fn=shardcore.selective_checkpoint_context()).backward()
+    assert seen == [True, True], f"selective_active() in the forward and the recompute: {seen}"
+    assert not selective_active()

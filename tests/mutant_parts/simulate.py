@@ -13,8 +13,8 @@ MUTANTS = [
         "make",
         [
             (
-                "        return shardcore.optimize(build(cfg, device, dtype), shard_config(name, batch, kernels))",
-                "        return build(cfg, device, dtype)",
+                "        model = shardcore.optimize(build(cfg, device, dtype), shard_config(name, batch, KERNELS.get(kernel)))",
+                "        model = build(cfg, device, dtype)",
             )
         ],
         f"{_TEST}::test_each_simulated_rank_holds_what_explain_predicts",

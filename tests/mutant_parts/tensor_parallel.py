@@ -120,7 +120,12 @@ MUTANTS = [
         "reduce_from_tp sums any contiguous input in place, also one the caller still holds",
         "shardcore/tensor_parallel/mappings.py",
         "_ReduceFromTP.forward",
-        [("        if fresh and x.is_contiguous():", "        if x.is_contiguous():")],
+        [
+            (
+                "        if fresh and x.is_contiguous() and not selective_active():",
+                "        if x.is_contiguous() and not selective_active():",
+            )
+        ],
         "tests/test_core_layers.py::test_reduce_from_tp_sums_in_place_only_a_fresh_partial_sum",
         "_reduce_leaves_its_input failed",
     ),
@@ -379,7 +384,7 @@ MUTANTS = [
                 '    _ACTIVE.depth = getattr(_ACTIVE, "depth", 0) - 1',
             )
         ],
-        "plugins/shard-llama/tests/test_llama_selective_checkpoint.py::test_selective_checkpointing_matches_unsharded[tp2]",
-        "gradient of model.embed_tokens.weight",
+        "tests/test_core_linear_loss.py::test_a_selective_checkpoint_marks_its_forward_and_recompute",
+        "selective_active() in the forward and the recompute",
     ),
 ]

@@ -68,7 +68,7 @@ def test_hf_sequence_parallel_matches_unsharded(cls_name, config):
         pytest.skip("transformers 4.x: refused by name (checked above); the parity check needs transformers 5")
     for report in run_on_ranks(world, _hf, cls_name, config):
         assert report["max_abs_diff_after_steps"] <= 1e-5, report
-        assert report["split"] > 0, report  # the tokens were split
+        assert report["split"] > 0, f"the tokens were not split: {report}"
 
 
 def _timm(tp: int, reg_tokens: int) -> dict:
