@@ -144,7 +144,9 @@ def test_over_the_sp_dim_matches_unsharded(mode, tp, sp, cls_name):
     world = tp * sp
     if int(transformers.__version__.split(".")[0]) < 5:
         for message in run_on_ranks(world, _refused_over_sp, mode, tp, sp, cls_name):
-            assert "does not run its attention through transformers' attention registry" in message, message
+            # no registry to route (4.x before 4.48), or Whisper's attention not read through it
+            assert message.startswith("NotImplementedError") and "transformers' attention" in message, message
+            assert "registr" in message, message
         pytest.skip("transformers 4.x: refused by name (checked above); the parity check needs transformers 5")
     for report in run_on_ranks(world, _over_sp, mode, tp, sp, cls_name):
         assert report["max_abs_diff_after_steps"] <= 1e-5, report
