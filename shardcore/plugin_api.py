@@ -32,7 +32,7 @@ from .expert_parallel.experts import ExpertsEP, ExpertsTP
 from .hookspecs import hookimpl
 from .integrations.hf.causal_lm_loss import defer_logits_gather, loss_on_head_slices
 from .integrations.hf.heads import attention_dims
-from .integrations.hf.stages import HFStages
+from .integrations.hf.stages import SEQ2SEQ_GENERATE_REFUSAL, HFStages, seq2seq_stage_batch, seq2seq_stage_output
 from .losses import classification_items, classification_loss, token_items, token_loss
 from .pipeline import PipelineHole
 from .policy import (
@@ -75,6 +75,9 @@ __all__ = [
     "ExpertsEP",
     "ExpertsTP",
     "HFStages",
+    "SEQ2SEQ_GENERATE_REFUSAL",
+    "seq2seq_stage_batch",
+    "seq2seq_stage_output",
     "ModulePolicyDescription",
     "PipelineHole",
     "Policy",

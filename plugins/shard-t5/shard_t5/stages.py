@@ -32,7 +32,15 @@ from __future__ import annotations
 
 from torch import nn
 
-from shardcore.plugin_api import PipelineHole, PipelineSpec, token_items, token_loss
+from shardcore.plugin_api import (
+    SEQ2SEQ_GENERATE_REFUSAL,
+    PipelineHole,
+    PipelineSpec,
+    seq2seq_stage_batch,
+    seq2seq_stage_output,
+    token_items,
+    token_loss,
+)
 
 __all__ = ["T5Stages"]
 
@@ -44,22 +52,16 @@ def _held(stack: nn.Module) -> list[nn.Module]:
 class T5Stages:
     """The pipeline part of :class:`~shard_t5.policy.T5Policy` (see the module)."""
 
-    #: generate() computes the encoder output outside the model's forward: not through stages yet
-    _pp_generate_unsupported = (
-        "generate() of an encoder-decoder runs the encoder outside the model's forward, which the pipeline "
-        "cannot route yet"
-    )
-
     def pipeline(self) -> PipelineSpec:
         return PipelineSpec(
             ends=self._pp_ends(),
             inputs=self._pp_inputs,
             stage_forward=self._pp_stage_forward,
-            output=self._pp_output,
+            output=seq2seq_stage_output,
             num_items=token_items,
             loss=lambda output, labels, num_items: token_loss(output[0], labels, num_items),
             block_returns_tuple=(0, 2, 5) if self._hands_bias() else False,
-            generate_refusal=self._pp_generate_unsupported,
+            generate_refusal=SEQ2SEQ_GENERATE_REFUSAL,  # generate() runs the encoder outside the forward
         )
 
     def _encoder_decoder(self) -> list[nn.Module]:
@@ -104,18 +106,7 @@ class T5Stages:
         }
 
     def _pp_inputs(self, batch: dict, training: bool = True) -> tuple[tuple, object]:
-        batch = {
-            k: v for k, v in batch.items() if v is not None and (training or k not in ("return_dict", "use_cache"))
-        }
-        name = type(self.model).__name__
-        allowed = {"input_ids", "attention_mask", "labels", "decoder_input_ids"}
-        if set(batch) - allowed or "input_ids" not in batch or not {"labels", "decoder_input_ids"} & set(batch):
-            raise ValueError(
-                f"pipeline stages of {name} take input_ids, labels (or decoder_input_ids) and optionally "
-                f"attention_mask; got {sorted(batch)}"
-            )
-        if training and "labels" not in batch:
-            raise ValueError(f"a pipeline training step of {name} needs labels")
+        batch = seq2seq_stage_batch(self.model, batch, training, "input_ids", ("attention_mask",))
         ids, labels = batch["input_ids"], batch.get("labels")
         mask = batch.get("attention_mask")
         mask = mask if mask is not None else ids.new_ones(ids.shape)
@@ -188,8 +179,3 @@ class T5Stages:
             return (out if call is not None and call is not stack else out.last_hidden_state), False
         out = caught["out"]
         return (out[0], out[1]) if isinstance(out, tuple) else (out, None)
-
-    def _pp_output(self, output, loss, encoder_output=None):
-        from transformers.modeling_outputs import Seq2SeqLMOutput
-
-        return Seq2SeqLMOutput(loss=loss, logits=output, encoder_last_hidden_state=encoder_output)

@@ -32,12 +32,15 @@ from torch import nn
 
 from shardcore import ModulePolicyDescription, Policy
 from shardcore.plugin_api import (
+    SEQ2SEQ_GENERATE_REFUSAL,
     PipelineSpec,
     SequenceSpec,
     attention,
     blocks_in,
     mlp,
     require_divisible,
+    seq2seq_stage_batch,
+    seq2seq_stage_output,
     token_items,
     token_loss,
     vocab_embedding,
@@ -102,17 +105,11 @@ class WhisperPolicy(Policy):
             zero_ends=self._pp_zero_ends(),
             inputs=self._pp_inputs,
             stage_forward=self._pp_stage_forward,
-            output=self._pp_output,
+            output=seq2seq_stage_output,
             num_items=self._pp_num_items,
             loss=self._pp_loss,
-            generate_refusal=self._pp_generate_unsupported,
+            generate_refusal=SEQ2SEQ_GENERATE_REFUSAL,  # generate() runs the encoder outside the forward
         )
-
-    #: generate() computes the encoder output outside the model's forward: not through stages yet
-    _pp_generate_unsupported = (
-        "generate() of an encoder-decoder runs the encoder outside the model's forward, which the pipeline "
-        "cannot route yet"
-    )
 
     def _encoder_decoder(self):
         name, cfg = type(self.model).__name__, self.model.config
@@ -148,17 +145,7 @@ class WhisperPolicy(Policy):
         return {f"{paths[id(encoder)]}.embed_positions", f"{paths[id(decoder)]}.embed_positions"}
 
     def _pp_inputs(self, batch, training=True):
-        batch = {
-            k: v for k, v in batch.items() if v is not None and (training or k not in ("return_dict", "use_cache"))
-        }
-        allowed = {"input_features", "labels", "decoder_input_ids"}
-        if set(batch) - allowed or "input_features" not in batch or not {"labels", "decoder_input_ids"} & set(batch):
-            raise ValueError(
-                f"pipeline stages of {type(self.model).__name__} take input_features and labels (or "
-                f"decoder_input_ids); got {sorted(batch)}"
-            )
-        if training and "labels" not in batch:
-            raise ValueError(f"a pipeline training step of {type(self.model).__name__} needs labels")
+        batch = seq2seq_stage_batch(self.model, batch, training, "input_features")
         labels, ids = batch.get("labels"), batch.get("decoder_input_ids")
         if ids is None:  # as the model's forward does: the labels shifted right after the start token
             import sys
@@ -220,11 +207,6 @@ class WhisperPolicy(Policy):
 
     def _pp_loss(self, output, labels, num_items):
         return token_loss(output[0], labels, num_items)  # (logits, encoder output)
-
-    def _pp_output(self, output, loss, encoder_output=None):
-        from transformers.modeling_outputs import Seq2SeqLMOutput
-
-        return Seq2SeqLMOutput(loss=loss, logits=output, encoder_last_hidden_state=encoder_output)
 
     def _layers(self) -> tuple[type | None, type | None]:
         encoder = decoder = None

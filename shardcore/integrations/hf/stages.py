@@ -30,7 +30,7 @@ from torch import nn
 from ...losses import classification_items, classification_loss, token_items, token_loss
 from ...spec import PipelineSpec
 
-__all__ = ["HFStages", "base_path"]
+__all__ = ["SEQ2SEQ_GENERATE_REFUSAL", "HFStages", "base_path", "seq2seq_stage_batch", "seq2seq_stage_output"]
 
 #: the default of an input the batch leaves out, as the model itself would take it
 _DEFAULTS = {
@@ -193,3 +193,34 @@ class HFStages:
         from transformers import modeling_outputs
 
         return getattr(modeling_outputs, self.stage_output)(loss=loss, logits=output)
+
+
+#: why ``generate()`` of an encoder-decoder cannot run through its stages (T5, Whisper)
+SEQ2SEQ_GENERATE_REFUSAL = (
+    "generate() of an encoder-decoder runs the encoder outside the model's forward, which the pipeline cannot route yet"
+)
+
+
+def seq2seq_stage_batch(model: nn.Module, batch: dict, training: bool, source: str, optional: tuple = ()) -> dict:
+    """An encoder-decoder's batch for its pipeline stages, checked: it takes ``source`` (the encoder's
+    input), ``labels`` (or ``decoder_input_ids``) and the ``optional`` keys; a training step needs
+    labels. Returns the batch without its ``None`` values (and, in a forward through the pipeline,
+    without ``return_dict`` / ``use_cache``)."""
+    batch = {k: v for k, v in batch.items() if v is not None and (training or k not in ("return_dict", "use_cache"))}
+    name = type(model).__name__
+    allowed = {source, "labels", "decoder_input_ids", *optional}
+    if set(batch) - allowed or source not in batch or not {"labels", "decoder_input_ids"} & set(batch):
+        extra = f" and optionally {', '.join(optional)}" if optional else ""
+        raise ValueError(
+            f"pipeline stages of {name} take {source}, labels (or decoder_input_ids){extra}; got {sorted(batch)}"
+        )
+    if training and "labels" not in batch:
+        raise ValueError(f"a pipeline training step of {name} needs labels")
+    return batch
+
+
+def seq2seq_stage_output(output, loss, encoder_output=None):
+    """What a forward through an encoder-decoder's stages returns: the loss, the logits and the encoder's output."""
+    from transformers.modeling_outputs import Seq2SeqLMOutput
+
+    return Seq2SeqLMOutput(loss=loss, logits=output, encoder_last_hidden_state=encoder_output)
