@@ -42,6 +42,38 @@ class _NormRebuilt(ToyPolicy):
         return model
 
 
+class _OutputsOff(ToyPolicy):
+    """Sharded right, but the logits the model returns are 0.1% too large (a wrong temperature, a
+    rescaled head): the loss is computed inside the forward from the right ones, so gradients and
+    steps are right and only the output comparison can see it. 1e-3 of the logits' size lies between
+    the kit's bound (1e-5 of it) and a bound loosened to an absolute 1e-2 (the logits are O(1))."""
+
+    def postprocess(self):
+        model = super().postprocess()
+        model.register_forward_hook(lambda module, args, out: {**out, "logits": out["logits"] * 1.001})
+        return model
+
+
+class _StepOff(ToyPolicy):
+    """Sharded right, but from the second forward on (the kit's optimizer steps) block 0's second
+    bias moves by 2e-4 more each time, on every rank (a share of an update missed or doubled): 4e-4
+    after the kit's 3 steps of lr 1e-3, over 10x the kit's bound (1e-2 of the update's largest move,
+    ~3e-3) and under a bound loosened to an absolute 1e-2."""
+
+    def postprocess(self):
+        model = super().postprocess()
+        calls = []
+
+        def nudge(module, args):
+            calls.append(1)
+            if len(calls) > 1:
+                with torch.no_grad():
+                    model.blocks[0].fc2.bias += 2e-4
+
+        model.register_forward_pre_hook(nudge)
+        return model
+
+
 def _check(policy) -> dict:
     return assert_sharded_matches(
         lambda: ToyLM(vocab=128), toy_batch(128), ShardConfig(tensor_parallel_size=2), policy=policy
@@ -55,6 +87,16 @@ def test_kit_passes_the_right_model():
 def test_kit_fails_on_a_gradient_one_percent_off():
     with pytest.raises(RankError, match=r"gradient of blocks\.0\.norm1\.weight \(gathered\): relative error"):
         run_on_ranks(2, _check, _GradientOff)
+
+
+def test_kit_fails_on_outputs_a_tenth_of_a_percent_off():
+    with pytest.raises(RankError, match=r"output 'logits': max abs diff [0-9.e-]+ > [0-9.e-]+ \(1e-06 \+ 1e-05 x its"):
+        run_on_ranks(2, _check, _OutputsOff)
+
+
+def test_kit_fails_on_a_step_off_by_a_share_of_the_update():
+    with pytest.raises(RankError, match=r"parameter blocks\.0\.fc2\.bias after 3 AdamW steps: max abs diff"):
+        run_on_ranks(2, _check, _StepOff)
 
 
 def test_kit_fails_on_a_norm_built_anew_instead_of_from_the_model_s_weights():

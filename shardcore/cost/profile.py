@@ -47,6 +47,7 @@ import time
 import torch
 
 from ..distributed.groups import new_group
+from ..distributed.worker import usable_cpus
 from .measure import _device, _rounds, _timed, fit_line
 
 __all__ = ["KINDS", "calibrate", "fit_line", "load_profile", "profile_path"]
@@ -62,7 +63,7 @@ def profile_path(device: torch.device | None = None, backend: str | None = None)
     if device is None:
         device, backend = _device()
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
-    key = f"{platform.node()}|{name}|{os.cpu_count()}|{torch.__version__}|{device.type}|{backend}"
+    key = f"{platform.node()}|{name}|{usable_cpus()}|{torch.__version__}|{device.type}|{backend}"
     digest = hashlib.sha1(key.encode()).hexdigest()[:12]
     root = pathlib.Path(os.environ.get("SHARDCORE_CACHE", pathlib.Path.home() / ".cache" / "shardcore"))
     return root / f"profile-{device.type}-{backend}-{digest}.json"
@@ -171,14 +172,14 @@ def calibrate(
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
         "backend": backend,
         "torch": torch.__version__,
-        "cpu_count": os.cpu_count(),
+        "cpu_count": usable_cpus(),
         "matmul_flops": {str(d).removeprefix("torch."): matmul_flops(device, d, repeats=repeats) for d in dtypes},
         "matmul_threads": torch.get_num_threads(),
         "collectives": {kind: {} for kind in KINDS},
         "per_rank": {},
     }
     for n in group_sizes:  # each rank with its share of the CPU's threads, as a launched job would
-        threads = max(1, (os.cpu_count() or 1) // n)  # no call deadline: each collective's own 120 s bound
+        threads = max(1, usable_cpus() // n)  # no call deadline: each collective's own 120 s bound
         pool = RankPool(n, timeout_s=120, threads=threads, backend=backend, call_timeout=None)
         try:
             say(f"collectives over {n} ranks ({', '.join(KINDS)}; {len(sizes)} sizes each)")

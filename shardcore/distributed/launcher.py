@@ -37,7 +37,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from . import worker
-from .worker import _GUARD, WORKER_ENV, _describe_exit, _free_port
+from .worker import _GUARD, WORKER_ENV, _describe_exit, _free_port, usable_cpus
 
 __all__ = ["RankError", "RankPool", "close_pools", "run_on_ranks"]
 
@@ -102,7 +102,7 @@ class RankPool:
         self.timeout_s = timeout_s
         self.call_timeout = timeout_s + 30 if call_timeout == "default" else call_timeout
         self.error_grace = error_grace
-        threads = threads or max(1, (os.cpu_count() or 1) // world_size)
+        threads = threads or max(1, usable_cpus() // world_size)
         port = _free_port()
         self._conns: list[Connection] = []
         self._procs: list[subprocess.Popen] = []
@@ -152,7 +152,9 @@ class RankPool:
             raise RankError(f"the {self.world_size}-rank pool is closed")
         file = getattr(getattr(fn, "__code__", None), "co_filename", None)
         try:
-            task = pickle.dumps((fn.__module__, file, fn.__qualname__, args, kwargs))
+            # the caller's running test goes along, so what a rank records (the kit's margins) names it
+            test = os.environ.get("PYTEST_CURRENT_TEST")
+            task = pickle.dumps((fn.__module__, file, fn.__qualname__, args, kwargs, test))
         except Exception as err:
             raise TypeError(f"cannot send {fn.__qualname__} and its arguments to the ranks: {err}") from err
         try:

@@ -20,7 +20,7 @@ from datetime import timedelta
 from multiprocessing.connection import Connection
 from typing import Any
 
-__all__ = ["WORKER_ENV", "loads_payload", "main"]
+__all__ = ["WORKER_ENV", "loads_payload", "main", "usable_cpus"]
 
 WORKER_ENV = "SHARDCORE_RANK_WORKER"
 _GUARD = (
@@ -30,6 +30,15 @@ _GUARD = (
     'starts ranks under `if __name__ == "__main__":`, or define the function or class in an '
     "importable module."
 )
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on: its affinity mask where the OS has one (a container or a
+    ``taskset`` limits it below ``os.cpu_count()``, which counts the host's), else ``os.cpu_count()``."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # macOS and Windows have no affinity mask
+        return os.cpu_count() or 1
 
 
 def _free_port() -> int:
@@ -141,7 +150,11 @@ def main() -> None:
             continue
         if task is None:
             break
-        module_name, file, qualname, args, kwargs = task
+        module_name, file, qualname, args, kwargs, test = task
+        if test:  # the caller's pytest test, for what the call records
+            os.environ["PYTEST_CURRENT_TEST"] = test
+        else:
+            os.environ.pop("PYTEST_CURRENT_TEST", None)
         try:
             result = ("ok", _resolve(module_name, file, qualname)(*args, **kwargs))
             payload = pickle.dumps(result)

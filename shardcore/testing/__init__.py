@@ -20,6 +20,9 @@
 * ``refusals.py``: :func:`refusal_message` (bad input fails on every rank before any collective,
   nobody hangs), :func:`count_c10d_calls`, :func:`rank_zero_only` (the ``if rank == 0:`` mistake
   ends in a named error on rank 0);
+* ``tolerance.py``: every tolerance the kit compares with, and why (relative to what is compared),
+  and the margin each comparison kept; ``compare.py``: :func:`assert_outputs_close` and
+  :func:`assert_trained_close`, the same comparisons for a test's own tensors;
 * ``batches.py``: :func:`token_batch` (ids, mask and labels of a tiny text model, one row padded);
 * ``syncs.py``: :func:`record_syncs` with :func:`as_watchdog_backend` (the sync audit: the host
   syncs shardcore's code makes in a step, its collectives on their GPU path).
@@ -41,6 +44,8 @@ from .attached import assert_attachments_listed
 from .batches import token_batch
 from .checkpoints import assert_lazy_load_matches, assert_resume_matches, assert_same_checkpoint, train_and_save
 from .clipping import CLIP_CALLS, assert_clipping_matches
+from .compare import assert_trained_close
+from .compare import output_close as assert_outputs_close
 from .conformance import (
     SWITCHES,
     assert_sharded_matches,
@@ -74,12 +79,14 @@ __all__ = [
     "assert_generate_matches",
     "assert_generate_through_stages",
     "assert_lazy_load_matches",
+    "assert_outputs_close",
     "assert_pipeline_matches",
     "assert_resume_matches",
     "assert_same_checkpoint",
     "assert_save_pretrained_matches",
     "assert_sharded_matches",
     "assert_switch_matches",
+    "assert_trained_close",
     "check_blocks",
     "close_pools",
     "count_c10d_calls",

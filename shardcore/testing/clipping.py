@@ -11,8 +11,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.utils.clip_grad import clip_grad_norm_ as _bound_before_optimize  # as `from ... import` users do
 
-from .compare import _check_gathered_params, _check_grads, _loss
+from .compare import _check_gathered_params, _check_grads, _loss, snapshot, update_size
 from .data_parallel import dp_part
+from .tolerance import GRAD, GRAD_FLOOR, NORM, STEP, within
 
 __all__ = ["CLIP_CALLS", "assert_clipping_matches"]
 
@@ -61,11 +62,11 @@ def assert_clipping_matches(
     loss_fn: Callable[[Any], torch.Tensor] | None = None,
     seed: int = 0,
     lr: float = 0.1,
-    rtol_norm: float = 1e-5,
-    grad_rtol: float = 1e-4,
-    grad_floor: float = 1e-5,
+    rtol_norm: float = NORM.rtol,
+    grad_rtol: float = GRAD.rtol,
+    grad_floor: float = GRAD_FLOOR,
     zero_grads: tuple[str, ...] = (),
-    atol_step: float = 1e-5,
+    rtol_step: float = STEP.rtol,
 ) -> dict[str, Any]:
     """Clip a sharded model's gradients the user's way (``how``, one of :data:`CLIP_CALLS`) and
     compare with torch's ``clip_grad_norm_`` on the unsharded model; run on every rank.
@@ -76,7 +77,8 @@ def assert_clipping_matches(
     ``max_norm`` is ``clip_fraction`` of the unsharded norm, so the clip acts. Then: the norm
     returned on every rank equals the unsharded one (relative ``rtol_norm``), every clipped
     gradient gathered over the model's ranks equals the unsharded clipped gradient, and so does
-    every parameter after one SGD step (``lr``, ``atol_step``). Reports both norms.
+    every parameter after one SGD step (``lr``; ``rtol_step`` of the step's own size,
+    :mod:`.tolerance`). Reports both norms.
     """
     import shardcore
 
@@ -94,18 +96,20 @@ def assert_clipping_matches(
     got = _clip(model, how, max_norm, norm_type)
     got = got.full_tensor() if hasattr(got, "full_tensor") else got
     rel = abs(got.item() - want.item()) / max(want.item(), 1e-12)
-    if not rel <= rtol_norm:
-        raise AssertionError(
-            f"clip_grad_norm_ ({how}, norm_type={norm_type:g}) on rank {dist.get_rank()}: norm {got.item():.9g} vs "
-            f"unsharded {want.item():.9g}, relative diff {rel:.3g} > {rtol_norm}"
-        )
+    message = (
+        f"clip_grad_norm_ ({how}, norm_type={norm_type:g}) on rank {dist.get_rank()}: norm {got.item():.9g} vs "
+        f"unsharded {want.item():.9g}, relative diff {rel:.3g} > {rtol_norm}"
+    )
+    within("gradient norm", rel, rtol_norm, message)
     report: dict[str, Any] = {"norm": got.item(), "norm_unsharded": want.item(), "norm_rel_diff": rel}
     ref_grads = {n: p.grad for n, p in ref_named.items()}
     scale = max((g.double().norm().item() for g in ref_grads.values() if g is not None), default=0.0)
     pairs = [(n, g, ref_grads[n]) for n, g in shardcore.full_named_tensors(model, grads=True)]
     check = {"scale": scale, "rtol": grad_rtol, "floor": grad_floor, "zero_grads": zero_grads}
     report["max_rel_err_clipped_grads"] = _check_grads(pairs, where=f"clipped ({how})", **check)
+    before = snapshot(ref)
     for opt in (torch.optim.SGD(ref.parameters(), lr=lr), torch.optim.SGD(model.parameters(), lr=lr)):
         opt.step()
-    report["max_abs_diff_after_step"] = _check_gathered_params(model, ref_named, 1, atol_step, zero_grads)
+    update = update_size(ref_named, before)
+    report["max_abs_diff_after_step"] = _check_gathered_params(model, ref_named, 1, rtol_step, update, zero_grads)
     return report

@@ -14,6 +14,7 @@ from torch import nn
 
 from .agree import _on_every_rank
 from .structure import local_expected
+from .tolerance import OUTPUT, STEP, Tolerance, within
 from .varied import without_constant_parameters
 
 
@@ -69,9 +70,10 @@ def _loss(output: Any, loss_fn: Callable | None) -> torch.Tensor:
     return loss
 
 
-def _check_outputs(out_ref: Any, out: Any, skip: tuple[str, ...], atol: float) -> float:
+def _check_outputs(out_ref: Any, out: Any, skip: tuple[str, ...], rtol: float = OUTPUT.rtol, what: str = "") -> float:
     """Every floating-point output at any depth (but the top-level fields ``skip``): same fields,
-    shapes, and values within ``atol``; returns the largest difference."""
+    shapes, and values within :func:`output_close` (``rtol`` of each tensor's largest element);
+    returns the largest difference. ``what`` follows the field in a message (``" after lazy load"``)."""
     ref_t, got_t = _tensors(out_ref, skip), _tensors(out, skip)
     if set(ref_t) != set(got_t):
         raise AssertionError(f"output fields differ: unsharded {sorted(ref_t)} vs sharded {sorted(got_t)}")
@@ -80,20 +82,33 @@ def _check_outputs(out_ref: Any, out: Any, skip: tuple[str, ...], atol: float) -
         actual = got_t[key]
         if actual.shape != expected.shape:
             raise AssertionError(f"output {key!r}: shape {tuple(actual.shape)} != unsharded {tuple(expected.shape)}")
-        diff = (actual - expected).abs().max().item() if expected.numel() else 0.0
-        if not diff <= atol:
-            raise AssertionError(f"output {key!r}: max abs diff {diff:.3g} > {atol}")
-        worst = max(worst, diff)
+        worst = max(worst, output_close(actual, expected, f"output {key!r}{what}", rtol))
     return worst
+
+
+def output_close(
+    actual: torch.Tensor, expected: torch.Tensor, what: str, rtol: float = OUTPUT.rtol, kind: str = "output"
+) -> float:
+    """``max |actual - expected| <= atol + rtol * max |expected|`` (:data:`~.tolerance.OUTPUT`: the
+    tensor's own size scales the bound), else an ``AssertionError`` naming ``what``; returns the
+    difference, its margin recorded under ``kind``. The comparison a test makes of any computed
+    tensor against the unsharded one."""
+    if not expected.numel():
+        return 0.0
+    scale = expected.detach().abs().max().item()
+    diff = (actual.detach() - expected.detach()).abs().max().item()
+    bound = Tolerance(rtol=rtol, atol=OUTPUT.atol).bound(scale)
+    message = (
+        f"{what}: max abs diff {diff:.3g} > {bound:.3g} ({OUTPUT.atol:g} + {rtol:g} x its largest element {scale:.3g})"
+    )
+    return within(kind, diff, bound, message)
 
 
 def _check_loss(loss: torch.Tensor, loss_ref: torch.Tensor, rtol: float, what: str = "loss") -> dict[str, float]:
     """``loss`` against the unsharded ``loss_ref`` (relative ``rtol``); the report's loss entries."""
     rel = abs(loss.item() - loss_ref.item()) / max(abs(loss_ref.item()), 1e-12)
-    if not rel <= rtol:
-        raise AssertionError(
-            f"{what} {loss.item():.9g} vs unsharded {loss_ref.item():.9g}: relative diff {rel:.3g} > {rtol}"
-        )
+    message = f"{what} {loss.item():.9g} vs unsharded {loss_ref.item():.9g}: relative diff {rel:.3g} > {rtol}"
+    within("loss", rel, rtol, message)
     return {"loss": loss.item(), "loss_unsharded": loss_ref.item(), "loss_rel_diff": rel}
 
 
@@ -151,30 +166,70 @@ def _check_grads(pairs, *, where: str, scale: float, rtol: float, floor: float, 
                 "in zero_grads=)"
             )
         rel = _rel_err(grad, expected)
-        if not rel <= rtol:
-            raise AssertionError(f"gradient of {name} ({where}): relative error {rel:.3g} > {rtol} (norm {norm:.3g})")
+        message = f"gradient of {name} ({where}): relative error {rel:.3g} > {rtol} (norm {norm:.3g})"
+        within("gradient", rel, rtol, message)
         worst = max(worst, rel)
     return worst
 
 
-def _step_tolerance(name: str, atol_step: float, zero_grads: tuple[str, ...]) -> float:
+def snapshot(model: nn.Module) -> dict[str, torch.Tensor]:
+    """A copy of every parameter of ``model`` (the reference before its optimizer steps), by each of
+    its names (a tied weight under every one)."""
+    return {n: p.detach().clone() for n, p in model.named_parameters(remove_duplicate=False)}
+
+
+def update_size(ref_params: Mapping[str, torch.Tensor], before: Mapping[str, torch.Tensor]) -> float:
+    """The update's own size: the largest move of any element of the reference model between
+    ``before`` and now (:data:`~.tolerance.STEP` scales with it)."""
+    moves = (((p.detach() - before[n]).abs().max().item() if p.numel() else 0.0) for n, p in ref_params.items())
+    return max(moves, default=0.0)
+
+
+def assert_trained_close(
+    got: Mapping[str, torch.Tensor], want: Mapping[str, torch.Tensor], before: Mapping[str, torch.Tensor], what: str
+) -> float:
+    """Parameters trained by the user's own loop (``got``, full tensors by name) against the unsharded
+    model trained alike (``want``), within :data:`~.tolerance.STEP` of the update's own size (``want``'s
+    largest move since ``before``, its weights before training); returns the largest difference."""
+    update = update_size(want, before)
+    bound = STEP.bound(update)
+    worst = 0.0
+    for name, tensor in got.items():
+        diff = (tensor.detach() - want[name].detach()).abs().max().item() if tensor.numel() else 0.0
+        message = (
+            f"{name} {what}: max abs diff {diff:.3g} > {bound:.3g} (of an update whose largest move is {update:.3g})"
+        )
+        worst = max(worst, within("step", diff, bound, message))
+    return worst
+
+
+def _step_bound(name: str, rtol: float, update: float, zero_grads: tuple[str, ...]) -> float:
     # a gradient that is fp32 noise turns into AdamW steps of up to lr * noise / eps each,
     # different noise in the two runs: 10x the tolerance for parameters declared zero
-    return atol_step * (10 if _declared_zero(name, zero_grads) else 1)
+    bound = Tolerance(rtol=rtol, atol=STEP.atol).bound(update)
+    return bound * (10 if _declared_zero(name, zero_grads) else 1)
 
 
-def _check_gathered_params(model: nn.Module, expected: Mapping, steps: int, atol_step: float, zero_grads=()) -> float:
+def _step_message(name: str, steps: int, diff: float, bound: float, update: float, where: str = "") -> str:
+    return (
+        f"parameter {name} after {steps} AdamW steps{where}: max abs diff {diff:.3g} > {bound:.3g} "
+        f"(of an update whose largest move is {update:.3g})"
+    )
+
+
+def _check_gathered_params(
+    model: nn.Module, expected: Mapping, steps: int, rtol: float, update: float, zero_grads=()
+) -> float:
     """Every parameter of ``model``, gathered (:func:`shardcore.full_named_tensors`), against
-    ``expected[name]`` after ``steps`` optimizer steps; returns the largest difference."""
+    ``expected[name]`` after ``steps`` optimizer steps whose largest move was ``update``; returns
+    the largest difference."""
     import shardcore
 
     worst = 0.0
     for name, full in shardcore.full_named_tensors(model):
-        tol = _step_tolerance(name, atol_step, zero_grads)
+        bound = _step_bound(name, rtol, update, zero_grads)
         diff = (full - expected[name].detach()).abs().max().item()
-        if not diff <= tol:
-            raise AssertionError(f"parameter {name} after {steps} AdamW steps: max abs diff {diff:.3g} > {tol:g}")
-        worst = max(worst, diff)
+        worst = max(worst, within("step", diff, bound, _step_message(name, steps, diff, bound, update)))
     return worst
 
 
@@ -207,24 +262,21 @@ def _check_local_grads(model: nn.Module, ref_grads: Mapping[str, torch.Tensor | 
 
 
 def _check_local_params(
-    model: nn.Module, ref_params: Mapping[str, torch.Tensor], steps: int, atol_step: float, zero_grads=()
+    model: nn.Module, ref_params: Mapping[str, torch.Tensor], steps: int, rtol: float, update: float, zero_grads=()
 ) -> float:
     """Every parameter as this rank holds it against the same part of the unsharded one after ``steps``."""
     expected = local_expected(model, {n: p.detach() for n, p in ref_params.items()})
     worst = 0.0
     for name, param in model.named_parameters():
-        tol = _step_tolerance(name, atol_step, zero_grads)
+        bound = _step_bound(name, rtol, update, zero_grads)
         mine, want = _local(param.detach()), _held_part(param, expected[name])
         if mine.shape != want.shape:
             raise AssertionError(
                 f"parameter {name}: this rank holds shape {tuple(mine.shape)}, its part is {tuple(want.shape)}"
             )
         diff = (mine - want).abs().max().item() if mine.numel() else 0.0
-        if not diff <= tol:
-            raise AssertionError(
-                f"parameter {name} after {steps} AdamW steps, this rank's slice: max abs diff {diff:.3g} > {tol:g}"
-            )
-        worst = max(worst, diff)
+        message = _step_message(name, steps, diff, bound, update, ", this rank's slice")
+        worst = max(worst, within("step", diff, bound, message))
     return worst
 
 
@@ -279,10 +331,15 @@ def _backward_loss(model: nn.Module, inputs: Mapping[str, Any], loss_fn: Callabl
     return loss
 
 
-def _check_params_after(model: nn.Module, ref_params: Mapping, steps: int, atol_step: float, zero_grads=()) -> float:
-    """Every parameter after ``steps`` optimizer steps, gathered and as this rank's slice."""
-    worst = _check_gathered_params(model, ref_params, steps, atol_step, zero_grads)
-    return max(worst, _check_local_params(model, ref_params, steps, atol_step, zero_grads))
+def _check_params_after(
+    model: nn.Module, ref_params: Mapping, steps: int, rtol: float, before: Mapping, zero_grads=()
+) -> float:
+    """Every parameter after ``steps`` optimizer steps, gathered and as this rank's slice, within
+    ``rtol`` of the update's own size (the reference's largest move since ``before``, its
+    :func:`snapshot` before the steps)."""
+    update = update_size(ref_params, before)
+    worst = _check_gathered_params(model, ref_params, steps, rtol, update, zero_grads)
+    return max(worst, _check_local_params(model, ref_params, steps, rtol, update, zero_grads))
 
 
 def _build_pair(build, config, policy, seed: int, reference_config) -> tuple[nn.Module, nn.Module]:

@@ -13,26 +13,15 @@ Plugins (and third parties) test their policies with two pieces::
 :func:`run_on_ranks` (the rank launcher, :mod:`shardcore.distributed.launcher`) keeps one pool
 of ``world_size`` worker processes per size alive for the whole test session.
 
-Tolerances of :func:`assert_sharded_matches` (fp32, dropout 0), and why:
-
-* outputs: max abs difference <= ``atol_out`` (1e-5). Sharding changes only the order of
-  floating point sums (a split matmul plus an all-reduce), a few ulps per layer.
-* loss: relative difference <= ``rtol_loss`` (1e-6).
-* gradients, for *every* parameter, gathered to full size and as each rank's own slice:
-  ``||g - g_ref|| <= grad_rtol * ||g_ref||`` (1e-4; sharding reorders sums, ~1e-6 relative). A
-  relative norm, not ``allclose`` with an absolute floor: under an absolute floor a gradient of
-  1e-8 could be zeroed or sign-flipped and pass. A gradient whose norm is below ``grad_floor``
-  (1e-5) times the largest is fp32 noise and fails as untestable, unless declared zero in exact
-  arithmetic with ``zero_grads``.
-* parameters after ``steps`` AdamW steps: max abs difference <= ``atol_step`` (1e-5). AdamW
-  runs with ``eps=1e-5`` (not 1e-8). Gradients in fp32 carry rounding noise of ~1e-8 absolute
-  (a few 1e-5 of the largest gradient) in any two runs that sum in a different order, sharded
-  or not; where a gradient is itself that small (a zero in exact arithmetic, such as
-  attention's key bias, or a near-cancelling embedding row), Adam's ``m / (sqrt(v) + eps)``
-  turns the noise into a step of up to ``lr``. With ``eps`` well above the noise floor an
-  element's step differs by at most ``lr * noise / eps`` (~1e-6), while a real sharding error
-  (a missed update, a doubled tied weight) still moves parameters by ~``lr`` = 1e-3.
-  (Checked: the same comparison in float64 agrees to 1e-19.)
+Tolerances of :func:`assert_sharded_matches` (fp32, dropout 0): each scales with what is compared
+(outputs with their own size, losses and gradients relative, parameters after ``steps`` AdamW
+steps with the update's own size); the numbers and why are in :mod:`.tolerance`, the one place
+that defines them. AdamW runs with ``eps=1e-5`` (not 1e-8): where a gradient is itself at the fp32
+noise floor (a zero in exact arithmetic, such as attention's key bias, or a near-cancelling
+embedding row), Adam's ``m / (sqrt(v) + eps)`` turns the noise into a step of up to ``lr``; with
+``eps`` well above the noise an element's step differs by at most ``lr * noise / eps``, while a
+real sharding error (a missed update, a doubled tied weight) still moves parameters by a large part
+of the update. (Checked: the same comparison in float64 agrees to 1e-19.)
 """
 
 from __future__ import annotations
@@ -51,8 +40,10 @@ from .compare import (
     _check_params_after,
     _grad_check,
     _loss,
+    snapshot,
 )
 from .structure import check_blocks, check_sharded_structure
+from .tolerance import EAGER, GRAD, GRAD_FLOOR, LOSS, OUTPUT, STEP
 
 __all__ = ["assert_sharded_matches", "hidden_state_loss"]
 
@@ -90,12 +81,12 @@ def assert_sharded_matches(
     steps: int = 3,
     lr: float = 1e-3,
     adam_eps: float = 1e-5,
-    atol_out: float = 1e-5,
-    rtol_loss: float = 1e-6,
-    grad_rtol: float = 1e-4,
-    grad_floor: float = 1e-5,
+    rtol_out: float = OUTPUT.rtol,
+    rtol_loss: float = LOSS.rtol,
+    grad_rtol: float = GRAD.rtol,
+    grad_floor: float = GRAD_FLOOR,
     zero_grads: tuple[str, ...] = (),
-    atol_step: float = 1e-5,
+    rtol_step: float = STEP.rtol,
     skip_outputs: tuple[str, ...] = ("loss", "past_key_values", "cache"),
     sharded_output_fn: Callable[[nn.Module, Any], Any] | None = None,
     max_param_fraction: float | None = None,
@@ -120,7 +111,7 @@ def assert_sharded_matches(
     report = _structure(model, ref, policy, max_param_fraction)
     out_ref, out = ref(**inputs), model(**inputs)
     shown = out if sharded_output_fn is None else sharded_output_fn(model, out)
-    report["max_abs_diff_outputs"] = _check_outputs(out_ref, shown, skip_outputs, atol_out)
+    report["max_abs_diff_outputs"] = _check_outputs(out_ref, shown, skip_outputs, rtol_out)
     loss_ref, loss = _loss(out_ref, loss_fn), _loss(out, loss_fn)
     report.update(_check_loss(loss, loss_ref, rtol_loss))
     loss_ref.backward()
@@ -129,8 +120,11 @@ def assert_sharded_matches(
     check = _grad_check({n: p.grad for n, p in ref_params.items()}, grad_rtol, grad_floor, zero_grads)
     report["max_rel_err_grads"] = _check_every_grad(model, ref_params, check, "gathered")
     if steps:
+        before = snapshot(ref)
         _train_both(ref, model, lambda m: _loss(m(**inputs), loss_fn), steps, lr, adam_eps)
-        report["max_abs_diff_after_steps"] = _check_params_after(model, ref_params, steps, atol_step, zero_grads)
+        report["max_abs_diff_after_steps"] = _check_params_after(
+            model, ref_params, steps, rtol_step, before, zero_grads
+        )
     return report
 
 
@@ -228,8 +222,14 @@ def assert_switch_matches(
     return report["kernels"]
 
 
-#: the attention kernel against eager attention, fp32: rounding apart, not the sharded-vs-unsharded bounds
-EAGER_TOLERANCES = {"atol_out": 1e-4, "rtol_loss": 1e-5, "grad_rtol": 1e-3, "atol_step": 1e-4}
+#: the attention kernel against eager attention, fp32: rounding apart, not the sharded-vs-unsharded
+#: bounds (:data:`.tolerance.EAGER` times each)
+EAGER_TOLERANCES = {
+    "rtol_out": OUTPUT.rtol * EAGER,
+    "rtol_loss": LOSS.rtol * EAGER,
+    "grad_rtol": GRAD.rtol * EAGER,
+    "rtol_step": STEP.rtol * EAGER,
+}
 
 
 def _on_eager_attention(model: nn.Module) -> nn.Module:

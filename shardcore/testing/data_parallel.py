@@ -23,7 +23,9 @@ from .compare import (
     _grad_check,
     _later_losses,
     _train_side_by_side,
+    snapshot,
 )
+from .tolerance import GRAD, GRAD_FLOOR, LOSS, LOSS_LATER, STEP
 
 __all__ = ["assert_data_parallel_matches", "dp_part", "state_bytes"]
 
@@ -80,12 +82,12 @@ def assert_data_parallel_matches(
     steps: int = 3,
     lr: float = 1e-3,
     adam_eps: float = 1e-5,
-    rtol_loss: float = 1e-6,
-    rtol_loss_steps: float = 1e-5,
-    grad_rtol: float = 1e-4,
-    grad_floor: float = 1e-5,
+    rtol_loss: float = LOSS.rtol,
+    rtol_loss_steps: float = LOSS_LATER.rtol,
+    grad_rtol: float = GRAD.rtol,
+    grad_floor: float = GRAD_FLOOR,
     zero_grads: tuple[str, ...] = (),
-    atol_step: float = 1e-5,
+    rtol_step: float = STEP.rtol,
     max_state_fraction: float | None = None,
     reference_on_parts: bool = False,
 ) -> dict[str, Any]:
@@ -98,7 +100,7 @@ def assert_data_parallel_matches(
     by fp32 noise, ``rtol_loss_steps``; every part the same number of loss terms), every gradient
     gathered over dp and tp equals the unsharded one (relative norm) and so does each rank's part
     of it (its slice, its FSDP shard), and every parameter after ``steps`` AdamW steps
-    (``atol_step``), gathered and local. Names must be the unsharded model's. Reports
+    (``rtol_step`` of the update's own size, :mod:`.tolerance`), gathered and local. Names must be the unsharded model's. Reports
     ``state_fraction``: this rank's bytes of parameters and AdamW state over the unsharded
     model's (at most ``max_state_fraction`` if given).
 
@@ -122,9 +124,12 @@ def assert_data_parallel_matches(
     every = _later_losses(mean, rtol_loss_steps, "mean loss over the data-parallel ranks")
     step = functools.partial(_backward_loss, model, mine, loss_fn)
     ref_step = _reference_step(ref, inputs, loss_fn, layout.dp if reference_on_parts else 0)
+    before = snapshot(ref)
     opt_ref, opt = _train_side_by_side(ref, model, step, ref_step, steps, first, every, lr=lr, eps=adam_eps)
     if steps:
-        report["max_abs_diff_after_steps"] = _check_params_after(model, ref_params, steps, atol_step, zero_grads)
+        report["max_abs_diff_after_steps"] = _check_params_after(
+            model, ref_params, steps, rtol_step, before, zero_grads
+        )
     if steps and info.data_parallel == "ddp":  # each replica holds its own copy: they must stay equal
         _check_replicas_equal(model, layout, steps)
     report.update(_state_fraction(model, ref, opt, opt_ref, max_state_fraction))

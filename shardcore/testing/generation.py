@@ -7,14 +7,16 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from .tolerance import SCORES, within
+
 __all__ = ["assert_generate_matches", "assert_generate_through_stages"]
 
 
 def assert_generate_matches(
-    ref: nn.Module, model: nn.Module, *args, min_distinct: int = 4, atol_scores: float = 1e-4, **kwargs
+    ref: nn.Module, model: nn.Module, *args, min_distinct: int = 4, rtol_scores: float = SCORES.rtol, **kwargs
 ) -> torch.Tensor:
     """``model.generate(*args, **kwargs)`` must give ``ref``'s tokens and, step by step, its scores
-    (within ``atol_scores``, times the step's largest score magnitude when that exceeds 1); returns
+    (within ``rtol_scores`` times the step's largest score magnitude, at least 1: :mod:`.tolerance`); returns
     the sequences. Run on every rank.
 
     The test input must make the check able to fail: in every row the unsharded model's new
@@ -39,9 +41,8 @@ def assert_generate_matches(
         if not finite.any():
             continue
         diff = (a[finite] - b[finite]).abs().max().item()
-        bound = atol_scores * max(1.0, b[finite].abs().max().item())  # relative to large (log-)scores
-        if not diff <= bound:
-            raise AssertionError(f"step {step}: scores differ by {diff:.3g} > {bound:.3g}")
+        bound = rtol_scores * max(1.0, b[finite].abs().max().item())  # relative to large (log-)scores
+        within("scores", diff, bound, f"step {step}: scores differ by {diff:.3g} > {bound:.3g}")
     return got.sequences
 
 

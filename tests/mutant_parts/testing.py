@@ -4,6 +4,26 @@ from mutant_kit import m
 
 MUTANTS = [
     m(
+        "kit-output-tolerance-loosened",
+        "the kit's output comparison loosened to an absolute 1e-2 (a fixed number, not the output's own size)",
+        "shardcore/testing/compare.py",
+        "output_close",
+        [("    bound = Tolerance(rtol=rtol, atol=OUTPUT.atol).bound(scale)\n", "    bound = 1e-2\n")],
+        "tests/test_core_kit_selftest.py::test_kit_fails_on_outputs_a_tenth_of_a_percent_off",
+        "DID NOT RAISE",
+        fast=True,
+    ),
+    m(
+        "kit-step-tolerance-loosened",
+        "the kit's parameters-after-steps comparison loosened to an absolute 1e-2 (not the update's own size)",
+        "shardcore/testing/compare.py",
+        "_step_bound",
+        [("    bound = Tolerance(rtol=rtol, atol=STEP.atol).bound(update)\n", "    bound = 1e-2\n")],
+        "tests/test_core_kit_selftest.py::test_kit_fails_on_a_step_off_by_a_share_of_the_update",
+        "DID NOT RAISE",
+        fast=True,
+    ),
+    m(
         "kit-gradient-tolerance-loosened",
         "the kit's gradient check loosened a million times",
         "shardcore/testing/compare.py",
