@@ -219,3 +219,23 @@ def test_the_checkpoint_comparison_fails_on_one_changed_value(tmp_path):
     assert refused == "tensor 'w' differs after the save_checkpoint round trip", (
         f"the checkpoint comparison refused {refused!r} for a value 1e-6 off"
     )
+
+
+def test_a_comparison_fails_just_past_its_bound_and_records_its_margin(tmp_path, monkeypatch):
+    """The one check every kit comparison goes through: a difference within its bound passes and
+    records its margin (worst / bound) for the running test; one just past it fails with the message."""
+    from shardcore.testing import tolerance
+
+    path = tmp_path / "margins.jsonl"
+    monkeypatch.setenv(tolerance.MARGINS_ENV, str(path))
+    monkeypatch.setattr(tolerance, "_WORST", {})
+    assert tolerance.within("output", 0.5e-5, 1e-5, "unused") == 0.5e-5
+    tolerance.within("output", 0.25e-5, 1e-5, "unused")  # not this test's worst: not written again
+    with pytest.raises(AssertionError, match="just past"):
+        tolerance.within("output", 1.01e-5, 1e-5, "just past")
+    with pytest.raises(AssertionError, match="not a number"):
+        tolerance.within("output", float("nan"), 1e-5, "not a number")
+    (row,) = tolerance.read_margins(str(path)).values()
+    assert row["ratio"] == pytest.approx(0.5) and row["what"] == "output", row
+    assert row["test"].endswith("test_a_comparison_fails_just_past_its_bound_and_records_its_margin"), row
+    assert tolerance.OUTPUT.bound(14.0) == pytest.approx(1e-6 + 14.0 * 1e-5)  # the reference's size scales it

@@ -44,7 +44,6 @@ from .attached import assert_attachments_listed
 from .batches import token_batch
 from .checkpoints import assert_lazy_load_matches, assert_resume_matches, assert_same_checkpoint, train_and_save
 from .clipping import CLIP_CALLS, assert_clipping_matches
-from .compare import assert_trained_close
 from .compare import output_close as assert_outputs_close
 from .conformance import (
     SWITCHES,
@@ -62,6 +61,7 @@ from .pipeline import assert_pipeline_matches
 from .refusals import count_c10d_calls, rank_zero_only, refusal_message
 from .saving import assert_save_pretrained_matches
 from .sequence import dropout_patterns
+from .steps import assert_trained_close
 from .structure import check_blocks
 from .syncs import Sync, as_watchdog_backend, device_strict, record_syncs
 

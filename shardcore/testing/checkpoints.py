@@ -8,7 +8,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from .compare import _check_outputs, _loss, snapshot, update_size
+from .compare import _check_outputs, _loss, snapshot
+from .steps import update_size
 from .tolerance import OUTPUT, STEP, Tolerance, within
 
 __all__ = ["assert_lazy_load_matches", "assert_resume_matches", "assert_same_checkpoint", "train_and_save"]

@@ -11,8 +11,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.utils.clip_grad import clip_grad_norm_ as _bound_before_optimize  # as `from ... import` users do
 
-from .compare import _check_gathered_params, _check_grads, _loss, snapshot, update_size
+from .compare import _check_grads, _loss, snapshot
 from .data_parallel import dp_part
+from .steps import _check_gathered_params, update_size
 from .tolerance import GRAD, GRAD_FLOOR, NORM, STEP, within
 
 __all__ = ["CLIP_CALLS", "assert_clipping_matches"]
@@ -95,13 +96,7 @@ def assert_clipping_matches(
     want = torch.nn.utils.clip_grad_norm_(ref.parameters(), max_norm, norm_type=norm_type)
     got = _clip(model, how, max_norm, norm_type)
     got = got.full_tensor() if hasattr(got, "full_tensor") else got
-    rel = abs(got.item() - want.item()) / max(want.item(), 1e-12)
-    message = (
-        f"clip_grad_norm_ ({how}, norm_type={norm_type:g}) on rank {dist.get_rank()}: norm {got.item():.9g} vs "
-        f"unsharded {want.item():.9g}, relative diff {rel:.3g} > {rtol_norm}"
-    )
-    within("gradient norm", rel, rtol_norm, message)
-    report: dict[str, Any] = {"norm": got.item(), "norm_unsharded": want.item(), "norm_rel_diff": rel}
+    report = _check_norm(got, want, f"clip_grad_norm_ ({how}, norm_type={norm_type:g})", rtol_norm)
     ref_grads = {n: p.grad for n, p in ref_named.items()}
     scale = max((g.double().norm().item() for g in ref_grads.values() if g is not None), default=0.0)
     pairs = [(n, g, ref_grads[n]) for n, g in shardcore.full_named_tensors(model, grads=True)]
@@ -113,3 +108,15 @@ def assert_clipping_matches(
     update = update_size(ref_named, before)
     report["max_abs_diff_after_step"] = _check_gathered_params(model, ref_named, 1, rtol_step, update, zero_grads)
     return report
+
+
+def _check_norm(got: torch.Tensor, want: torch.Tensor, what: str, rtol: float) -> dict[str, Any]:
+    """The norm a clipping call returned on this rank against the unsharded one (relative ``rtol``);
+    the report's norm entries."""
+    rel = abs(got.item() - want.item()) / max(want.item(), 1e-12)
+    message = (
+        f"{what} on rank {dist.get_rank()}: norm {got.item():.9g} vs unsharded {want.item():.9g}, "
+        f"relative diff {rel:.3g} > {rtol}"
+    )
+    within("gradient norm", rel, rtol, message)
+    return {"norm": got.item(), "norm_unsharded": want.item(), "norm_rel_diff": rel}

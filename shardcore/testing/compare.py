@@ -14,7 +14,7 @@ from torch import nn
 
 from .agree import _on_every_rank
 from .structure import local_expected
-from .tolerance import OUTPUT, STEP, Tolerance, within
+from .tolerance import OUTPUT, Tolerance, within
 from .varied import without_constant_parameters
 
 
@@ -172,67 +172,6 @@ def _check_grads(pairs, *, where: str, scale: float, rtol: float, floor: float, 
     return worst
 
 
-def snapshot(model: nn.Module) -> dict[str, torch.Tensor]:
-    """A copy of every parameter of ``model`` (the reference before its optimizer steps), by each of
-    its names (a tied weight under every one)."""
-    return {n: p.detach().clone() for n, p in model.named_parameters(remove_duplicate=False)}
-
-
-def update_size(ref_params: Mapping[str, torch.Tensor], before: Mapping[str, torch.Tensor]) -> float:
-    """The update's own size: the largest move of any element of the reference model between
-    ``before`` and now (:data:`~.tolerance.STEP` scales with it)."""
-    moves = (((p.detach() - before[n]).abs().max().item() if p.numel() else 0.0) for n, p in ref_params.items())
-    return max(moves, default=0.0)
-
-
-def assert_trained_close(
-    got: Mapping[str, torch.Tensor], want: Mapping[str, torch.Tensor], before: Mapping[str, torch.Tensor], what: str
-) -> float:
-    """Parameters trained by the user's own loop (``got``, full tensors by name) against the unsharded
-    model trained alike (``want``), within :data:`~.tolerance.STEP` of the update's own size (``want``'s
-    largest move since ``before``, its weights before training); returns the largest difference."""
-    update = update_size(want, before)
-    bound = STEP.bound(update)
-    worst = 0.0
-    for name, tensor in got.items():
-        diff = (tensor.detach() - want[name].detach()).abs().max().item() if tensor.numel() else 0.0
-        message = (
-            f"{name} {what}: max abs diff {diff:.3g} > {bound:.3g} (of an update whose largest move is {update:.3g})"
-        )
-        worst = max(worst, within("step", diff, bound, message))
-    return worst
-
-
-def _step_bound(name: str, rtol: float, update: float, zero_grads: tuple[str, ...]) -> float:
-    # a gradient that is fp32 noise turns into AdamW steps of up to lr * noise / eps each,
-    # different noise in the two runs: 10x the tolerance for parameters declared zero
-    bound = Tolerance(rtol=rtol, atol=STEP.atol).bound(update)
-    return bound * (10 if _declared_zero(name, zero_grads) else 1)
-
-
-def _step_message(name: str, steps: int, diff: float, bound: float, update: float, where: str = "") -> str:
-    return (
-        f"parameter {name} after {steps} AdamW steps{where}: max abs diff {diff:.3g} > {bound:.3g} "
-        f"(of an update whose largest move is {update:.3g})"
-    )
-
-
-def _check_gathered_params(
-    model: nn.Module, expected: Mapping, steps: int, rtol: float, update: float, zero_grads=()
-) -> float:
-    """Every parameter of ``model``, gathered (:func:`shardcore.full_named_tensors`), against
-    ``expected[name]`` after ``steps`` optimizer steps whose largest move was ``update``; returns
-    the largest difference."""
-    import shardcore
-
-    worst = 0.0
-    for name, full in shardcore.full_named_tensors(model):
-        bound = _step_bound(name, rtol, update, zero_grads)
-        diff = (full - expected[name].detach()).abs().max().item()
-        worst = max(worst, within("step", diff, bound, _step_message(name, steps, diff, bound, update)))
-    return worst
-
-
 def _local(t: torch.Tensor | None) -> torch.Tensor | None:
     """What this rank holds of ``t``: a DTensor's local shard (FSDP), else ``t``."""
     from torch.distributed.tensor import DTensor
@@ -261,25 +200,6 @@ def _check_local_grads(model: nn.Module, ref_grads: Mapping[str, torch.Tensor | 
     return _check_grads(pairs, where="this rank's slice", **check)
 
 
-def _check_local_params(
-    model: nn.Module, ref_params: Mapping[str, torch.Tensor], steps: int, rtol: float, update: float, zero_grads=()
-) -> float:
-    """Every parameter as this rank holds it against the same part of the unsharded one after ``steps``."""
-    expected = local_expected(model, {n: p.detach() for n, p in ref_params.items()})
-    worst = 0.0
-    for name, param in model.named_parameters():
-        bound = _step_bound(name, rtol, update, zero_grads)
-        mine, want = _local(param.detach()), _held_part(param, expected[name])
-        if mine.shape != want.shape:
-            raise AssertionError(
-                f"parameter {name}: this rank holds shape {tuple(mine.shape)}, its part is {tuple(want.shape)}"
-            )
-        diff = (mine - want).abs().max().item() if mine.numel() else 0.0
-        message = _step_message(name, steps, diff, bound, update, ", this rank's slice")
-        worst = max(worst, within("step", diff, bound, message))
-    return worst
-
-
 def _check_every_grad(model: nn.Module, ref_params: Mapping[str, nn.Parameter], check: dict, where: str) -> float:
     """Every gradient of ``model``, gathered (under the reference's names) and as this rank's slice."""
     import shardcore
@@ -295,6 +215,12 @@ def _check_every_grad(model: nn.Module, ref_params: Mapping[str, nn.Parameter], 
     return max(worst, _on_every_rank(lambda: _check_local_grads(model, ref_grads, **check)))
 
 
+def snapshot(model: nn.Module) -> dict[str, torch.Tensor]:
+    """A copy of every parameter of ``model`` (the reference before its optimizer steps), by each of
+    its names (a tied weight under every one)."""
+    return {n: p.detach().clone() for n, p in model.named_parameters(remove_duplicate=False)}
+
+
 def _later_losses(mean: Callable, rtol: float, what: str) -> Callable:
     """``every`` of :func:`_train_side_by_side`: each later step's loss (``mean``: over the ranks that
     split the batch) against the unsharded one, within ``rtol``."""
@@ -307,7 +233,8 @@ def _train_side_by_side(ref: nn.Module, model: nn.Module, step: Callable, ref_st
     runs a forward and its backward and returns the loss), ``first(loss, loss_ref)`` in the first
     round (the gradients of the initial weights), ``every(loss, loss_ref)`` in each later one (the
     loss of every step), then an AdamW step on both (none when ``steps`` is 0). Returns the two
-    optimizers."""
+    optimizers and the reference's weights before the first step (:func:`snapshot`)."""
+    before = snapshot(ref)
     opt_ref, opt = torch.optim.AdamW(ref.parameters(), **adamw), torch.optim.AdamW(model.parameters(), **adamw)
     for round_ in range(max(steps, 1)):
         opt_ref.zero_grad()
@@ -321,7 +248,7 @@ def _train_side_by_side(ref: nn.Module, model: nn.Module, step: Callable, ref_st
             break
         opt_ref.step()
         opt.step()
-    return opt_ref, opt
+    return opt_ref, opt, before
 
 
 def _backward_loss(model: nn.Module, inputs: Mapping[str, Any], loss_fn: Callable | None) -> torch.Tensor:
@@ -329,17 +256,6 @@ def _backward_loss(model: nn.Module, inputs: Mapping[str, Any], loss_fn: Callabl
     loss = _loss(model(**inputs), loss_fn)
     loss.backward()
     return loss
-
-
-def _check_params_after(
-    model: nn.Module, ref_params: Mapping, steps: int, rtol: float, before: Mapping, zero_grads=()
-) -> float:
-    """Every parameter after ``steps`` optimizer steps, gathered and as this rank's slice, within
-    ``rtol`` of the update's own size (the reference's largest move since ``before``, its
-    :func:`snapshot` before the steps)."""
-    update = update_size(ref_params, before)
-    worst = _check_gathered_params(model, ref_params, steps, rtol, update, zero_grads)
-    return max(worst, _check_local_params(model, ref_params, steps, rtol, update, zero_grads))
 
 
 def _build_pair(build, config, policy, seed: int, reference_config) -> tuple[nn.Module, nn.Module]:

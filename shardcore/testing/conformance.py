@@ -37,11 +37,11 @@ from .compare import (
     _check_every_grad,
     _check_loss,
     _check_outputs,
-    _check_params_after,
     _grad_check,
     _loss,
     snapshot,
 )
+from .steps import _check_params_after
 from .structure import check_blocks, check_sharded_structure
 from .tolerance import EAGER, GRAD, GRAD_FLOOR, LOSS, OUTPUT, STEP
 

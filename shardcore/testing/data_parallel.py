@@ -19,12 +19,11 @@ from .compare import (
     _build_pair,
     _check_every_grad,
     _check_loss,
-    _check_params_after,
     _grad_check,
     _later_losses,
     _train_side_by_side,
-    snapshot,
 )
+from .steps import _check_params_after
 from .tolerance import GRAD, GRAD_FLOOR, LOSS, LOSS_LATER, STEP
 
 __all__ = ["assert_data_parallel_matches", "dp_part", "state_bytes"]
@@ -99,19 +98,18 @@ def assert_data_parallel_matches(
     ranks' losses equals the unsharded loss (``rtol_loss``; each later step, after AdamW moved both
     by fp32 noise, ``rtol_loss_steps``; every part the same number of loss terms), every gradient
     gathered over dp and tp equals the unsharded one (relative norm) and so does each rank's part
-    of it (its slice, its FSDP shard), and every parameter after ``steps`` AdamW steps
-    (``rtol_step`` of the update's own size, :mod:`.tolerance`), gathered and local. Names must be the unsharded model's. Reports
-    ``state_fraction``: this rank's bytes of parameters and AdamW state over the unsharded
-    model's (at most ``max_state_fraction`` if given).
+    of it (its slice, its FSDP shard), and every parameter after ``steps`` AdamW steps (``rtol_step``
+    of the update's own size, :mod:`.tolerance`), gathered and local. Names must be the unsharded
+    model's. Reports ``state_fraction``: this rank's bytes of parameters and AdamW state over the
+    unsharded model's (at most ``max_state_fraction`` if given).
 
     ``reference_on_parts=True``: the unsharded loss is the mean of its losses on the ranks' parts,
     each its own forward (DDP over the unsharded model: a router's load-balancing loss per part).
     Under expert parallelism, copies of an expert are compared over the ranks holding it.
     """
     ref, model = _build_pair(build, config, policy, seed, None)
-    info, ref_params = model.shardcore, dict(ref.named_parameters())
+    info, layout, ref_params = model.shardcore, model.shardcore.layout, dict(ref.named_parameters())
     _check_wrapping(info, config)
-    layout = info.layout
     _check_names(model, ref_params)
     report: dict[str, Any] = {"dp": layout.dp, "tp": layout.tp}
     mine, mean = _data_parallel_part(model, inputs, report)
@@ -124,12 +122,10 @@ def assert_data_parallel_matches(
     every = _later_losses(mean, rtol_loss_steps, "mean loss over the data-parallel ranks")
     step = functools.partial(_backward_loss, model, mine, loss_fn)
     ref_step = _reference_step(ref, inputs, loss_fn, layout.dp if reference_on_parts else 0)
-    before = snapshot(ref)
-    opt_ref, opt = _train_side_by_side(ref, model, step, ref_step, steps, first, every, lr=lr, eps=adam_eps)
+    opt_ref, opt, before = _train_side_by_side(ref, model, step, ref_step, steps, first, every, lr=lr, eps=adam_eps)
     if steps:
-        report["max_abs_diff_after_steps"] = _check_params_after(
-            model, ref_params, steps, rtol_step, before, zero_grads
-        )
+        after = _check_params_after(model, ref_params, steps, rtol_step, before, zero_grads)
+        report["max_abs_diff_after_steps"] = after
     if steps and info.data_parallel == "ddp":  # each replica holds its own copy: they must stay equal
         _check_replicas_equal(model, layout, steps)
     report.update(_state_fraction(model, ref, opt, opt_ref, max_state_fraction))

@@ -17,14 +17,13 @@ from .compare import (
     _check_grads,
     _check_local_grads,
     _check_loss,
-    _check_params_after,
     _grad_check,
     _later_losses,
     _train_side_by_side,
     output_close,
-    snapshot,
 )
 from .data_parallel import _data_parallel_part
+from .steps import _check_params_after
 from .tolerance import GRAD, GRAD_FLOOR, LOSS, LOSS_LATER, STEP
 
 __all__ = ["assert_pipeline_matches"]
@@ -85,8 +84,7 @@ def assert_pipeline_matches(
 
     step = functools.partial(pipeline_step, model, mine)  # forward and backward over the microbatches
     every = _later_losses(mean_over_dp, rtol_loss_steps, "pipeline_step loss")
-    before = snapshot(ref)
-    _train_side_by_side(ref, model, step, ref_step, steps, first, every, lr=lr, eps=adam_eps)
+    _, _, before = _train_side_by_side(ref, model, step, ref_step, steps, first, every, lr=lr, eps=adam_eps)
     if steps:  # no declared-zero allowance here: every parameter within rtol_step of the update
         report["max_abs_diff_after_steps"] = _check_params_after(model, ref_named, steps, rtol_step, before)
     return report

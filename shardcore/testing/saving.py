@@ -11,7 +11,8 @@ import torch.distributed as dist
 from torch import nn
 
 from .clipping import _sharded_backward
-from .compare import _check_outputs, _loss, snapshot, update_size
+from .compare import _check_outputs, _loss, snapshot
+from .steps import update_size
 from .tolerance import OUTPUT, STEP, Tolerance, within
 
 __all__ = ["assert_save_pretrained_matches"]

@@ -14,9 +14,12 @@ Why bounds relative to what is compared (fp32, unit roundoff ``u = 2**-24``, abo
 * **outputs** (:data:`OUTPUT`): ``max |got - want| <= 1e-6 + 1e-5 * max |want|``, per output tensor.
   Scaled by the tensor's largest element, not element by element: an element near zero that is the
   sum of large terms carries the rounding of the large terms.
-* **losses** (:data:`LOSS`): relative 1e-6 of the unsharded loss (a mean over many terms, its
-  rounding is ``u`` times a few); a later step's (:data:`LOSS_LATER`): 1e-5, since both models
-  have then moved by rounding through the optimizer.
+* **losses** (:data:`LOSS`): relative 5e-6 of the unsharded loss. A loss reduces the outputs, so it
+  carries their rounding, which scales with the logits, not with the loss: CLIP's contrastive loss
+  (~2) over logits its ``logit_scale`` multiplies by 14 differs by 9.3e-7 of itself under the
+  portable kernels, 0.93 of the 1e-6 this was, while a loss no term of which is wrong moves far more.
+  A later step's (:data:`LOSS_LATER`): 1e-5, since both models have then moved by rounding through
+  the optimizer.
 * **gradients** (:data:`GRAD`): ``||g - g_ref|| <= 1e-4 * ||g_ref||`` per parameter, a relative norm
   (under an absolute floor a gradient of 1e-8 could be zeroed or sign-flipped and pass); a
   gradient under :data:`GRAD_FLOOR` (1e-5) of the largest norm is rounding noise and fails as
@@ -81,7 +84,7 @@ class Tolerance:
 #: a model output, per tensor: scale = its largest element
 OUTPUT = Tolerance(rtol=1e-5, atol=1e-6)
 #: a loss of the first step, relative to the unsharded loss
-LOSS = Tolerance(rtol=1e-6)
+LOSS = Tolerance(rtol=5e-6)
 #: a loss after optimizer steps moved both models by rounding
 LOSS_LATER = Tolerance(rtol=1e-5)
 #: a gradient, relative norm against the unsharded gradient's norm
