@@ -30,7 +30,19 @@ INTRO = """# Tolerances and their margins
 Every comparison of the conformance kit (`shardcore.testing`) is bounded relative to what it compares:
 outputs by their own size, losses and gradients relatively, parameters after optimizer steps by the
 update's own size. The numbers, and why each is what it is, are in one place:
-`shardcore/testing/tolerance.py`. A test passes a looser number only with a comment saying why.
+`shardcore/testing/tolerance.py`. A test passes a looser number only with a comment saying why, and
+compares its own tensors with the kit's `assert_outputs_close` (outputs) and `assert_trained_close`
+(weights after the user's own training loop). The kit's keywords are relative: `rtol_out` and
+`rtol_step` replace the absolute `atol_out` and `atol_step` of 0.1.0.
+
+| comparison | bound | scale |
+| --- | --- | --- |
+| an output tensor | 1e-6 + 1e-5 × scale | its largest element |
+| a loss (first step) | 5e-6 × scale | the unsharded loss |
+| a loss (a later step) | 1e-5 × scale | the unsharded loss |
+| a gradient, ‖g − g_ref‖ | 1e-4 × scale | ‖g_ref‖ (below 1e-5 of the largest norm: untestable unless declared zero) |
+| a parameter after optimizer steps | 1e-7 + 1e-2 × scale | the largest move of any element of the reference's update |
+| a kernel against the plain math | each of the above × 10 | |
 
 Each comparison records its *margin*, worst error / bound (1 fails). `nox -s tests` and `nox -s tests-slow`
 record them (`SHARDCORE_MARGINS`), the end of each run lists those above 0.3, and `nox -s margins` writes

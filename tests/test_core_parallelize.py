@@ -21,7 +21,7 @@ import torch.distributed as dist
 from toy_models import ToyLM, ToyPolicy, toy_batch
 
 import shardcore
-from shardcore.testing import RankError
+from shardcore.testing import RankError, assert_outputs_close
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -69,7 +69,7 @@ def test_module_forward_matches_unsharded(handle):
     assert set(out) == set(want)
     for key in want:
         assert out[key].device.type == "cpu"
-        torch.testing.assert_close(out[key], want[key], rtol=0, atol=1e-5)
+        assert_outputs_close(out[key], want[key], f"output {key!r} through parallelize")
     assert len(h.pids) == 2 and os.getpid() not in h.pids
 
 
@@ -81,7 +81,7 @@ def test_worker_exception_on_every_rank_keeps_the_handle(handle):
     assert "Traceback" in err.value.tracebacks[0], f"rank 0 reported {err.value.tracebacks[0]!r}, not its traceback"
     assert "still usable" in str(err.value), f"a call that raised on every rank said {str(err.value)[:120]!r}"
     batch = toy_batch(128)
-    torch.testing.assert_close(h(**batch)["logits"], model(**batch)["logits"], rtol=0, atol=1e-5)
+    assert_outputs_close(h(**batch)["logits"], model(**batch)["logits"], "logits after a call that raised")
 
 
 def test_refuses_split_outputs(handle):

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from shardcore import ShardConfig
-from shardcore.testing import assert_generate_matches, assert_sharded_matches, run_on_ranks
+from shardcore.testing import assert_generate_matches, assert_outputs_close, assert_sharded_matches, run_on_ranks
 
 # decoder families without a shardcore plugin, each with a plain colwise/rowwise base_model_tp_plan
 FAMILIES = ["Qwen3", "Granite", "Helium", "Cohere", "SmolLM3"]
@@ -188,7 +188,7 @@ def test_parallelize_a_zero_config_model():
     with shardcore.parallelize(model, 2) as handle:
         logits = handle(**inputs).logits
     real = b["attention_mask"].bool()
-    torch.testing.assert_close(logits[real], expected[real], rtol=1e-5, atol=1e-5)
+    assert_outputs_close(logits[real], expected[real], "zero-config logits through parallelize")
 
 
 def _clip(tp: int) -> dict:

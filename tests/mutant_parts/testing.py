@@ -36,7 +36,12 @@ MUTANTS = [
         "the kit's gradient check loosened a million times",
         "shardcore/testing/compare.py",
         "_check_grads",
-        [('        within("gradient", rel, rtol, message)\n', '        within("gradient", rel, rtol * 1e6, message)\n')],
+        [
+            (
+                '        within("gradient", rel, rtol, message)\n',
+                '        within("gradient", rel, rtol * 1e6, message)\n',
+            )
+        ],
         "tests/test_core_kit_selftest.py::test_kit_fails_on_a_gradient_one_percent_off",
         "DID NOT RAISE",
     ),

@@ -14,7 +14,13 @@ from llama_cases import build, lm_batch
 from shardcore import ShardConfig
 from shardcore import kernels as _kernels
 from shardcore.integrations.hf.attention import hf_sdpa_name
-from shardcore.testing import SWITCHES, assert_explain_matches, assert_switch_matches, run_on_ranks
+from shardcore.testing import (
+    SWITCHES,
+    assert_explain_matches,
+    assert_outputs_close,
+    assert_switch_matches,
+    run_on_ranks,
+)
 
 
 def _explain(tp: int, kv: int, layers: int) -> dict:
@@ -200,7 +206,7 @@ def test_kernels_match_eager():
     assert model.config._attn_implementation == hf_sdpa_name()
     batch = lm_batch()  # padded: the masked grouped-K/V path
     real = batch["attention_mask"].bool()
-    torch.testing.assert_close(model(**batch).logits[real], ref(**batch).logits[real], rtol=1e-5, atol=1e-5)
+    assert_outputs_close(model(**batch).logits[real], ref(**batch).logits[real], "SDPA logits against eager")
     # the loss of a left-padded row reads the last pad position's prediction (of the first real
     # token), one of the rows eager and SDPA fill differently: loss and gradients on unpadded rows
     batch = lm_batch(pad=False)
@@ -226,7 +232,7 @@ def _inference_only(tp: int) -> dict:
     torch.manual_seed(0)
     trained = shardcore.optimize(build("LlamaForCausalLM", kv=2), ShardConfig(tensor_parallel_size=tp))
     batch = lm_batch()
-    torch.testing.assert_close(model(**batch).logits, ref(**batch).logits, rtol=1e-5, atol=1e-5)
+    assert_outputs_close(model(**batch).logits, ref(**batch).logits, "inference-only logits")
     attn, attn_trained = model.model.layers[0].self_attn, trained.model.layers[0].self_attn
     return {
         "hooks": (len(attn._forward_pre_hooks), len(attn_trained._forward_pre_hooks)),

@@ -8,7 +8,13 @@ from llama_cases import build, gather_vocab_logits, lm_batch
 
 from shardcore import ShardConfig
 from shardcore.tensor_parallel import count_collectives
-from shardcore.testing import assert_generate_matches, assert_sharded_matches, hidden_state_loss, run_on_ranks
+from shardcore.testing import (
+    assert_generate_matches,
+    assert_outputs_close,
+    assert_sharded_matches,
+    hidden_state_loss,
+    run_on_ranks,
+)
 
 
 def _check(tp: int, cls_name: str, family: str = "llama", parallel_output: bool = False, **cfg) -> dict:
@@ -184,12 +190,12 @@ def _loss_on_slices(tp: int) -> dict:
         kwargs = {**batch, **extra}
         want, got = reference(**kwargs), model(**kwargs)
         torch.testing.assert_close(got.loss, want.loss, rtol=1e-5, atol=1e-6)
-        torch.testing.assert_close(got.logits, want.logits, rtol=1e-5, atol=1e-5)
+        assert_outputs_close(got.logits, want.logits, f"logits with {name}")
         checks[name] = got.logits.shape[-1]
     # return_dict=False: the tuple holds the gathered logits where the slice was
     want, got = reference(**batch, return_dict=False), model(**batch, return_dict=False)
     torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(got[1], want[1], rtol=1e-5, atol=1e-5)
+    assert_outputs_close(got[1], want[1], "logits with return_dict=False")
     # a forward that raises after the head ran leaves the head as it was: full logits when called alone
     try:
         model(**{**batch, "labels": batch["labels"][:, :5]})
@@ -201,7 +207,7 @@ def _loss_on_slices(tp: int) -> dict:
     # a full backward hook on the head hands the model other tensor objects: still the full logits
     model.lm_head.register_full_backward_hook(lambda module, grad_in, grad_out: None)
     want, got = reference(**batch), model(**batch)
-    torch.testing.assert_close(got.logits, want.logits, rtol=1e-5, atol=1e-5)
+    assert_outputs_close(got.logits, want.logits, "logits under a full backward hook on the head")
     got.loss.backward()
     return checks
 
