@@ -190,14 +190,17 @@ def parity(session: nox.Session) -> None:
     bin_dir = _install(session)
     for capability in session.posargs or CAPABILITIES:
         session.log(f"ATEN_CPU_CAPABILITY={capability}")
-        _run(session, bin_dir, "pytest", "-q", *PARITY, ATEN_CPU_CAPABILITY=capability)
+        margins = ROOT / ".nox" / f"margins-{capability}.jsonl"  # the closest comparisons listed at the end
+        margins.unlink(missing_ok=True)
+        _run(session, bin_dir, "pytest", "-q", *PARITY, ATEN_CPU_CAPABILITY=capability, SHARDCORE_MARGINS=str(margins))
 
 
-@nox.session(python=False)
+@nox.session(default=False)
 def margins(session: nox.Session) -> None:
     """Write ``docs/margins.md`` from the margins ``nox -s tests`` and ``tests-slow`` recorded: the kit's
     comparisons whose worst error came above 0.3 of their tolerance (:mod:`shardcore.testing.tolerance`)."""
-    session.run(sys.executable, "tests/margins.py", str(MARGINS), "docs/margins.md", external=True)
+    bin_dir = _install(session)
+    _run(session, bin_dir, "python", "tests/margins.py", str(MARGINS), "docs/margins.md")
 
 
 def _parts(plugin: pathlib.Path) -> list[pathlib.Path]:
