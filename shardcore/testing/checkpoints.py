@@ -9,8 +9,8 @@ import torch
 from torch import nn
 
 from .compare import _check_outputs, _loss, snapshot
-from .steps import update_size
-from .tolerance import OUTPUT, STEP, Tolerance, within
+from .steps import step_bound, update_size
+from .tolerance import OUTPUT, STEP, within
 
 __all__ = ["assert_lazy_load_matches", "assert_resume_matches", "assert_same_checkpoint", "train_and_save"]
 
@@ -151,7 +151,7 @@ def assert_resume_matches(
     _train(ref, [*saved_batches, *batches], loss_fn, lr=lr, eps=adam_eps)
     expected, worst = dict(ref.named_parameters(remove_duplicate=False)), 0.0  # tied: a stage's name for it
     update = update_size(expected, before)
-    bound = Tolerance(rtol=rtol, atol=STEP.atol).bound(update)
+    bound = step_bound(update, rtol)
     for name, full in shardcore.full_named_tensors(model):
         diff = (full - expected[name].detach()).abs().max().item()
         message = f"parameter {name} after resuming: max abs diff {diff:.3g} > {bound:.3g} (update {update:.3g})"

@@ -12,8 +12,8 @@ from torch import nn
 
 from .clipping import _sharded_backward
 from .compare import _check_outputs, _loss, snapshot
-from .steps import update_size
-from .tolerance import OUTPUT, STEP, Tolerance, within
+from .steps import step_bound, update_size
+from .tolerance import OUTPUT, STEP, within
 
 __all__ = ["assert_save_pretrained_matches"]
 
@@ -55,7 +55,7 @@ def assert_save_pretrained_matches(
     report: dict[str, Any] = {"tensors": 0, "max_abs_diff_tensors": 0.0}
     want = ref.state_dict()
     # the step's own size (buffers do not move): a tensor saved untrained is off by all of it
-    bound = Tolerance(rtol=rtol_step, atol=STEP.atol).bound(update_size(dict(ref.named_parameters()), before))
+    bound = step_bound(update_size(dict(ref.named_parameters()), before), rtol_step)
     for name, tensor in loaded.state_dict().items():
         if name not in want or tensor.shape != want[name].shape:
             raise AssertionError(f"from_pretrained: {name} {tuple(tensor.shape)} is not the unsharded model's")

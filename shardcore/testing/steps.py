@@ -21,6 +21,12 @@ def update_size(ref_params: Mapping[str, torch.Tensor], before: Mapping[str, tor
     return max(moves, default=0.0)
 
 
+def step_bound(update: float, rtol: float = STEP.rtol) -> float:
+    """How far a parameter may be from the reference's after optimizer steps whose largest move of
+    any element was ``update``: :data:`~.tolerance.STEP` with ``rtol``."""
+    return Tolerance(rtol=rtol, atol=STEP.atol).bound(update)
+
+
 def assert_trained_close(
     got: Mapping[str, torch.Tensor], want: Mapping[str, torch.Tensor], before: Mapping[str, torch.Tensor], what: str
 ) -> float:
@@ -28,7 +34,7 @@ def assert_trained_close(
     model trained alike (``want``), within :data:`~.tolerance.STEP` of the update's own size (``want``'s
     largest move since ``before``, its weights before training); returns the largest difference."""
     update = update_size(want, before)
-    bound = STEP.bound(update)
+    bound = step_bound(update)
     worst = 0.0
     for name, tensor in got.items():
         diff = (tensor.detach() - want[name].detach()).abs().max().item() if tensor.numel() else 0.0
@@ -42,8 +48,7 @@ def assert_trained_close(
 def _step_bound(name: str, rtol: float, update: float, zero_grads: tuple[str, ...]) -> float:
     # a gradient that is fp32 noise turns into AdamW steps of up to lr * noise / eps each,
     # different noise in the two runs: 10x the tolerance for parameters declared zero
-    bound = Tolerance(rtol=rtol, atol=STEP.atol).bound(update)
-    return bound * (10 if _declared_zero(name, zero_grads) else 1)
+    return step_bound(update, rtol) * (10 if _declared_zero(name, zero_grads) else 1)
 
 
 def _step_message(name: str, steps: int, diff: float, bound: float, update: float, where: str = "") -> str:
