@@ -67,15 +67,20 @@ def _reference(out: str, batch: int) -> dict:
 
     torch.manual_seed(0)
     model = build("LlamaForCausalLM", **CFG)
-    initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    initial = _weights(model)
     trainer = transformers.Trainer(model=model, args=_args(out, batch), train_dataset=_Tokens())
     trainer.train()
     return {
         "losses": _losses(trainer),
         "tokens": trainer.state.num_input_tokens_seen,
-        "state": {k: v.detach().clone() for k, v in model.state_dict().items()},
+        "state": _weights(model),
         "initial": initial,  # the update's own size scales the weights' tolerance
     }
+
+
+def _weights(model) -> dict:
+    """A copy of an unsharded model's state, by name (before and after training)."""
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
 def _full_state(model) -> dict:
@@ -164,7 +169,7 @@ def _unclipped(config: dict | None, out: str) -> dict:
 
     torch.manual_seed(0)
     model = build("LlamaForCausalLM", **CFG)
-    initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    initial = _weights(model)
     if config is not None:
         model = shardcore.optimize(model, ShardConfig(**config))
     norms = _GradNorms()
@@ -319,7 +324,7 @@ def _accelerate_loop(prepare_data: bool) -> dict:
     ref = build("LlamaForCausalLM", **CFG)
     torch.manual_seed(0)
     model = shardcore.optimize(build("LlamaForCausalLM", **CFG), ShardConfig(tensor_parallel_size=2))
-    initial = {k: v.detach().clone() for k, v in ref.state_dict().items()}
+    initial = _weights(ref)
     # a fresh accelerate state: these workers ran Trainers before (accumulation steps, sync flags)
     accelerate.state.AcceleratorState._reset_state(reset_partial_state=False)
     accelerate.state.GradientState._reset_state()
