@@ -9,8 +9,8 @@ import torch
 from torch import nn
 
 from .compare import _check_outputs, _loss, snapshot
-from .steps import step_bound, update_size
-from .tolerance import OUTPUT, STEP, within
+from .steps import assert_trained_close
+from .tolerance import OUTPUT, STEP
 
 __all__ = ["assert_lazy_load_matches", "assert_resume_matches", "assert_same_checkpoint", "train_and_save"]
 
@@ -149,11 +149,5 @@ def assert_resume_matches(
     ref = build()
     before = snapshot(ref)
     _train(ref, [*saved_batches, *batches], loss_fn, lr=lr, eps=adam_eps)
-    expected, worst = dict(ref.named_parameters(remove_duplicate=False)), 0.0  # tied: a stage's name for it
-    update = update_size(expected, before)
-    bound = step_bound(update, rtol)
-    for name, full in shardcore.full_named_tensors(model):
-        diff = (full - expected[name].detach()).abs().max().item()
-        message = f"parameter {name} after resuming: max abs diff {diff:.3g} > {bound:.3g} (update {update:.3g})"
-        worst = max(worst, within("step", diff, bound, message))
-    return worst
+    expected = dict(ref.named_parameters(remove_duplicate=False))  # tied: a stage's name for it
+    return assert_trained_close(dict(shardcore.full_named_tensors(model)), expected, before, "after resuming", rtol)

@@ -28,13 +28,17 @@ def step_bound(update: float, rtol: float = STEP.rtol) -> float:
 
 
 def assert_trained_close(
-    got: Mapping[str, torch.Tensor], want: Mapping[str, torch.Tensor], before: Mapping[str, torch.Tensor], what: str
+    got: Mapping[str, torch.Tensor],
+    want: Mapping[str, torch.Tensor],
+    before: Mapping[str, torch.Tensor],
+    what: str,
+    rtol: float = STEP.rtol,
 ) -> float:
     """Parameters trained by the user's own loop (``got``, full tensors by name) against the unsharded
-    model trained alike (``want``), within :data:`~.tolerance.STEP` of the update's own size (``want``'s
-    largest move since ``before``, its weights before training); returns the largest difference."""
+    model trained alike (``want``), within ``rtol`` (:data:`~.tolerance.STEP`) of the update's own size
+    (``want``'s largest move since ``before``, its weights before training); returns the largest difference."""
     update = update_size(want, before)
-    bound = step_bound(update)
+    bound = step_bound(update, rtol)
     worst = 0.0
     for name, tensor in got.items():
         diff = (tensor.detach() - want[name].detach()).abs().max().item() if tensor.numel() else 0.0
