@@ -11,6 +11,5 @@ MUTANTS = [
         [(" or threading.get_ident() != thread:", ":")],
         "tests/test_core_checkpoint.py::test_init_empty_touches_nothing_outside_its_block_and_thread",
         "init_empty moved another thread's new parameters to meta",
-        fast=True,
     ),
 ]

@@ -58,5 +58,10 @@ def over_global_batch(model: nn.Module, gather) -> None:
         return output
 
     attached(model).after_forward(
-        model, "global_batch_balance", whole_batch, with_kwargs=True, what="the balancing loss of the global batch"
+        model,
+        "global_batch_balance",
+        whole_batch,
+        with_kwargs=True,
+        what="the balancing loss of the global batch",
+        after="overflow_agreement",  # its place, declared here: the core's order does not name a plugin's hook
     )

@@ -3,11 +3,14 @@
 Every hook around the model's forward and every method ``optimize`` replaces on the instance goes through
 the model's :class:`Attached`, recorded with its name and the optimize step that attached it:
 
-* hooks before and after the forward run from ONE dispatcher each, in the order of :data:`BEFORE_FORWARD`
-  and :data:`AFTER_FORWARD` (a name not listed there is refused: a new feature places itself in that
-  order, here, not with ``prepend=True`` and a comment). The dispatchers run before (after) the hooks
+* hooks before and after the forward run from ONE dispatcher each. The core's own run in the order of
+  :data:`BEFORE_FORWARD` and :data:`AFTER_FORWARD`; any other (a plugin's) declares its place with
+  ``before=`` / ``after=`` (the names of the hooks it runs before / after), not with ``prepend=True`` and a
+  comment, and not by an edit here. ``scope`` brackets them all (first before the forward, last after it);
+  among the orders the constraints allow, a plugin's hook runs as early as they let it, ties by name, so
+  the order never depends on which feature attached first. The dispatchers run before (after) the hooks
   torch's own data parallelism puts on the model (FSDP's parameter swaps), re-placed so at the end of
-  ``optimize``;
+  ``optimize`` (:mod:`shardcore.attach.order`);
 * ``forward``, ``generate`` and the other replaced methods (``clip_grad_norm_``, ``save_pretrained``,
   ``loss_function``) are routed through one chain each: each feature gives a wrapper of what was there
   before it, the registry sets the one composed function on the instance.
@@ -24,28 +27,10 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
-__all__ = ["AFTER_FORWARD", "BEFORE_FORWARD", "Attached", "Entry", "attached", "attachments", "hook_name"]
+from .listing import hook_name, inside
+from .order import AFTER_FORWARD, BEFORE_FORWARD, BRACKET, CORE, attached_too, order, places
 
-#: The hooks before the model's forward, in the order they run (each a name an :class:`Entry` takes).
-BEFORE_FORWARD = (
-    "scope",  # every collective below, the other hooks' too, is this model's (bounded, named)
-    "new_adapters",  # LoRA adapters added since optimize: cut over the group before anything reads them
-    "grad_mark",  # parameters added since: their gradients marked (before FSDP swaps the root's parameters)
-    "inference_only",  # an inference-only model put back in training: refused before any collective
-    "same_inputs",  # every rank of the group sees the same batch (a collective of digests)
-    "same_sequence_batch",  # ... and every rank of the sequence-parallel group
-    "watch_sequence",  # what the sequence split cannot honour, refused; activation checkpointing noted
-    "share_copies",  # column layers reading one tensor share one copy (plans)
-    "checkpointing",  # the model's gradient checkpointing recomputes with the forward's random streams
-    "meta_guard",  # weights still on the meta device: refused with the fix
-)
-#: The hooks after the model's forward, in the order they run; ``always`` ones run after a forward that raised too.
-AFTER_FORWARD = (
-    "share_copies",  # the forward's shared copies closed (always)
-    "overflow_agreement",  # fp16: the ranks agree on an overflow in the backward
-    "global_batch_balance",  # the router's balancing loss over the whole global batch
-    "scope",  # the model's scope left (always): last
-)
+__all__ = ["AFTER_FORWARD", "BEFORE_FORWARD", "Attached", "Entry", "attached", "attachments", "hook_name"]
 
 
 @dataclass
@@ -59,9 +44,15 @@ class Entry:
     with_kwargs: bool = False
     always: bool = False
     what: str = ""
+    #: the hooks (of the same kind) this one runs before / after: a plugin's hook's declared place
+    before: tuple[str, ...] = ()
+    after: tuple[str, ...] = ()
 
     def line(self) -> str:
         flags = " (always, also after a forward that raised)" if self.always else ""
+        place = [f"after {', '.join(self.after)}"] if self.after else []
+        place += [f"before {', '.join(self.before)}"] if self.before else []
+        flags += f" ({'; '.join(place)})" if place else ""
         return f"{self.name} [{self.step}]{flags}" + (f": {self.what}" if self.what else "")
 
 
@@ -85,9 +76,20 @@ class Attached:
 
     # -- hooks around the forward ---------------------------------------------------------------------
 
-    def before_forward(self, model: nn.Module, name: str, fn: Callable, *, with_kwargs: bool = False, what: str = ""):
-        """Run ``fn(module, args[, kwargs])`` before each forward, at ``name``'s place in :data:`BEFORE_FORWARD`."""
-        self._add(model, Entry("before", name, self.step, fn, with_kwargs, False, what), BEFORE_FORWARD)
+    def before_forward(
+        self,
+        model: nn.Module,
+        name: str,
+        fn: Callable,
+        *,
+        with_kwargs: bool = False,
+        what: str = "",
+        before: str | tuple[str, ...] = (),
+        after: str | tuple[str, ...] = (),
+    ):
+        """Run ``fn(module, args[, kwargs])`` before each forward: at ``name``'s place in :data:`BEFORE_FORWARD`,
+        or (any other name) at the place ``before`` / ``after`` declare (hook names; see the module docstring)."""
+        self._add(model, Entry("before", name, self.step, fn, with_kwargs, False, what, *places(before, after)))
 
     def after_forward(
         self,
@@ -98,9 +100,12 @@ class Attached:
         with_kwargs: bool = False,
         always: bool = False,
         what: str = "",
+        before: str | tuple[str, ...] = (),
+        after: str | tuple[str, ...] = (),
     ):
-        """Run ``fn(module, args, [kwargs,] output)`` after each forward, at ``name``'s place in :data:`AFTER_FORWARD`."""
-        self._add(model, Entry("after", name, self.step, fn, with_kwargs, always, what), AFTER_FORWARD)
+        """Run ``fn(module, args, [kwargs,] output)`` after each forward: at ``name``'s place in
+        :data:`AFTER_FORWARD`, or (any other name) at the place ``before`` / ``after`` declare."""
+        self._add(model, Entry("after", name, self.step, fn, with_kwargs, always, what, *places(before, after)))
 
     def remove(self, model: nn.Module, kind: str, name: str) -> None:
         """Drop the attachment ``name`` of ``kind`` (``"before"``, ``"after"``, or a routed method, which
@@ -113,20 +118,31 @@ class Attached:
     def has(self, kind: str, name: str) -> bool:
         return any(e.kind == kind and e.name == name for e in self.entries)
 
-    def _add(self, model: nn.Module, entry: Entry, order: tuple[str, ...]) -> None:
-        if entry.name not in order:
-            where = "BEFORE_FORWARD" if entry.kind == "before" else "AFTER_FORWARD"
-            raise ValueError(f"{entry.name!r} has no place in shardcore.attach.{where}: add it there, in run order")
+    def _add(self, model: nn.Module, entry: Entry) -> None:
         if self.has(entry.kind, entry.name):
             raise ValueError(f"{self.owner}: a {entry.kind}-forward hook {entry.name!r} is attached already")
+        known = set(CORE[entry.kind]) | {e.name for e in self.entries if e.kind == entry.kind}
+        if entry.name not in CORE[entry.kind] and not known & {*entry.before, *entry.after}:
+            raise ValueError(
+                f"{self.owner}: the {entry.kind}-forward hook {entry.name!r} has no place: declare it with "
+                f"before= / after= naming at least one hook it runs {entry.kind} the forward with (shardcore's: "
+                f"{', '.join(CORE[entry.kind])}{attached_too(known - set(CORE[entry.kind]))}), "
+                f"e.g. after={BRACKET!r}" + (f", before={BRACKET!r}" if entry.kind == "after" else "")
+            )
         self.entries.append(entry)
-        self._running = {kind: self.in_order(kind) for kind in ("before", "after")}
+        try:
+            self._running = {kind: self.in_order(kind) for kind in ("before", "after")}
+        except ValueError:
+            self.entries.remove(entry)
+            raise
         if not self._handles:
             self.settle(model)
 
     def in_order(self, kind: str) -> list[Entry]:
-        order = BEFORE_FORWARD if kind == "before" else AFTER_FORWARD
-        return sorted((e for e in self.entries if e.kind == kind), key=lambda e: order.index(e.name))
+        """This kind's entries in the order they run: the core's order, every declared ``before`` / ``after``,
+        ``scope`` bracketing the rest; a plugin's hook as early as that allows (ties by name)."""
+        entries = {e.name: e for e in self.entries if e.kind == kind}
+        return [entries[name] for name in order(kind, entries) if name in entries]
 
     def settle(self, model: nn.Module) -> None:
         """(Re-)register the dispatchers: the one before the forward first among the model's own pre-hooks,
@@ -242,7 +258,7 @@ class Attached:
             names = " -> ".join(e.line() for e in reversed(chain))
             lines.append(f"  {method}: {names} -> the model's own" if method in _WRAPPING else f"  {method}: {names}")
         if model is not None:
-            lines += _inside(model)
+            lines += inside(model)
         return "\n".join(lines)
 
     def __str__(self) -> str:
@@ -252,33 +268,6 @@ class Attached:
 #: what a routed method's chain ends in
 _WRAPPING = ("forward", "generate")
 _CLASS = object()
-
-
-def _inside(model: nn.Module) -> list[str]:
-    """The hooks and replaced forwards found on the model's submodules (the parallel layers' regions, the
-    per-rank random streams, the sequence split), by function: what the sharder put inside the model."""
-    found: dict[tuple[str, str], list[str]] = {}
-    for path, module in model.named_modules():
-        if not path:
-            continue
-        for kind, hooks in (("before", module._forward_pre_hooks), ("after", module._forward_hooks)):
-            for hook in hooks.values():
-                found.setdefault((kind, hook_name(hook)), []).append(path)
-        if "forward" in module.__dict__:
-            found.setdefault(("forward", hook_name(module.__dict__["forward"])), []).append(path)
-    if not found:
-        return []
-    lines = ["  inside the model (found on its modules):"]
-    for (kind, name), paths in found.items():
-        more = ", ..." if len(paths) > 3 else ""
-        lines.append(f"    {kind} {name}: {len(paths)} modules ({', '.join(paths[:3])}{more})")
-    return lines
-
-
-def hook_name(hook) -> str:
-    """``module.qualname`` of a hook function (a bound method's function)."""
-    fn = getattr(hook, "__func__", hook)
-    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
 
 
 def attachments(model: nn.Module) -> Attached | None:
