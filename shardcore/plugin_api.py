@@ -10,6 +10,8 @@ does for 0.1's paths). The conformance kit a plugin tests with is :mod:`shardcor
 * the helpers a policy's code uses: :func:`blocks_in`, :func:`in_blocks`, :func:`block_type`,
   :func:`require_divisible`, :func:`require_kv_heads`, and :func:`attached` (a hook or a routed method a
   policy puts on the model goes through the model's registry, :mod:`shardcore.attach`);
+* a plan style of the plugin's own (a layer kind a plan may name): :class:`Style`, :func:`register_style`
+  (:mod:`shardcore.plan.registry`);
 * the parallel layers, their mappings and :class:`ShardSpec` (:mod:`shardcore.tensor_parallel`);
 * the builders of the usual descriptions (:mod:`shardcore.builders`);
 * the losses a pipeline's last stage and a vocabulary-split head use (:mod:`shardcore.losses`);
@@ -35,6 +37,7 @@ from .integrations.hf.heads import attention_dims
 from .integrations.hf.stages import SEQ2SEQ_GENERATE_REFUSAL, HFStages, seq2seq_stage_batch, seq2seq_stage_output
 from .losses import classification_items, classification_loss, token_items, token_loss
 from .pipeline import PipelineHole
+from .plan.registry import NOT_HERE, Site, Style, register_style
 from .policy import (
     ModulePolicyDescription,
     Policy,
@@ -58,6 +61,10 @@ from .spec import (
 from .tensor_parallel import *  # noqa: F403 - the parallel layers and mappings, every name of their __all__
 
 __all__ = [
+    "NOT_HERE",
+    "Site",
+    "Style",
+    "register_style",
     "CheckpointSpec",
     "ChecksSpec",
     "DataParallelSpec",

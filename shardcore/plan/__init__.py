@@ -39,8 +39,10 @@ checked against the unsharded model (``ShardConfig(verify=...)``, :mod:`shardcor
 
 from __future__ import annotations
 
+from . import styles as _styles  # noqa: F401 - shardcore's own plan styles registered before any plan is read
 from .derive import DERIVE, derived_plan, derived_policy
 from .policy import PlanPolicy
+from .registry import Site, Style, find_style, register_style
 from .syntax import PlanError, load_plan
 from .zero_config import hf_tp_plan, zero_config_policy
 
@@ -48,9 +50,13 @@ __all__ = [
     "DERIVE",
     "PlanError",
     "PlanPolicy",
+    "Site",
+    "Style",
     "derived_plan",
     "derived_policy",
+    "find_style",
     "hf_tp_plan",
     "load_plan",
+    "register_style",
     "zero_config_policy",
 ]

@@ -25,12 +25,9 @@ import torch
 from torch import nn
 
 from ..inputs import Inputs, evaluating
+from .registry import find_style
 
 __all__ = ["check_activations", "leaving", "repeated", "roles"]
-
-#: styles after which a module's output is split on its last dimension / is summed (a split reduced)
-_COLUMN_STYLES = ("packed_colwise",)
-_ROW_STYLES = ("rowwise_split_input", "rowwise_rep", "all_reduce", "moe_tp_experts")
 
 log = logging.getLogger("shardcore")
 
@@ -53,10 +50,11 @@ def roles(by_module: dict[str, dict], styles: dict[str, tuple[str, str]], module
         spec = entries.get("weight", (None, None))[1]
         if isinstance(modules[path], nn.Linear) and spec and any(a is not None for a in spec):
             (columns if spec[0] is not None else rows).append(path)
-    for path, (_, style) in styles.items():
-        if style in _COLUMN_STYLES:
+    for path, (_, style) in styles.items():  # a style's role: its output split on the last dimension / reduced
+        role = getattr(find_style(style), "role", "")
+        if role == "column":
             columns.append(path)
-        elif style in _ROW_STYLES:
+        elif role == "row":
             rows.append(path)
     return columns, rows
 

@@ -18,6 +18,7 @@ from ..spec import ChecksSpec, DataParallelSpec, ExpertSpec, TensorParallelSpec
 from ..tensor_parallel import InPlace, Linear1D_Col
 from .flow import check_activations, leaving, repeated, roles
 from .layers import Layers, splits_heads
+from .registry import Site
 from .styles import config_of, linear_spec, module_layer, param_split
 from .syntax import _HEAD_ATTRS, _INDEX, GRAD_SUM, PlanError, _Plan, _regex, load_plan
 
@@ -149,7 +150,8 @@ class PlanPolicy(Policy):
                 )
             parent = modules.get(path.rpartition(".")[0])
             config = config_of(path, modules, self.model)
-            layer = module_layer(self.plan.where(key), path, modules[path], style, self._vocab_pad(), config, parent)
+            site = Site(self.plan.where(key), path, modules[path], parent, config, self._vocab_pad())
+            layer = module_layer(site, style)
             if layer is None:
                 continue
             cls, kwargs = layer
@@ -205,7 +207,7 @@ class PlanPolicy(Policy):
         for container in self.model.modules():
             if repeated(container):
                 blocks = blocks_in(self.model, container)
-                if any(any(n.startswith(b + ".") for n in names) for b, _ in blocks):
+                if any(any(n == b or n.startswith(b + ".") for n in names) for b, _ in blocks):
                     return blocks
         return []
 
@@ -221,7 +223,7 @@ class PlanPolicy(Policy):
             if any(path.startswith(f"{b}.") for b, _ in found):
                 continue  # inside a block already chosen
             blocks = blocks_in(self.model, container)
-            if any(any(n.startswith(b + ".") for n in names) for b, _ in blocks):
+            if any(any(n == b or n.startswith(b + ".") for n in names) for b, _ in blocks):
                 found += blocks
         return found
 

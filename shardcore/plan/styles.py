@@ -31,7 +31,9 @@ style                       in shardcore
 allreduce``
 ==========================  ==========================================================================
 
-``sequence_parallel`` and any style transformers adds later are refused by name.
+``sequence_parallel`` and any style transformers adds later are refused by name. Each is one
+:class:`~shardcore.plan.registry.Style` in the registry every reader of a plan reads; a plugin adds its
+own with one registration (:func:`~shardcore.plan.registry.register_style`).
 """
 
 from __future__ import annotations
@@ -45,12 +47,8 @@ from ..tensor_parallel import (
     Linear1D_Row,
     VocabParallelEmbedding1D,
 )
+from .registry import NOT_HERE, Site, Style, find_style, register_style, style_names
 from .syntax import GRAD_SUM, PlanError
-
-#: module styles done with hooks on the module itself: {style: InPlace hook}
-HOOKS = {"all_reduce": "reduce", "moe_tp_experts": "partial", "moe_identity_expert": "scale_input"}
-#: styles that leave a module (or a parameter) whole
-WHOLE = ("replicate", "local_params")
 
 
 def rope_dim(parent: nn.Module | None, config) -> int | None:
@@ -65,76 +63,130 @@ def rope_dim(parent: nn.Module | None, config) -> int | None:
         return None
 
 
-def module_layer(
-    at: str, path: str, module: nn.Module, style: str, vocab_pad: int, config, parent=None
-) -> tuple | None:
+def _mla(site: Site):
+    tail = rope_dim(site.parent, site.config)
+    if not isinstance(tail, int):
+        raise PlanError(
+            f"{site.at}: {site.path}: mla_kv_a_proj needs the rotary width (qk_rope_head_dim) of its attention or "
+            "of one config for every layer; neither gives one"
+        )
+    return InPlace, {"hook": "tail_grad", "tail": tail, "where": site.path}
+
+
+def _on_linear(cls, **kwargs):
+    return lambda site: (cls, dict(kwargs)) if site.plain_linear else NOT_HERE
+
+
+def _hook(hook: str):
+    return lambda site: (InPlace, {"hook": hook, "where": site.path})
+
+
+def _whole(*_):
+    return None
+
+
+def _bias(name: str) -> bool:
+    return name.rpartition(".")[2] == "bias"
+
+
+def _column_spec(name: str) -> list:
+    """colwise on a plain layer's own parameter: its output features split (the bias with them)."""
+    return ["tp"] if _bias(name) else ["tp", None]
+
+
+def _row_spec(name: str) -> list:
+    """rowwise on a plain layer's own parameter: its input features split (the bias whole)."""
+    return [None] if _bias(name) else [None, "tp"]
+
+
+_EMBEDDING = "a plain nn.Embedding"
+for _style in (
+    Style(
+        "colwise",
+        parameter=lambda name, p: (max(p.dim() - 2, 0), 1),
+        plain=_column_spec,
+    ),
+    Style(
+        "rowwise",
+        parameter=lambda name, p: None if (_bias(name) and p.dim() == 1) else (p.dim() - 1, 1),
+        plain=_row_spec,
+    ),
+    Style("colwise_gather_output", module=_on_linear(Linear1D_Col, gather_output=True)),
+    Style("colwise_rep", module=_on_linear(Linear1D_Col, gather_output=True)),
+    Style("rowwise_split_input", module=_on_linear(Linear1D_Row, input_is_parallel=False), role="row"),
+    Style("rowwise_rep", module=_on_linear(Linear1D_Row, input_is_parallel=False), role="row"),
+    Style(
+        "packed_colwise",
+        module=_on_linear(Linear1D_Col, packed=2),
+        parameter=lambda name, p: (p.dim() - 2, 2) if p.dim() >= 2 else (0, 1),
+        role="column",
+    ),
+    Style("packed_rowwise", parameter=lambda name, p: None if p.dim() == 1 else (p.dim() - 1, 2)),
+    Style(
+        "embedding_rowwise",
+        module=lambda s: (
+            (VocabParallelEmbedding1D, {"make_vocab_size_divisible_by": s.vocab_pad}) if s.plain_embedding else NOT_HERE
+        ),
+        applies_to=_EMBEDDING,
+    ),
+    Style(
+        "embedding_colwise",
+        module=lambda s: (ColumnParallelEmbedding1D, {}) if s.plain_embedding else NOT_HERE,
+        applies_to=_EMBEDDING,
+    ),
+    Style("replicate", module=_whole, parameter=_whole, plain=_whole),
+    Style("local_params", module=_whole, parameter=_whole, plain=_whole),
+    Style("all_reduce", module=_hook("reduce"), role="row"),
+    Style("moe_tp_experts", module=_hook("partial"), role="row"),
+    Style("moe_identity_expert", module=_hook("scale_input")),
+    Style("mla_kv_a_proj", module=_mla),
+    # a spec, not a layer: each parameter of the module keeps its whole value, its gradient summed
+    Style(GRAD_SUM, parameter=_whole),
+):
+    register_style(_style)
+
+
+def _style(at: str, name: str) -> Style:
+    found = find_style(name)
+    if found is None:
+        raise PlanError(f"{at}: {name!r} is no plan style (shardcore knows {', '.join(style_names())})")
+    return found
+
+
+def module_layer(site: Site, style: str) -> tuple | None:
     """``(layer class, kwargs)`` for a module given ``style``, ``None`` when it stays whole (and
-    needs no hook). The styles of plain linear layers (colwise/rowwise) are specs already."""
-    linear = isinstance(module, nn.Linear) and type(module).forward is nn.Linear.forward
-    embedding = isinstance(module, nn.Embedding) and type(module).forward is nn.Embedding.forward
-    if style in WHOLE:
-        return None
-    if style in HOOKS:
-        return InPlace, {"hook": HOOKS[style], "where": path}
-    if style == "mla_kv_a_proj":
-        tail = rope_dim(parent, config)
-        if not isinstance(tail, int):
-            raise PlanError(
-                f"{at}: {path}: mla_kv_a_proj needs the rotary width (qk_rope_head_dim) of its attention or of "
-                "one config for every layer; neither gives one"
-            )
-        return InPlace, {"hook": "tail_grad", "tail": tail, "where": path}
-    if style in ("colwise_gather_output", "colwise_rep") and linear:
-        return Linear1D_Col, {"gather_output": True}
-    if style in ("rowwise_split_input", "rowwise_rep") and linear:
-        return Linear1D_Row, {"input_is_parallel": False}
-    if style == "packed_colwise" and linear:
-        return Linear1D_Col, {"packed": 2}
-    if style == "embedding_rowwise" and embedding:
-        return VocabParallelEmbedding1D, {"make_vocab_size_divisible_by": vocab_pad}
-    if style == "embedding_colwise" and embedding:
-        return ColumnParallelEmbedding1D, {}
-    kind = type(module).__name__
-    raise PlanError(
-        f"{at}: {path} is a {kind}; the style {style!r} applies to "
-        + ("a plain nn.Embedding" if style.startswith("embedding") else "a plain nn.Linear or a bare parameter")
-        + " here: give it null (replicated) or write a policy"
-    )
+    needs no hook)."""
+    found = _style(site.at, style)
+    layer = found.module(site) if found.module is not None else NOT_HERE
+    if layer is NOT_HERE:
+        raise PlanError(
+            f"{site.at}: {site.path} is a {type(site.module).__name__}; the style {style!r} applies to "
+            f"{found.applies_to} here: give it null (replicated) or write a policy"
+        )
+    return layer
 
 
 def param_split(at: str, name: str, param: nn.Parameter, style: str) -> tuple[int, int] | None:
     """``(dim, packed parts)`` a bare parameter given ``style`` is cut along; ``None``: whole."""
-    ndim, bias = param.dim(), name.rpartition(".")[2] == "bias"
-    if style in WHOLE or style == GRAD_SUM:
-        return None
-    if style == "colwise":
-        return max(ndim - 2, 0), 1
-    if style == "rowwise":
-        return None if (bias and ndim == 1) else (ndim - 1, 1)
-    if style == "packed_colwise":
-        return (ndim - 2, 2) if ndim >= 2 else (0, 1)
-    if style == "packed_rowwise":
-        return None if ndim == 1 else (ndim - 1, 2)
-    raise PlanError(f"{at}: {name} is a parameter; the style {style!r} applies to a module")
+    found = _style(at, style)
+    if found.parameter is None:
+        raise PlanError(f"{at}: {name} is a parameter; the style {style!r} applies to a module")
+    return found.parameter(name, param)
 
 
 def linear_spec(at: str, pname: str, owner: nn.Module, spec):
-    """A colwise/rowwise style on a plain linear layer's (or embedding's) parameter, as a spec;
+    """A style on a plain linear layer's (or embedding's) own parameter, as a spec (colwise / rowwise);
     any other spec as it is."""
     plain = isinstance(owner, nn.Linear | nn.Embedding) and pname.rpartition(".")[2] in ("weight", "bias")
     if not (isinstance(spec, str) and plain) or spec == GRAD_SUM:
         return spec
-    if spec in ("colwise", "rowwise"):
-        column = spec == "colwise"
-        if pname.endswith(".bias"):
-            return ["tp"] if column else [None]
-        return ["tp", None] if column else [None, "tp"]
-    if spec in WHOLE:
-        return None
-    raise PlanError(
-        f"{at}: {pname}: the style {spec!r} applies to the module {pname.rpartition('.')[0]}, not to its "
-        "parameter; give the module the style"
-    )
+    found = _style(at, spec)
+    if found.plain is None:
+        raise PlanError(
+            f"{at}: {pname}: the style {spec!r} applies to the module {pname.rpartition('.')[0]}, not to its "
+            "parameter; give the module the style"
+        )
+    return found.plain(pname)
 
 
 def config_of(path: str, modules: dict[str, nn.Module], model: nn.Module):

@@ -7,31 +7,15 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from .registry import find_style, style_names
+
 AXES = ("dp", "tp")
 #: The spec of a replicated parameter that acts on split activations (a norm over each head's
 #: features): its gradient is summed over the group. transformers' name for it.
 GRAD_SUM = "replicated_with_grad_allreduce"
-#: transformers' tensor-parallel styles (``base_model_tp_plan``), given to a module or a parameter
-#: in place of a spec, with transformers' meaning (see :mod:`shardcore.plan.styles`).
-STYLES = (
-    "colwise",
-    "rowwise",
-    "colwise_gather_output",
-    "colwise_rep",
-    "rowwise_split_input",
-    "rowwise_rep",
-    "packed_colwise",
-    "packed_rowwise",
-    "embedding_rowwise",
-    "embedding_colwise",
-    "replicate",
-    "local_params",
-    "all_reduce",
-    "mla_kv_a_proj",
-    "moe_tp_experts",
-    "moe_identity_expert",
-    GRAD_SUM,
-)
+#: transformers' tensor-parallel styles (``base_model_tp_plan``) and any a plugin registers are given to a
+#: module or a parameter in place of a spec: one registry (:mod:`shardcore.plan.registry`); shardcore's own
+#: with transformers' meaning (:mod:`shardcore.plan.styles`).
 _INDEX = re.compile(r"^(?P<name>.*?)(\[(?P<i>\d+)\])?$")
 _HEAD_ATTRS = ("num_heads", "num_attention_heads", "num_key_value_heads")
 
@@ -68,7 +52,7 @@ def load_plan(plan: str | Path | Mapping[str, Any]) -> _Plan:
         at = f"{source}:{lines[key]}" if key in lines else source
         if not isinstance(key, str):
             raise PlanError(f"{at}: key {key!r} is not a parameter or module name")
-        if isinstance(spec, str) and spec in STYLES:
+        if isinstance(spec, str) and find_style(spec) is not None:
             specs[key] = spec
             continue
         _check_spec(at, key, spec)
@@ -107,8 +91,8 @@ def _check_spec(at: str, key: str, spec: Any) -> None:
     """A spec is null or a list of mesh axis names and nulls, each axis at most once."""
     if spec is not None and not (isinstance(spec, list | tuple) and all(a is None or isinstance(a, str) for a in spec)):
         raise PlanError(
-            f"{at}: {key!r}: a spec is a list of mesh axis names or null, or one of transformers' styles "
-            f"({', '.join(STYLES)}), got {spec!r}"
+            f"{at}: {key!r}: a spec is a list of mesh axis names or null, or a plan style "
+            f"({', '.join(style_names())}), got {spec!r}"
         )
     for axis in spec or ():
         if axis is not None and axis not in AXES:

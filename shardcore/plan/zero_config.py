@@ -12,7 +12,8 @@ from __future__ import annotations
 from torch import nn
 
 from .policy import PlanPolicy
-from .syntax import GRAD_SUM, STYLES, PlanError, _Plan, _regex
+from .registry import find_style, style_names
+from .syntax import GRAD_SUM, PlanError, _Plan, _regex
 
 _PLAIN = (nn.Embedding.forward, nn.Linear.forward)
 
@@ -73,10 +74,10 @@ def hf_tp_plan(model: nn.Module) -> dict[str, list | str | None] | None:
     for prefix, plan, source in plans:
         for pattern, style in plan.items():
             key = f"{prefix}{pattern}"
-            if style not in STYLES:
+            if find_style(style) is None:
                 raise PlanError(
                     f"{type(model).__name__}: {source} gives {pattern!r} the style {style!r}, which shardcore's "
-                    f"zero-config does not translate (it translates {', '.join(STYLES)}); "
+                    f"zero-config does not translate (it translates {', '.join(style_names())}); "
                     "write a plan (shardcore plan MODEL writes one to start from) or a plugin"
                 )
             regex = _regex(key)

@@ -55,10 +55,13 @@ def check_sharded_structure(
     them, if given), and each local tensor is exactly its slice of the unsharded one."""
     from ..tensor_parallel.parallel_module import ParallelModule
 
-    parallel = [type(m).__name__ for m in model.modules() if isinstance(m, ParallelModule)]
+    def split(m: nn.Module) -> bool:  # a parallel layer, or a module whose own parameters were cut in place
+        return isinstance(m, ParallelModule) or bool(getattr(m, "shard_specs", None))
+
+    parallel = [type(m).__name__ for m in model.modules() if split(m)]
     if not parallel:
         raise AssertionError("the model was 'sharded' but holds no parallel module: the policy replaced nothing")
-    bare = [b for b in blocks if not any(isinstance(m, ParallelModule) for m in model.get_submodule(b).modules())]
+    bare = [b for b in blocks if not any(split(m) for m in model.get_submodule(b).modules())]
     if bare:
         raise AssertionError(f"blocks {bare} hold no parallel module: the policy left them whole on every rank")
     local = sum(p.numel() * p.element_size() for p in model.parameters())

@@ -60,7 +60,7 @@ MUTANTS = [
         "a shipped tp_plan style zero-config does not translate is not refused by name",
         "shardcore/plan/zero_config.py",
         "hf_tp_plan",
-        [("            if style not in STYLES:", "            if False:")],
+        [("            if find_style(style) is None:", "            if False:")],
         "tests/test_core_zero_config.py::test_unsupported_tp_style_is_named",
         "DID NOT RAISE PlanError",
     ),
@@ -82,14 +82,18 @@ MUTANTS = [
         "colwise-style-read-as-rowwise",
         "a plan's colwise style on a plain linear weight becomes a row split",
         "shardcore/plan/styles.py",
-        "linear_spec",
-        [
-            (
-                '        return ["tp", None] if column else [None, "tp"]',
-                '        return [None, "tp"] if column else [None, "tp"]',
-            )
-        ],
+        "_column_spec",
+        [('    return ["tp"] if _bias(name) else ["tp", None]', '    return ["tp"] if _bias(name) else [None, "tp"]')],
         "tests/test_core_plan.py::test_a_plan_s_style_names_become_the_specs_its_table_gives",
         "the styles became {('weight', 'colwise'): [None, 'tp']",
+    ),
+    m(
+        "style-name-taken-twice",
+        "a plugin registering a plan style under a taken name (colwise) silently replaces the built-in one",
+        "shardcore/plan/registry.py",
+        "register_style",
+        [("    if style.name in _STYLES and not replace and _STYLES[style.name] is not style:\n", "    if False:\n")],
+        "tests/test_core_plan_styles.py::test_a_second_style_of_a_taken_name_is_refused",
+        "DID NOT RAISE",
     ),
 ]
