@@ -149,10 +149,12 @@ def tests(session: nox.Session) -> None:
 
 @nox.session(name="tests-slow")
 def tests_slow(session: nox.Session) -> None:
-    """The tests marked ``slow`` (8-rank layouts, scripts in fresh processes, machine calibration): the rest
-    of the suite, kept out of ``nox -s tests``'s 8 minutes; CI runs both."""
+    """The tests marked ``slow`` (8-rank layouts, scripts in fresh processes, machine calibration) and those
+    ``tests/slow_tests.txt`` lists by their measured time: the rest of the suite, kept out of ``nox -s tests``;
+    CI runs one part of them in its turn (``-- --part K/N``)."""
     bin_dir = _install(session)
-    paths = ["--durations=10", "-m", "slow", "tests", *(str(p / "tests") for p in PLUGINS)]
+    # ``-- --part K/N``: one of N parts, whole files dealt round (CI runs one part in its turn: .ci/run)
+    paths = ["--durations=10", "-m", "slow", "tests", *(str(p / "tests") for p in PLUGINS), *session.posargs]
     _run(session, bin_dir, "pytest", *paths, SHARDCORE_MARGINS=str(MARGINS))
 
 
@@ -177,8 +179,9 @@ PARITY = [
     "plugins/shard-t5/tests/test_t5_tp.py",
     "plugins/shard-moe/tests/test_moe_tp.py",
 ]
-#: what ``nox -s parity`` runs them under: PyTorch's portable kernels and AVX2's (ATen's own names); the
-#: machine's own (AVX-512 where it has it) run the whole suite in ``nox -s tests``
+#: what ``nox -s parity`` runs them under: PyTorch's portable kernels and AVX2's (ATen's own names), each
+#: but the machine's own (``torch.backends.cpu.get_cpu_capability()``), which ran the whole suite in
+#: ``nox -s tests``
 CAPABILITIES = ("default", "avx2")
 
 
@@ -188,7 +191,12 @@ def parity(session: nox.Session) -> None:
     :data:`CAPABILITIES`, or those given: ``nox -s parity -- default``): a tolerance that holds for one
     instruction set only fails here, not on the next machine."""
     bin_dir = _install(session)
-    for capability in session.posargs or CAPABILITIES:
+    own = session.run(
+        str(bin_dir / "python"), "-c", "import torch; print(torch.backends.cpu.get_cpu_capability())", silent=True
+    )
+    own = (own or "").strip().splitlines()[-1].lower() if own else ""
+    # the machine's own kernels ran the whole suite (nox -s tests): the others, not that one again
+    for capability in session.posargs or [c for c in CAPABILITIES if c != own]:
         session.log(f"ATEN_CPU_CAPABILITY={capability}")
         margins = ROOT / ".nox" / f"margins-{capability}.jsonl"  # the closest comparisons listed at the end
         margins.unlink(missing_ok=True)

@@ -21,7 +21,7 @@ from shardcore.distributed import RankError, RankPool
 from shardcore.testing import run_on_ranks
 
 SHARDS = "40KB"  # ToyLM in about five shard files
-#: fresh rank pools whose groups end broken (about 7 s each): nox -s tests-slow, which CI runs
+#: fresh rank pools whose groups end broken (about 7 s each): nox -s tests-slow (CI: one part in its turn, .ci/run)
 pytestmark = pytest.mark.slow
 
 

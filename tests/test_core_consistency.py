@@ -143,7 +143,7 @@ def _one_rank_calls(direction: str, check_inputs: bool, later_model: bool = Fals
     [
         ("forward", False, "(forward of embed (VocabParallelEmbedding1D))"),
         ("backward", False, "(backward of "),
-        # a fresh pool each, waiting out a bound: these in nox -s tests-slow (CI runs it; the suite's 8 minutes)
+        # a fresh pool each, waiting out a bound: these in nox -s tests-slow (CI: one part in its turn, .ci/run)
         pytest.param("forward", True, "(input check at the entry of ToyLM.forward)", marks=pytest.mark.slow),
         pytest.param(
             "forward-later-model", False, "(forward of embed (VocabParallelEmbedding1D))", marks=pytest.mark.slow

@@ -13,7 +13,7 @@ from shardcore.testing import example_main
 BENCH = pathlib.Path(__file__).resolve().parents[3] / "benchmarks" / "bench_gpu.py"
 
 
-@pytest.mark.slow  # ~15 s of the 8-minute suite: nox -s tests-slow (CI runs it)
+@pytest.mark.slow  # ~15 s: nox -s tests-slow (CI: one part in its turn, .ci/run)
 def test_bench_gpu_runs_tiny_on_cpu(tmp_path, capsys):
     out = tmp_path / "gpu.json"
     example_main(BENCH)(["--tiny", "--tp", "1", "2", "--steps", "2", "--warmup", "1", "--out", str(out)])
