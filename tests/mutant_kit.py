@@ -5,7 +5,8 @@ A mutant names the function (or class, or ``""``: the module) it mutates by its 
 replaces it. The edit is matched inside that definition only, and as a pattern, not as text: every
 name in the code that is not an attribute, a keyword argument, a keyword, a builtin or a name the
 module defines (a local variable, a parameter) matches any name, the same one wherever it recurs, and
-the replacement reuses what it matched. A local variable renamed inside the function leaves the mutant
+the replacement reuses what it matched; comments are not part of the pattern (the code's own are
+dropped, and the text may have one, any, before each line end). A local variable renamed inside the function leaves the mutant
 applicable; a function removed or renamed is reported by its name; a pattern found other than once
 inside its definition is reported with the count.
 
@@ -127,22 +128,47 @@ def _free(code: str, start: int, end: int, name: str, module: set[str]) -> bool:
     return not (after.startswith("=") and not after.startswith("=="))
 
 
+def _uncommented(code: str) -> str:
+    """``code`` without its comments (and the blanks before them), strings left as they are."""
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(code).readline))
+    except (tokenize.TokenError, IndentationError, SyntaxError):
+        return re.sub(r"[ \t]*#[^\n\"']*$", "", code, flags=re.M)  # a fragment: comments after the code
+    lines = code.splitlines(keepends=True)
+    for tok in reversed([t for t in tokens if t.type == tokenize.COMMENT]):
+        row, col = tok.start
+        line = lines[row - 1]
+        head = line[:col].rstrip(" \t")
+        lines[row - 1] = head + line[col + len(tok.string) :]
+    return "".join(lines)
+
+
+#: where the code a mutant names has a line end, the text may have a comment before it
+_LINE_END = r"(?:[ \t]*\#[^\n]*)?\n(?:[ \t]*\#[^\n]*\n)*"
+
+
+def _literal(text: str) -> str:
+    return _LINE_END.join(re.escape(part) for part in text.split("\n"))
+
+
 def pattern(code: str, module: set[str]) -> tuple[re.Pattern, dict[str, str]]:
     """``code`` as a regular expression in which each free name (:func:`_free`) matches any name, the
-    same one each time it recurs; and ``{name in code: its group}``."""
+    same one each time it recurs, and a comment is ignored (the code's own are dropped, one in the text
+    before any line end matches); and ``{name in code: its group}``."""
+    code = _uncommented(code)
     groups: dict[str, str] = {}
     parts, at = [], 0
     for start, end, name in _names(code):
         if not _free(code, start, end, name, module):
             continue
-        parts.append(re.escape(code[at:start]))
+        parts.append(_literal(code[at:start]))
         if name in groups:
             parts.append(f"(?P={groups[name]})")
         else:
             groups[name] = f"n{len(groups)}"
             parts.append(rf"(?P<{groups[name]}>[A-Za-z_]\w*)")
         at = end
-    parts.append(re.escape(code[at:]))
+    parts.append(_literal(code[at:]))
     return re.compile("".join(parts)), groups
 
 

@@ -5,6 +5,7 @@ in ``nox -s mutants``, its fast part in CI)."""
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import pathlib
 import sys
 
@@ -142,6 +143,54 @@ def test_a_local_renamed_inside_a_mutated_function_leaves_every_mutant_applicabl
             assert mutated == expected, f"{mutant.name}: after renaming {old}, the mutant edits something else"
             renamed_some += 1
     assert renamed_some > 150, renamed_some
+
+
+def _recommented(text: str, where: str) -> str:
+    """``text`` with every comment inside ``where`` reworded, a comment added at the end of every code line
+    that had none, and a comment line added before each statement (at the statement's indentation)."""
+    import io
+    import tokenize
+
+    start, end = mutants.definition(text, where)
+    inside = text[start:end]
+    lines = inside.splitlines(keepends=True)
+    tokens = list(tokenize.generate_tokens(io.StringIO(inside).readline))
+    commented = {t.start[0] for t in tokens if t.type == tokenize.COMMENT}
+    ends = {t.start for t in tokens if t.type in (tokenize.NEWLINE, tokenize.NL) and t.start[0] not in commented}
+    firsts = {}  # {row: indentation} of the first line of each statement after the definition's first line
+    for prev, tok in itertools.pairwise(tokens):
+        if prev.type in (tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT) and tok.start[0] > 1:
+            if tok.type not in (tokenize.DEDENT, tokenize.INDENT, tokenize.ENDMARKER, tokenize.NL):
+                firsts[tok.start[0]] = tok.start[1]
+    for tok in reversed(tokens):
+        row, col = tok.start
+        if tok.type == tokenize.COMMENT:
+            lines[row - 1] = lines[row - 1][:col] + "# reworded: another note entirely" + lines[row - 1][tok.end[1] :]
+        elif (row, col) in ends and lines[row - 1][:col].strip():
+            lines[row - 1] = lines[row - 1][:col] + "  # a note added" + lines[row - 1][col:]
+    for row in sorted(firsts, reverse=True):
+        lines.insert(row - 1, " " * firsts[row] + "# a line of notes added\n")
+    return text[:start] + "".join(lines) + text[end:]
+
+
+def _code_only(text: str) -> list[str]:
+    from mutant_kit import _uncommented  # (tests/ is on the path: mutants.py imports it)
+
+    return [line.rstrip() for line in _uncommented(text).splitlines() if line.strip()]
+
+
+def test_comments_reworded_or_added_inside_a_mutated_function_leave_every_mutant_applicable():
+    """On a copy of each mutated file, every comment of the mutated definition reworded, one added at the
+    end of each code line and one line of them before each statement: the mutant still applies, and
+    makes the same edit as before (the code alike once the comments are dropped)."""
+    for mutant in mutants.MUTANTS.values():
+        text = (ROOT / mutant.file).read_text()
+        copy = _recommented(text, mutant.where) if mutant.where else text
+        assert copy != text or not mutant.where, mutant.name
+        mutated = mutants.apply(mutant, copy)  # a MutantError when it no longer applies
+        assert _code_only(mutated) == _code_only(mutants.apply(mutant, text)), (
+            f"{mutant.name}: with its comments changed, the mutant edits something else"
+        )
 
 
 def test_a_removed_function_is_reported_by_name():

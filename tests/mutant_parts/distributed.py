@@ -73,8 +73,8 @@ MUTANTS = [
         "_wait_on_stream",
         [
             (
-                "        work.wait()  # a stream wait: with a timeout NCCL would block the host until it finishes",
-                "        work.wait(timeout=timedelta(seconds=bound))",
+                "    try:\n        work.wait()\n",
+                "    try:\n        work.wait(timeout=timedelta(seconds=bound))\n",
             )
         ],
         "plugins/shard-llama/tests/test_llama_sync_audit.py::test_a_steady_training_step_makes_no_host_sync[default]",

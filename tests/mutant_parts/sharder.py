@@ -17,7 +17,12 @@ MUTANTS = [
         "a composite policy's own descriptions also matched inside its parts (a part's blocks replaced twice)",
         "shardcore/sharder.py",
         "ModelSharder.plan",
-        [("                continue  # the part's own policy plans it\n", "                pass\n")],
+        [
+            (
+                '            if any(name == path or name.startswith(f"{path}.") for path in parts):\n                continue\n',
+                '            if any(name == path or name.startswith(f"{path}.") for path in parts):\n                pass\n',
+            )
+        ],
         "tests/test_core_composite.py::test_each_part_is_sharded_by_the_policy_the_registry_finds[2]",
         "expected size 128 along dim 0, got shape (64, 64)",
         fast=True,
