@@ -47,6 +47,7 @@ def part_files(root: pathlib.Path = ROOT) -> list[pathlib.Path]:
     return [
         *sorted((root / "tests" / "mutant_parts").glob("*.py")),
         *sorted(root.glob("plugins/shard-*/tests/mutants_*.py")),
+        *sorted(root.glob("tests/outside/shard-*/tests/mutants_*.py")),  # plugins from outside
     ]
 
 
@@ -72,7 +73,8 @@ MUTANTS: dict[str, Mutant] = load()
 def _copy() -> pathlib.Path:
     scratch = pathlib.Path(tempfile.mkdtemp(prefix="shardcore-mutant-"))
     ignore = shutil.ignore_patterns(".nox", ".git", "__pycache__", "bench-results", "*.egg-info", ".ruff_cache")
-    for name in ("shardcore", "plugins", "tests", "examples", "benchmarks", "pyproject.toml"):
+    # (README.md, LICENSE: shardcore's wheel builds from the copy, for the outside plugin's check)
+    for name in ("shardcore", "plugins", "tests", "examples", "benchmarks", "pyproject.toml", "README.md", "LICENSE"):
         src = ROOT / name
         (shutil.copytree if src.is_dir() else shutil.copy2)(
             src, scratch / name, **({"ignore": ignore} if src.is_dir() else {})
@@ -134,6 +136,8 @@ def area(file: str) -> str:
     parts = file.split("/")
     if parts[0] == "plugins":
         return parts[1]
+    if parts[:2] == ["tests", "outside"]:
+        return parts[2]
     return parts[1] if len(parts) > 2 else parts[1].removesuffix(".py")
 
 
