@@ -6,6 +6,7 @@ behind the record are refused by name."""
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import pytest
@@ -101,3 +102,27 @@ def test_files_changed_behind_the_record_are_refused_by_name(tmp_path):
     shard.write_bytes(shard.read_bytes()[:-8])
     with pytest.raises(CheckpointError, match=f"{shard.name} \\(\\d+ bytes, not \\d+\\)"):
         _loaded(tmp_path)
+
+
+def test_resume_passes_over_an_interrupted_checkpoint_and_refuses_one_named(tmp_path):
+    """A checkpoint a crash interrupted has no record: ``resume_from_checkpoint=True`` takes the
+    newest recorded one and names the one it passed over; the interrupted one named is refused."""
+    from shardcore.checkpoint import atomic
+    from shardcore.integrations.hf.trainer import _newest_complete
+
+    for step in (2, 4, 6):
+        (tmp_path / f"checkpoint-{step}").mkdir()
+        (tmp_path / f"checkpoint-{step}" / "model.safetensors").write_bytes(b"x" * step)
+    atomic.record(tmp_path / "checkpoint-2")
+    atomic.record(tmp_path / "checkpoint-4")
+    (tmp_path / "checkpoint-4" / "model.safetensors").write_bytes(b"y")  # changed behind the record
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        chosen = _newest_complete(tmp_path)
+    assert chosen == str(tmp_path / "checkpoint-2"), f"resumed from {chosen}, not the newest complete checkpoint-2"
+    said = [str(w.message) for w in caught]
+    assert any("checkpoint-6 was never completed" in m and "checkpoint-4: its files" in m for m in said), said
+    with pytest.raises(CheckpointError, match="checkpoint-6 was never completed"):
+        atomic.check_recorded(tmp_path / "checkpoint-6", "shardcore.hf.Trainer checkpoint")
+    with pytest.raises(ValueError, match="No complete checkpoint"):
+        _newest_complete(tmp_path / "checkpoint-6")

@@ -70,7 +70,7 @@ MUTANTS = [
         "shardcore/integrations/hf/trainer.py",
         "_newest_complete",
         [('            atomic.check_recorded(directory, "shardcore.hf.Trainer checkpoint")', "            pass")],
-        "plugins/shard-llama/tests/test_llama_trainer.py::test_resume_passes_over_an_interrupted_checkpoint_and_refuses_one_named",
+        "tests/test_core_checkpoint_safety.py::test_resume_passes_over_an_interrupted_checkpoint_and_refuses_one_named",
         "not the newest complete checkpoint-2",
     ),
     m(

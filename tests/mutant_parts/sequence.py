@@ -9,7 +9,7 @@ MUTANTS = [
         "shardcore/sequence/declared.py",
         "regions",
         [("else [policy.blocks()]", "else [policy.blocks()[:-1]]")],
-        "plugins/shard-llama/tests/test_llama_sequence.py::test_the_sequence_is_split_and_an_odd_length_runs_unsplit",
+        "tests/test_core_sequence_overlap.py::test_the_sequence_is_split_and_an_odd_length_runs_unsplit",
         "not every block's two regions ran sequence-split",
     ),
     m(

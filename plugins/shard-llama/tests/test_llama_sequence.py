@@ -50,52 +50,6 @@ def test_split_gather_matches_unsharded(tp, cls_name, cfg, overlap):
         assert "max_abs_diff_after_steps" in report, report
 
 
-def _counts(seq: int, overlap: bool = False) -> dict:
-    import shardcore
-    from shardcore.distributed.collectives import Pending
-    from shardcore.sequence.split_gather import _Regather
-
-    torch.manual_seed(0)
-    config = ShardConfig(tensor_parallel_size=2, enable_sequence_overlap=overlap, **SP)
-    model = shardcore.optimize(build("LlamaForCausalLM"), config)
-    batch = lm_batch(seq=seq)
-    with count_collectives() as forward:
-        out = model(**batch)
-    gets, get = [], _Regather.get
-
-    def spy(self):  # was the gather of this saved input started before the backward needed it?
-        gets.append(isinstance(self.full, Pending))
-        return get(self)
-
-    _Regather.get = spy
-    try:
-        with count_collectives() as backward:
-            out.loss.backward()
-    finally:
-        _Regather.get = get
-    return {"forward": dict(forward), "backward": dict(backward), "prefetched": gets}
-
-
-def test_the_sequence_is_split_and_an_odd_length_runs_unsplit():
-    split, odd = run_on_ranks(2, _counts, 12)[0], run_on_ranks(2, _counts, 11)[0]
-    # 2 blocks x (attention, MLP): 4 reduce-scatters forward; the gathers of their inputs, the
-    # split before the first block and the gather after the last, the full logits
-    assert split["forward"].get("reduce_scatter") == 4, f"not every block's two regions ran sequence-split: {split}"
-    assert split["backward"].get("reduce_scatter") == 4, split  # the gathered inputs' gradients
-    assert odd["forward"].get("reduce_scatter") is None and odd["forward"]["all_reduce"] >= 4, odd
-    assert split["prefetched"] and not any(split["prefetched"]), split  # each gathered when reached
-
-
-def test_overlap_cuts_the_reduce_scatters_and_prefetches_the_saved_inputs():
-    plain, overlap = run_on_ranks(2, _counts, 12)[0], run_on_ranks(2, _counts, 12, True)[0]
-    # each row-parallel layer's output in 2 chunks, each reduce-scattered as soon as its matmul ends
-    assert overlap["forward"].pop("reduce_scatter") == 2 * plain["forward"].pop("reduce_scatter") == 8
-    assert overlap["forward"] == plain["forward"] and overlap["backward"] == plain["backward"]  # no other traffic
-    # the 4 gathered inputs (attention's and the MLP's, 2 blocks), each read by 2-3 projections in the
-    # backward: the first read finds the gather already started by the row-parallel layer after it
-    assert overlap["prefetched"].count(True) == 4 and len(overlap["prefetched"]) == len(plain["prefetched"]), overlap
-
-
 def _registry_mid_forward() -> list:
     """Inside a split forward, every norm's registered parameters are the real leaves (what an
     optimizer, a state dict or FSDP sees), while its forward reads their gradient-summing copy."""

@@ -5,8 +5,6 @@ exactly; the plain Trainer stays loud."""
 
 from __future__ import annotations
 
-import warnings
-
 import pytest
 import torch
 from llama_cases import build
@@ -356,27 +354,3 @@ def test_accelerate_prepare_is_right_or_loud():
         assert "max_abs_diff_weights" in report, report  # compared on each rank (assert_trained_close)
     for report in run_on_ranks(2, _accelerate_loop, True):  # the TP ranks got different batches
         assert "differs" in report.get("error", ""), report
-
-
-def test_resume_passes_over_an_interrupted_checkpoint_and_refuses_one_named(tmp_path):
-    """A checkpoint a crash interrupted has no record: ``resume_from_checkpoint=True`` takes the
-    newest recorded one and names the one it passed over; the interrupted one named is refused."""
-    from shardcore.checkpoint import CheckpointError, atomic
-    from shardcore.integrations.hf.trainer import _newest_complete
-
-    for step in (2, 4, 6):
-        (tmp_path / f"checkpoint-{step}").mkdir()
-        (tmp_path / f"checkpoint-{step}" / "model.safetensors").write_bytes(b"x" * step)
-    atomic.record(tmp_path / "checkpoint-2")
-    atomic.record(tmp_path / "checkpoint-4")
-    (tmp_path / "checkpoint-4" / "model.safetensors").write_bytes(b"y")  # changed behind the record
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        chosen = _newest_complete(tmp_path)
-    assert chosen == str(tmp_path / "checkpoint-2"), f"resumed from {chosen}, not the newest complete checkpoint-2"
-    said = [str(w.message) for w in caught]
-    assert any("checkpoint-6 was never completed" in m and "checkpoint-4: its files" in m for m in said), said
-    with pytest.raises(CheckpointError, match="checkpoint-6 was never completed"):
-        atomic.check_recorded(tmp_path / "checkpoint-6", "shardcore.hf.Trainer checkpoint")
-    with pytest.raises(ValueError, match="No complete checkpoint"):
-        _newest_complete(tmp_path / "checkpoint-6")
