@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from .attach import attached
+from .attach.stage import in_stage
 from .data_parallel import dp_local
 from .distributed.collectives import all_reduce, group_device, group_size
 
@@ -94,7 +95,7 @@ def install_overflow_agreement(model: nn.Module, group, config) -> None:
         return grad
 
     def hook(module, args, output):
-        if getattr(module, "_shardcore_in_stage", False) or not torch.is_grad_enabled():
+        if in_stage(module) or not torch.is_grad_enabled():
             return  # a pipeline stage: pipeline_step agrees once per step
         if not fp16_in_play(module, config):
             return

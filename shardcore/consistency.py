@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from .attach import attached
+from .attach.stage import in_stage
 from .config import ShardConfig
 from .distributed.collectives import all_gather_cat, broadcast, current_scope, group_device, group_ranks
 from .distributed.objects import all_gather_object
@@ -175,7 +176,7 @@ def install_sequence_check(model: nn.Module, group, config) -> None:
     gate = InputGate(config.check_inputs == "always")
 
     def same_inputs(module, args, kwargs):
-        if not getattr(module, "_shardcore_in_stage", False):  # inside a pipeline stage: pipeline_step checked it
+        if not in_stage(module):  # inside a pipeline stage: pipeline_step checked it
             gate.check(group, f"{name}.forward (sequence-parallel group)", args, kwargs)
 
     attached(model).before_forward(
@@ -204,7 +205,7 @@ def install(model: nn.Module, group, config) -> None:
 
         def hook(module, args, kwargs):
             # inside generate(): checked at its entry; inside a pipeline stage: pipeline_step checked the batch
-            if not generating[0] and not getattr(module, "_shardcore_in_stage", False):
+            if not generating[0] and not in_stage(module):
                 gate.check(group, f"{model_name}.forward", args, kwargs)
 
         attached(model).before_forward(

@@ -9,6 +9,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..attach import attached
+from ..attach.stage import in_stage, running_stage
 from .check import PipelineInfo, _stage_indices, pipeline_blocks
 from .hole import PipelineHole
 from .runtime import _forward_only, _make_schedule, _stage_owner
@@ -43,15 +44,14 @@ class _Stage(nn.Module):
     def forward(self, *inputs):
         for name, _, hole in self._others:
             _set(self.model, name, hole)
-        self.model._shardcore_in_stage = True
         try:
-            out = self._forward(tuple(inputs), first=self._first, last=self._last)
+            with running_stage(self.model):
+                out = self._forward(tuple(inputs), first=self._first, last=self._last)
             # an input handed on unchanged (the encoder's states through decoder stages) is a new tensor:
             # its gradient from the next stage then flows back through this stage's autograd graph
             fresh = lambda t: t.clone() if any(t is i for i in inputs) else _own(t)  # noqa: E731
             return tuple(map(fresh, out)) if isinstance(out, tuple) else fresh(out)
         finally:
-            self.model._shardcore_in_stage = False
             for name, block, _ in self._others:
                 _set(self.model, name, block)
 
@@ -228,7 +228,7 @@ def _route_forward(model: nn.Module, info: PipelineInfo) -> None:
     def through_stages(original):
         @functools.wraps(original)  # generate() inspects the signature (position_ids, logits_to_keep)
         def forward(*args, **kwargs):
-            if getattr(model, "_shardcore_in_stage", False):
+            if in_stage(model):
                 return original(*args, **kwargs)
             if model.training and torch.is_grad_enabled():
                 raise RuntimeError(

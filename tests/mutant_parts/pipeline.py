@@ -119,4 +119,13 @@ MUTANTS = [
         "plugins/shard-llava/tests/test_llava_pipeline.py::test_pipeline_trains_like_unsharded[pp2-gpipe]",
         "pipeline_step loss",
     ),
+    m(
+        "stage-forward-not-marked",
+        "a pipeline stage's forward is not marked as one: the model's forward routes it through the whole pipeline",
+        "shardcore/attach/stage.py",
+        "running_stage",
+        [("    token = _STAGES.set(_STAGES.get() | {id(model)})\n", "    token = _STAGES.set(_STAGES.get())\n")],
+        "plugins/shard-llama/tests/test_llama_pipeline.py::test_pipeline_trains_like_unsharded[gpipe]",
+        "is split into 2 pipeline stages: train it with shardcore.pipeline_step(model, batch)",
+    ),
 ]
