@@ -27,7 +27,7 @@ from __future__ import annotations
 from torch import nn
 
 from .policy import ModulePolicyDescription, Policy
-from .spec import SPECS, under
+from .spec import SPECS, ChecksSpec, under
 
 __all__ = ["CompositePolicy"]
 
@@ -117,19 +117,14 @@ class CompositePolicy(Policy):
 
     def glue_specs(self) -> dict[str, object]:
         """The composite's own declarations, ``{policy method: spec}`` (``"pipeline"``, ``"sequence"``, ...):
-        what its own forward supports and its glue needs, merged with the parts' by each spec's ``merge``.
-        Default: none (a pipeline and sequence parallelism are refused: the parts' cannot be joined)."""
+        what its own forward supports and its glue needs, merged with the parts' by each spec's ``merge``
+        (a kind not given: ``None``, which each ``merge`` reads as nothing declared). Default: none (a
+        pipeline and sequence parallelism are refused: the parts' cannot be joined)."""
         return {}
 
-    def _merged(self, method: str):
-        cls = SPECS[method]
-        own = self.glue_specs().get(method, None if method == "pipeline" else cls())
+    def _merged(self, method: str, own=None):
         parts = {path: getattr(policy, method)() for path, policy in self.part_policies().items()}
-        if method == "checks":  # a part that names no blocks to check has its blocks checked
-            blocks = {path: policy.blocks for path, policy in self.part_policies().items()}
-            parts = {p: s if s.blocks is not None else cls(blocks=blocks[p]()) for p, s in parts.items()}
-            own = own if own.blocks is not None else cls(blocks=self.glue_blocks())
-        return cls.merge(own, parts)
+        return SPECS[method].merge(own if own is not None else self.glue_specs().get(method), parts)
 
     def tensor_parallel(self):
         return self._merged("tensor_parallel")
@@ -153,4 +148,5 @@ class CompositePolicy(Policy):
         return self._merged("checkpoints")
 
     def checks(self):
-        return self._merged("checks")
+        # the glue's own blocks are checked unless the composite says otherwise
+        return self._merged("checks", self.glue_specs().get("checks") or ChecksSpec(blocks=self.glue_blocks()))

@@ -188,8 +188,8 @@ class Policy:
         return legacy.spec(self, "checkpoints") or CheckpointSpec()
 
     def checks(self) -> ChecksSpec:
-        """What ``ShardConfig(verify=...)`` compares."""
-        return legacy.spec(self, "checks") or ChecksSpec()
+        """What ``ShardConfig(verify=...)`` compares: by default the policy's ``blocks()``."""
+        return legacy.spec(self, "checks") or ChecksSpec(blocks=self.blocks())
 
 
 def _moved(old: str, new: str) -> None:

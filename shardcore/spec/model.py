@@ -31,7 +31,8 @@ class KernelSpec:
     attention_backend: Callable[[str], str] | None = None
 
     @classmethod
-    def merge(cls, own: KernelSpec, parts: Mapping[str, KernelSpec]) -> KernelSpec:
+    def merge(cls, own: KernelSpec | None, parts: Mapping[str, KernelSpec]) -> KernelSpec:
+        own = own or cls()
         return cls(
             norm_classes=tuple(dict.fromkeys(c for p in [own, *parts.values()] for c in p.norm_classes)),
             fusible=(*own.fusible, *((under(path, n), m) for path, p in parts.items() for n, m in p.fusible)),
@@ -77,7 +78,8 @@ class CheckpointSpec:
     materialize: Callable[[list], None] | None = None
 
     @classmethod
-    def merge(cls, own: CheckpointSpec, parts: Mapping[str, CheckpointSpec]) -> CheckpointSpec:
+    def merge(cls, own: CheckpointSpec | None, parts: Mapping[str, CheckpointSpec]) -> CheckpointSpec:
+        own = own or cls()
         return cls(
             names=_parted(own.names, {p: s.names for p, s in parts.items()}, under),
             parts=_parted(
@@ -97,7 +99,8 @@ class ChecksSpec:
     blocks: Sequence[tuple[str, object]] | None = None
 
     @classmethod
-    def merge(cls, own: ChecksSpec, parts: Mapping[str, ChecksSpec]) -> ChecksSpec:
+    def merge(cls, own: ChecksSpec | None, parts: Mapping[str, ChecksSpec]) -> ChecksSpec:
+        own = own or cls()
         if own.blocks is None and all(p.blocks is None for p in parts.values()):
             return cls()
         found = [*(own.blocks or ())]

@@ -31,7 +31,8 @@ class TensorParallelSpec:
     grad_sum: tuple[str, ...] = attrs.field(default=(), converter=tuple)
 
     @classmethod
-    def merge(cls, own: TensorParallelSpec, parts: Mapping[str, TensorParallelSpec]) -> TensorParallelSpec:
+    def merge(cls, own: TensorParallelSpec | None, parts: Mapping[str, TensorParallelSpec]) -> TensorParallelSpec:
+        own = own or cls()
         return cls(
             parallel_output=own.parallel_output,
             share_copies=own.share_copies or any(p.share_copies for p in parts.values()),
@@ -58,7 +59,8 @@ class ExpertSpec:
     balance: Callable[[Callable], None] | None = None
 
     @classmethod
-    def merge(cls, own: ExpertSpec, parts: Mapping[str, ExpertSpec]) -> ExpertSpec:
+    def merge(cls, own: ExpertSpec | None, parts: Mapping[str, ExpertSpec]) -> ExpertSpec:
+        own = own or cls()
         specs = [own, *parts.values()]
         refusal = next(
             (f"{path}: {p.refusal}" if path else p.refusal for path, p in [("", own), *parts.items()] if p.refusal),
@@ -85,7 +87,8 @@ class DataParallelSpec:
     shard_dims: Mapping[str, int] = attrs.field(factory=dict, converter=dict)
 
     @classmethod
-    def merge(cls, own: DataParallelSpec, parts: Mapping[str, DataParallelSpec]) -> DataParallelSpec:
+    def merge(cls, own: DataParallelSpec | None, parts: Mapping[str, DataParallelSpec]) -> DataParallelSpec:
+        own = own or cls()
         dims = dict(own.shard_dims)
         for path, p in parts.items():
             dims.update({under(path, n): d for n, d in p.shard_dims.items()})

@@ -47,5 +47,5 @@ class SequenceSpec:
     set_attention: Callable | None = None
 
     @classmethod
-    def merge(cls, own: SequenceSpec, parts: Mapping[str, SequenceSpec]) -> SequenceSpec:
-        return own
+    def merge(cls, own: SequenceSpec | None, parts: Mapping[str, SequenceSpec]) -> SequenceSpec:
+        return own or cls()  # the composite's own forward joins the parts: its word alone (none: every mode refused)

@@ -55,7 +55,7 @@ MUTANTS = [
         "a composite runs its first part's sequence modes as its own",
         "shardcore/spec/sequence.py",
         "SequenceSpec.merge",
-        [("        return own\n", "        return next(iter(parts.values()), own)\n")],
+        [("        return own or cls()\n", "        return next(iter(parts.values()), own or cls())\n")],
         "tests/test_core_spec.py::test_a_composite_sequence_is_its_own_only",
         "the composite took a part's sequence modes as its own",
     ),
