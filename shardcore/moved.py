@@ -13,7 +13,7 @@ import importlib
 import warnings
 from collections.abc import Callable, Iterable
 
-__all__ = ["moved_names"]
+__all__ = ["moved_names", "renamed"]
 
 
 def moved_names(old: str, new: str, names: Iterable[str], *, until: str = "0.3") -> Callable[[str], object]:
@@ -30,5 +30,25 @@ def moved_names(old: str, new: str, names: Iterable[str], *, until: str = "0.3")
             stacklevel=2,
         )
         return getattr(importlib.import_module(new), name)
+
+    return __getattr__
+
+
+def renamed(module: str, names: dict[str, str], *, hint: str = "", until: str = "0.3") -> Callable[[str], object]:
+    """The ``__getattr__`` of ``module`` for its own names that were renamed (``{old: new}``): reading an
+    old one warns naming the new and returns it."""
+
+    def __getattr__(name: str):
+        if name not in names:
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        new = names[name]
+        warnings.warn(
+            f"{module}.{name} is {module}.{new} now"
+            + (f": {hint}" if hint else "")
+            + f" (the old name goes away in {until})",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(importlib.import_module(module), new)
 
     return __getattr__

@@ -1,4 +1,4 @@
-"""``optimize``: one ordered list of named steps, the same for every layout.
+""":func:`shard` (``shardcore.optimize``'s steps): one ordered list of named steps, the same for every layout.
 
 Each step reads and extends one :class:`Build`. The checks come first and issue no collective, so
 bad input fails on every rank alike and leaves nobody waiting; the first collective is the
@@ -8,9 +8,8 @@ without ``pp``) returns at once: no layout runs its own copy of the order.
     layout -> policy -> checks -> plan -> kernels -> same_weights -> probe -> shard -> sequence -> jit
            -> guards -> verify -> pipeline -> data_parallel -> register
 
-``STEPS`` is public so that tools can run a prefix of it (``shardcore explain`` runs the checks on
-paper) and tests can name the step that failed.
-"""
+``STEPS`` is public so that tools can run a prefix of it (``shardcore explain``: the checks on paper)
+and tests can name the step that failed."""
 
 from __future__ import annotations
 
@@ -39,6 +38,7 @@ from .integrations.hf import install_save_pretrained
 from .integrations.hf.checkpointing import carry_into_checkpoints
 from .integrations.hf.peft import check_lora, peft_base_model, shard_new_adapters, watch_adapters
 from .meta import guard_meta
+from .moved import renamed
 from .pipeline import build_pipeline, check_pipeline
 from .policy import Policy
 from .sequence import apply_sequence_parallel, apply_ulysses, check_sequence_parallel
@@ -48,7 +48,7 @@ from .tensor_parallel.grad_sum import sum_named_gradients
 from .tensor_parallel.regions import SequenceParallel, share_copies_per_forward
 from .tensor_parallel.rng import STREAMS
 
-__all__ = ["PAPER_STEPS", "STEPS", "Build", "optimize", "run_steps"]
+__all__ = ["PAPER_STEPS", "STEPS", "Build", "run_steps", "shard"]
 
 
 @attrs.define
@@ -264,10 +264,10 @@ def run_steps(build: Build, names: tuple[str, ...]) -> Build:
     return build
 
 
-def optimize(
+def shard(
     model: nn.Module, config: ShardConfig | None = None, *, policy: Policy | type[Policy] | None = None
 ) -> nn.Module:
-    """Shard ``model`` in place over the tensor-parallel group and return it.
+    """Shard ``model`` in place and return it: the steps of ``shardcore.optimize``, the public entry.
 
     The policy comes from the installed plugins, matched on ``type(model)``'s MRO, unless
     ``policy`` (an instance or a subclass of :class:`~shardcore.Policy`) is given. The steps run in
@@ -278,7 +278,7 @@ def optimize(
         raise RuntimeError(f"{type(model).__name__} is already sharded by shardcore; optimize it once")
     inner = peft_base_model(model)
     if inner is not None:  # a PEFT model: shard the model it wraps (its LoRA layers with it), keep the wrapper
-        model.shardcore = optimize(inner, config, policy=policy).shardcore
+        model.shardcore = shard(inner, config, policy=policy).shardcore
         register_model(model), mark_gradients(model)
         return model
     config = ShardConfig() if config is None else config
@@ -295,3 +295,6 @@ def optimize(
         step(build)
     attached(build.model).finish(build.model)  # its hooks first before the forward: before data parallelism's
     return build.model
+
+
+__getattr__ = renamed(__name__, {"optimize": "shard"}, hint="call shardcore.optimize, the public one")  # 0.1's name

@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 from toy_models import ToyBlock, ToyLM, toy_batch
 
 from shardcore import ModulePolicyDescription, Policy, ShardConfig, SubModuleReplacementDescription
@@ -109,3 +110,13 @@ def test_the_causal_lm_loss_glue_s_old_names_in_losses_warn_and_are_the_new_code
         f"the moved loss glue did not warn naming its new module: {warned}"
     )
     assert same, "an old name in shardcore.losses is not the moved function itself"
+
+
+def test_the_core_steps_old_name_warns_and_is_the_new_function():
+    import shardcore.steps
+
+    with pytest.warns(DeprecationWarning, match=r"shardcore\.steps\.optimize is shardcore\.steps\.shard now"):
+        old = shardcore.steps.optimize
+    assert old is shardcore.steps.shard
+    with pytest.raises(AttributeError, match="has no attribute 'optimise'"):
+        shardcore.steps.optimise  # noqa: B018

@@ -23,7 +23,7 @@ from ..config import ShardConfig
 from ..distributed import init_from_env
 from ..distributed.objects import broadcast_object
 from ..integrations.hf.peft import peft_base_model
-from ..steps import optimize as _optimize
+from ..steps import shard
 
 __all__ = ["choose", "meta_copy", "optimize"]
 
@@ -81,15 +81,15 @@ def choose(model: nn.Module, config: ShardConfig, world: int) -> tuple[ShardConf
 
 
 def optimize(model: nn.Module, config: ShardConfig | None = None, *, policy=None) -> nn.Module:
-    """``shardcore.optimize``: the core :func:`shardcore.optimize.optimize` (shard ``model`` in
-    place and return it), with ``config.auto`` (``True`` or an :class:`~shardcore.AutoLayout`)
+    """``shardcore.optimize``, the one public entry: the core's steps (:func:`shardcore.steps.shard`: shard
+    ``model`` in place and return it), with ``config.auto`` (``True`` or an :class:`~shardcore.AutoLayout`)
     resolved first: rank 0 chooses the layout for the job's world size by the cost model over
     this machine's cached profile and broadcasts it (or the error that stopped it, then raised on
     every rank alike); the choice is logged once and recorded as ``model.shardcore.auto``.
     ``policy=`` with ``auto``: ``ValueError`` (the search uses the installed plugins' policies).
     """
     if config is None or getattr(config, "auto", None) is None:
-        return _optimize(model, config, policy=policy)
+        return shard(model, config, policy=policy)
     if policy is not None:
         raise ValueError(
             "ShardConfig(auto=...) chooses with the installed plugins' policies; with policy= set the layout yourself"
@@ -120,7 +120,7 @@ def optimize(model: nn.Module, config: ShardConfig | None = None, *, policy=None
             row["name"], world, row["seq"], row["batch"], row["step_s"],
             row["memory_bytes"]["total"] / 2**30, row["layouts"],
         )  # fmt: skip
-    model = _optimize(model, resolved)
+    model = shard(model, resolved)
     info = attrs.evolve(model.shardcore, auto=row)
     model.shardcore = info
     inner = peft_base_model(model)

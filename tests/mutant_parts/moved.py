@@ -12,4 +12,13 @@ MUTANTS = [
         "tests/test_core_moved_imports.py::test_the_attention_registry_s_old_names_in_kernels_warn_and_are_the_new_code",
         "the moved attention names did not each warn naming their new module",
     ),
+    m(
+        "renamed-steps-unwarned",
+        "0.1's shardcore.steps.optimize resolves to shard silently: callers get no warning before 0.3 drops it",
+        "shardcore/moved.py",
+        "renamed.__getattr__",
+        [("        warnings.warn(\n", "        (lambda *a, **k: None)(\n")],
+        "tests/test_core_moved_imports.py::test_the_core_steps_old_name_warns_and_is_the_new_function",
+        "DID NOT WARN",
+    ),
 ]

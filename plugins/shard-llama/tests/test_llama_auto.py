@@ -274,7 +274,7 @@ def test_auto_refuses_alike_on_every_rank_with_what_to_do(tmp_path):
         ShardConfig(auto=True, tensor_parallel_size=2)
     with pytest.raises(TypeError, match="AutoLayout"):
         ShardConfig(auto="yes")
-    from shardcore.steps import optimize as core_optimize
+    from shardcore.steps import shard as core_optimize
 
     with pytest.raises(ValueError, match=r"chosen by shardcore\.optimize before sharding"):
         core_optimize(build("LlamaForCausalLM", **AUTO_CFG), ShardConfig(auto=True))
