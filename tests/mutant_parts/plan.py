@@ -21,7 +21,6 @@ MUTANTS = [
         [("        return heads | leave\n", "        return heads\n")],
         "tests/test_core_own_model.py::test_the_head_s_split_comes_back_whole",
         "the head's split came back as each rank's slice",
-        fast=True,
     ),
     m(
         "flow-walks-through-rows",

@@ -25,6 +25,5 @@ MUTANTS = [
         ],
         "tests/test_core_composite.py::test_each_part_is_sharded_by_the_policy_the_registry_finds[2]",
         "expected size 128 along dim 0, got shape (64, 64)",
-        fast=True,
     ),
 ]

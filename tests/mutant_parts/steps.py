@@ -35,7 +35,6 @@ MUTANTS = [
         [("        watch_adapters(model)\n", "")],
         "plugins/shard-llama/tests/test_llama_peft.py::test_merge_and_unload_before_any_forward",
         "_merge_before_forward failed on 2 of 2 ranks",
-        fast=True,
     ),
     m(
         "accelerate-ddp-overwrites-slices",
