@@ -273,8 +273,14 @@ def run_on_ranks(world_size: int, fn: Callable, *args, **kwargs) -> list[Any]:
 
 
 @atexit.register
-def close_pools() -> None:
-    """Shut every pool down (run at interpreter exit too)."""
+def close_pools(world_size: int | None = None) -> None:
+    """Shut every pool down (run at interpreter exit too); with ``world_size``, only the cached pool of that
+    many ranks (a test of 8 ranks frees their memory for the rest of the run)."""
+    if world_size is not None:
+        pool = _POOLS.pop(world_size, None)
+        if pool is not None:
+            pool.close()
+        return
     _POOLS.clear()
     for pool in list(_LIVE):
         pool.close()

@@ -87,6 +87,9 @@ def settle_at_exit() -> int:
     return done
 
 
-def kept(group) -> int:
-    """How many works of ``group`` are kept (at most :data:`KEEP`: the count never grows with the steps)."""
+def kept(group=None) -> int:
+    """How many works of ``group`` are kept (at most :data:`KEEP`: the count never grows with the steps);
+    ``None``: of every group together."""
+    if group is None:
+        return sum(len(works) for works in _KEPT.values())
     return len(_KEPT.get(group_key(group), ()))

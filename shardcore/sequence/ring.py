@@ -97,8 +97,8 @@ class _RingAttention(torch.autograd.Function):
         return (*grads, None, None, None, None)
 
 
-#: attention features the ring does not compute: with them the keys and values are gathered instead
-_UNSUPPORTED = ("sliding_window", "softcap", "s_aux")
+#: attention features the ring does not compute: with one of them passed, the keys and values are gathered instead
+GATHERED_FOR = ("sliding_window", "softcap", "s_aux")
 _LOG = logging.getLogger("shardcore")
 _TOLD: set[str] = set()
 
@@ -141,7 +141,7 @@ def ring_attention(base, *, gather: bool = False):
         local = query.shape[2]
         positions = ring_positions(local * size, size, state.zigzag).to(query.device).view(size, local)
         mine = positions[group_rank(group)]
-        used = [name for name in _UNSUPPORTED if kwargs.get(name) is not None]
+        used = [name for name in GATHERED_FOR if kwargs.get(name) is not None]
         if module.training and kwargs.get("dropout"):
             used.append("attention dropout")
         if used and not gather:

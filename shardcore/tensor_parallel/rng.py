@@ -26,7 +26,7 @@ from torch import nn
 
 from ..distributed.collectives import group_key, group_rank
 
-__all__ = ["STREAMS", "fork_tp_rng", "in_tp_rng", "run_in_shared_rng", "run_in_tp_rng"]
+__all__ = ["STREAMS", "fork_tp_rng", "in_tp_rng", "reset_streams", "run_in_shared_rng", "run_in_tp_rng"]
 
 #: each per-rank stream's state, by ``(group key, device, torch.initial_seed())``: a new seed starts a new stream
 _STATES: dict[tuple, torch.Tensor] = {}
@@ -117,6 +117,12 @@ class _Streams:
 
 #: every model's per-rank streams (they are per process): what a recompute must replay
 STREAMS = _Streams()
+
+
+def reset_streams() -> None:
+    """Forget every per-rank stream: the next draw of each starts again from ``torch.initial_seed()``, as
+    in a fresh process (two runs compared draw the same numbers)."""
+    _STATES.clear()
 
 
 def in_tp_rng(device: str = "cpu") -> bool:

@@ -69,17 +69,23 @@ SAVED_OPS = {
 }
 
 
-def _policy(saved: frozenset, ctx, op, *args, **kwargs):
+def _policy(saved: frozenset, counts: dict | None, ctx, op, *args, **kwargs):
     from torch.utils.checkpoint import CheckpointPolicy
 
     packet = getattr(op, "overloadpacket", op)
-    return CheckpointPolicy.MUST_SAVE if packet in saved else CheckpointPolicy.PREFER_RECOMPUTE
+    keep = packet in saved
+    if counts is not None:
+        counts["save" if keep else "recompute"] = counts.get("save" if keep else "recompute", 0) + 1
+    return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
 
 
-def selective_checkpoint_context(save: tuple[str, ...] = ("matmul", "attention")) -> Callable:
+def selective_checkpoint_context(
+    save: tuple[str, ...] = ("matmul", "attention"), counts: dict | None = None
+) -> Callable:
     """A ``context_fn`` for ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)`` that keeps
     the outputs of the ops named by ``save`` (:data:`SAVED_OPS`: ``"matmul"``, ``"attention"``) and
-    recomputes every other op in the backward (see the module)."""
+    recomputes every other op in the backward (see the module). ``counts``: a dict the policy adds each
+    decision to (``"save"``, ``"recompute"``: how many ops it kept, how many the backward runs again)."""
     unknown = sorted(set(save) - set(SAVED_OPS))
     if unknown:
         raise ValueError(f"selective_checkpoint_context: unknown {unknown}; choose from {sorted(SAVED_OPS)}")
@@ -90,7 +96,7 @@ def selective_checkpoint_context(save: tuple[str, ...] = ("matmul", "attention")
 
         # collectives run again in the recompute (as under full checkpointing), each into the buffer the
         # recompute allocates; nothing kept is reduced in place (mappings.py asks selective_active())
-        forward, recompute = create_selective_checkpoint_contexts(functools.partial(_policy, saved))
+        forward, recompute = create_selective_checkpoint_contexts(functools.partial(_policy, saved, counts))
         return _marked(forward), _marked(recompute)
 
     return context_fn

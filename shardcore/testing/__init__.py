@@ -23,6 +23,8 @@
 * ``tolerance.py``: every tolerance the kit compares with, and why (relative to what is compared),
   and the margin each comparison kept; ``compare.py``: :func:`assert_outputs_close` and
   :func:`assert_trained_close`, the same comparisons for a test's own tensors;
+* ``suite.py``: :class:`Family`, :class:`Case`, :class:`Refusal`: a family's conformance tests as lists
+  of cases (``test_matches_unsharded = FAMILY.matches(Case(...), ...)``), the checks above run on the ranks;
 * ``batches.py``: :func:`token_batch` (ids, mask and labels of a tiny text model, one row padded);
 * ``syncs.py``: :func:`record_syncs` with :func:`as_watchdog_backend` (the sync audit: the host
   syncs shardcore's code makes in a step, its collectives on their GPU path).
@@ -63,13 +65,17 @@ from .saving import assert_save_pretrained_matches
 from .sequence import dropout_patterns
 from .steps import assert_trained_close
 from .structure import check_blocks
+from .suite import Case, Family, Refusal
 from .syncs import Sync, as_watchdog_backend, device_strict, record_syncs
 
 __all__ = [
     "CLIP_CALLS",
     "SWITCHES",
+    "Case",
+    "Family",
     "RankError",
     "RankPool",
+    "Refusal",
     "Sync",
     "as_watchdog_backend",
     "assert_attachments_listed",

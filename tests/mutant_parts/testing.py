@@ -4,6 +4,20 @@ from mutant_kit import m
 
 MUTANTS = [
     m(
+        "suite-generates-from-other-weights",
+        "the kit's suite builds the sharded model of a generation case from other weights than its reference",
+        "shardcore/testing/suite.py",
+        "_generates",
+        [
+            (
+                "    torch.manual_seed(0)\n    model = optimize(family.make(case)(), case.shard_config()).eval()\n",
+                "    torch.manual_seed(1)\n    model = optimize(family.make(case)(), case.shard_config()).eval()\n",
+            )
+        ],
+        "plugins/shard-bloom/tests/test_bloom_tp.py::test_generate_matches_unsharded[causal-tp2]",
+        "!= unsharded",
+    ),
+    m(
         "kit-output-tolerance-loosened",
         "the kit's output comparison loosened to an absolute 1e-2 (a fixed number, not the output's own size)",
         "shardcore/testing/compare.py",

@@ -108,7 +108,7 @@ def _checkpointed(attention_dropout: float, reentrant: bool, own: bool = False):
     from shardcore.tensor_parallel import rng
 
     def step(checkpointing: bool):
-        rng._STATES.clear()  # the same per-rank streams for both
+        rng.reset_streams()  # the same per-rank streams for both
         torch.manual_seed(0)
         cfg = BertConfig(vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                          intermediate_size=128, attention_probs_dropout_prob=attention_dropout)  # fmt: skip

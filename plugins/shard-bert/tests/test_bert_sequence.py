@@ -78,7 +78,7 @@ def _checkpointed_grads(checkpointing: bool, reentrant: bool) -> dict:
     import shardcore
     from shardcore.tensor_parallel import rng
 
-    rng._STATES.clear()  # the same per-rank streams for both
+    rng.reset_streams()  # the same per-rank streams for both
     torch.manual_seed(0)
     model = build("BertForMaskedLM", dropout=0.3)
     if checkpointing:

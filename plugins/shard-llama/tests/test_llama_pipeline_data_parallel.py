@@ -127,11 +127,9 @@ def _hsdp_tp() -> dict:
 @pytest.fixture(scope="module")
 def eight_ranks():
     yield
-    from shardcore.distributed import launcher
+    from shardcore.testing import close_pools
 
-    pool = launcher._POOLS.pop(8, None)  # 8 idle processes would hold ~8 GB for the rest of the suite
-    if pool is not None:
-        pool.close()
+    close_pools(8)  # 8 idle processes would hold ~8 GB for the rest of the suite
 
 
 @pytest.mark.slow  # 8 processes: nox -s tests-slow

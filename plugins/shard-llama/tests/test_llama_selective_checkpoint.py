@@ -13,38 +13,24 @@ from shardcore.testing import assert_sharded_matches, run_on_ranks
 
 
 def _check(sequence: bool) -> dict:
-    from torch.utils.checkpoint import CheckpointPolicy
-
     import shardcore
-    from shardcore.tensor_parallel import selective
 
-    decided = {"save": 0, "recompute": 0}
-    policy = selective._policy
+    decided = {"save": 0, "recompute": 0}  # the policy's decisions, counted by the context
+    context = shardcore.selective_checkpoint_context(counts=decided)
 
-    def counting(*args, **kwargs):
-        out = policy(*args, **kwargs)
-        decided["save" if out == CheckpointPolicy.MUST_SAVE else "recompute"] += 1
-        return out
+    def checkpointed():
+        model = build("LlamaForCausalLM")
+        # --8<-- [start:enable]
+        kwargs = {
+            "use_reentrant": False,
+            "context_fn": context,
+        }  # context = shardcore.selective_checkpoint_context()
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+        # --8<-- [end:enable]
+        return model
 
-    selective._policy = counting
-    try:
-        context = shardcore.selective_checkpoint_context()
-
-        def checkpointed():
-            model = build("LlamaForCausalLM")
-            # --8<-- [start:enable]
-            kwargs = {
-                "use_reentrant": False,
-                "context_fn": context,
-            }  # context = shardcore.selective_checkpoint_context()
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-            # --8<-- [end:enable]
-            return model
-
-        config = ShardConfig(tensor_parallel_size=2, enable_sequence_parallelism=sequence)
-        report = assert_sharded_matches(checkpointed, lm_batch(seq=12), config)
-    finally:
-        selective._policy = policy
+    config = ShardConfig(tensor_parallel_size=2, enable_sequence_parallelism=sequence)
+    report = assert_sharded_matches(checkpointed, lm_batch(seq=12), config)
     return report | decided
 
 

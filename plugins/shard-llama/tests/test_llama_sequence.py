@@ -209,11 +209,11 @@ def _check_ring_gathered() -> dict:
     sinks), forced here for a kwarg every Llama attention passes: keys and values gathered."""
     import shardcore.sequence.ring as ring
 
-    saved, ring._UNSUPPORTED = ring._UNSUPPORTED, ("scaling",)
+    saved, ring.GATHERED_FOR = ring.GATHERED_FOR, ("scaling",)
     try:
         return _check_ring(1, 2, {"kv": 2}, True)
     finally:
-        ring._UNSUPPORTED = saved
+        ring.GATHERED_FOR = saved
 
 
 def test_ring_attn_gathered_path_matches_unsharded():

@@ -1,21 +1,15 @@
-"""shard-neox against the unsharded model, on real gloo ranks: a list of cases, each one call of the kit.
+"""shard-neox against the unsharded model, on real gloo ranks: lists of cases, the kit's suite running them
+(shardcore.testing.Family), and the plugin's own hook tested beside them.
 
 Run from shardcore's wheel and this plugin's wheel in a fresh environment (tests/test_core_outside_plugin.py):
 nothing here imports a private name of shardcore."""
 
 from __future__ import annotations
 
-import pytest
 from neox_cases import batch_for, build
 
 from shardcore import ShardConfig
-from shardcore.testing import (
-    assert_pipeline_matches,
-    assert_sharded_matches,
-    hidden_state_loss,
-    refusal_message,
-    run_on_ranks,
-)
+from shardcore.testing import Case, Family, Refusal, run_on_ranks
 
 #: the query_key_value layout of a plan, split by whole heads with shard-neox's style (loaded by its name)
 PLAN = {
@@ -28,47 +22,34 @@ PLAN = {
     "lm_head.weight": ["tp", None],
 }
 
-#: id -> (model class, ShardConfig fields, config fields): each an exact comparison with the unsharded model
-CASES = {
-    "causal-tp2": ("GPTNeoXForCausalLM", {"tensor_parallel_size": 2}, {}),
-    "model-tp2": ("GPTNeoXModel", {"tensor_parallel_size": 2}, {}),
-    "sequential-residual-tp2": ("GPTNeoXForCausalLM", {"tensor_parallel_size": 2}, {"use_parallel_residual": False}),
-    "split-gather-tp2": ("GPTNeoXForCausalLM", {"tensor_parallel_size": 2, "enable_sequence_parallelism": True}, {}),
-    "ulysses-sp2": (
-        "GPTNeoXForCausalLM",
-        {"sequence_parallel_size": 2, "enable_sequence_parallelism": True, "sequence_parallelism_mode": "all_to_all"},
-        {},
-    ),
-    "ring-sp2": (
-        "GPTNeoXForCausalLM",
-        {"sequence_parallel_size": 2, "enable_sequence_parallelism": True, "sequence_parallelism_mode": "ring_attn"},
-        {},
-    ),
-    "plan-with-the-plugins-style-tp2": ("GPTNeoXForCausalLM", {"tensor_parallel_size": 2, "plan": PLAN}, {}),
-}
+NEOX = Family(build, batch_for)
+CAUSAL = "GPTNeoXForCausalLM"
+ULYSSES = {"sequence_parallel_size": 2, "enable_sequence_parallelism": True, "sequence_parallelism_mode": "all_to_all"}
+RING = {**ULYSSES, "sequence_parallelism_mode": "ring_attn"}
 
-
-def _check(case: str) -> dict:  # module level: runs on every rank
-    cls_name, fields, cfg = CASES[case]
-    kwargs = {"loss_fn": hidden_state_loss("last_hidden_state")} if cls_name == "GPTNeoXModel" else {}
-    return assert_sharded_matches(lambda: build(cls_name, **cfg), batch_for(cls_name), ShardConfig(**fields), **kwargs)
-
-
-@pytest.mark.parametrize("case", list(CASES))
-def test_matches_unsharded(case):
-    for report in run_on_ranks(2, _check, case):
-        assert "max_abs_diff_after_steps" in report, report
-
-
-def _pipeline() -> dict:
-    config = ShardConfig(pipeline_parallel_size=2, num_microbatches=2)
-    return assert_pipeline_matches(lambda: build(num_hidden_layers=4), batch_for(rows=4), config)
-
-
-def test_pipeline_trains_like_unsharded():
-    """PP=2 on the model's own forward (HFStages): loss and every gradient as unsharded."""
-    for report in run_on_ranks(2, _pipeline):
-        assert "max_abs_diff_after_steps" in report, report
+test_matches_unsharded = NEOX.matches(
+    Case("causal-tp2", CAUSAL),
+    Case("model-tp2", "GPTNeoXModel"),
+    Case("sequential-residual-tp2", CAUSAL, build={"use_parallel_residual": False}),
+    Case("split-gather-tp2", CAUSAL, config={"enable_sequence_parallelism": True}),
+    Case("ulysses-sp2", CAUSAL, tp=1, config=ULYSSES),
+    Case("ring-sp2", CAUSAL, tp=1, config=RING),
+    Case("plan-with-the-plugins-style-tp2", CAUSAL, config={"plan": PLAN}),
+)
+# PP=2 on the model's own forward (HFStages): loss and every gradient as unsharded
+test_pipeline_trains_like_unsharded = NEOX.pipelines(
+    Case(
+        "pp2",
+        CAUSAL,
+        tp=1,
+        build={"num_hidden_layers": 4},
+        batch={"rows": 4},
+        config={"pipeline_parallel_size": 2, "num_microbatches": 2},
+    )
+)
+test_heads_not_divisible_refused_on_every_rank = NEOX.refuses(
+    Refusal("heads", {"num_attention_heads": 6, "hidden_size": 48}, "num_attention_heads=6 is not divisible")
+)
 
 
 def _too_long() -> str:
@@ -88,11 +69,3 @@ def test_the_plugins_own_hook_runs_at_its_declared_place_and_refuses_on_every_ra
         assert "a sequence of 70 tokens is longer than config.max_position_embeddings=64" in message, message
         place = message.split(" | ")[1]
         assert place.index("same_inputs") < place.index("neox_context"), message
-
-
-def _heads_not_dividing() -> str:
-    return refusal_message(lambda: build(num_attention_heads=6, hidden_size=48), ShardConfig(tensor_parallel_size=4))
-
-
-def test_heads_not_divisible_refused_on_every_rank():
-    assert all("num_attention_heads=6 is not divisible" in m for m in run_on_ranks(4, _heads_not_dividing))
