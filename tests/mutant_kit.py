@@ -25,7 +25,7 @@ import re
 import tokenize
 from dataclasses import dataclass
 
-__all__ = ["Mutant", "MutantError", "apply", "definition", "m", "pattern"]
+__all__ = ["Mutant", "MutantError", "Raised", "apply", "definition", "m", "pattern"]
 
 
 class MutantError(SystemExit):
@@ -33,9 +33,25 @@ class MutantError(SystemExit):
 
 
 @dataclass(frozen=True)
+class Raised:
+    """A mutant's check declared by its identity, not its words: the exception type ``error`` raised in
+    ``site`` (``"file::function"``, the innermost frame; a rank's, for a failure on the ranks). Rewording
+    the message leaves it standing (``tests/mutant_report.py`` writes the line it matches)."""
+
+    error: str
+    site: str
+
+    def __str__(self) -> str:
+        return f"raised {self.error} in {self.site}"
+
+    __repr__ = __str__
+
+
+@dataclass(frozen=True)
 class Mutant:
     """One deliberate bug: ``edits`` (code, replacement) applied inside ``where`` (a qualified name in
-    ``file``; ``""``: the module); ``test`` (a pytest node id) must fail with ``expect`` in its report."""
+    ``file``; ``""``: the module); ``test`` (a pytest node id) must fail with ``expect`` in its report: a
+    fragment of what the failure says, or where it is raised (:class:`Raised`)."""
 
     name: str
     bug: str
@@ -43,7 +59,7 @@ class Mutant:
     where: str
     edits: tuple[tuple[str, str], ...]
     test: str
-    expect: str
+    expect: str | Raised
     fast: bool = False  # in CI's subset
 
 
@@ -151,38 +167,59 @@ def _literal(text: str) -> str:
     return _LINE_END.join(re.escape(part) for part in text.split("\n"))
 
 
+#: a one-line string literal (any prefix): where its text holds a space it is a message, and matches any literal
+_STRING = re.compile(r"""(?<!["'])[rRbBfFuU]{0,2}(?:"(?:[^"\\\n]|\\.)*"|'(?:[^'\\\n]|\\.)*')(?!["'])""")
+
+
+def _messages(code: str) -> list[tuple[int, int, str]]:
+    """``(start, end, literal)`` of each message in ``code``: a one-line string literal whose text holds a
+    space (a name or a key, such as ``"q_proj"``, has none and stays as written)."""
+    return [(s.start(), s.end(), s.group()) for s in _STRING.finditer(code) if " " in s.group()]
+
+
 def pattern(code: str, module: set[str]) -> tuple[re.Pattern, dict[str, str]]:
     """``code`` as a regular expression in which each free name (:func:`_free`) matches any name, the
-    same one each time it recurs, and a comment is ignored (the code's own are dropped, one in the text
-    before any line end matches); and ``{name in code: its group}``."""
+    same one each time it recurs, each message (:func:`_messages`) matches any one-line string literal,
+    and a comment is ignored (the code's own are dropped, one in the text before any line end matches);
+    and ``{name or message literal in code: its group}``."""
     code = _uncommented(code)
+    messages = _messages(code)
+    inside_message = lambda at: any(s <= at < e for s, e, _ in messages)  # noqa: E731
+    holes = [(s, e, n, "n") for s, e, n in _names(code) if not inside_message(s) and _free(code, s, e, n, module)]
+    holes = sorted([*holes, *((s, e, lit, "s") for s, e, lit in messages)])
     groups: dict[str, str] = {}
     parts, at = [], 0
-    for start, end, name in _names(code):
-        if not _free(code, start, end, name, module):
-            continue
+    for start, end, key, kind in holes:
         parts.append(_literal(code[at:start]))
-        if name in groups:
-            parts.append(f"(?P={groups[name]})")
+        if key in groups:
+            parts.append(f"(?P={groups[key]})")
         else:
-            groups[name] = f"n{len(groups)}"
-            parts.append(rf"(?P<{groups[name]}>[A-Za-z_]\w*)")
+            groups[key] = f"{kind}{len(groups)}"
+            parts.append(
+                rf"(?P<{groups[key]}>[A-Za-z_]\w*)" if kind == "n" else f"(?P<{groups[key]}>{_STRING.pattern})"
+            )
         at = end
     parts.append(_literal(code[at:]))
     return re.compile("".join(parts)), groups
 
 
 def _filled(replacement: str, bound: dict[str, str]) -> str:
-    """``replacement`` with each name the mutant's patterns matched (``bound``: ``{name in the code: the name
-    found}``) replaced by what it matched."""
+    """``replacement`` with each name and message the mutant's patterns matched (``bound``: ``{name or literal
+    in the code: what was found}``) replaced by what it matched."""
     out, at = [], 0
+    messages = _messages(replacement)
+    holes = [(s, e, lit) for s, e, lit in messages if lit in bound]
     for start, end, name in _names(replacement):
+        if any(s <= start < e for s, e, _ in messages):
+            continue  # a word inside a message
         after = replacement[end:]
         if name in bound and not (after.startswith("=") and not after.startswith("==")):  # not a keyword argument
             before = replacement[:start].rstrip(" ")
             if not before.endswith("."):
-                out += [replacement[at:start], bound[name]]
-                at = end
+                holes.append((start, end, name))
+    for start, end, key in sorted(holes):
+        out += [replacement[at:start], bound[key]]
+        at = end
     out.append(replacement[at:])
     return "".join(out)
 

@@ -7,7 +7,9 @@ longer applies is an error naming its function, not a silent pass: ``tests/test_
 that in CI), in a scratch copy of the repository, and runs the ONE test it declares with
 the copy first on ``PYTHONPATH``. A mutant is *caught* only when that test fails and its failure
 report (the exception's text, asserts run plain, no line of source: ``tests/mutant_report.py``)
-holds the declared message fragment, a fragment specific to that failure (:func:`vague`; each
+holds the declared message fragment, a fragment specific to that failure, or names the declared
+place the failure was raised (``mutant_kit.Raised``: a check whose message the mutated function words
+itself is declared so, and a reworded message leaves it standing) (:func:`vague`; each
 mutant's (test, message) pair its own); any other failure (an error elsewhere, a crash with
 another message, the message only in the test's code), a time-out or a hang is *not caught* and
 reported as such. The unmutated copy
@@ -39,7 +41,7 @@ TIMEOUT_S = 240
 # the mutants themselves: one file per part of the code, beside the checks they claim (tests/mutant_kit.py)
 if str(ROOT / "tests") not in sys.path:
     sys.path.insert(0, str(ROOT / "tests"))
-from mutant_kit import Mutant, MutantError, apply, definition  # noqa: E402, F401 - after the path the parts import it from; definition: for the tests
+from mutant_kit import Mutant, MutantError, Raised, apply, definition  # noqa: E402, F401 - after the path the parts import it from; definition: for the tests
 
 
 def part_files(root: pathlib.Path = ROOT) -> list[pathlib.Path]:
@@ -115,14 +117,20 @@ def _outcome(mutant: Mutant, code: int | None, reports: dict[str, str]) -> str:
     mine = [text for test, text in reports.items() if test == mutant.test or test.startswith(mutant.test + "[")]
     if code != 1 or not mine:
         return f"not caught: pytest exit {code} without the declared test failing"
-    if not any(mutant.expect in text for text in mine):
+    if isinstance(mutant.expect, Raised):  # a line of its own: where the failure was raised
+        if not any(str(mutant.expect) in text.splitlines() for text in mine):
+            return f"not caught: {mutant.test} failed, but not with {mutant.expect}"
+    elif not any(mutant.expect in text for text in mine):
         return f"not caught: {mutant.test} failed, but its report lacks {mutant.expect!r}"
     return "caught"
 
 
 def vague(mutant: Mutant) -> str | None:
     """Why ``mutant``'s declared message could match a failure other than its own (``None``: it
-    cannot): a bare exception name, or a fragment too short to say which check failed."""
+    cannot): a bare exception name, or a fragment too short to say which check failed; a check declared
+    by where it raises (:class:`Raised`) names its function."""
+    if isinstance(mutant.expect, Raised):
+        return None
     if re.fullmatch(r"\w*(Error|Exception|Timeout|Lost)", mutant.expect):
         return f"{mutant.name}: {mutant.expect!r} is a bare exception name, any failure of the test says it"
     if len(mutant.expect) < 12:
@@ -241,6 +249,8 @@ def main(argv: list[str]) -> int:
             finally:
                 target.write_text(original)
             outcome = _outcome(mutant, code, reports)
+            mine = [text for test, text in reports.items() if test == mutant.test or test.startswith(mutant.test + "[")]
+            raised = sorted({line for text in mine for line in text.splitlines() if line.startswith("raised ")})
             results.append(
                 {
                     "mutant": mutant.name,
@@ -248,6 +258,7 @@ def main(argv: list[str]) -> int:
                     "file": mutant.file,
                     "declared_check": f"{mutant.test} ({mutant.expect!r})",
                     "outcome": outcome,
+                    "raised": raised,  # where the declared test's failure was raised (mutant_kit.Raised)
                     "seconds": round(seconds, 1),
                 }
             )

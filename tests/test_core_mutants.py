@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import itertools
 import pathlib
+import re
 import sys
 
 import pytest
@@ -200,3 +201,84 @@ def test_a_removed_function_is_reported_by_name():
     text = (ROOT / mutant.file).read_text().replace("def block_type(", "def block_kind(")
     with pytest.raises(mutants.MutantError, match=r"shardcore/policy\.py has no block_type \(removed or renamed\)"):
         mutants.apply(mutant, text)
+
+
+def _reworded(text: str, where: str) -> str:
+    """``text`` with every message inside ``where`` (``mutant_kit._messages``: a one-line string literal with
+    a space in it) reworded: ``"x is bad"`` becomes ``"reworded: x is bad"``."""
+    from mutant_kit import _messages
+
+    start, end = mutants.definition(text, where)
+    inside, out, at = text[start:end], [], 0
+    for s, e, literal in _messages(inside):
+        quote = next(i for i, c in enumerate(literal) if c in "\"'") + 1
+        out += [inside[at:s], literal[:quote] + "reworded: " + literal[quote:]]
+        at = e
+    return text[:start] + "".join(out) + inside[at:] + text[end:]
+
+
+def _message_pieces(text: str, where: str) -> list[str]:
+    """The words of each message inside ``where``, cut at an f-string's fields: what rewording changes."""
+    from mutant_kit import _messages
+
+    start, end = mutants.definition(text, where)
+    pieces = [p.strip() for _, _, lit in _messages(text[start:end]) for p in re.split(r"\{[^}]*\}", lit)]
+    return [p.strip("\"'rfb ") for p in pieces if len(p.strip("\"'rfb ")) >= 8]
+
+
+def test_messages_reworded_inside_a_mutated_function_leave_every_mutant_applying_and_its_check_standing():
+    """On a copy of each mutated file, every message of the mutated definition reworded: the mutant still
+    applies and makes the same edit (the code alike but for the messages); and no mutant's declared check
+    is words of those messages (a check the function words itself is declared by where it raises,
+    ``mutant_kit.Raised``), so the rewording cannot leave it uncaught."""
+    worded, reworded_some = [], 0
+    for mutant in mutants.MUTANTS.values():
+        text = (ROOT / mutant.file).read_text()
+        copy = _reworded(text, mutant.where)
+        reworded_some += copy != text
+        mutated = mutants.apply(mutant, copy)  # a MutantError when it no longer applies
+        assert _without_messages(mutated) == _without_messages(mutants.apply(mutant, text)), (
+            f"{mutant.name}: with its messages reworded, the mutant edits something else"
+        )
+        if isinstance(mutant.expect, str):
+            pieces = _message_pieces(text, mutant.where)
+            if any(p in mutant.expect or mutant.expect in p for p in pieces):
+                worded.append(f"{mutant.name} ({mutant.where}): {mutant.expect!r}")
+    assert reworded_some > 100, reworded_some
+    assert not worded, "checks worded by the mutated function itself (declare them as Raised):\n" + "\n".join(worded)
+
+
+def _without_messages(text: str) -> list[str]:
+    from mutant_kit import _STRING
+
+    return [_STRING.sub('"…"', line) for line in _code_only(text)]
+
+
+def test_a_check_declared_by_where_it_raises_is_caught_there_only(tmp_path):
+    """The report names where a failure was raised (the innermost frame outside pytest; each rank's, for a
+    RankError): a mutant declared ``Raised`` is caught by that line, not by another place or type."""
+    from mutant_kit import Mutant, Raised
+
+    class Ranked(RuntimeError):
+        tracebacks = {
+            1: 'Traceback (most recent call last):\n  File "/x/site-packages/shardcore/a.py", line 3, in f\n'
+            "    g()\n"
+            '  File "/x/site-packages/shardcore/b.py", line 9, in check\nValueError: 3 is not divisible\n'
+        }
+
+    def fail():
+        raise Ranked("a call failed on rank 1")
+
+    with pytest.raises(Ranked) as excinfo:
+        fail()
+    sites = mutants_report.raise_sites(excinfo)
+    assert "raised ValueError in shardcore/b.py::check" in sites, sites
+    assert any(s.startswith("raised Ranked in ") and s.endswith("::fail") for s in sites), sites
+    report = {"t.py::test_x": "Ranked: a call failed on rank 1\n" + "\n".join(sites)}
+
+    def outcome(expect):
+        return mutants._outcome(Mutant("x", "bug", "f.py", "", (("a", "b"),), "t.py::test_x", expect), 1, report)
+
+    assert outcome(Raised("ValueError", "shardcore/b.py::check")) == "caught"
+    assert outcome(Raised("ValueError", "shardcore/a.py::f")).startswith("not caught")  # passed through, not raised
+    assert outcome(Raised("TypeError", "shardcore/b.py::check")).startswith("not caught")

@@ -1,6 +1,6 @@
 """Mutants of checkpoint: each a deliberate bug one declared check must catch (tests/mutant_kit.py)."""
 
-from mutant_kit import m
+from mutant_kit import Raised, m
 
 MUTANTS = [
     m(
@@ -106,7 +106,10 @@ MUTANTS = [
             )
         ],
         "tests/test_core_checkpoint_crash.py::test_a_writer_killed_between_the_renames_is_refused_naming_the_earlier_checkpoint",
-        "does not exist (an interrupted save's files are at",
+        Raised(
+            "AssertionError",
+            "tests/test_core_checkpoint_crash.py::test_a_writer_killed_between_the_renames_is_refused_naming_the_earlier_checkpoint",
+        ),
     ),
     m(
         "checkpoint-shape-unchecked",

@@ -1,6 +1,6 @@
 """Mutants of sequence: each a deliberate bug one declared check must catch (tests/mutant_kit.py)."""
 
-from mutant_kit import m
+from mutant_kit import Raised, m
 
 MUTANTS = [
     m(
@@ -175,6 +175,6 @@ MUTANTS = [
         "ulysses_problem",
         [("    if not routed and not getattr(model,", "    if not getattr(model,")],
         "plugins/shard-whisper/tests/test_whisper_sequence.py::test_over_the_sp_dim_matches_unsharded[ring-sp2]",
-        "does not run its attention through",
+        Raised("NotImplementedError", "shardcore/sequence/check.py::_check_over_sp"),
     ),
 ]

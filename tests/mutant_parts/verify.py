@@ -1,6 +1,6 @@
 """Mutants of verify: each a deliberate bug one declared check must catch (tests/mutant_kit.py)."""
 
-from mutant_kit import m
+from mutant_kit import Raised, m
 
 MUTANTS = [
     m(
@@ -24,7 +24,10 @@ MUTANTS = [
         "where_raised",
         [("    found = trace.raised_in()\n", "    found = None\n")],
         "tests/test_core_own_model.py::test_a_norm_over_the_split_width_is_refused_at_optimize_by_name[inputs-found]",
-        "blocks.0 (Block): raised, sharded: RuntimeError",
+        Raised(
+            "AssertionError",
+            "tests/test_core_own_model.py::test_a_norm_over_the_split_width_is_refused_at_optimize_by_name",
+        ),
     ),
     m(
         "found-partial-gradients-not-summed",
