@@ -42,5 +42,5 @@ part simulate-4096 "${SIMULATE_LIMIT:-230}" python3 benchmarks/bench_simulate.py
 part simulate-8192 "${SIMULATE_8192_LIMIT:-100}" python3 benchmarks/bench_simulate.py --seq 8192 --contestants shardcore --out "$out/simulate_8192.json"
 part bench-gpu "${BENCH_GPU_LIMIT:-110}" python3 benchmarks/repeat.py --name gpu -- python3 benchmarks/bench_gpu.py "$@"
 cp benchmarks/results/gpu.json "$out/gpu.json" 2>/dev/null
-part gpu-tests "${GPU_TESTS_LIMIT:-130}" python3 -m pytest -m gpu -p no:cacheprovider -rA plugins/shard-llama/tests/test_llama_gpu.py plugins/shard-llama/tests/test_llama_kernels.py
+part gpu-tests "${GPU_TESTS_LIMIT:-130}" python3 -m pytest -m gpu -p no:cacheprovider -rA tests/integration/test_llama_gpu.py plugins/shard-llama/tests/test_llama_kernels.py
 exit $status

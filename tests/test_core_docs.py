@@ -57,7 +57,7 @@ def test_python_blocks_in_the_docs_are_code_a_test_runs():
 def test_every_snippet_include_is_a_section_of_code_the_tests_run():
     """An include names a file and a section that exist (the site's build checks the same): test
     code, a plugin the tests install, or an ``examples/`` file a test names."""
-    files = [*(ROOT / "tests").glob("test_*.py"), *(ROOT / "plugins").glob("*/tests/test_*.py")]
+    files = [*(ROOT / "tests").glob("**/test_*.py"), *(ROOT / "plugins").glob("*/tests/test_*.py")]
     tests = "\n".join(f.read_text() for f in files)
     includes = [(page.name, *m) for page in sorted(DOCS.glob("*.md")) for m in INCLUDE.findall(page.read_text())]
     assert len(includes) >= 21, includes  # the check below has something to check

@@ -9,7 +9,7 @@ MUTANTS = [
         "shardcore/amp.py",
         "agree_on_overflow",
         [("    all_reduce(shared, group, op=torch.distributed.ReduceOp.MAX, where=_WHERE)\n", "")],
-        "plugins/shard-llama/tests/test_llama_amp.py::test_an_overflow_on_one_rank_skips_the_step_on_every_rank[tp2]",
+        "tests/integration/test_llama_amp.py::test_an_overflow_on_one_rank_skips_the_step_on_every_rank[tp2]",
         "stepped [True, True, True]",
     ),
 ]

@@ -28,7 +28,7 @@ MUTANTS = [
                 "        n = spec.segments[0].num_shards\n        ranges = spec.ranges((rank % n) * (spec.tp_size // n) if spec.is_replicated else rank)\n",
             )
         ],
-        "plugins/shard-llama/tests/test_llama_checkpoint.py::test_meta_load_then_save_round_trip[4]",
+        "tests/integration/test_llama_checkpoint.py::test_meta_load_then_save_round_trip[4]",
         "after lazy load: max abs diff",
     ),
     m(
@@ -42,7 +42,7 @@ MUTANTS = [
                 "                full = local if spec is None else spec.gather(local, pg).flip(0)",
             )
         ],
-        "plugins/shard-llama/tests/test_llama_save_pretrained.py::test_save_pretrained_loads_unsharded[tp2]",
+        "tests/integration/test_llama_save_pretrained.py::test_save_pretrained_loads_unsharded[tp2]",
         "loaded from save_pretrained differs from the unsharded model",
     ),
     m(
@@ -91,7 +91,7 @@ MUTANTS = [
         "shardcore/checkpoint/materialize.py",
         "materialize_buffers",
         [("        _compute_buffers(model, policy, owners)\n", "        pass\n")],
-        "plugins/shard-llama/tests/test_llama_checkpoint.py::test_torch_meta_device_build_computes_buffers_or_refuses",
+        "tests/integration/test_llama_checkpoint.py::test_torch_meta_device_build_computes_buffers_or_refuses",
         "the buffers ['model.rotary_emb.inv_freq', 'model.rotary_emb.original_inv_freq'] are not in the checkpoint",
     ),
     m(

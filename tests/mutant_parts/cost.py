@@ -9,7 +9,7 @@ MUTANTS = [
         "shardcore/cost/search.py",
         "search",
         [('        row["fits"] = row["memory_bytes"]["total"] <= cap', '        row["fits"] = True')],
-        "plugins/shard-llama/tests/test_llama_auto.py::test_the_chosen_layout_never_exceeds_the_memory_cap",
+        "tests/integration/test_llama_auto.py::test_the_chosen_layout_never_exceeds_the_memory_cap",
         "the cap did not rule out",
         fast=True,
     ),
@@ -19,7 +19,7 @@ MUTANTS = [
         "shardcore/cost/model.py",
         "_pipeline_seconds",
         [("    path = (sum(inner) + (m - 1) * max(inner)) / m\n", "    path = max(inner)\n")],
-        "plugins/shard-llama/tests/test_llama_auto.py::test_a_pipeline_bubble_costs_on_dedicated_devices_and_is_reclaimed_where_ranks_share_them",
+        "tests/integration/test_llama_auto.py::test_a_pipeline_bubble_costs_on_dedicated_devices_and_is_reclaimed_where_ranks_share_them",
         "pipeline bubble",
     ),
     m(
@@ -69,7 +69,7 @@ MUTANTS = [
         "shardcore/cost/auto.py",
         "optimize",
         [('    message = broadcast_object(message, 0, where="the automatic layout chosen by rank 0")\n', "")],
-        "plugins/shard-llama/tests/test_llama_auto.py::test_auto_refuses_alike_on_every_rank_with_what_to_do",
+        "tests/integration/test_llama_auto.py::test_auto_refuses_alike_on_every_rank_with_what_to_do",
         "the ranks refused unalike",
     ),
     m(
@@ -83,7 +83,7 @@ MUTANTS = [
                 '    for row in [r for r in result["ranked"] if r["fits"]][1:top]:',
             )
         ],
-        "plugins/shard-llama/tests/test_llama_auto.py::test_explain_auto_prints_the_choice_and_its_config",
+        "tests/integration/test_llama_auto.py::test_explain_auto_prints_the_choice_and_its_config",
         "not the chosen layout",
     ),
     m(
@@ -97,7 +97,7 @@ MUTANTS = [
                 "    return max(1, heads) if heads else 0, dim, causal",
             )
         ],
-        "plugins/shard-llama/tests/test_llama_auto.py::test_the_cost_facts_split_a_llama_s_bytes_and_matmul_weights_by_stage_as_counted_by_name",
+        "tests/integration/test_llama_auto.py::test_the_cost_facts_split_a_llama_s_bytes_and_matmul_weights_by_stage_as_counted_by_name",
         "attention facts (4, 16, True)",
     ),
     m(

@@ -9,7 +9,7 @@ MUTANTS = [
         "shardcore/data_parallel/__init__.py",
         "apply_data_parallel",
         [("            for block in blocks:\n", "            for block in blocks[1:]:\n")],
-        "plugins/shard-llama/tests/test_llama_data_parallel.py::test_trains_like_unsharded_full_batch[fsdp2xtp2]",
+        "tests/integration/test_llama_data_parallel.py::test_trains_like_unsharded_full_batch[fsdp2xtp2]",
         "are not wrapped by fully_shard",
     ),
     m(
@@ -23,7 +23,7 @@ MUTANTS = [
                 "                fully_shard(block, mesh=mesh, **kwargs)\n",
             )
         ],
-        "plugins/shard-llama/tests/test_llama_pipeline_data_parallel.py::test_pp2_x_dp2_trains_like_unsharded[fsdp-1f1b]",
+        "tests/integration/test_llama_pipeline_data_parallel.py::test_pp2_x_dp2_trains_like_unsharded[fsdp-1f1b]",
         "(held, gathered over tp): relative error",
     ),
     m(
@@ -37,7 +37,7 @@ MUTANTS = [
                 "    if False:\n        return layout.hsdp_mesh",
             )
         ],
-        "plugins/shard-llama/tests/test_llama_data_parallel.py::test_trains_like_unsharded_full_batch[hsdp2x2]",
+        "tests/integration/test_llama_data_parallel.py::test_trains_like_unsharded_full_batch[hsdp2x2]",
         "HSDP wants a (replicate, shard=2) mesh",
     ),
     m(
@@ -46,7 +46,7 @@ MUTANTS = [
         "shardcore/data_parallel/__init__.py",
         "apply_data_parallel",
         [('            kwargs["reshard_after_forward"] = False\n', "            pass\n")],
-        "plugins/shard-llama/tests/test_llama_data_parallel.py::test_trains_like_unsharded_full_batch[zero2xtp2]",
+        "tests/integration/test_llama_data_parallel.py::test_trains_like_unsharded_full_batch[zero2xtp2]",
         "weights kept gathered after forward: {False}",
     ),
     m(
@@ -55,7 +55,7 @@ MUTANTS = [
         "shardcore/data_parallel/__init__.py",
         "_fsdp_kwargs",
         [("    if config.mixed_precision is not None:  # compute in it", "    if False:  # compute in it")],
-        "plugins/shard-llama/tests/test_llama_data_parallel.py::test_bf16_mixed_precision_fsdp_x_tp_within_bf16_of_the_unsharded_autocast_run",
+        "tests/integration/test_llama_data_parallel.py::test_bf16_mixed_precision_fsdp_x_tp_within_bf16_of_the_unsharded_autocast_run",
         "the sharded model computed in torch.float32, not bf16",
         fast=True,
     ),

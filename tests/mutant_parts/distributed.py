@@ -80,7 +80,7 @@ MUTANTS = [
                 "    try:\n        work.wait(timeout=timedelta(seconds=bound))\n",
             )
         ],
-        "plugins/shard-llama/tests/test_llama_sync_audit.py::test_a_steady_training_step_makes_no_host_sync[default]",
+        "tests/integration/test_llama_sync_audit.py::test_a_steady_training_step_makes_no_host_sync[default]",
         "'wait(timeout)', 'shardcore/distributed/collectives.py', '_wait_on_stream'",
         fast=True,
     ),
@@ -177,7 +177,7 @@ MUTANTS = [
         "shardcore/distributed/groups.py",
         "prepare_replica_groups",
         [("list(tp[b : b + blocks]) for tp in", "list(tp[b // blocks :: len(tp) // blocks]) for tp in")],
-        "plugins/shard-llama/tests/test_llama_clipping.py::test_torch_clip_grad_norm_is_the_unsharded_norm[4]",
+        "tests/integration/test_llama_clipping.py::test_torch_clip_grad_norm_is_the_unsharded_norm[4]",
         "clip_grad_norm_ (torch, norm_type=2) on rank 0: norm 3.346",
     ),
     m(
@@ -242,7 +242,7 @@ MUTANTS = [
         "shardcore/distributed/retain.py",
         "retain",
         [("collections.deque(maxlen=KEEP)", "collections.deque()")],
-        "plugins/shard-llama/tests/test_llama_long_run.py::test_a_long_run_stays_flat[tp2]",
+        "tests/integration/test_llama_long_run.py::test_a_long_run_stays_flat[tp2]",
         "resident memory grew",
     ),
     m(

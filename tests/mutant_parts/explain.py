@@ -55,7 +55,7 @@ MUTANTS = [
         "shardcore/explain/counts.py",
         "_stage_bytes",
         [("            stage = pp - 1 if seen_block else 0", "            stage = 0")],
-        "plugins/shard-llama/tests/test_llama_auto.py::test_the_cost_facts_split_a_llama_s_bytes_and_matmul_weights_by_stage_as_counted_by_name",
+        "tests/integration/test_llama_auto.py::test_the_cost_facts_split_a_llama_s_bytes_and_matmul_weights_by_stage_as_counted_by_name",
         "explain --pp 2 says the stages hold",
         fast=True,
     ),

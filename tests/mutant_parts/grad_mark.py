@@ -28,7 +28,7 @@ MUTANTS = [
                 "",
             )
         ],
-        "plugins/shard-llama/tests/test_llama_peft.py::test_lora_matches_unsharded_peft_model[optimize-then-lora-2]",
+        "tests/integration/test_llama_peft.py::test_lora_matches_unsharded_peft_model[optimize-then-lora-2]",
         "torch's norm of the LoRA gradients is not the unsharded one",
     ),
     m(
@@ -51,7 +51,7 @@ MUTANTS = [
         "shardcore/grad_mark.py",
         "_mark",
         [("    elif type(grad) is DTensor:", "    elif False:")],
-        "plugins/shard-llama/tests/test_llama_clipping.py::test_layouts[fsdp2xtp2]",
+        "tests/integration/test_llama_clipping.py::test_layouts[fsdp2xtp2]",
         "clip_grad_norm_ (torch, norm_type=2) on rank",
     ),
     m(
@@ -60,7 +60,7 @@ MUTANTS = [
         "shardcore/grad_mark.py",
         "_stacked",
         [("    others = len(tensors) - len(parts) + sum(p._others for p in parts)", "    others = 0")],
-        "plugins/shard-llama/tests/test_llama_clipping.py::test_gradients_mixed_with_other_tensors_are_refused_on_every_rank",
+        "tests/integration/test_llama_clipping.py::test_gradients_mixed_with_other_tensors_are_refused_on_every_rank",
         "mixed gradients were not refused",
     ),
     m(
@@ -83,7 +83,7 @@ MUTANTS = [
         "shardcore/grad_mark.py",
         "mark_gradients",
         [("        pipeline.after_step.append(_mark_all)\n", "        pass\n")],
-        "plugins/shard-llama/tests/test_llama_clipping.py::test_zero_bubble_schedule",
+        "tests/integration/test_llama_clipping.py::test_zero_bubble_schedule",
         "together with",
     ),
     m(

@@ -14,7 +14,7 @@ MUTANTS = [
                 "        for g in _replica_groups(info, group, main=i == 0)[:0]:",
             )
         ],
-        "plugins/shard-llama/tests/test_llama_clipping.py::test_torch_clip_grad_norm_is_the_unsharded_norm[2]",
+        "tests/integration/test_llama_clipping.py::test_torch_clip_grad_norm_is_the_unsharded_norm[2]",
         "clip_grad_norm_ (torch, norm_type=2) on rank",
         fast=True,
     ),
@@ -24,7 +24,7 @@ MUTANTS = [
         "shardcore/grad_norm.py",
         "_row_weights",
         [("    if not spec.is_replicated and not any(pad for _, _, pad in ranges):", "    if True:")],
-        "plugins/shard-llama/tests/test_llama_clipping.py::test_other_norms[1.0]",
+        "tests/integration/test_llama_clipping.py::test_other_norms[1.0]",
         "clip_grad_norm_ (torch, norm_type=1) on rank",
     ),
 ]

@@ -19,7 +19,7 @@ MUTANTS = [
         "shardcore/inference/served.py",
         "",
         [('    "past_key_values",\n    "cache",\n)', ")")],
-        "plugins/shard-llama/tests/test_llama_parallelize.py::test_forward_and_generate_match_unsharded[module]",
+        "tests/integration/test_llama_parallelize.py::test_forward_and_generate_match_unsharded[module]",
         "parallelize handed back rank 0's cache of its own heads",
     ),
 ]

@@ -23,7 +23,7 @@ MUTANTS = [
                 "",
             )
         ],
-        "plugins/shard-llama/tests/test_llama_peft.py::test_lora_matches_unsharded_peft_model[lora-then-optimize-2]",
+        "tests/integration/test_llama_peft.py::test_lora_matches_unsharded_peft_model[lora-then-optimize-2]",
         "lora_A.default.weight",
         fast=True,
     ),
@@ -38,7 +38,7 @@ MUTANTS = [
                 "            acc.device,\n            num_processes=acc.num_processes,\n            process_index=acc.process_index,\n",
             )
         ],
-        "plugins/shard-llama/tests/test_llama_trainer.py::test_trains_like_one_process_trainer[tp2]",
+        "tests/integration/test_llama_trainer.py::test_trains_like_one_process_trainer[tp2]",
         "InputMismatch",
     ),
     m(
@@ -52,7 +52,7 @@ MUTANTS = [
                 "",
             )
         ],
-        "plugins/shard-llama/tests/test_llama_trainer.py::test_evaluate_and_predict_like_one_process[tp2]",
+        "tests/integration/test_llama_trainer.py::test_evaluate_and_predict_like_one_process[tp2]",
         "torch.Size([12, 12, 128])",
     ),
     m(
@@ -94,7 +94,7 @@ MUTANTS = [
         "shardcore/integrations/hf/save.py",
         "_rendezvous",
         [("torch.zeros(1, device=group_device(world))", "torch.zeros(1)")],
-        "plugins/shard-llama/tests/test_llama_device_audit.py::test_every_collective_gets_a_tensor_on_the_model_s_device[save_pretrained]",
+        "tests/integration/test_llama_device_audit.py::test_every_collective_gets_a_tensor_on_the_model_s_device[save_pretrained]",
         "all_reduce (save_pretrained of a sharded model: every rank must call it",
     ),
     m(

@@ -18,7 +18,7 @@ MUTANTS = [
         "shardcore/losses.py",
         "causal_lm_loss_on_slices",
         [("        num_items_in_batch=num_items_in_batch,\n    )\n", "        num_items_in_batch=None,\n    )\n")],
-        "plugins/shard-llama/tests/test_llama_data_parallel.py::test_uneven_label_counts_train_like_the_whole_batch_with_the_token_weighted_loss[ddp-2-2]",
+        "tests/integration/test_llama_data_parallel.py::test_uneven_label_counts_train_like_the_whole_batch_with_the_token_weighted_loss[ddp-2-2]",
         "token-weighted loss under ddp: gradients off by",
     ),
     m(

@@ -42,7 +42,7 @@ MUTANTS = [
                 "            x = tuple(torch.empty(shape, dtype=dtype) for",
             )
         ],
-        "plugins/shard-llama/tests/test_llama_device_audit.py::test_every_collective_gets_a_tensor_on_the_model_s_device[pipeline-forward-only]",
+        "tests/integration/test_llama_device_audit.py::test_every_collective_gets_a_tensor_on_the_model_s_device[pipeline-forward-only]",
         "broadcast (the forward-only pipeline's activations) got a tensor on meta",
     ),
     m(

@@ -42,7 +42,7 @@ MUTANTS = [
                 "            if False:\n                raise PlanError(",
             )
         ],
-        "plugins/shard-llama/tests/test_llama_plan.py::test_bad_plans_are_refused_early_on_every_rank[embedding width]",
+        "tests/integration/test_llama_plan.py::test_bad_plans_are_refused_early_on_every_rank[embedding width]",
         "embedding width: refused with 'no error'",
     ),
     m(

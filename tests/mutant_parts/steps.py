@@ -33,7 +33,7 @@ MUTANTS = [
         "shardcore/steps.py",
         "_register",
         [("        watch_adapters(model)\n", "")],
-        "plugins/shard-llama/tests/test_llama_peft.py::test_merge_and_unload_before_any_forward",
+        "tests/integration/test_llama_peft.py::test_merge_and_unload_before_any_forward",
         "_merge_before_forward failed on 2 of 2 ranks",
     ),
     m(
@@ -42,7 +42,7 @@ MUTANTS = [
         "shardcore/steps.py",
         "_data_parallel",
         [("        b.model._ddp_params_and_buffers_to_ignore = sorted(parameter_specs(b.model))", "        pass")],
-        "plugins/shard-llama/tests/test_llama_trainer.py::test_accelerate_prepare_is_right_or_loud",
+        "tests/integration/test_llama_trainer.py::test_accelerate_prepare_is_right_or_loud",
         "after accelerate's loop: max abs diff",
     ),
     m(

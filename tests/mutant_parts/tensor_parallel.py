@@ -243,7 +243,7 @@ MUTANTS = [
                 "        grad.mul_((2 * grad_loss * kept).unsqueeze(-1))",
             )
         ],
-        "plugins/shard-llama/tests/test_llama_trainer.py::test_without_clipping_each_gradient_and_the_weights_match_one_process",
+        "tests/integration/test_llama_trainer.py::test_without_clipping_each_gradient_and_the_weights_match_one_process",
         "step 0: gradient norm",
     ),
     m(
@@ -307,7 +307,7 @@ MUTANTS = [
         "shardcore/tensor_parallel/parallel_module.py",
         "ParallelModule._shard_param",
         [("        grad = full.requires_grad if requires_grad is None else requires_grad", "        grad = True")],
-        "plugins/shard-llama/tests/test_llama_peft.py::test_lora_matches_unsharded_peft_model[lora-then-optimize-2]",
+        "tests/integration/test_llama_peft.py::test_lora_matches_unsharded_peft_model[lora-then-optimize-2]",
         "trainable here and frozen in the unsharded PEFT model, or the reverse: ['base_model.model.lm_head.weight'",
     ),
     m(
@@ -369,7 +369,7 @@ MUTANTS = [
                 "        if fresh and x.is_contiguous():",
             )
         ],
-        "plugins/shard-llama/tests/test_llama_selective_checkpoint.py::test_selective_checkpointing_matches_unsharded[tp2]",
+        "tests/integration/test_llama_selective_checkpoint.py::test_selective_checkpointing_matches_unsharded[tp2]",
         "gradient of model.embed_tokens.weight",
     ),
     m(

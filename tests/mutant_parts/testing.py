@@ -74,7 +74,7 @@ MUTANTS = [
         "shardcore/testing/examples.py",
         "example_main",
         [("        sys.modules[name] = module\n", "")],
-        "plugins/shard-llama/tests/test_llama_examples.py::test_pipeline_training_equals_the_unsharded_loop",
+        "tests/integration/test_llama_examples.py::test_pipeline_training_equals_the_unsharded_loop",
         "'shardcore_example_pipeline_training'",
     ),
     m(
@@ -165,7 +165,7 @@ MUTANTS = [
                 "        return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm, norm_type=2.0)",
             )
         ],
-        "plugins/shard-llama/tests/test_llama_clipping.py::test_other_norms[inf]",
+        "tests/integration/test_llama_clipping.py::test_other_norms[inf]",
         "clip_grad_norm_ (torch, norm_type=inf) on rank 1: norm 3.34",
     ),
     m(
@@ -174,7 +174,7 @@ MUTANTS = [
         "shardcore/testing/data_parallel.py",
         "dp_part",
         [("            value = value.chunk(dp_size)[dp_rank]", "            value = value.chunk(dp_size)[0]")],
-        "plugins/shard-llama/tests/test_llama_data_parallel.py::test_trains_like_unsharded_full_batch[ddp2xtp2]",
+        "tests/integration/test_llama_data_parallel.py::test_trains_like_unsharded_full_batch[ddp2xtp2]",
         "mean loss over the data-parallel ranks 6.903",
     ),
     m(

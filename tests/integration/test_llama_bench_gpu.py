@@ -10,7 +10,7 @@ import pytest
 
 from shardcore.testing import example_main
 
-BENCH = pathlib.Path(__file__).resolve().parents[3] / "benchmarks" / "bench_gpu.py"
+BENCH = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "bench_gpu.py"
 
 
 @pytest.mark.slow  # ~15 s: nox -s tests-slow (CI: one part in its turn, .ci/run)

@@ -126,7 +126,8 @@ def _child(how: str) -> str:
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), RANK="0", WORLD_SIZE="1")
     env |= {"LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}
     here = pathlib.Path(__file__).parent
-    code = f"import sys; sys.path.insert(0, {str(here)!r}); import test_llama_gpu as t; print(t.run_in_fresh_process({how!r}))"
+    paths = [str(here), str(here.parents[1] / "plugins" / "shard-llama" / "tests")]  # llama_cases (conftest.py)
+    code = f"import sys; sys.path[:0] = {paths!r}; import test_llama_gpu as t; print(t.run_in_fresh_process({how!r}))"
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, f"{how}: exit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
     return done.stdout

@@ -2,7 +2,7 @@
 ends with a distributed checkpoint (``step-K``); a restarted job resumes from the newest complete one
 (an interrupted one is refused by ``load_distributed`` and passed over) and trains on.
 
-    torchrun --standalone --nproc_per_node 2 --max-restarts 1 plugins/shard-llama/tests/jobs/resume_dcp.py OUT --steps 5 [--crash-at 3]
+    torchrun --standalone --nproc_per_node 2 --max-restarts 1 tests/integration/jobs/resume_dcp.py OUT --steps 5 [--crash-at 3]
 
 ``--crash-at K``: in the first attempt, rank 1 is killed (SIGKILL) inside step K's checkpoint save,
 after the step. Rank 0 logs each step's loss to ``OUT/losses.jsonl`` with the attempt's number; the

@@ -13,7 +13,7 @@ import pytest
 
 from shardcore.testing import example_main, run_on_ranks
 
-EXAMPLES = pathlib.Path(__file__).resolve().parents[3] / "examples"
+EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples"
 
 
 def _example(name: str):

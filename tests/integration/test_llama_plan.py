@@ -13,7 +13,7 @@ from shardcore.distributed.collectives import count_collectives
 from shardcore.testing import assert_sharded_matches, refusal_message, run_on_ranks
 
 #: shard-llama's layout as a plan: the file docs/plans.md shows
-LLAMA_PLAN = (pathlib.Path(__file__).resolve().parents[3] / "examples" / "llama-tp.yaml").read_text()
+LLAMA_PLAN = (pathlib.Path(__file__).resolve().parents[2] / "examples" / "llama-tp.yaml").read_text()
 
 
 def _write(tmp: str, text: str) -> str:

@@ -2,7 +2,7 @@
 checkpoint every step; a restarted job resumes from the newest complete one
 (``resume_from_checkpoint=True`` passes over, and names, the checkpoint the crash interrupted).
 
-    torchrun --standalone --nproc_per_node 2 --max-restarts 1 plugins/shard-llama/tests/jobs/resume_trainer.py OUT [--crash-at 3]
+    torchrun --standalone --nproc_per_node 2 --max-restarts 1 tests/integration/jobs/resume_trainer.py OUT [--crash-at 3]
 
 ``--crash-at K``: in the first attempt rank 1 is killed (SIGKILL) while step K's checkpoint is
 written (after its weights, before its optimizer state). Rank 0 logs each step's loss to
