@@ -6,7 +6,7 @@ does for 0.1's paths). The conformance kit a plugin tests with is :mod:`shardcor
 
 * the contract: :class:`Policy` and its descriptions, :class:`CompositePolicy`, :func:`hookimpl`;
 * the specs a policy declares, one per parallelism (:mod:`shardcore.spec`: :class:`PipelineSpec`,
-  :class:`SequenceSpec`, ...), :class:`HFStages` (a HuggingFace model's pipeline spec) and :class:`PipelineHole`;
+  :class:`SequenceSpec`, ...), :class:`HFStages` (a HuggingFace model's pipeline spec, from the :class:`StageFacts` its ``stages()`` returns) and :class:`PipelineHole`;
 * the helpers a policy's code uses: :func:`blocks_in`, :func:`in_blocks`, :func:`block_type`,
   :func:`require_divisible`, :func:`require_kv_heads`, and :func:`attached` (a hook or a routed method a
   policy puts on the model goes through the model's registry, :mod:`shardcore.attach`);
@@ -34,7 +34,13 @@ from .expert_parallel.experts import ExpertsEP, ExpertsTP
 from .hookspecs import hookimpl
 from .integrations.hf.causal_lm_loss import defer_logits_gather, loss_on_head_slices
 from .integrations.hf.heads import attention_dims
-from .integrations.hf.stages import SEQ2SEQ_GENERATE_REFUSAL, HFStages, seq2seq_stage_batch, seq2seq_stage_output
+from .integrations.hf.stages import (
+    SEQ2SEQ_GENERATE_REFUSAL,
+    HFStages,
+    StageFacts,
+    seq2seq_stage_batch,
+    seq2seq_stage_output,
+)
 from .losses import classification_items, classification_loss, token_items, token_loss
 from .pipeline import PipelineHole
 from .plan.registry import NOT_HERE, Site, Style, register_style
@@ -82,6 +88,7 @@ __all__ = [
     "ExpertsEP",
     "ExpertsTP",
     "HFStages",
+    "StageFacts",
     "SEQ2SEQ_GENERATE_REFUSAL",
     "seq2seq_stage_batch",
     "seq2seq_stage_output",

@@ -120,3 +120,56 @@ def test_the_core_steps_old_name_warns_and_is_the_new_function():
     assert old is shardcore.steps.shard
     with pytest.raises(AttributeError, match="has no attribute 'optimise'"):
         shardcore.steps.optimise  # noqa: B018
+
+
+def test_0_1_stage_attributes_warn_naming_the_value_and_are_read_into_it():
+    """An HFStages policy written against 0.1 (class attributes, a property among them) warns once, at its
+    class, naming the StageFacts fields; its stages() is the value those attributes say."""
+    import warnings
+
+    from shardcore.plugin_api import HFStages, StageFacts
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", DeprecationWarning)
+
+        class OldPolicy(HFStages, Policy):
+            first_ends = ("embed_tokens",)
+            last_ends = ("norm",)
+            stage_inputs = {"attention_mask": "ones"}
+            stage_block_returns_tuple = True
+
+            @property
+            def stage_loss(self):
+                return "masked_lm"
+
+            def module_policy(self):
+                return {}
+
+    messages = [str(w.message) for w in caught if w.category is DeprecationWarning]
+    assert len(messages) == 1 and "StageFacts(first_ends=..., last_ends=..., inputs=..., loss=..." in messages[0], (
+        messages
+    )
+    assert "(read until 0.3)" in messages[0], messages
+    want = StageFacts(
+        first_ends=("embed_tokens",),
+        last_ends=("norm",),
+        inputs={"attention_mask": "ones"},
+        block_returns_tuple=True,
+        loss="masked_lm",
+    )
+    assert OldPolicy().stages() == want
+
+
+def test_stage_facts_refuse_what_they_cannot_mean():
+    from shardcore.plugin_api import StageFacts
+
+    with pytest.raises(ValueError, match=r"StageFacts\(loss='lm'\): choose one of"):
+        StageFacts(loss="lm")
+    with pytest.raises(ValueError, match=r"the defaults \{'position_ids': 'range'\} are not among"):
+        StageFacts(inputs={"position_ids": "range"})
+    with pytest.raises(ValueError, match=r"StageFacts\(first_ends='embed'\): give a tuple of names"):
+        StageFacts(first_ends="embed")
+    caller = {"attention_mask": "ones"}
+    facts = StageFacts(inputs=caller)
+    caller["position_ids"] = "arange"
+    assert facts.inputs == {"attention_mask": "ones"}  # its own copy

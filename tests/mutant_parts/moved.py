@@ -1,6 +1,6 @@
 """Mutants of moved: each a deliberate bug one declared check must catch (tests/mutant_kit.py)."""
 
-from mutant_kit import m
+from mutant_kit import Raised, m
 
 MUTANTS = [
     m(
@@ -20,5 +20,17 @@ MUTANTS = [
         [("        warnings.warn(\n", "        (lambda *a, **k: None)(\n")],
         "tests/test_core_moved_imports.py::test_the_core_steps_old_name_warns_and_is_the_new_function",
         "DID NOT WARN",
+    ),
+    m(
+        "stage-attributes-not-read",
+        "an HFStages policy written against 0.1 gets the default stages: its class attributes are warned about, not read",
+        "shardcore/moved.py",
+        "stage_facts_of",
+        [("    return facts(**declared)\n", "    return facts()\n")],
+        "tests/test_core_moved_imports.py::test_0_1_stage_attributes_warn_naming_the_value_and_are_read_into_it",
+        Raised(
+            "AssertionError",
+            "tests/test_core_moved_imports.py::test_0_1_stage_attributes_warn_naming_the_value_and_are_read_into_it",
+        ),
     ),
 ]

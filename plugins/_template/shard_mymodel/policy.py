@@ -9,6 +9,7 @@ from __future__ import annotations
 from shardcore import ModulePolicyDescription, Policy
 from shardcore.plugin_api import (
     HFStages,
+    StageFacts,
     attention,
     block_type,
     blocks_in,
@@ -22,10 +23,10 @@ __all__ = ["MyModelPolicy"]
 
 
 class MyModelPolicy(HFStages, Policy):
-    # pipeline parallelism on the model's own forward (a HuggingFace causal LM): the modules under the
-    # base model only the first / the last stage runs; HFStages does the rest (see its docstring)
-    first_ends = ("embed",)
-    last_ends = ("norm",)
+    def stages(self):
+        # pipeline parallelism on the model's own forward (a HuggingFace causal LM): the modules under the
+        # base model only the first / the last stage runs; HFStages does the rest (see StageFacts)
+        return StageFacts(first_ends=("embed",), last_ends=("norm",))
 
     @property
     def base(self):

@@ -27,6 +27,7 @@ from shardcore.plugin_api import (
     HFStages,
     KernelSpec,
     SequenceSpec,
+    StageFacts,
     attention,
     block_type,
     blocks_in,
@@ -45,11 +46,17 @@ _NAMES = ("self.query", "self.key", "self.value", "output.dense")
 class BertPolicy(HFStages, Policy):
     """Shards the encoder and word embeddings of ``model.base_model`` (``BertModel``/``RobertaModel``)."""
 
-    # pipeline stages (masked LM, sequence classification) on the model's own forward
-    stage_inputs = {"attention_mask": "ones", "token_type_ids": "zeros"}
-    stage_call = {}
-    first_ends = ("embeddings",)
-    last_ends = ("pooler",)  # when the model has one
+    def stages(self):
+        """Pipeline stages (masked LM, sequence classification) on the model's own forward."""
+        classifier = self._head() == "classifier"
+        return StageFacts(
+            inputs={"attention_mask": "ones", "token_type_ids": "zeros"},
+            call={},
+            first_ends=("embeddings",),
+            last_ends=("pooler",),  # when the model has one
+            loss="classification" if classifier else "masked_lm",
+            output="SequenceClassifierOutput" if classifier else "MaskedLMOutput",
+        )
 
     @property
     def base(self):
@@ -119,14 +126,6 @@ class BertPolicy(HFStages, Policy):
         raise NotImplementedError(
             f"pipeline stages are built for *ForMaskedLM and *ForSequenceClassification, not {type(self.model).__name__}"
         )
-
-    @property
-    def stage_loss(self) -> str:
-        return "classification" if self._head() == "classifier" else "masked_lm"
-
-    @property
-    def stage_output(self) -> str:
-        return "SequenceClassifierOutput" if self._head() == "classifier" else "MaskedLMOutput"
 
 
 class BertModelPolicy(BertPolicy):

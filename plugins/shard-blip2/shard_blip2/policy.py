@@ -164,7 +164,8 @@ class Blip2Policy(CompositePolicy):
         if not first:  # the language model's own stage: it takes the hidden states as inputs_embeds
             return lm._pp_forward(inputs, first=False, last=last)
         ids, *rest, pixels = inputs
-        kwargs = {**dict(zip(lm.stage_inputs, rest, strict=True)), **lm.stage_call}
+        facts = lm.stages()
+        kwargs = {**dict(zip(facts.inputs, rest, strict=True)), **facts.call}
         # BLIP-2's forward on the first stage: its language model's head is a hole there, so its
         # "logits" are the hidden states after this stage's layers
         out = self.model(input_ids=ids, pixel_values=pixels, **kwargs)

@@ -31,6 +31,7 @@ from shardcore.plugin_api import (
     Linear1D_Col,
     Linear1D_Row,
     SequenceSpec,
+    StageFacts,
     block_type,
     blocks_in,
     heads_of_this_rank,
@@ -48,10 +49,13 @@ class BloomPolicy(HFStages, Policy):
     """Every BLOOM head: shards the base model (``model.transformer`` or the model itself); pipeline
     stages (the causal LM) on the model's own forward, each stage building ALiBi from the mask."""
 
-    first_ends = ("word_embeddings", "word_embeddings_layernorm")
-    last_ends = ("ln_f",)
-    stage_inputs = {"attention_mask": "ones"}  # BLOOM takes no position ids: ALiBi reads the mask
-    stage_block_returns_tuple = True  # BloomBlock returns (hidden, ...): the model reads outputs[0]
+    def stages(self):
+        return StageFacts(
+            first_ends=("word_embeddings", "word_embeddings_layernorm"),
+            last_ends=("ln_f",),
+            inputs={"attention_mask": "ones"},  # BLOOM takes no position ids: ALiBi reads the mask
+            block_returns_tuple=True,  # BloomBlock returns (hidden, ...): the model reads outputs[0]
+        )
 
     def kernels(self):
         return KernelSpec(fusible=in_blocks(self.blocks(), "mlp"))  # dense_h_to_4h, GeLU, dense_4h_to_h, dropout_add

@@ -31,11 +31,11 @@ MUTANTS = [
         "shard-bloom declares pipeline stages whose first stage does not own the embedding's layer norm: every "
         "stage normalizes its input again",
         "plugins/shard-bloom/shard_bloom/policy.py",
-        "BloomPolicy",
+        "BloomPolicy.stages",
         [
             (
-                '    first_ends = ("word_embeddings", "word_embeddings_layernorm")',
-                '    first_ends = ("word_embeddings",)',
+                'first_ends=("word_embeddings", "word_embeddings_layernorm"),',
+                'first_ends=("word_embeddings",),',
             )
         ],
         "tests/test_core_matrix.py::test_a_cell_measures_as_declared[bloom-pp]",

@@ -39,6 +39,7 @@ from shardcore.plugin_api import (
     Linear1D_Col,
     Linear1D_Row,
     SequenceSpec,
+    StageFacts,
     block_type,
     blocks_in,
     heads_of_this_rank,
@@ -61,9 +62,9 @@ class FalconPolicy(HFStages, Policy):
     """Every Falcon head: shards the base model (``model.transformer`` or the model itself); pipeline
     stages (the causal LM) on the model's own forward (rotary or ALiBi built on every stage)."""
 
-    first_ends = ("word_embeddings",)
-    last_ends = ("ln_f",)
-    stage_block_returns_tuple = True  # FalconDecoderLayer returns (hidden, ...): the model reads outputs[0]
+    def stages(self):
+        # FalconDecoderLayer returns (hidden, ...): the model reads outputs[0]
+        return StageFacts(first_ends=("word_embeddings",), last_ends=("ln_f",), block_returns_tuple=True)
 
     def kernels(self):
         return KernelSpec(fusible=in_blocks(self.blocks(), "mlp"))  # dense_h_to_4h, GeLU, dense_4h_to_h

@@ -29,6 +29,7 @@ from shardcore.plugin_api import (
     KernelSpec,
     Linear1D_Row,
     SequenceSpec,
+    StageFacts,
     attention,
     attention_dims,
     block_type,
@@ -47,8 +48,8 @@ class GlmPolicy(HFStages, Policy):
     """Every GLM / GLM-4 head: shards the base model (``model.model`` or the model itself); pipeline
     stages on the model's own forward (the embedding first, the final norm and head last)."""
 
-    first_ends = ("embed_tokens",)
-    last_ends = ("norm",)
+    def stages(self):
+        return StageFacts(first_ends=("embed_tokens",), last_ends=("norm",))
 
     def sequence(self):
         heads, kv, _ = self._dims()

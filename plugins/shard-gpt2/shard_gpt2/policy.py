@@ -26,6 +26,7 @@ from shardcore.plugin_api import (
     HFStages,
     KernelSpec,
     SequenceSpec,
+    StageFacts,
     block_type,
     blocks_in,
     defer_logits_gather,
@@ -41,12 +42,15 @@ __all__ = ["GPT2Policy"]
 
 
 class GPT2Policy(HFStages, Policy):
-    # pipeline stages (GPT2LMHeadModel) on the model's own forward: wte, wpe and the embedding
-    # dropout on the first stage, ln_f and the head on the last; later stages add no position embedding
-    first_ends = ("wte", "wpe", "drop")
-    last_ends = ("ln_f",)
-    zero_ends = ("wpe",)
-    stage_output = "CausalLMOutputWithCrossAttentions"
+    def stages(self):
+        # pipeline stages (GPT2LMHeadModel) on the model's own forward: wte, wpe and the embedding
+        # dropout on the first stage, ln_f and the head on the last; later stages add no position embedding
+        return StageFacts(
+            first_ends=("wte", "wpe", "drop"),
+            last_ends=("ln_f",),
+            zero_ends=("wpe",),
+            output="CausalLMOutputWithCrossAttentions",
+        )
 
     def sequence(self):
         heads = self.model.config.n_head

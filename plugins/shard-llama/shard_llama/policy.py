@@ -26,6 +26,7 @@ from shardcore.plugin_api import (
     HFStages,
     KernelSpec,
     SequenceSpec,
+    StageFacts,
     TensorParallelSpec,
     VocabParallelLMHead1D,
     attached,
@@ -115,8 +116,8 @@ class LlamaForCausalLMPolicy(HFStages, LlamaPolicy):
     """``*ForCausalLM``: the base model plus a vocab-parallel ``lm_head``; pipeline stages on the
     model's own forward (:class:`~shardcore.integrations.hf.stages.HFStages`)."""
 
-    first_ends = ("embed_tokens",)
-    last_ends = ("norm",)
+    def stages(self):
+        return StageFacts(first_ends=("embed_tokens",), last_ends=("norm",))
 
     def tensor_parallel(self):
         return TensorParallelSpec(parallel_output=True)  # vocab-split logits, vocab-parallel cross entropy

@@ -20,29 +20,28 @@ its gradient summed over the two stages).
 from __future__ import annotations
 
 from shardcore import CompositePolicy, ModulePolicyDescription
-from shardcore.plugin_api import HFStages, vocab_head
+from shardcore.plugin_api import HFStages, StageFacts, vocab_head
 
 __all__ = ["LlavaPolicy"]
 
 
 class LlavaPolicy(HFStages, CompositePolicy):
     # -- pipeline stages: the language model's layers; the vision tower whole on the first stage ------
-    stage_first_inputs = ("pixel_values",)
-    first_ends = ("vision_tower", "multi_modal_projector", "language_model.embed_tokens")
-    last_ends = ("language_model.norm",)
-    stage_generate_refusal = (
-        "generate() of Llava computes the image features outside the model's forward (mm_encoder_outputs), "
-        "which the pipeline cannot route yet"
-    )
+    def stages(self):
+        return StageFacts(
+            first_inputs=("pixel_values",),
+            first_ends=("vision_tower", "multi_modal_projector", "language_model.embed_tokens"),
+            last_ends=("language_model.norm",),
+            generate_refusal=(
+                "generate() of Llava computes the image features outside the model's forward (mm_encoder_outputs), "
+                "which the pipeline cannot route yet"
+            ),
+            blocks_under="language_model",  # the stages are cut from its layers (the vision tower is an end)
+        )
 
     @property
     def base(self):
         return self.model.base_model  # LlavaModel
-
-    def stage_blocks(self):
-        """The language model's layers: the stages are cut from them (the vision tower is an end)."""
-        prefix = self._path(self.base.language_model) + "."
-        return [(name, block) for name, block in self.blocks() if name.startswith(prefix)]
 
     def _path(self, module) -> str:
         return next(name for name, m in self.model.named_modules() if m is module)

@@ -40,6 +40,7 @@ from shardcore.plugin_api import (
     SequenceSpec,
     SplitRMSNorm,
     StackedParts,
+    StageFacts,
     TensorParallelSpec,
     attention,
     attention_dims,
@@ -247,8 +248,8 @@ class MoeForCausalLMPolicy(HFStages, MoePolicy):
     """``*ForCausalLM``: the base model plus a vocab-parallel ``lm_head`` gathering the logits; pipeline
     stages on the model's own forward (each layer's experts on the stage that holds the layer)."""
 
-    first_ends = ("embed_tokens",)
-    last_ends = ("norm",)
+    def stages(self):
+        return StageFacts(first_ends=("embed_tokens",), last_ends=("norm",))
 
     def module_policy(self):
         policy = super().module_policy()

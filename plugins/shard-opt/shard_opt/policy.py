@@ -17,6 +17,7 @@ from shardcore import ModulePolicyDescription, Policy
 from shardcore.plugin_api import (
     HFStages,
     SequenceSpec,
+    StageFacts,
     attention,
     block_type,
     blocks_in,
@@ -30,13 +31,16 @@ __all__ = ["OPTPolicy"]
 
 
 class OPTPolicy(HFStages, Policy):
-    # pipeline parallelism on the model's own forward: the modules under the base model only the
-    # first / the last stage runs; HFStages does the rest (see its docstring)
-    first_ends = ("decoder.embed_tokens", "decoder.embed_positions", "decoder.project_in")  # project_*: optional
-    last_ends = ("decoder.final_layer_norm", "decoder.project_out")
-    zero_ends = ("decoder.embed_positions",)  # added to the hidden states: zero on later stages
-    # OPT derives its positions from the attention mask (left padding shifts them): no arange default
-    stage_inputs = {"attention_mask": "ones"}
+    def stages(self):
+        # pipeline parallelism on the model's own forward: the modules under the base model only the
+        # first / the last stage runs; HFStages does the rest (see StageFacts)
+        return StageFacts(
+            first_ends=("decoder.embed_tokens", "decoder.embed_positions", "decoder.project_in"),  # project_*: optional
+            last_ends=("decoder.final_layer_norm", "decoder.project_out"),
+            zero_ends=("decoder.embed_positions",),  # added to the hidden states: zero on later stages
+            # OPT derives its positions from the attention mask (left padding shifts them): no arange default
+            inputs={"attention_mask": "ones"},
+        )
 
     def sequence(self):
         heads = self.model.config.num_attention_heads

@@ -15,6 +15,7 @@ from shardcore.plugin_api import (
     HFStages,
     Linear1D_Row,
     SequenceSpec,
+    StageFacts,
     SubModuleReplacementDescription,
     attached,
     block_type,
@@ -31,9 +32,9 @@ __all__ = ["NeoXPolicy"]
 
 
 class NeoXPolicy(HFStages, Policy):
-    # pipeline parallelism on the model's own forward: what only the first / the last stage runs
-    first_ends = ("embed_in", "emb_dropout")
-    last_ends = ("final_layer_norm",)
+    def stages(self):
+        # pipeline parallelism on the model's own forward: what only the first / the last stage runs
+        return StageFacts(first_ends=("embed_in", "emb_dropout"), last_ends=("final_layer_norm",))
 
     @property
     def base(self):
