@@ -88,7 +88,8 @@ def _install(
     The environment is built from scratch only when it is missing or its PyTorch pin changed
     (``.shardcore-torch``); when a pyproject or this file changed (``.shardcore-stamp``), the
     third-party requirements are installed into it incrementally, so adding a plugin does not
-    rebuild PyTorch. This checkout's packages are re-installed as wheels every time.
+    rebuild PyTorch. This checkout's packages are re-installed as wheels whenever their sources differ from
+    what the environment holds (:func:`_sources`).
     """
     stamp, torch_stamp, bin_dir = env / ".shardcore-stamp", env / ".shardcore-torch", _bin(env)
     pip = [str(bin_dir / "python"), "-m", "pip", "install", "--quiet"]
@@ -103,10 +104,25 @@ def _install(
     if not stamp.is_file() or stamp.read_text() != _stamp(plugins, pins):
         session.run(*pip, *_torch(plugins), *TOOLS, *packages, *pins, external=True)
         stamp.write_text(_stamp(plugins, pins))
-    session.run(
-        *pip, "--no-deps", "--no-build-isolation", "--force-reinstall", str(ROOT), *map(str, plugins), external=True
-    )
+    sources, installed = env / ".shardcore-sources", _sources([ROOT, *plugins])
+    if not sources.is_file() or sources.read_text() != installed:  # (CI's later sessions: the same checkout)
+        session.run(
+            *pip, "--no-deps", "--no-build-isolation", "--force-reinstall", str(ROOT), *map(str, plugins), external=True
+        )
+        sources.write_text(installed)
     return bin_dir
+
+
+def _sources(packages: list[pathlib.Path]) -> str:
+    """A digest of what the wheels of ``packages`` are built from (every file of each package's own source tree
+    and its pyproject, README and LICENSE; tests left out): equal digests, equal wheels."""
+    digest = hashlib.sha256()
+    for package in packages:
+        top = [package / name for name in ("pyproject.toml", "README.md", "LICENSE")]
+        code = [f for d in package.iterdir() if d.is_dir() and (d / "__init__.py").is_file() for f in d.rglob("*")]
+        for f in sorted(f for f in [*top, *code] if f.is_file() and "__pycache__" not in f.parts):
+            digest.update(f.relative_to(ROOT).as_posix().encode() + b"\0" + f.read_bytes())
+    return digest.hexdigest()
 
 
 def _run(session: nox.Session, bin_dir: pathlib.Path, tool: str, *args: str, **env: str) -> None:
