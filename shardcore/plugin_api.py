@@ -125,16 +125,7 @@ __all__ = [
 def __getattr__(name: str):
     """0.x's hook base classes: a policy now returns a spec (:class:`PipelineSpec`, :class:`SequenceSpec`)."""
     if name in ("PipelineHooks", "SequenceHooks"):
-        import importlib
-        import warnings
+        from .moved import hook_class
 
-        spec = {"PipelineHooks": "PipelineSpec", "SequenceHooks": "SequenceSpec"}[name]
-        warnings.warn(
-            f"shardcore.plugin_api.{name} is 0.x's spelling: return a shardcore.plugin_api.{spec} from the "
-            f"policy's {'pipeline' if spec == 'PipelineSpec' else 'sequence'}() instead",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        module = "pipeline" if name == "PipelineHooks" else "sequence"
-        return getattr(importlib.import_module(f"shardcore.{module}.hooks"), name)
+        return hook_class(name)
     raise AttributeError(f"module 'shardcore.plugin_api' has no attribute {name!r}")

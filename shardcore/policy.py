@@ -8,7 +8,6 @@ model can be sharded (:meth:`Policy.config_sanity_check`, before any collective)
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -16,6 +15,7 @@ import attrs
 from torch import nn
 
 from .config import ShardConfig
+from .moved import legacy_spec, policy_member, warn_legacy
 from .spec import (
     CheckpointSpec,
     ChecksSpec,
@@ -25,7 +25,6 @@ from .spec import (
     PipelineSpec,
     SequenceSpec,
     TensorParallelSpec,
-    legacy,
 )
 
 __all__ = [
@@ -103,19 +102,11 @@ class Policy:
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        legacy.warn_legacy(cls)
+        warn_legacy(cls)  # 0.x's members, still read (shardcore.moved)
 
     def __getattr__(self, name: str):
-        """0.x's members and helpers, read through their new spelling with a ``DeprecationWarning``."""
-        if name in _HELPERS:
-            _moved(f"Policy.{name}", f"shardcore.plugin_api.{_HELPERS[name][0]}")
-            return _HELPERS[name][1](self)
-        if name in legacy.MOVED:
-            method, field, _ = legacy.MOVED[name]
-            _moved(f"Policy.{name}", f"Policy.{method}().{field}")
-            value = getattr(getattr(self, method)(), field) if method != "pipeline" else _field(self, field)
-            return (lambda *a, **k: value) if legacy.MOVED[name][2] == "call" else value
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        """0.x's members and helpers, read through their new spelling with a ``DeprecationWarning`` (shardcore.moved)."""
+        return policy_member(self, name)
 
     def set_model(self, model: nn.Module) -> None:
         self.model = model
@@ -161,46 +152,35 @@ class Policy:
 
     def tensor_parallel(self) -> TensorParallelSpec:
         """Parallel output, shared copies, replicated parameters whose gradient is summed."""
-        return legacy.spec(self, "tensor_parallel") or TensorParallelSpec()
+        return legacy_spec(self, "tensor_parallel") or TensorParallelSpec()
 
     def pipeline(self) -> PipelineSpec | None:
         """How the model runs as pipeline stages; ``None``: pipeline parallelism refused."""
-        return legacy.spec(self, "pipeline")
+        return legacy_spec(self, "pipeline")
 
     def sequence(self) -> SequenceSpec:
         """The sequence-parallel modes the model supports and what they need."""
-        return legacy.spec(self, "sequence") or SequenceSpec()
+        return legacy_spec(self, "sequence") or SequenceSpec()
 
     def experts(self) -> ExpertSpec:
         """Whether the model's experts split over ``expert_parallel_size`` ranks."""
-        return legacy.spec(self, "experts") or ExpertSpec()
+        return legacy_spec(self, "experts") or ExpertSpec()
 
     def data_parallel(self) -> DataParallelSpec:
         """Parameters FSDP splits along a dimension other than 0."""
-        return legacy.spec(self, "data_parallel") or DataParallelSpec()
+        return legacy_spec(self, "data_parallel") or DataParallelSpec()
 
     def kernels(self) -> KernelSpec:
         """What the fused-norm, JIT-fused and flash-attention switches act on."""
-        return legacy.spec(self, "kernels") or KernelSpec()
+        return legacy_spec(self, "kernels") or KernelSpec()
 
     def checkpoints(self) -> CheckpointSpec:
         """Checkpoint names and pieces that differ from the model's, and buffers to compute."""
-        return legacy.spec(self, "checkpoints") or CheckpointSpec()
+        return legacy_spec(self, "checkpoints") or CheckpointSpec()
 
     def checks(self) -> ChecksSpec:
         """What ``ShardConfig(verify=...)`` compares: by default the policy's ``blocks()``."""
-        return legacy.spec(self, "checks") or ChecksSpec(blocks=self.blocks())
-
-
-def _moved(old: str, new: str) -> None:
-    warnings.warn(f"{old} is 0.x's spelling: use {new}", DeprecationWarning, stacklevel=3)
-
-
-def _field(policy: Policy, field: str):
-    spec = policy.pipeline()
-    if spec is None:
-        raise NotImplementedError(f"{type(policy).__name__} declares no pipeline (Policy.pipeline() is None)")
-    return getattr(spec, field)
+        return legacy_spec(self, "checks") or ChecksSpec(blocks=self.blocks())
 
 
 # -- what a policy's code uses (shardcore.plugin_api) ------------------------------------------------------
@@ -263,14 +243,3 @@ def require_kv_heads(kv_heads: int, heads: int, tp_size: int, model: str) -> Non
             f"tensor_parallel_size={tp_size}; use a tensor_parallel_size that divides {kv_heads} or is a "
             f"multiple of it (and divides num_attention_heads={heads})."
         )
-
-
-#: 0.x's helper methods: ``{name: (new name, f(policy) -> what the old attribute gave)}``
-_HELPERS = {
-    "blocks_in": ("blocks_in", lambda p: lambda *c: blocks_in(p.model, *c)),
-    "in_blocks": ("in_blocks", lambda p: lambda *s: in_blocks(p.blocks(), *s)),
-    "block_type": ("block_type", lambda p: lambda: block_type(p.blocks(), p.model)),
-    "block_types": ("block_type", lambda p: lambda: list(dict.fromkeys(type(m) for _, m in p.blocks()))),
-    "require_divisible": ("require_divisible", lambda p: require_divisible),
-    "require_kv_heads": ("require_kv_heads", lambda p: require_kv_heads),
-}

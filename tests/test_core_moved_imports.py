@@ -149,7 +149,7 @@ def test_0_1_stage_attributes_warn_naming_the_value_and_are_read_into_it():
     assert len(messages) == 1 and "StageFacts(first_ends=..., last_ends=..., inputs=..., loss=..." in messages[0], (
         messages
     )
-    assert "(read until 0.3)" in messages[0], messages
+    assert "(the old spelling goes away in 0.3)" in messages[0], messages
     want = StageFacts(
         first_ends=("embed_tokens",),
         last_ends=("norm",),

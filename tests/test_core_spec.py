@@ -341,3 +341,20 @@ def test_a_sequence_spec_is_read_with_its_defaults():
     assert heads_of(policy) == (4, 2)
     assert attention_problem(policy, "ring_attn") == "not ring_attn"
     assert set_attention(policy, "ring") == "ours under ring"
+
+
+def test_a_0x_policy_on_the_old_hook_bases_still_loads_and_declares_nothing_it_did_not():
+    """0.1's hook bases still come from shardcore.plugin_api (warned): a policy built on them loads, and the
+    defaults they carry declare nothing (no pipeline; the sequence modes it names are read)."""
+    import shardcore.plugin_api as api
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        hooks = (api.PipelineHooks, api.SequenceHooks)
+
+        class OldHooks(*hooks, ToyPolicy):
+            sequence_parallelism_modes = ("split_gather",)
+
+    policy = OldHooks()
+    assert policy.pipeline() is None
+    assert policy.sequence().modes == ("split_gather",)

@@ -17,8 +17,17 @@ MUTANTS = [
         "0.1's shardcore.steps.optimize resolves to shard silently: callers get no warning before 0.3 drops it",
         "shardcore/moved.py",
         "renamed.__getattr__",
-        [("        warnings.warn(\n", "        (lambda *a, **k: None)(\n")],
+        [("        warnings.warn(", "        (lambda *a, **k: None)(")],
         "tests/test_core_moved_imports.py::test_the_core_steps_old_name_warns_and_is_the_new_function",
+        "DID NOT WARN",
+    ),
+    m(
+        "old-hook-bases-unwarned",
+        "0.x's hook bases load from shardcore.plugin_api without the DeprecationWarning naming the spec",
+        "shardcore/moved.py",
+        "hook_class",
+        [("    _warn(", "    (lambda *a, **k: None)(")],
+        "tests/test_core_spec.py::test_the_old_hook_bases_warn_from_the_plugin_api",
         "DID NOT WARN",
     ),
     m(

@@ -62,7 +62,7 @@ MUTANTS = [
     m(
         "spec-legacy-silent",
         "a policy written on 0.x's members is read without the DeprecationWarning naming the new spelling",
-        "shardcore/spec/legacy.py",
+        "shardcore/moved.py",
         "warn_legacy",
         [("    if mine:\n", "    if False:\n")],
         "tests/test_core_spec.py::test_a_policy_written_on_0x_members_warns_once_naming_the_new_spelling",
