@@ -86,7 +86,6 @@ MUTANTS = [
         ],
         "plugins/shard-llama/tests/test_llama_kernels.py::test_optimization_flags_at_tp2[flash]",
         "output 'logits': max abs diff 0.763 >",
-        fast=True,
     ),
     m(
         "save-rendezvous-on-the-default-device",
