@@ -33,7 +33,9 @@ from torch import nn
 
 from shardcore import CompositePolicy, ModulePolicyDescription, Policy
 from shardcore.plugin_api import (
+    HFStages,
     PipelineSpec,
+    StageFacts,
     attention,
     block_type,
     blocks_in,
@@ -123,7 +125,7 @@ class Blip2Policy(CompositePolicy):
                 "model (an encoder-decoder's encoder and decoder would both have to be cut)"
             )
         policy = self.part_policies()["language_model"]
-        if not hasattr(policy, "_pp_forward"):
+        if not isinstance(policy, HFStages):
             raise NotImplementedError(
                 f"{name}: its language model's policy ({type(policy).__name__}) runs no pipeline stages on the "
                 "HuggingFace stage mixin (shardcore.plugin_api.HFStages)"
@@ -144,14 +146,14 @@ class Blip2Policy(CompositePolicy):
             pixels = batch.pop("pixel_values", None)
             if pixels is None:
                 raise ValueError(f"pipeline stages of {type(self.model).__name__} take pixel_values (the image)")
-            (ids, *rest), labels = lm._pp_inputs(batch, training)
+            (ids, *rest), labels = spec.inputs(batch, training)
             return (ids, *rest, pixels), labels
 
         return PipelineSpec(
             ends=ends,
             zero_ends={f"language_model.{path}" for path in spec.zero_ends},
             inputs=inputs,
-            stage_forward=functools.partial(self._pp_stage_forward, lm),
+            stage_forward=functools.partial(self._pp_stage_forward, spec, lm.stages()),
             output=spec.output,
             num_items=spec.num_items,
             loss=spec.loss,
@@ -160,11 +162,10 @@ class Blip2Policy(CompositePolicy):
             blocks=lambda: [(n, b) for n, b in self.blocks() if n.startswith("language_model.")],
         )
 
-    def _pp_stage_forward(self, lm, inputs: tuple, *, first: bool, last: bool):
+    def _pp_stage_forward(self, spec: PipelineSpec, facts: StageFacts, inputs: tuple, *, first: bool, last: bool):
         if not first:  # the language model's own stage: it takes the hidden states as inputs_embeds
-            return lm._pp_forward(inputs, first=False, last=last)
+            return spec.stage_forward(inputs, first=False, last=last)
         ids, *rest, pixels = inputs
-        facts = lm.stages()
         kwargs = {**dict(zip(facts.inputs, rest, strict=True)), **facts.call}
         # BLIP-2's forward on the first stage: its language model's head is a hole there, so its
         # "logits" are the hidden states after this stage's layers

@@ -25,6 +25,7 @@ up to the unsharded model's mean loss.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -151,24 +152,25 @@ class HFStages:
         return stage_facts_of(self)
 
     def pipeline(self) -> PipelineSpec:
-        """The stages on the model's own forward, from :meth:`stages`."""
+        """The stages on the model's own forward, from :meth:`stages` (asked once: each stage's functions
+        are handed the value, not asking again per microbatch)."""
         facts = self.stages()
         return PipelineSpec(
-            ends=self._pp_ends(),
-            zero_ends=self._pp_zero_ends(),
-            inputs=self._pp_inputs,
-            stage_forward=self._pp_forward,
-            output=self._pp_output,
-            num_items=self._pp_num_items,
-            loss=self._pp_loss,
+            ends=self._pp_ends(facts),
+            zero_ends=self._pp_zero_ends(facts),
+            inputs=functools.partial(self._pp_inputs, facts),
+            stage_forward=functools.partial(self._pp_forward, facts),
+            output=functools.partial(self._pp_output, facts),
+            num_items=functools.partial(self._pp_num_items, facts),
+            loss=functools.partial(self._pp_loss, facts),
             generate_refusal=facts.generate_refusal,
             block_returns_tuple=facts.block_returns_tuple,
-            blocks=self._pp_blocks if facts.blocks_under else None,
+            blocks=functools.partial(self._pp_blocks, facts) if facts.blocks_under else None,
         )
 
-    def _pp_blocks(self) -> list:
+    def _pp_blocks(self, facts: StageFacts) -> list:
         """The blocks of the part the stages are cut from (``StageFacts.blocks_under``)."""
-        prefix = base_path(self.model, self.base) + self.stages().blocks_under + "."
+        prefix = base_path(self.model, self.base) + facts.blocks_under + "."
         return [(name, block) for name, block in self.blocks() if name.startswith(prefix)]
 
     def _head(self) -> str:
@@ -181,20 +183,20 @@ class HFStages:
             f"head, not {type(self.model).__name__}"
         )
 
-    def _pp_ends(self) -> dict[str, str | int]:
-        head, pre, facts = self._head(), base_path(self.model, self.base), self.stages()
+    def _pp_ends(self, facts: StageFacts) -> dict[str, str | int]:
+        head, pre = self._head(), base_path(self.model, self.base)
         # optional modules (a projection or a pooler the model was built without) may be absent, at either end
         ends: dict[str, str | int] = {f"{pre}{name}": "first" for name in facts.first_ends if _present(self.base, name)}
         ends.update({f"{pre}{name}": "last" for name in facts.last_ends if _present(self.base, name)})
         ends[head] = "last"
         return ends
 
-    def _pp_zero_ends(self) -> set[str]:
+    def _pp_zero_ends(self, facts: StageFacts) -> set[str]:
         pre = base_path(self.model, self.base)
-        return {f"{pre}{name}" for name in self.stages().zero_ends}
+        return {f"{pre}{name}" for name in facts.zero_ends}
 
-    def _pp_inputs(self, batch: dict, training: bool = True) -> tuple[tuple, Any]:
-        batch, facts = dict(batch), self.stages()
+    def _pp_inputs(self, facts: StageFacts, batch: dict, training: bool = True) -> tuple[tuple, Any]:
+        batch = dict(batch)
         if not training:  # a None argument is the model's default: nothing to hand through
             batch = {k: v for k, v in batch.items() if v is not None}
         for key, only_unused in facts.ignored.items():  # a training step: what is unused only
@@ -216,8 +218,8 @@ class HFStages:
         firsts = [batch[k] if batch.get(k) is not None else ids.new_zeros(ids.shape[0], 0) for k in facts.first_inputs]
         return (ids, *rest, *firsts), batch.get("labels")
 
-    def _pp_forward(self, inputs: tuple, *, first: bool, last: bool):
-        (tokens, *rest), facts = inputs, self.stages()
+    def _pp_forward(self, facts: StageFacts, inputs: tuple, *, first: bool, last: bool):
+        tokens, *rest = inputs
         entry = {"input_ids": tokens} if first else {"inputs_embeds": tokens}
         if first and facts.first_inputs:  # the first stage's own inputs (an empty one: left out)
             rest, firsts = rest[: len(facts.inputs)], rest[len(facts.inputs) :]
@@ -227,30 +229,28 @@ class HFStages:
             return self.model(**entry, **kwargs).logits
         return (self.base(**entry, **kwargs).last_hidden_state, *rest)
 
-    def _pp_num_items(self, labels):
-        loss = self.stages().loss
-        if loss == "causal_lm":
+    def _pp_num_items(self, facts: StageFacts, labels):
+        if facts.loss == "causal_lm":
             return (labels[..., 1:] != -100).sum()  # the shifted labels transformers' causal-LM loss counts
-        if loss == "masked_lm":
+        if facts.loss == "masked_lm":
             return token_items(labels)
         return classification_items(self.model.config, labels)
 
-    def _pp_loss(self, output, labels, num_items):
-        kind = self.stages().loss
-        if kind == "causal_lm":
+    def _pp_loss(self, facts: StageFacts, output, labels, num_items):
+        if facts.loss == "causal_lm":
             config = self.model.config  # a composite's vocabulary is its text config's
             vocab = getattr(config, "vocab_size", None) or config.get_text_config().vocab_size
             return self.model.loss_function(
                 logits=output, labels=labels, vocab_size=vocab, num_items_in_batch=num_items
             )
-        if kind == "masked_lm":
+        if facts.loss == "masked_lm":
             return token_loss(output, labels, num_items)
         return classification_loss(self.model.config, output, labels, num_items)
 
-    def _pp_output(self, output, loss, *extra):
+    def _pp_output(self, facts: StageFacts, output, loss, *extra):
         from transformers import modeling_outputs
 
-        return getattr(modeling_outputs, self.stages().output)(loss=loss, logits=output)
+        return getattr(modeling_outputs, facts.output)(loss=loss, logits=output)
 
 
 #: why ``generate()`` of an encoder-decoder cannot run through its stages (T5, Whisper)
