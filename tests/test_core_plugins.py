@@ -216,7 +216,7 @@ def test_zero_config_fallback_names_a_broken_plugin(fake_entry_points, monkeypat
         RuntimeWarning, match="the plugin 'shard-broken' failed to load \\(import failed: ModuleNotFound"
     ):
         policy = resolve_policy(transformers.Qwen3ForCausalLM(config))
-    assert type(policy).__name__ == "PlanPolicy"
+    assert type(policy).__name__ == "ShippedPlanPolicy"
     monkeypatch.setattr(plugins, "_REGISTRY", None)
 
 

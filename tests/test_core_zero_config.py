@@ -62,7 +62,7 @@ def test_zero_config_tp2(family):
     logits, loss, every gradient and AdamW steps equal to unsharded; at most 0.55 of the bytes."""
     tie = family == "Cohere"  # its default: a tied head, split like the embedding
     for result in run_on_ranks(2, _check, 2, family, 2, tie):
-        assert result["policy"] == "PlanPolicy"
+        assert result["policy"] == "ShippedPlanPolicy"
         assert result["ends"] == ["VocabParallelEmbedding1D", "VocabParallelLMHead1D"]
 
 
@@ -109,7 +109,7 @@ def test_plugins_win_over_the_fallback():
 
     assert transformers.LlamaConfig.base_model_tp_plan  # Llama ships a plan too ...
     assert _which("Llama") == "LlamaForCausalLMPolicy"  # ... but shard-llama covers it
-    assert _which("Qwen3") == "PlanPolicy"
+    assert _which("Qwen3") == "ShippedPlanPolicy"
 
 
 def test_unsupported_tp_style_is_named():
@@ -168,7 +168,7 @@ def test_explain_predicts_a_zero_config_step():
     """explain of a zero-config model predicts its real step: q/k/v and gate/up share one backward
     all-reduce each, and the per-head norms' gradient sums add one per norm."""
     (report, _) = run_on_ranks(2, _explain, 2)
-    assert report["policy"] == "PlanPolicy"
+    assert report["policy"] == "ShippedPlanPolicy"
     assert report["collectives_per_layer"]["Qwen3DecoderLayer"] == {
         "forward": {"all_reduce": 2},
         "backward": {"all_reduce": 4},

@@ -28,6 +28,7 @@ from ..distributed.collectives import group_rank
 from ..meta import unguard_meta
 from ..pipeline import tensor_aliases
 from ..sharded_state import parameter_specs
+from .library import library_names, library_parts
 from .materialize import checkpoint_names, checkpoint_parts, materialize_buffers, replace_tensors
 from .parts import StackedParts
 from .safetensors_io import (
@@ -42,7 +43,9 @@ __all__ = ["load_checkpoint", "model_tensors"]
 def _resolve_key(name: str, available: dict, prefix: str | None, renamed: dict[str, str]) -> str | None:
     """The checkpoint key for model tensor ``name``: as is, in the library's checkpoint naming, or
     with the base-model prefix added or stripped."""
-    for candidate in (name, renamed.get(name)):
+    stripped = name[len(prefix) + 1 :] if prefix and name.startswith(prefix + ".") else None
+    named = [renamed.get(n) for n in (name, f"{prefix}.{name}" if prefix else None, stripped) if n is not None]
+    for candidate in (name, *named):
         if candidate is None:
             continue
         if candidate in available:
@@ -52,30 +55,6 @@ def _resolve_key(name: str, available: dict, prefix: str | None, renamed: dict[s
         if prefix and f"{prefix}.{candidate}" in available:
             return f"{prefix}.{candidate}"
     return None
-
-
-def library_names(model: nn.Module, keys) -> dict[str, str]:
-    """``{model name: checkpoint key}`` of ``keys`` the model's library renames when it loads them:
-    transformers 5 keeps a checkpoint's historical names (a Llava checkpoint's ``language_model.model.*`` is
-    the model's ``model.language_model.*``) and renames them in ``from_pretrained``; the same renames here.
-    Only plain renames: a tensor the library fuses or splits on loading stays missing (and is named)."""
-    try:
-        from transformers.conversion_mapping import get_model_conversion_mapping
-        from transformers.core_model_loading import WeightRenaming
-    except ImportError:  # not a transformers 5 model, or no transformers
-        return {}
-    try:
-        renames = [t for t in get_model_conversion_mapping(model) if isinstance(t, WeightRenaming)]
-    except Exception:  # not a PreTrainedModel: no library naming
-        return {}
-    out = {}
-    for key in keys:
-        name = key
-        for rename in renames:
-            name = rename.rename_source_key(name)[0]
-        if name != key:
-            out[name] = key
-    return out
 
 
 def model_tensors(model: nn.Module) -> Iterator[tuple[str, torch.Tensor, bool]]:
@@ -153,7 +132,8 @@ def _read_plan(model: nn.Module, files: dict) -> tuple[list[tuple], list[str]]:
     prefix = getattr(model, "base_model_prefix", None)
     tensors = list(model_tensors(model))
     renamed = {**library_names(model, files), **checkpoint_names(model, [name for name, _, _ in tensors])}
-    parts = checkpoint_parts(model, [name for name, _, _ in tensors])
+    parts, unread = library_parts(model, files, [name for name, _, _ in tensors])
+    parts |= checkpoint_parts(model, [name for name, _, _ in tensors])  # the policy's own, if it says
     aliases = tensor_aliases(model)
     plan, problems = [], []
     for name, tensor, is_param in tensors:
@@ -164,7 +144,7 @@ def _read_plan(model: nn.Module, files: dict) -> tuple[list[tuple], list[str]]:
             key = parts[name].renamed(lambda k: _resolve_key(k, files, prefix, {}))
         spec, group = specs.get(name, (None, None))
         if key is None:
-            problems.append(f"missing tensor {name!r}")
+            problems.append(f"missing tensor {name!r}" + (f" ({unread[name]})" if name in unread else ""))
             continue
         plan.append((name, tensor, is_param, key, spec, group))
     return plan, problems
@@ -178,9 +158,6 @@ def _shape_problems(plan: list[tuple], files: dict, handles: dict) -> list[str]:
     """Every planned tensor is in its file with the full (unsharded) shape the model expects."""
     problems = []
     for name, tensor, _, key, spec, _ in plan:
-        if isinstance(key, StackedParts) and not key.readable(spec):
-            problems.append(f"tensor {name!r} is kept in pieces, which are read split along dim 0 only ({spec})")
-            continue
         if isinstance(key, StackedParts):
             absent = [k for k in key.all_keys() if k not in handles[files[k]].entries]
             saved = None if absent else key.full_shape(lambda k: handles[files[k]].shape(k))
@@ -212,7 +189,13 @@ def _read_slices(plan: list[tuple], files: dict, handles: dict, device, progress
     for _, tensor, is_param, key, spec, group in plan:
         rank = group_rank(group) if spec else 0
         if isinstance(key, StackedParts):  # this rank's entries, from their pieces only
-            local = key.read(lambda k, t=tensor: handles[files[k]].read(k, None, 0, t.dtype), spec, rank)
+            local = key.read(
+                lambda k, *a: handles[files[k]].read_rows(k, *a),
+                lambda k: handles[files[k]].shape(k),
+                spec,
+                rank,
+                tensor.dtype,
+            )
         else:
             local = handles[files[key]].read(key, spec, rank, tensor.dtype)
         if tensor.device.type == "meta":

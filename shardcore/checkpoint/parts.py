@@ -42,20 +42,40 @@ class StackedParts:
         keys = tuple(tuple(rename(k) for k in entry) for entry in self.keys)
         return None if any(k is None for entry in keys for k in entry) else attrs.evolve(self, keys=keys)
 
-    @staticmethod
-    def readable(spec) -> bool:
-        """Whether a slice under ``spec`` can be read from pieces: whole entries along dim 0."""
-        return spec is None or (spec.dim == 0 and len(spec.segments) == 1 and not spec.is_replicated)
+    def read(self, read_rows: Callable, shape_of: Callable, spec, rank: int, dtype: torch.dtype) -> torch.Tensor:
+        """This rank's slice under ``spec`` (``None``: all of it), read from the pieces it covers only.
 
-    def read(self, read: Callable[[str], torch.Tensor], spec, rank: int) -> torch.Tensor:
-        """This rank's slice (``spec`` along dimension 0; ``None``: every entry) from its pieces."""
-        if spec is None:
-            rows = range(len(self.keys))
-        elif not self.readable(spec):
-            raise NotImplementedError(
-                f"a tensor stacked from checkpoint pieces is read split along dim 0 only ({spec})"
-            )
-        else:
-            start, stop, _ = spec.ranges(rank)[0]
-            rows = range(start, stop)
-        return torch.stack([torch.cat([read(key) for key in self.keys[i]], dim=self.cat_dim) for i in rows])
+        Split along dimension 0: this rank's entries (experts). Along another dimension: that part of
+        every entry, from each piece the part covers (a packed column split of a fused ``gate_up_proj``
+        reads a slice of the gate's rows and one of the up projection's). ``read_rows(key, dim, ranges)``
+        reads rows of one piece (:meth:`SafetensorsFile.read_rows
+        <shardcore.checkpoint.safetensors_io.SafetensorsFile.read_rows>`), ``shape_of(key)`` its shape."""
+        shape = list(self.full_shape(shape_of))
+        dim, ranges = (0, [(0, shape[0], 0)]) if spec is None else (spec.dim, spec.ranges(rank))
+        shape[dim] = sum(stop - start + pad for start, stop, pad in ranges)
+        out, at = torch.zeros(shape, dtype=dtype), 0  # zeros: the padding rows
+        for start, stop, pad in ranges:
+            if dim == 0:
+                for i in range(start, stop):
+                    out[at + i - start] = self._entry(i, read_rows, shape_of, dtype)
+            elif stop > start:
+                for i in range(len(self.keys)):
+                    part = self._entry(i, read_rows, shape_of, dtype, dim - 1, (start, stop))
+                    out[i].narrow(dim - 1, at, stop - start).copy_(part)
+            at += stop - start + pad
+        return out
+
+    def _entry(self, i: int, read_rows, shape_of, dtype, dim: int = 0, span: tuple[int, int] | None = None):
+        """Entry ``i``, or its rows ``span`` along ``dim``, from its pieces (each read for what it covers)."""
+        parts, offset = [], 0
+        for key in self.keys[i]:
+            size = shape_of(key)[self.cat_dim]
+            if span is None:
+                parts.append(read_rows(key, 0, [(0, shape_of(key)[0], 0)], dtype))
+            elif dim != self.cat_dim:  # the same rows of every piece, side by side
+                parts.append(read_rows(key, dim, [(*span, 0)], dtype))
+            elif max(span[0], offset) < min(span[1], offset + size):  # the rows of the run in this piece
+                lo, hi = max(span[0], offset), min(span[1], offset + size)
+                parts.append(read_rows(key, dim, [(lo - offset, hi - offset, 0)], dtype))
+            offset += size
+        return torch.cat(parts, dim=self.cat_dim)

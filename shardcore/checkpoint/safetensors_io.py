@@ -111,27 +111,30 @@ class SafetensorsFile:
     def read(self, key: str, spec, rank: int, dtype: torch.dtype) -> torch.Tensor:
         """This rank's slice of ``key`` (all of it if ``spec`` is None), cast to ``dtype``."""
         saved_dtype, shape, offset = self.entries[key]
-        same = saved_dtype == dtype
         if spec is None:
-            view = self._view(dtype, offset, list(shape)) if same else None
+            view = self._view(dtype, offset, list(shape)) if saved_dtype == dtype else None
             if view is not None:
                 return view
             out = torch.empty(shape, dtype=saved_dtype)
             self._read_into(out, offset)
             return out.to(dtype)
+        return self.read_rows(key, spec.dim, spec.ranges(rank), dtype)
+
+    def read_rows(self, key: str, dim: int, ranges: list[tuple[int, int, int]], dtype: torch.dtype) -> torch.Tensor:
+        """Rows ``[start, stop)`` of ``key`` along ``dim``, each run followed by ``pad`` zero rows, for
+        each ``(start, stop, pad)`` of ``ranges`` (a ``ShardSpec``'s), concatenated, cast to ``dtype``."""
+        saved_dtype, shape, offset = self.entries[key]
         item = torch.empty((), dtype=saved_dtype).element_size()
-        dim = spec.dim
         outer = torch.Size(shape[:dim]).numel()
         inner = torch.Size(shape[dim + 1 :]).numel()
         local_shape = list(shape)
-        local_shape[dim] = spec.local_size
-        ranges = spec.ranges(rank)
-        if same and outer == 1 and len(ranges) == 1 and ranges[0][2] == 0:  # one contiguous run of bytes
+        local_shape[dim] = local = sum(stop - start + pad for start, stop, pad in ranges)
+        if saved_dtype == dtype and outer == 1 and len(ranges) == 1 and ranges[0][2] == 0:  # one run of bytes
             view = self._view(dtype, offset + ranges[0][0] * inner * item, local_shape)
             if view is not None:
                 return view
         out = torch.zeros(local_shape, dtype=saved_dtype)  # zeros: the padding rows
-        out3 = out.view(outer, spec.local_size, inner)
+        out3 = out.view(outer, local, inner)
         at = 0
         for start, stop, pad in ranges:
             for o in range(outer):  # one contiguous run of bytes per outer index

@@ -202,11 +202,12 @@ class PlanPolicy(Policy):
         return DataParallelSpec(shard_dims=getattr(self, "_dp_dims", {}))
 
     def blocks(self):
+        """The first repeated container's blocks holding a planned module, else a parameter (GPT-OSS's
+        plan names only its ends: its layers are still FSDP's blocks)."""
         plans = self._plans if getattr(self, "_plans", None) is not None else {}
-        names = list(plans) or [n for n, _ in self.model.named_parameters()]
-        for container in self.model.modules():
-            if repeated(container):
-                blocks = blocks_in(self.model, container)
+        for names in (list(plans), [n for n, _ in self.model.named_parameters()]):
+            for container in self.model.modules():
+                blocks = blocks_in(self.model, container) if repeated(container) else []
                 if any(any(n == b or n.startswith(b + ".") for n in names) for b, _ in blocks):
                     return blocks
         return []

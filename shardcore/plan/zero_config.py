@@ -130,9 +130,12 @@ def split_ends(model: nn.Module, specs: dict) -> None:
 
 
 def zero_config_policy(model: nn.Module) -> PlanPolicy | None:
-    """The fallback policy for a model no plugin covers: the HuggingFace TP plans it ships, if any."""
+    """The fallback policy for a model no plugin covers: the HuggingFace TP plans it ships, if any, with
+    pipeline stages from the pipeline plan it ships (:mod:`shardcore.plan.shipped`)."""
     specs = hf_tp_plan(model)
     if specs is None:
         return None
+    from .shipped import ShippedPlanPolicy
+
     sources = " + ".join(source for _, _, source in shipped_plans(model))
-    return PlanPolicy(_Plan(specs, {}, sources))
+    return ShippedPlanPolicy(_Plan(specs, {}, sources))

@@ -32,13 +32,24 @@ def _local_chunk(x: torch.Tensor, group, dim: int) -> torch.Tensor:
     return x.chunk(world, dim=dim)[group_rank(group)].contiguous()
 
 
+def _alias(x: torch.Tensor) -> torch.Tensor:
+    """The one op a copy into a region issues, fresh (:class:`_CopyToTP`) or shared (:func:`shared_copies`).
+
+    Both issue it so that a block recomputed outside the forward's scope (activation checkpointing
+    recomputes in backward, where each layer makes its own copy) runs the same ops, in the same
+    order, as its forward did: torch's selective checkpointing finds each saved result by its op's
+    count within the block, and a shared copy that issued nothing made every later view's count
+    differ ("aten.view.default invocation index 14 ... not found in storage")."""
+    return x.view_as(x)
+
+
 class _CopyToTP(torch.autograd.Function):
     """Megatron's ``f``. Forward: identity. Backward: all-reduce (sum) of the gradient over the group."""
 
     @staticmethod
     def forward(ctx, x, group):
         ctx.group, ctx.where = group, None if traced.compiling() else backward_of()
-        return x.view_as(x)
+        return _alias(x)
 
     @staticmethod
     def backward(ctx, grad):
@@ -136,7 +147,7 @@ def copy_to_tp(x: torch.Tensor, group) -> torch.Tensor:
         key = (id(x), id(group))
         hit = _COPIES[-1].get(key)
         if hit is not None and hit[0] is x:
-            return hit[1]
+            return _alias(hit[1])  # the ops of a fresh copy: see _alias
         y = _CopyToTP.apply(x, group)
         _COPIES[-1][key] = (x, y)
         return y

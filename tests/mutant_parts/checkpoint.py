@@ -24,8 +24,10 @@ MUTANTS = [
         "SafetensorsFile.read",
         [
             (
-                "        ranges = spec.ranges(rank)\n",
-                "        n = spec.segments[0].num_shards\n        ranges = spec.ranges((rank % n) * (spec.tp_size // n) if spec.is_replicated else rank)\n",
+                "        return self.read_rows(key, spec.dim, spec.ranges(rank), dtype)\n",
+                "        n = spec.segments[0].num_shards\n"
+                "        rank = (rank % n) * (spec.tp_size // n) if spec.is_replicated else rank\n"
+                "        return self.read_rows(key, spec.dim, spec.ranges(rank), dtype)\n",
             )
         ],
         "tests/integration/test_llama_checkpoint.py::test_meta_load_then_save_round_trip[4]",
@@ -50,7 +52,12 @@ MUTANTS = [
         "load_checkpoint: every rank reads the first experts' pieces of a tensor kept in pieces",
         "shardcore/checkpoint/parts.py",
         "StackedParts.read",
-        [("            rows = range(start, stop)", "            rows = range(0, stop - start)")],
+        [
+            (
+                "                    out[at + i - start] = self._entry(i, read_rows, shape_of, dtype)",
+                "                    out[at + i - start] = self._entry(i - start, read_rows, shape_of, dtype)",
+            )
+        ],
         "plugins/shard-moe/tests/test_moe_workflow.py::test_checkpoint_in_per_expert_layout_read_on_shard[mixtral]",
         "after lazy load: max abs diff",
     ),
@@ -124,5 +131,34 @@ MUTANTS = [
         ],
         "tests/test_core_checkpoint.py::test_bad_checkpoints_fail_clearly_on_every_rank",
         "('wrong', ['no error', 'no error'])",
+    ),
+    m(
+        "stacked-parts-read-whole",
+        "load_checkpoint reads every piece of a stacked tensor whole and keeps its slice: a rank reads all "
+        "the experts' bytes",
+        "shardcore/checkpoint/parts.py",
+        "StackedParts._entry",
+        [
+            (
+                "                parts.append(read_rows(key, dim, [(*span, 0)], dtype))",
+                "                parts.append(read_rows(key, 0, [(0, shape_of(key)[0], 0)], dtype).narrow(dim, span[0], span[1] - span[0]))",
+            )
+        ],
+        "tests/test_core_recent_families.py::test_a_hub_layout_moe_checkpoint_is_read_on_shard",
+        "'expert_bytes': 65536}, 98304",
+    ),
+    m(
+        "library-parts-sources-swapped",
+        "a fused tensor's pieces concatenated against the converter's order (up projection before the gate)",
+        "shardcore/checkpoint/library.py",
+        "library_parts",
+        [
+            (
+                "            keys_of = tuple(tuple(pieces[name][s, i] for s in range(sources)) for i in indices)",
+                "            keys_of = tuple(tuple(pieces[name][s, i] for s in reversed(range(sources))) for i in indices)",
+            )
+        ],
+        "tests/test_core_recent_families.py::test_a_hub_layout_moe_checkpoint_is_read_on_shard",
+        "after lazy load",
     ),
 ]

@@ -95,4 +95,38 @@ MUTANTS = [
         "tests/test_core_plan_styles.py::test_a_second_style_of_a_taken_name_is_refused",
         "DID NOT RAISE",
     ),
+    m(
+        "plan-blocks-only-where-planned",
+        "a plan's blocks looked for only among its planned modules: a plan naming only the ends (GPT-OSS's) "
+        "leaves FSDP no block",
+        "shardcore/plan/policy.py",
+        "PlanPolicy.blocks",
+        [
+            (
+                "        for names in (list(plans), [n for n, _ in self.model.named_parameters()]):",
+                "        for names in (list(plans),):",
+            )
+        ],
+        "tests/test_core_recent_families.py::test_fsdp_finds_the_blocks_of_a_plan_that_names_only_the_ends",
+        "PlanPolicy.blocks() is empty",
+    ),
+    m(
+        "shipped-stages-last-ends-dropped",
+        "the modules the pipeline plan places after the blocks (the final norm) run on every stage",
+        "shardcore/plan/shipped.py",
+        "shipped_stage_facts",
+        [("last_ends=tuple(names[at + 1 :])", "last_ends=()")],
+        "tests/test_core_recent_families.py::test_pipeline_from_the_plan_the_config_ships[Qwen3]",
+        "pipeline_step loss 4.90475178 vs unsharded 4.89089918",
+    ),
+    m(
+        "shipped-stages-take-any-input",
+        "blocks taking an input the pipeline plan names and no stage builds are cut into stages anyway",
+        "shardcore/plan/shipped.py",
+        "shipped_stage_facts",
+        [("    taken = [i for i in plan[container[0]][0] if i not in _BUILT]", "    taken = []")],
+        "tests/test_core_recent_families.py::test_a_pipeline_the_shipped_plan_cannot_give_is_refused_by_name"
+        "[an-input-no-stage-builds]",
+        "no error",
+    ),
 ]

@@ -387,4 +387,14 @@ MUTANTS = [
         "tests/test_core_linear_loss.py::test_a_selective_checkpoint_marks_its_forward_and_recompute",
         "selective_active() in the forward and the recompute",
     ),
+    m(
+        "shared-copy-issues-no-op",
+        "a copy shared by q/k/v (gate/up) returned as it is, with no op of its own: a block that selective "
+        "checkpointing recomputes in backward counts its views differently from its forward",
+        "shardcore/tensor_parallel/mappings.py",
+        "copy_to_tp",
+        [("            return _alias(hit[1])  # the ops of a fresh copy: see _alias", "            return hit[1]")],
+        "tests/test_core_recent_families.py::test_selective_checkpointing_zero_config[Qwen3]",
+        "aten.view.default invocation index 14 encountered during backward but not found in storage",
+    ),
 ]

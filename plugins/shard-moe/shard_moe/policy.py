@@ -33,13 +33,11 @@ import attrs
 
 from shardcore import ModulePolicyDescription, Policy
 from shardcore.plugin_api import (
-    CheckpointSpec,
     ExpertSpec,
     HFStages,
     KernelSpec,
     SequenceSpec,
     SplitRMSNorm,
-    StackedParts,
     StageFacts,
     TensorParallelSpec,
     attention,
@@ -49,7 +47,6 @@ from shardcore.plugin_api import (
     defer_logits_gather,
     experts,
     mlp,
-    native_class,
     require_divisible,
     require_kv_heads,
     vocab_embedding,
@@ -203,41 +200,6 @@ class MoePolicy(Policy):
             return TensorParallelSpec()
         norms = ("self_attn.q_norm.weight", "self_attn.k_norm.weight")
         return TensorParallelSpec(grad_sum=[n for n, _ in self.model.named_parameters() if n.endswith(norms)])
-
-    def checkpoints(self):
-        return CheckpointSpec(names=self._checkpoint_names, parts=self._checkpoint_parts)
-
-    def _checkpoint_names(self, names: list[str]) -> dict[str, str]:
-        """Mixtral's checkpoints keep the sparse block under its original name, ``block_sparse_moe``."""
-        if native_class(self.model).__name__.startswith("Mixtral"):
-            return {n: n.replace(".mlp.gate.", ".block_sparse_moe.gate.") for n in names if ".mlp.gate." in n}
-        return {}
-
-    def _checkpoint_parts(self, names: list[str]) -> dict:
-        """transformers 5 writes the fused experts one tensor per expert (Mixtral: ``w1`` the gate,
-        ``w3`` the up projection, ``w2`` the down projection under ``block_sparse_moe``; Qwen:
-        ``gate_proj`` / ``up_proj`` / ``down_proj`` under ``mlp.experts.<e>``) and fuses them when
-        loading: shard-on-read reads each rank's experts from those pieces."""
-        cfg = self.model.config
-        experts = getattr(cfg, "num_local_experts", None) or cfg.num_experts
-        mixtral = native_class(self.model).__name__.startswith("Mixtral")
-        pieces = (
-            {"gate_up_proj": ("w1", "w3"), "down_proj": ("w2",)}
-            if mixtral
-            else {
-                "gate_up_proj": ("gate_proj", "up_proj"),
-                "down_proj": ("down_proj",),
-            }
-        )
-        out = {}
-        for name in names:
-            layer, sep, weight = name.rpartition(".mlp.experts.")
-            if sep and weight in pieces:
-                block = f"{layer}.block_sparse_moe.experts" if mixtral else f"{layer}.mlp.experts"
-                out[name] = StackedParts(
-                    tuple(tuple(f"{block}.{e}.{piece}.weight" for piece in pieces[weight]) for e in range(experts))
-                )
-        return out
 
 
 class MoeModelPolicy(MoePolicy):

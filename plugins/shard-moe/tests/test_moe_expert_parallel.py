@@ -180,18 +180,18 @@ def _lazy_ep(ckpt: str, out: str) -> dict:
     the expert pieces this rank read (positioned reads, counted)."""
     from shardcore.checkpoint import safetensors_io
 
-    read, original = [], safetensors_io.SafetensorsFile.read
+    read, original = [], safetensors_io.SafetensorsFile.read_rows
 
-    def counting(self, key, spec, rank, dtype):
-        out = original(self, key, spec, rank, dtype)
+    def counting(self, key, dim, ranges, dtype):  # every piece of a stacked tensor is read by rows
+        out = original(self, key, dim, ranges, dtype)
         read.append(key)
         return out
 
-    safetensors_io.SafetensorsFile.read = counting
+    safetensors_io.SafetensorsFile.read_rows = counting
     try:
         assert_lazy_load_matches(lambda: build("mixtral"), lm_batch(), ckpt, _ep(2, 1), save_to=out)
     finally:
-        safetensors_io.SafetensorsFile.read = original
+        safetensors_io.SafetensorsFile.read_rows = original
     return {"experts": sorted({k.split(".experts.")[1].split(".")[0] for k in read if ".experts." in k})}
 
 

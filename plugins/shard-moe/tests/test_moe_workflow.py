@@ -63,18 +63,18 @@ def _read_bytes(family: str, ckpt: str) -> dict:
     with shardcore.init_empty():
         model = build(family)
     model = shardcore.optimize(model, TP2)
-    read, original = [], safetensors_io.SafetensorsFile.read
+    read, original = [], safetensors_io.SafetensorsFile.read_rows
 
-    def counting(self, key, spec, rank, dtype):
-        out = original(self, key, spec, rank, dtype)
+    def counting(self, key, dim, ranges, dtype):  # every piece of a stacked tensor is read by rows
+        out = original(self, key, dim, ranges, dtype)
         read.append((key, out.numel() * out.element_size()))
         return out
 
-    safetensors_io.SafetensorsFile.read = counting
+    safetensors_io.SafetensorsFile.read_rows = counting
     try:
         shardcore.load_checkpoint(model, ckpt)
     finally:
-        safetensors_io.SafetensorsFile.read = original
+        safetensors_io.SafetensorsFile.read_rows = original
     experts = [(k, n) for k, n in read if ".experts." in k]
     return {
         "keys": sorted({k.split(".experts.")[1].split(".")[0] for k, _ in experts}),
@@ -82,10 +82,10 @@ def _read_bytes(family: str, ckpt: str) -> dict:
     }
 
 
-@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe", "olmoe"])
+@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe"])
 def test_checkpoint_in_per_expert_layout_read_on_shard(family, tmp_path):
-    """transformers 5 writes the experts one tensor each and fuses them when loading; shard-on-read
-    reads each rank's experts from those pieces only (half the experts' bytes at TP=2) onto the
+    """transformers 5 writes the experts one tensor each and fuses them when loading (its conversion
+    mapping says how, and shard-on-read follows it); shard-on-read reads each rank's experts from those pieces only (half the experts' bytes at TP=2) onto the
     meta-built sharded model, equal outputs; save_checkpoint writes the fused tensors (the model's
     names), which from_pretrained reads back to the same model."""
     torch.manual_seed(0)
@@ -93,7 +93,8 @@ def test_checkpoint_in_per_expert_layout_read_on_shard(family, tmp_path):
     run_on_ranks(2, _lazy, family, str(tmp_path / "ckpt"), str(tmp_path / "out"))
     reads = run_on_ranks(2, _read_bytes, family, str(tmp_path / "ckpt"))
     assert [r["keys"] for r in reads] == [["0", "1"], ["2", "3"]], reads
-    per_expert = {"mixtral": 3 * 96 * 64, "qwen2_moe": 3 * 48 * 64, "olmoe": 3 * 48 * 64}[family] * 4  # fp32
+    per_expert = {"mixtral": 3 * 96 * 64, "qwen2_moe": 3 * 48 * 64, "qwen3_moe": 3 * 48 * 64, "olmoe": 3 * 48 * 64}
+    per_expert = per_expert[family] * 4  # fp32
     assert all(r["bytes"] == 2 * 2 * per_expert for r in reads), reads  # 2 layers x 2 experts
     torch.manual_seed(0)
     ref = build(family).eval()

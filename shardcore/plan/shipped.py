@@ -1,0 +1,66 @@
+"""What a model no plugin covers ships besides its TP plan: pipeline stages from its pipeline plan.
+
+transformers gives 130 config classes a ``base_model_pp_plan``: the base model's modules in their
+order, each with the inputs it takes and the outputs it hands on (``embed_tokens``: ``input_ids`` ->
+``inputs_embeds``; ``layers``: ``hidden_states``, ``attention_mask`` -> ``hidden_states``; ``norm``),
+and the model class a ``_pp_plan`` for its head (``lm_head``: ``hidden_states`` -> ``logits``). That
+is all :class:`~shardcore.integrations.hf.stages.HFStages` needs: the modules before the repeated
+blocks run on the first stage only, those after on the last, and every stage runs the model's own
+forward over its blocks (the others' are holes keeping their attributes, so a sliding layer stays
+sliding), rebuilding the masks and the rotary embeddings from the inputs that travel with the hidden
+states. :class:`ShippedPlanPolicy` is the zero-config policy with those stages; a model whose plan
+the stages cannot follow is refused by name when a pipeline is asked for, never run wrong."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from ..integrations.hf.stages import HFStages, StageFacts
+from .policy import PlanPolicy
+
+__all__ = ["ShippedPlanPolicy", "shipped_stage_facts"]
+
+#: what the blocks may take: the hidden states, and what the model's own forward builds on every stage
+_BUILT = ("hidden_states", "attention_mask")
+
+
+def _refuse(model: nn.Module, what: str) -> NotImplementedError:
+    config = type(getattr(model, "config", None)).__name__
+    return NotImplementedError(f"{config}'s base_model_pp_plan: {what}; write a plugin with its stages")
+
+
+def shipped_stage_facts(model: nn.Module, base: nn.Module, blocks: list[tuple[str, nn.Module]]) -> StageFacts:
+    """The :class:`StageFacts` of ``model`` from the pipeline plans it ships, checked against its
+    modules (``blocks``: its repeated blocks, as the policy found them); NotImplementedError naming
+    what the stages cannot follow."""
+    plan = getattr(getattr(base, "config", None), "base_model_pp_plan", None)
+    if not plan:
+        raise _refuse(model, "none ships (transformers gives this config class no pipeline plan)")
+    heads = dict(getattr(type(model), "_pp_plan", None) or {})
+    if not type(model).__name__.endswith("ForCausalLM") or list(heads) != ["lm_head"]:
+        raise _refuse(model, f"stages are built for a *ForCausalLM with an lm_head, not {type(model).__name__}")
+    names = list(plan)
+    container = [n for n in names if isinstance(getattr(base, n, None), nn.ModuleList)]
+    prefix = next((n for n, m in model.named_modules() if m is base), "")
+    held = {f"{prefix}.{n}" if prefix else n for n in container}
+    if len(container) != 1 or not blocks or {name.rpartition(".")[0] for name, _ in blocks} != held:
+        raise _refuse(model, f"its modules {names} name no one list of the model's blocks ({container})")
+    taken = [i for i in plan[container[0]][0] if i not in _BUILT]
+    if taken:
+        raise _refuse(model, f"its blocks take {taken}, which no stage builds (they take {list(_BUILT)})")
+    unplaced = [n for n, m in base.named_children() if n not in plan and any(True for _ in m.parameters())]
+    if unplaced:
+        raise _refuse(model, f"{unplaced} hold parameters and are on no stage of it (it places {names})")
+    at = names.index(container[0])
+    return StageFacts(first_ends=tuple(names[:at]), last_ends=tuple(names[at + 1 :]), heads=("lm_head",))
+
+
+class ShippedPlanPolicy(HFStages, PlanPolicy):
+    """The zero-config policy: the TP plan the model ships, and pipeline stages from its pipeline plan."""
+
+    @property
+    def base(self) -> nn.Module:
+        return self.model.base_model
+
+    def stages(self) -> StageFacts:
+        return shipped_stage_facts(self.model, self.base, self.blocks())

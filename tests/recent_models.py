@@ -1,0 +1,82 @@
+"""Tiny configs of the families people train in 2026 that no plugin covers (zero-config: the plan each
+config ships), built with random weights: Qwen3, Gemma 3 (sliding and full layers), OLMo-2, Phi-3,
+GPT-OSS and DeepSeek-V3 (MoE, grouped top-k, MLA attention)."""
+
+from __future__ import annotations
+
+import torch
+
+#: what every family shares: 4 query heads over 2 key/value heads, 2 layers
+COMMON = {
+    "vocab_size": 128,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 64,
+    "pad_token_id": 0,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
+LAYERS = ["sliding_attention", "full_attention"]
+#: each family's config class, model class, its own fields and attention implementation
+FAMILIES = {
+    "Qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 16}, "sdpa"),
+    "Gemma3": (
+        "Gemma3TextConfig",
+        "Gemma3ForCausalLM",
+        {"head_dim": 16, "sliding_window": 4, "layer_types": LAYERS},
+        "sdpa",
+    ),
+    "Olmo2": ("Olmo2Config", "Olmo2ForCausalLM", {}, "sdpa"),
+    "Phi3": ("Phi3Config", "Phi3ForCausalLM", {}, "sdpa"),
+    "GptOss": (
+        "GptOssConfig",
+        "GptOssForCausalLM",
+        {"head_dim": 16, "num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 4, "layer_types": LAYERS},
+        "eager",  # its attention sinks: no sdpa in transformers
+    ),
+    "DeepseekV3": (
+        "DeepseekV3Config",
+        "DeepseekV3ForCausalLM",
+        {
+            "moe_intermediate_size": 32,
+            "n_routed_experts": 4,
+            "num_experts_per_tok": 2,
+            "n_shared_experts": 1,
+            "n_group": 2,
+            "topk_group": 1,
+            "first_k_dense_replace": 1,  # layer 0 dense, layer 1 MoE
+            "q_lora_rank": 32,
+            "kv_lora_rank": 16,
+            "qk_rope_head_dim": 8,
+            "qk_nope_head_dim": 8,
+            "v_head_dim": 16,
+        },
+        "sdpa",
+    ),
+}
+
+
+def config(family: str, layers: int = 2):
+    import transformers
+
+    config_class, _, own, attention = FAMILIES[family]
+    own = dict(own)
+    if "layer_types" in own:  # sliding and full layers in turn
+        own["layer_types"] = [LAYERS[i % 2] for i in range(layers)]
+    config = getattr(transformers, config_class)(**COMMON | own | {"num_hidden_layers": layers})
+    config._attn_implementation = attention
+    return config
+
+
+def build(family: str, layers: int = 2) -> torch.nn.Module:
+    import transformers
+
+    return getattr(transformers, FAMILIES[family][1])(config(family, layers)).float()
+
+
+def batch(seed: int = 0, seq: int = 12, rows: int = 2) -> dict:
+    ids = torch.randint(3, COMMON["vocab_size"], (rows, seq), generator=torch.Generator().manual_seed(seed))
+    return {"input_ids": ids, "labels": ids}

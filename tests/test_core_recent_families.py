@@ -1,0 +1,172 @@
+"""The families people train in 2026 with no plugin (Qwen3, Gemma 3, OLMo-2, DeepSeek-V3, ...), sharded
+zero-config, through the user's own lines: each compared with the unsharded model (outputs, loss, every
+gradient, 3 AdamW steps)."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+from recent_models import COMMON, batch, build, config
+
+from shardcore import ShardConfig
+from shardcore.testing import assert_sharded_matches, run_on_ranks
+
+TP2 = ShardConfig(tensor_parallel_size=2)
+
+
+def _selective(family: str) -> dict:
+    import shardcore
+
+    decided = {"save": 0, "recompute": 0}
+
+    def checkpointed():
+        model = build(family)
+        kwargs = {"use_reentrant": False, "context_fn": shardcore.selective_checkpoint_context(counts=decided)}
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+        return model
+
+    return assert_sharded_matches(checkpointed, batch(), ShardConfig(tensor_parallel_size=2)) | decided
+
+
+@pytest.mark.parametrize("family", ["Qwen3", "Gemma3", "Olmo2", "DeepseekV3"])
+def test_selective_checkpointing_zero_config(family):
+    """The model's own gradient_checkpointing_enable with shardcore's selective context at TP=2: the
+    q/k norms' views and the shared copies of q/k/v's input recomputed as their forward ran them."""
+    for report in run_on_ranks(2, _selective, family):
+        assert "max_abs_diff_after_steps" in report, report
+        assert report["save"] > 0 and report["recompute"] > 0, report
+
+
+def _fsdp(family: str) -> dict:
+    import torch.distributed.fsdp as fsdp
+
+    import shardcore
+
+    report = assert_sharded_matches(
+        lambda: build(family), batch(), ShardConfig(tensor_parallel_size=1, data_parallel="fsdp")
+    )
+    model = shardcore.optimize(build(family), ShardConfig(tensor_parallel_size=1, data_parallel="fsdp"))
+    wrapped = [n for n, m in model.named_modules() if isinstance(m, fsdp.FSDPModule)]
+    return report | {"wrapped": wrapped}
+
+
+def test_fsdp_finds_the_blocks_of_a_plan_that_names_only_the_ends():
+    """GPT-OSS's plan names only its embedding and head: FSDP still shards each decoder layer."""
+    for report in run_on_ranks(2, _fsdp, "GptOss"):
+        assert "max_abs_diff_after_steps" in report, report
+        assert {"model.layers.0", "model.layers.1"} <= set(report["wrapped"]), report["wrapped"]
+
+
+def _lazy(family: str, checkpoint: str) -> dict:
+    """Load the per-expert checkpoint onto the meta-built model at TP=2; the expert bytes read, counted."""
+    from shardcore.checkpoint import safetensors_io
+    from shardcore.testing import assert_lazy_load_matches
+
+    read, original = [], safetensors_io.SafetensorsFile.read_rows
+
+    def counting(self, key, dim, ranges, dtype):  # every piece of a stacked tensor is read by rows
+        out = original(self, key, dim, ranges, dtype)
+        read.append((key, out.numel() * out.element_size()))
+        return out
+
+    safetensors_io.SafetensorsFile.read_rows = counting
+    try:
+        worst = assert_lazy_load_matches(lambda: build(family), {"input_ids": batch()["input_ids"]}, checkpoint, TP2)
+    finally:
+        safetensors_io.SafetensorsFile.read_rows = original
+    return {"worst": worst, "expert_bytes": sum(n for key, n in read if ".experts." in key)}
+
+
+def test_a_hub_layout_moe_checkpoint_is_read_on_shard(tmp_path):
+    """DeepSeek-V3 as save_pretrained writes it (and the Hub holds it): each expert's gate, up and down
+    projections apart, fused by transformers' own conversion mapping on reading. At TP=2 (its plan splits
+    the fused gate_up packed by columns, down_proj by rows) each rank reads half of every expert's bytes:
+    a slice of the gate's rows and of the up projection's, half of down_proj's columns."""
+    import torch
+
+    torch.manual_seed(0)
+    model = build("DeepseekV3")
+    model.save_pretrained(tmp_path)
+    total = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if ".experts." in n)
+    for report in run_on_ranks(2, _lazy, "DeepseekV3", str(tmp_path)):
+        assert report["expert_bytes"] == total // 2, (report, total)
+
+
+def _pipeline(family: str, config: dict, layers: int) -> dict:
+    from shardcore.testing.pipeline import assert_pipeline_matches
+
+    rows = 4 if config.get("pipeline_schedule") == "Interleaved1F1B" else 2  # its 4 microbatches
+    return assert_pipeline_matches(lambda: build(family, layers), batch(rows=rows), ShardConfig(**config))
+
+
+@pytest.mark.parametrize("family", ["Qwen3", "Gemma3", "Olmo2", "DeepseekV3"])
+def test_pipeline_from_the_plan_the_config_ships(family):
+    """PP=2 (1F1B) cut where the config's base_model_pp_plan says: the embedding on the first stage,
+    the final norm and the head on the last, the model's own forward on each stage's layers (Gemma 3's
+    sliding layer stays sliding, DeepSeek-V3's MoE layer routes its tokens): loss, every gradient and
+    3 AdamW steps equal to the unsharded model's."""
+    config = {"pipeline_parallel_size": 2, "tensor_parallel_size": 1}
+    for report in run_on_ranks(2, _pipeline, family, config, 2):
+        assert "max_abs_diff_after_steps" in report, report
+
+
+@pytest.mark.parametrize("family", ["Qwen3", "Gemma3", "Olmo2"])
+def test_pipeline_from_the_shipped_plan_with_tensor_parallelism(family):
+    """PP=2 x TP=2 on 4 ranks, the shipped TP plan inside each stage; and Interleaved1F1B over 4 layers
+    (two stages a rank, Gemma 3's sliding and full layers alternating across them)."""
+    pp_tp = {"pipeline_parallel_size": 2, "tensor_parallel_size": 2}
+    for report in run_on_ranks(4, _pipeline, family, pp_tp, 2):
+        assert "max_abs_diff_after_steps" in report, report
+    interleaved = {"pipeline_parallel_size": 2, "tensor_parallel_size": 1, "pipeline_schedule": "Interleaved1F1B"}
+    for report in run_on_ranks(2, _pipeline, family, interleaved, 4):
+        assert "max_abs_diff_after_steps" in report, report
+
+
+def _diff_llama():
+    import transformers
+
+    config = transformers.DiffLlamaConfig(**COMMON)  # a TP plan shipped, no pipeline plan
+    return transformers.DiffLlamaForCausalLM(config)
+
+
+def _qwen3_classifier():
+    import transformers
+
+    return transformers.Qwen3ForSequenceClassification(config("Qwen3"))
+
+
+def _qwen3_pp_plan(changed: dict):
+    model = build("Qwen3")
+    plan = dict(model.config.base_model_pp_plan) | changed
+    model.config.base_model_pp_plan = {k: v for k, v in plan.items() if v is not None}
+    return model
+
+
+def _qwen3_with_pp_plan(**changed):
+    return functools.partial(_qwen3_pp_plan, changed)
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (
+            _qwen3_with_pp_plan(layers=(["hidden_states", "encoder_hidden_states"], ["hidden_states"])),
+            r"its blocks take \['encoder_hidden_states'\], which no stage builds",
+        ),
+        (_qwen3_with_pp_plan(norm=None), r"\['norm'\] hold parameters and are on no stage of it"),
+        (_diff_llama, r"DiffLlamaConfig's base_model_pp_plan: none ships .*; write a plugin with its stages"),
+        (_qwen3_classifier, r"built for a \*ForCausalLM with an lm_head, not Qwen3ForSequenceClassification"),
+    ],
+    ids=["an-input-no-stage-builds", "a-module-on-no-stage", "no-pipeline-plan", "not-a-causal-lm"],
+)
+def test_a_pipeline_the_shipped_plan_cannot_give_is_refused_by_name(make, message):
+    """Refused at optimize, on every rank alike, before any collective: the config class and what is missing."""
+    import re
+
+    from shardcore.testing.refusals import refusal_message
+
+    layout = ShardConfig(pipeline_parallel_size=2, tensor_parallel_size=1)
+    for said in run_on_ranks(2, refusal_message, make, layout):
+        assert re.search(message, said), said
+        assert "does not support pipeline parallelism" in said, said
