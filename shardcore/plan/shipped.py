@@ -9,13 +9,19 @@ blocks run on the first stage only, those after on the last, and every stage run
 forward over its blocks (the others' are holes keeping their attributes, so a sliding layer stays
 sliding), rebuilding the masks and the rotary embeddings from the inputs that travel with the hidden
 states. :class:`ShippedPlanPolicy` is the zero-config policy with those stages; a model whose plan
-the stages cannot follow is refused by name when a pipeline is asked for, never run wrong."""
+the stages cannot follow is refused by name when a pipeline is asked for, never run wrong.
+
+Its sequence parallelism (Ulysses, the ring) runs the model's attention through transformers'
+registry, as the plugins' does; per-head attention sinks are refused under Ulysses by name."""
 
 from __future__ import annotations
 
 from torch import nn
 
+from ..integrations.hf.heads import attention_dims
 from ..integrations.hf.stages import HFStages, StageFacts
+from ..kernels import attention_registry
+from ..spec import SequenceSpec
 from .policy import PlanPolicy
 
 __all__ = ["ShippedPlanPolicy", "shipped_stage_facts"]
@@ -55,8 +61,14 @@ def shipped_stage_facts(model: nn.Module, base: nn.Module, blocks: list[tuple[st
     return StageFacts(first_ends=tuple(names[:at]), last_ends=tuple(names[at + 1 :]), heads=("lm_head",))
 
 
+def _sinks(model: nn.Module) -> list[str]:
+    """The attention modules holding per-head sinks (GPT-OSS's ``sinks``, one logit a head)."""
+    return [n for n, m in model.named_modules() if isinstance(getattr(m, "sinks", None), nn.Parameter)]
+
+
 class ShippedPlanPolicy(HFStages, PlanPolicy):
-    """The zero-config policy: the TP plan the model ships, and pipeline stages from its pipeline plan."""
+    """The zero-config policy: the TP plan the model ships, pipeline stages from its pipeline plan, and
+    Ulysses and the ring through transformers' attention registry."""
 
     @property
     def base(self) -> nn.Module:
@@ -64,3 +76,28 @@ class ShippedPlanPolicy(HFStages, PlanPolicy):
 
     def stages(self) -> StageFacts:
         return shipped_stage_facts(self.model, self.base, self.blocks())
+
+    def sequence(self) -> SequenceSpec:
+        """A decoder's sequence split over ``sp`` ranks: the attention switched in transformers' registry
+        (Ulysses: whole heads a rank, the head counts from the config; the ring: what it does not compute,
+        sliding windows and soft-capping, over gathered keys and values), the rotary embeddings split with
+        the hidden states. Nothing declared for a composite (its towers' attention differs)."""
+        config = self.model.config
+        if getattr(config, "num_attention_heads", None) is None:
+            return SequenceSpec()
+        heads, kv, _ = attention_dims(config)
+        return SequenceSpec(
+            modes=("all_to_all", "ring_attn"),
+            split_kwargs=("position_embeddings",),
+            heads=(heads, kv),
+            attention_problem=self._attention_problem,
+        )
+
+    def _attention_problem(self, mode: str) -> str | None:
+        sinks = _sinks(self.model)
+        if sinks and mode == "all_to_all":
+            return (
+                f"sequence_parallelism_mode='all_to_all': the attention sinks of {sinks[0]} (one per head) are not "
+                "split with the heads; use sequence_parallelism_mode='ring_attn' or leave sequence_parallel_size=1"
+            )
+        return attention_registry().sequence_problem(self.model, mode)

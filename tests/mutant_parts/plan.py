@@ -127,6 +127,24 @@ MUTANTS = [
         [("    taken = [i for i in plan[container[0]][0] if i not in _BUILT]", "    taken = []")],
         "tests/test_core_recent_families.py::test_a_pipeline_the_shipped_plan_cannot_give_is_refused_by_name"
         "[an-input-no-stage-builds]",
-        "no error",
+        "not refused as expected; optimize said: no error",
+    ),
+    m(
+        "shipped-rotary-not-split",
+        "under Ulysses / the ring the rotary embeddings of the whole sequence meet a rank's part of it",
+        "shardcore/plan/shipped.py",
+        "ShippedPlanPolicy.sequence",
+        [('            split_kwargs=("position_embeddings",),', "            split_kwargs=(),")],
+        "tests/test_core_recent_families.py::test_sequence_parallelism_through_the_attention_registry[Qwen3-ring_attn]",
+        "The size of tensor a (8) must match the size of tensor b (16) at non-singleton dimension 2",
+    ),
+    m(
+        "shipped-sinks-under-ulysses",
+        "GPT-OSS's per-head attention sinks not refused under Ulysses (each rank holds half the heads)",
+        "shardcore/plan/shipped.py",
+        "ShippedPlanPolicy._attention_problem",
+        [('        if sinks and mode == "all_to_all":', "        if False:")],
+        "tests/test_core_recent_families.py::test_attention_sinks_are_refused_under_ulysses",
+        "runs attention 'eager', which is not in transformers' attention registry",
     ),
 ]
