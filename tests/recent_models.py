@@ -48,6 +48,8 @@ FAMILIES = {
             "n_group": 2,
             "topk_group": 1,
             "first_k_dense_replace": 1,  # layer 0 dense, layer 1 MoE
+            "num_key_value_heads": 4,  # MLA expands its latent to every head (transformers' sdpa repeats K/V by
+            # heads // kv_heads after that expansion whenever a mask is built: as many as the heads, as the real model)
             "q_lora_rank": 32,
             "kv_lora_rank": 16,
             "qk_rope_head_dim": 8,

@@ -52,8 +52,12 @@ def _take(new: nn.Module, module: nn.Module, parts: int, why: str) -> None:
     new._modules.update(module._modules)
     new.native = type(module)
     new.train(module.training)
-    for name in ("gate_up_proj", "down_proj"):
-        full = getattr(module, name)
+    for name, full in list(module.named_parameters(recurse=False)):  # each one slice per expert (biases too)
+        if full.shape[:1] != (experts,):
+            raise ValueError(
+                f"{type(module).__name__}.{name} {list(full.shape)} does not hold one slice per expert of {experts}: "
+                "the experts cannot be split whole; shard this model without expert parallelism"
+            )
         new._shard_param(name, full, ShardSpec.even(experts, parts, dim=0, what=f"{name} experts"))
     new.num_experts = experts // parts
     new.total_experts = experts

@@ -16,13 +16,17 @@ registry, as the plugins' does; per-head attention sinks are refused under Ulyss
 
 from __future__ import annotations
 
+import attrs
 from torch import nn
 
 from ..integrations.hf.heads import attention_dims
 from ..integrations.hf.stages import HFStages, StageFacts
 from ..kernels import attention_registry
-from ..spec import SequenceSpec
+from ..policy import ModulePolicyDescription
+from ..policy import SubModuleReplacementDescription as Sub
+from ..spec import ExpertSpec, SequenceSpec
 from .policy import PlanPolicy
+from .syntax import _regex
 
 __all__ = ["ShippedPlanPolicy", "shipped_stage_facts"]
 
@@ -59,6 +63,10 @@ def shipped_stage_facts(model: nn.Module, base: nn.Module, blocks: list[tuple[st
         raise _refuse(model, f"{unplaced} hold parameters and are on no stage of it (it places {names})")
     at = names.index(container[0])
     return StageFacts(first_ends=tuple(names[:at]), last_ends=tuple(names[at + 1 :]), heads=("lm_head",))
+
+
+def _under(path: str, module: str) -> bool:
+    return path == module or path.startswith(f"{module}.")
 
 
 def _sinks(model: nn.Module) -> list[str]:
@@ -101,3 +109,36 @@ class ShippedPlanPolicy(HFStages, PlanPolicy):
                 "split with the heads; use sequence_parallelism_mode='ring_attn' or leave sequence_parallel_size=1"
             )
         return attention_registry().sequence_problem(self.model, mode)
+
+    # -- expert parallelism: the experts modules the config's base_model_ep_plan dispatches tokens to --
+
+    def _dispatched(self) -> list[str]:
+        """The experts modules the config's ``base_model_ep_plan`` gives ``ep_dispatch_experts``."""
+        plan = getattr(self.model.config, "base_model_ep_plan", None) or {}
+        prefix = next((f"{n}." for n, m in self.model.named_modules() if m is self.base and n), "")
+        keys = [_regex(prefix + k) for k, style in plan.items() if style == "ep_dispatch_experts"]
+        return [n for n, _ in self.model.named_modules() if n and any(k.match(n) for k in keys)]
+
+    def experts(self) -> ExpertSpec:
+        """Expert parallelism where the config's expert plan names the experts modules (transformers 5's
+        fused experts, every parameter one slice per expert: GPT-OSS's biases too); else refused."""
+        if not self._dispatched():
+            return super().experts()
+        return ExpertSpec(supported=True)
+
+    def module_policy(self):
+        """The TP plan's layers; under expert parallelism the experts modules the expert plan names
+        become :class:`~shardcore.expert_parallel.experts.ExpertsEP` (whole experts over the ``ep x tp``
+        ranks) in place of what the TP plan does to them."""
+        policy = super().module_policy()
+        if self.shard_config.expert_parallel_size == 1:
+            return policy
+        from ..expert_parallel.experts import ExpertsEP
+
+        dispatched = self._dispatched()
+        own = policy[type(self.model)]
+        kept = [s for s in own.sub_module_replacement if not any(_under(s.suffix, d) for d in dispatched)]
+        if self.tp_size == 1:  # the experts alone: the rest whole, data-parallel
+            own, kept = ModulePolicyDescription(), []
+        routed = [Sub(suffix=d, target_module=ExpertsEP, kwargs={"layout": self.layout}) for d in dispatched]
+        return {type(self.model): attrs.evolve(own, sub_module_replacement=kept + routed)}

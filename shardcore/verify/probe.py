@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..distributed.collectives import all_reduce
+from ..distributed.collectives import all_reduce, group_size
 from ..inputs import Inputs, evaluating, find_inputs
 from ..inputs import device_of as _device
 from ..tensor_parallel.vocab_slice import plain, slice_of
@@ -222,7 +222,7 @@ class BlockProbe:
             where = f"the block check of optimize ({path}.{name})"
             if name in specs:
                 spec, pgroup = specs[name]
-                grad, total = spec.gather(grad, pgroup), None
+                grad, total = spec.gather(grad, pgroup) / _routed_copies(block, name), None
             else:  # replicated: is it this rank's share of the unsharded gradient (then summed from now on)?
                 total = all_reduce(grad.clone(), group, where=where)
             if grad.shape != expected.shape:
@@ -247,6 +247,14 @@ def _located(expected: list, got: list, block: nn.Module, path: str, group) -> l
     skip = {f"{path}.{n}" if n else path for n, m in block.named_modules() if isinstance(m, ParallelModule)}
     where = first_difference(expected, got, skip, group_rank(group), group_size(group))
     return [where] if where else []
+
+
+def _routed_copies(block: nn.Module, name: str) -> int:
+    """How many times an expert-parallel parameter's gradient counts the probe: every rank runs the block on
+    the same input and the expert-parallel ranks send it all to the experts (ep copies of each token)."""
+    owner = block.get_submodule(name.rpartition(".")[0])
+    group = getattr(owner, "ep_group", None) if getattr(owner, "expert_parallel", False) else None
+    return 1 if group is None else group_size(group)
 
 
 def sum_found(model: nn.Module, blocks: list[tuple[str, nn.Module]], found: list[str], group) -> list[str]:

@@ -82,4 +82,19 @@ MUTANTS = [
         "gradient of model.",
         fast=True,
     ),
+    m(
+        "experts-split-without-biases",
+        "only the experts' gate_up_proj and down_proj taken over to the expert ranks: GPT-OSS's per-expert biases "
+        "are lost",
+        "shardcore/expert_parallel/experts.py",
+        "_take",
+        [
+            (
+                "    for name, full in list(module.named_parameters(recurse=False)):",
+                '    for name, full in [(n, getattr(module, n)) for n in ("gate_up_proj", "down_proj")]:',
+            )
+        ],
+        "tests/test_core_recent_families.py::test_expert_parallelism_from_the_shipped_expert_plan[GptOss-ep2-ddp]",
+        "parameter names differ from the unsharded model's: missing ['model.layers.0.mlp.experts.down_proj_bias'",
+    ),
 ]

@@ -147,4 +147,19 @@ MUTANTS = [
         "tests/test_core_recent_families.py::test_attention_sinks_are_refused_under_ulysses",
         "runs attention 'eager', which is not in transformers' attention registry",
     ),
+    m(
+        "shipped-experts-not-routed",
+        "under expert parallelism the experts the expert plan names are left as the TP plan has them: no token "
+        "travels, every rank runs every expert",
+        "shardcore/plan/shipped.py",
+        "ShippedPlanPolicy.module_policy",
+        [
+            (
+                '        routed = [Sub(suffix=d, target_module=ExpertsEP, kwargs={"layout": self.layout}) for d in dispatched]',
+                "        routed = []",
+            )
+        ],
+        "tests/test_core_recent_families.py::test_expert_parallelism_from_the_shipped_expert_plan[DeepseekV3-ep2-ddp]",
+        "'all_to_all': 0",
+    ),
 ]

@@ -57,4 +57,14 @@ MUTANTS = [
         "tests/test_core_verify.py::test_replicated_parameter_on_split_activations_gets_its_gradient_summed[2]",
         "a partial gradient left unsummed: {'embed.weight'",
     ),
+    m(
+        "probe-counts-routed-tokens-once",
+        "the block check compares an expert-parallel parameter's gradient as if its experts saw each probe token "
+        "once: every rank sent the same tokens, so a right EP x TP layout is refused",
+        "shardcore/verify/probe.py",
+        "_routed_copies",
+        [("    return 1 if group is None else group_size(group)", "    return 1")],
+        "tests/test_core_recent_families.py::test_expert_parallelism_from_the_shipped_expert_plan[DeepseekV3-ep2-tp2]",
+        "the gradients of mlp.experts.gate_up_proj (1), mlp.experts.down_proj (1) differ",
+    ),
 ]
