@@ -74,9 +74,10 @@ def test_zero_config_moe_save_pretrained_loads_unsharded(tmp_path):
         assert report["tensors"] > 0
 
 
-def test_expert_parallel_over_a_shipped_plan_is_refused_saying_why():
-    """expert_parallel_size on a zero-config MoE: the check optimize runs before any collective says
-    the plan's experts are split by tensor parallelism and expert parallelism over plans is not built."""
+def test_expert_parallel_over_a_shipped_plan_without_an_expert_plan_is_refused_saying_why():
+    """expert_parallel_size on a zero-config MoE whose config ships no base_model_ep_plan (Llama-4): the check
+    optimize runs before any collective says the plan's experts are split by tensor parallelism. DeepSeek-V3,
+    whose config ships one, passes the same check (its expert parallelism: test_core_recent_families.py)."""
     import types
 
     import transformers
@@ -85,10 +86,16 @@ def test_expert_parallel_over_a_shipped_plan_is_refused_saying_why():
     from shardcore.expert_parallel import check_expert_parallel
     from shardcore.plan import zero_config_policy
 
-    model = transformers.DeepseekV3ForCausalLM(families.tiny_config("deepseek_v3"))
     config = ShardConfig(tensor_parallel_size=2, data_parallel="ddp", expert_parallel_size=2)
     layout = types.SimpleNamespace(ep=2, pp=1, sp=1)
+    model = transformers.Llama4ForCausalLM(families.tiny_config("llama4_text"))
+    policy = zero_config_policy(model)
+    policy.set_model(model)
     with pytest.raises(
-        NotImplementedError, match=r"splits a plan's fused experts by tensor parallelism \(moe_tp_experts\)"
+        NotImplementedError, match=r"\(moe_tp_experts\) only: Llama4TextConfig ships no base_model_ep_plan naming"
     ):
-        check_expert_parallel(model, zero_config_policy(model), config, layout)
+        check_expert_parallel(model, policy, config, layout)
+    model = transformers.DeepseekV3ForCausalLM(families.tiny_config("deepseek_v3"))
+    policy = zero_config_policy(model)
+    policy.set_model(model)
+    check_expert_parallel(model, policy, config, layout)

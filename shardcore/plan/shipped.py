@@ -1,4 +1,5 @@
-"""What a model no plugin covers ships besides its TP plan: pipeline stages from its pipeline plan.
+"""What a model no plugin covers ships besides its TP plan: pipeline stages from its pipeline plan,
+expert parallelism from its expert plan.
 
 transformers gives 130 config classes a ``base_model_pp_plan``: the base model's modules in their
 order, each with the inputs it takes and the outputs it hands on (``embed_tokens``: ``input_ids`` ->
@@ -12,7 +13,9 @@ states. :class:`ShippedPlanPolicy` is the zero-config policy with those stages; 
 the stages cannot follow is refused by name when a pipeline is asked for, never run wrong.
 
 Its sequence parallelism (Ulysses, the ring) runs the model's attention through transformers'
-registry, as the plugins' does; per-head attention sinks are refused under Ulysses by name."""
+registry, as the plugins' does; per-head attention sinks are refused under Ulysses by name. Under
+expert parallelism the experts modules the config's ``base_model_ep_plan`` dispatches tokens to
+(``ep_dispatch_experts``) hold whole experts over the ``ep x tp`` ranks (the core's ``ExpertsEP``)."""
 
 from __future__ import annotations
 
@@ -91,7 +94,7 @@ class ShippedPlanPolicy(HFStages, PlanPolicy):
         sliding windows and soft-capping, over gathered keys and values), the rotary embeddings split with
         the hidden states. Nothing declared for a composite (its towers' attention differs)."""
         config = self.model.config
-        if getattr(config, "num_attention_heads", None) is None:
+        if getattr(config, "num_attention_heads", None) is None or getattr(config, "sub_configs", None):
             return SequenceSpec()
         heads, kv, _ = attention_dims(config)
         return SequenceSpec(
@@ -123,7 +126,11 @@ class ShippedPlanPolicy(HFStages, PlanPolicy):
         """Expert parallelism where the config's expert plan names the experts modules (transformers 5's
         fused experts, every parameter one slice per expert: GPT-OSS's biases too); else refused."""
         if not self._dispatched():
-            return super().experts()
+            config = type(self.model.config).__name__
+            return ExpertSpec(
+                refusal=f"splits a plan's fused experts by tensor parallelism (moe_tp_experts) only: {config} ships "
+                "no base_model_ep_plan naming the experts modules to route tokens to (ep_dispatch_experts)"
+            )
         return ExpertSpec(supported=True)
 
     def module_policy(self):
