@@ -60,21 +60,10 @@ def test_fsdp_finds_the_blocks_of_a_plan_that_names_only_the_ends():
 
 def _lazy(family: str, checkpoint: str) -> dict:
     """Load the per-expert checkpoint onto the meta-built model at TP=2; the expert bytes read, counted."""
-    from shardcore.checkpoint import safetensors_io
-    from shardcore.testing import assert_lazy_load_matches
+    from shardcore.testing import assert_lazy_load_matches, rows_read
 
-    read, original = [], safetensors_io.SafetensorsFile.read_rows
-
-    def counting(self, key, dim, ranges, dtype):  # every piece of a stacked tensor is read by rows
-        out = original(self, key, dim, ranges, dtype)
-        read.append((key, out.numel() * out.element_size()))
-        return out
-
-    safetensors_io.SafetensorsFile.read_rows = counting
-    try:
+    with rows_read() as read:
         worst = assert_lazy_load_matches(lambda: build(family), {"input_ids": batch()["input_ids"]}, checkpoint, TP2)
-    finally:
-        safetensors_io.SafetensorsFile.read_rows = original
     return {"worst": worst, "expert_bytes": sum(n for key, n in read if ".experts." in key)}
 
 

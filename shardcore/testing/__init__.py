@@ -44,7 +44,13 @@ A typical plugin test::
 from ..distributed.launcher import RankError, RankPool, close_pools, run_on_ranks
 from .attached import assert_attachments_listed
 from .batches import token_batch
-from .checkpoints import assert_lazy_load_matches, assert_resume_matches, assert_same_checkpoint, train_and_save
+from .checkpoints import (
+    assert_lazy_load_matches,
+    assert_resume_matches,
+    assert_same_checkpoint,
+    rows_read,
+    train_and_save,
+)
 from .clipping import CLIP_CALLS, assert_clipping_matches
 from .compare import output_close as assert_outputs_close
 from .conformance import (
@@ -105,6 +111,7 @@ __all__ = [
     "rank_zero_only",
     "record_syncs",
     "refusal_message",
+    "rows_read",
     "run_on_ranks",
     "state_bytes",
     "switch_refusal",

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import contextlib
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -12,7 +13,13 @@ from .compare import _check_outputs, _loss, snapshot
 from .steps import assert_trained_close
 from .tolerance import OUTPUT, STEP
 
-__all__ = ["assert_lazy_load_matches", "assert_resume_matches", "assert_same_checkpoint", "train_and_save"]
+__all__ = [
+    "assert_lazy_load_matches",
+    "assert_resume_matches",
+    "assert_same_checkpoint",
+    "rows_read",
+    "train_and_save",
+]
 
 
 def assert_lazy_load_matches(
@@ -151,3 +158,24 @@ def assert_resume_matches(
     _train(ref, [*saved_batches, *batches], loss_fn, lr=lr, eps=adam_eps)
     expected = dict(ref.named_parameters(remove_duplicate=False))  # tied: a stage's name for it
     return assert_trained_close(dict(shardcore.full_named_tensors(model)), expected, before, "after resuming", rtol)
+
+
+@contextlib.contextmanager
+def rows_read() -> Iterator[list[tuple[str, int]]]:
+    """``(checkpoint key, bytes)`` of every run of rows :func:`shardcore.load_checkpoint` reads inside the
+    block by :meth:`SafetensorsFile.read_rows <shardcore.checkpoint.safetensors_io.SafetensorsFile.read_rows>`
+    (every piece of a tensor kept in pieces, every split tensor): what this rank read of the files."""
+    from ..checkpoint import safetensors_io
+
+    read, original = [], safetensors_io.SafetensorsFile.read_rows
+
+    def counting(self, key, dim, ranges, dtype):
+        out = original(self, key, dim, ranges, dtype)
+        read.append((key, out.numel() * out.element_size()))
+        return out
+
+    safetensors_io.SafetensorsFile.read_rows = counting
+    try:
+        yield read
+    finally:
+        safetensors_io.SafetensorsFile.read_rows = original

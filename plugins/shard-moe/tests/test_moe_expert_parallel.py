@@ -178,20 +178,11 @@ def test_generate_matches_unsharded():
 def _lazy_ep(ckpt: str, out: str) -> dict:
     """Meta build, EP=2, load_checkpoint from transformers 5's per-expert layout: equal outputs, and
     the expert pieces this rank read (positioned reads, counted)."""
-    from shardcore.checkpoint import safetensors_io
+    from shardcore.testing import rows_read
 
-    read, original = [], safetensors_io.SafetensorsFile.read_rows
-
-    def counting(self, key, dim, ranges, dtype):  # every piece of a stacked tensor is read by rows
-        out = original(self, key, dim, ranges, dtype)
-        read.append(key)
-        return out
-
-    safetensors_io.SafetensorsFile.read_rows = counting
-    try:
+    with rows_read() as rows:  # every piece of a stacked tensor is read by rows
         assert_lazy_load_matches(lambda: build("mixtral"), lm_batch(), ckpt, _ep(2, 1), save_to=out)
-    finally:
-        safetensors_io.SafetensorsFile.read_rows = original
+    read = [key for key, _ in rows]
     return {"experts": sorted({k.split(".experts.")[1].split(".")[0] for k in read if ".experts." in k})}
 
 

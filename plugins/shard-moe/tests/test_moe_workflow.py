@@ -58,23 +58,13 @@ def _lazy(family: str, ckpt: str, out: str) -> float:
 def _read_bytes(family: str, ckpt: str) -> dict:
     """The checkpoint bytes this rank reads for its experts (positioned reads, counted)."""
     import shardcore
-    from shardcore.checkpoint import safetensors_io
+    from shardcore.testing import rows_read
 
     with shardcore.init_empty():
         model = build(family)
     model = shardcore.optimize(model, TP2)
-    read, original = [], safetensors_io.SafetensorsFile.read_rows
-
-    def counting(self, key, dim, ranges, dtype):  # every piece of a stacked tensor is read by rows
-        out = original(self, key, dim, ranges, dtype)
-        read.append((key, out.numel() * out.element_size()))
-        return out
-
-    safetensors_io.SafetensorsFile.read_rows = counting
-    try:
+    with rows_read() as read:  # every piece of a stacked tensor is read by rows
         shardcore.load_checkpoint(model, ckpt)
-    finally:
-        safetensors_io.SafetensorsFile.read_rows = original
     experts = [(k, n) for k, n in read if ".experts." in k]
     return {
         "keys": sorted({k.split(".experts.")[1].split(".")[0] for k, _ in experts}),
