@@ -54,7 +54,7 @@ FAMILIES = {
             "kv_lora_rank": 16,
             "qk_rope_head_dim": 8,
             "qk_nope_head_dim": 8,
-            "v_head_dim": 16,
+            "v_head_dim": 8,  # narrower than the keys' 16 (8 + 8), as the real model's 128 against 192
         },
         "sdpa",
     ),

@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 
 import pytest
-from recent_models import COMMON, batch, build, config
+from recent_models import COMMON, LAYERS, batch, build, config
 
 from shardcore import ShardConfig
 from shardcore.testing import assert_sharded_matches, run_on_ranks
@@ -112,6 +112,30 @@ def test_pipeline_from_the_shipped_plan_with_tensor_parallelism(family):
         assert "max_abs_diff_after_steps" in report, report
 
 
+def _codegen():
+    import transformers
+
+    config = transformers.CodeGenConfig(
+        vocab_size=128, n_positions=64, n_embd=64, n_layer=2, n_head=4, rotary_dim=8, n_inner=128
+    )
+    return transformers.CodeGenForCausalLM(config).float()
+
+
+def _codegen_pipeline() -> dict:
+    from shardcore.testing.pipeline import assert_pipeline_matches
+
+    return assert_pipeline_matches(_codegen, batch(), ShardConfig(pipeline_parallel_size=2, tensor_parallel_size=1))
+
+
+def test_a_stage_that_indexes_a_table_with_its_inputs():
+    """CodeGen's blocks index a table of sines with the position ids the stage receives. torch runs
+    every stage once on tensors made from the shapes it receives before the first microbatch; left
+    uninitialised, the last stage indexed out of range there and the first waited for it. At PP=2:
+    exact."""
+    for report in run_on_ranks(2, _codegen_pipeline):
+        assert "max_abs_diff_after_steps" in report, report
+
+
 def _diff_llama():
     import transformers
 
@@ -172,28 +196,82 @@ def _sequence(family: str, mode: str) -> dict:
 
 
 @pytest.mark.parametrize("mode", ["all_to_all", "ring_attn"])
-@pytest.mark.parametrize("family", ["Qwen3", "Gemma3", "Olmo2", "DeepseekV3"])
+@pytest.mark.parametrize("family", ["Qwen3", "Gemma3", "Olmo2", "DeepseekV3", "GptOss"])
 def test_sequence_parallelism_through_the_attention_registry(family, mode):
     """SP=2 under Ulysses and the ring: the model's attention switched in transformers' registry, the
     rotary embeddings split with the hidden states (Gemma 3's sliding layer, window 4 of 16 tokens, over
-    gathered keys and values in the ring); the kit checks the all-to-alls / ring shifts ran."""
+    gathered keys and values in the ring); the kit checks the all-to-alls / ring shifts ran. DeepSeek-V3's
+    values are narrower than its keys (MLA); GPT-OSS runs its own eager attention, its per-head sinks cut
+    to each rank's heads under Ulysses (gathered keys and values in the ring)."""
     for report in run_on_ranks(2, _sequence, family, mode):
         assert "max_abs_diff_after_steps" in report, report
 
 
-def test_attention_sinks_are_refused_under_ulysses():
-    """GPT-OSS's per-head sinks would meet a rank's half of the heads: refused by name, before any collective."""
-    from shardcore.testing.refusals import refusal_message
+def _doge():
+    import transformers
+
+    return transformers.DogeForCausalLM(transformers.DogeConfig(**COMMON | {"keep_window_size": 16}))
+
+
+def _gemma4():
+    import transformers
+
+    own = {"head_dim": 16, "hidden_size_per_layer_input": 16, "vocab_size_per_layer_input": 128}
+    return transformers.Gemma4ForCausalLM(transformers.Gemma4TextConfig(**COMMON | own))
+
+
+def _gemma3n():
+    import transformers
+
+    own = {"head_dim": 16, "hidden_size_per_layer_input": 16, "vocab_size_per_layer_input": 128}
+    own |= {"layer_types": LAYERS, "num_kv_shared_layers": 0, "activation_sparsity_pattern": [0.0, 0.0]}
+    return transformers.Gemma3nForCausalLM(transformers.Gemma3nTextConfig(**COMMON | own))
+
+
+@pytest.mark.parametrize("mode", ["all_to_all", "ring_attn"])
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (
+            _doge,
+            r"DogeAttention uses the attention mask besides handing it to the attention function "
+            r"\(prepare_dynamic_mask\(\), line \d+",
+        ),
+        (_gemma4, r"Gemma4TextConfig gives its layers their own attention shapes \('head_dim' is a per-layer"),
+        (_gemma3n, r"the hidden states entering model.layers.0 have shape \(\d+, 2, 16, 64\), not \(batch, sequence"),
+    ],
+    ids=["its-own-use-of-the-mask", "per-layer-shapes", "stacked-streams"],
+)
+def test_a_sequence_split_the_attention_cannot_follow_is_refused_by_name(make, message, mode):
+    """Doge builds its own mask from the whole sequence's (as DeepSeek-V3.2's sparse-attention indexer
+    reads it), Gemma 4 gives each layer its own head width, Gemma 3n stacks its streams before the
+    sequence: each refused by name under Ulysses and the ring, the same on every rank, not run wrong."""
+    import re
 
     config = ShardConfig(
         tensor_parallel_size=1,
         sequence_parallel_size=2,
         enable_sequence_parallelism=True,
-        sequence_parallelism_mode="all_to_all",
+        sequence_parallelism_mode=mode,
     )
-    for said in run_on_ranks(2, refusal_message, functools.partial(build, "GptOss"), config):
-        sinks = "the attention sinks of model.layers.0.self_attn (one per head) are not split with the heads"
-        assert sinks in said, said
+    for said in run_on_ranks(2, _refused_in_a_step, make, config):
+        assert re.search(message, said), f"not refused as expected: {said}"
+
+
+def _refused_in_a_step(make, config) -> str:
+    """What ``optimize`` or the first training step said (the stacked streams are seen at the first block)."""
+    import shardcore
+    from shardcore.testing.refusals import refusal_message
+
+    said = refusal_message(make, config)
+    if said != "no error":
+        return said
+    model = shardcore.optimize(make(), config)
+    try:
+        model(**batch(seq=16)).loss.backward()
+    except NotImplementedError as err:
+        return f"NotImplementedError: {err}"
+    return "no error"
 
 
 def _expert_parallel(family: str, tp: int) -> dict:

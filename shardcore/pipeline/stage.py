@@ -176,8 +176,7 @@ def build_pipeline(model: nn.Module, policy, config, layout, name: str, layers: 
 
 def _make_stages(model: nn.Module, policy, info: PipelineInfo, blocks, stage_blocks, ends, holes) -> None:
     """This rank's ``PipelineStage`` objects and the schedule over them (``info.rebuild``)."""
-    from torch.distributed.pipelining import PipelineStage
-
+    PipelineStage = _pipeline_stage()
     indices, num_stages = info.stage_indices, info.num_stages
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     info.stages = []
@@ -198,6 +197,27 @@ def _make_stages(model: nn.Module, policy, info: PipelineInfo, blocks, stage_blo
         return info.loss_scale(loss)
 
     info.schedule = _make_schedule(info, loss_fn)
+
+
+@functools.cache
+def _pipeline_stage() -> type:
+    """torch's ``PipelineStage``, the tensors it runs a stage on to learn its output shapes made zeros.
+
+    torch runs each stage once, before the first microbatch, on tensors it makes from the shapes the
+    stage before sends, and leaves them uninitialised. A stage that indexes a table with an integer
+    input (CodeGen's ``embed_positions[position_ids]``) then reads an index out of range and raises on
+    that rank alone, while the next stage waits for its shapes. Zeros index every table in range."""
+    from torch.distributed.pipelining import PipelineStage
+
+    class ZeroedStage(PipelineStage):
+        def _to_tensor(self, arg):
+            made = super()._to_tensor(arg)
+            if not isinstance(arg, torch.Tensor):  # made from shapes, not the batch's own tensor
+                with torch.no_grad():
+                    made.zero_()
+            return made
+
+    return ZeroedStage
 
 
 def _stage_module(model: nn.Module, policy, info: PipelineInfo, s: int, blocks, stage_blocks, ends, holes) -> _Stage:

@@ -13,7 +13,8 @@ states. :class:`ShippedPlanPolicy` is the zero-config policy with those stages; 
 the stages cannot follow is refused by name when a pipeline is asked for, never run wrong.
 
 Its sequence parallelism (Ulysses, the ring) runs the model's attention through transformers'
-registry, as the plugins' does; per-head attention sinks are refused under Ulysses by name. Under
+registry, as the plugins' does (a model built with ``eager`` attention: its own modeling module's
+eager function); under Ulysses per-head attention sinks are cut to each rank's heads. Under
 expert parallelism the experts modules the config's ``base_model_ep_plan`` dispatches tokens to
 (``ep_dispatch_experts``) hold whole experts over the ``ep x tp`` ranks (the core's ``ExpertsEP``)."""
 
@@ -22,9 +23,9 @@ from __future__ import annotations
 import attrs
 from torch import nn
 
+from ..integrations.hf.attention import mask_readers
 from ..integrations.hf.heads import attention_dims
 from ..integrations.hf.stages import HFStages, StageFacts
-from ..kernels import attention_registry
 from ..policy import ModulePolicyDescription
 from ..policy import SubModuleReplacementDescription as Sub
 from ..spec import ExpertSpec, SequenceSpec
@@ -94,6 +95,9 @@ class ShippedPlanPolicy(HFStages, PlanPolicy):
         sliding windows and soft-capping, over gathered keys and values), the rotary embeddings split with
         the hidden states. Nothing declared for a composite (its towers' attention differs)."""
         config = self.model.config
+        why = self._not_split()
+        if why:
+            return SequenceSpec(refused={"all_to_all": why, "ring_attn": why})
         if getattr(config, "num_attention_heads", None) is None or getattr(config, "sub_configs", None):
             return SequenceSpec()
         heads, kv, _ = attention_dims(config)
@@ -101,17 +105,29 @@ class ShippedPlanPolicy(HFStages, PlanPolicy):
             modes=("all_to_all", "ring_attn"),
             split_kwargs=("position_embeddings",),
             heads=(heads, kv),
-            attention_problem=self._attention_problem,
+            per_head=("sinks", "s_aux") if _sinks(self.model) else (),  # one logit a head: a rank's heads' own
         )
 
-    def _attention_problem(self, mode: str) -> str | None:
-        sinks = _sinks(self.model)
-        if sinks and mode == "all_to_all":
+    def _not_split(self) -> str | None:
+        """Why the model's attention cannot run with its sequence split (``None``: nothing seen)."""
+        config = self.model.config
+        try:
+            attention_dims(config)
+        except AttributeError:  # no heads (a composite): no split declared, see sequence()
+            pass
+        except RuntimeError as err:  # transformers' AmbiguousGlobalPerLayerAttributeError: heads or widths per layer
+            said = str(err).split(".")[0]
             return (
-                f"sequence_parallelism_mode='all_to_all': the attention sinks of {sinks[0]} (one per head) are not "
-                "split with the heads; use sequence_parallelism_mode='ring_attn' or leave sequence_parallel_size=1"
+                f"{type(config).__name__} gives its layers their own attention shapes ({said}), not followed per layer"
             )
-        return attention_registry().sequence_problem(self.model, mode)
+        readers = mask_readers(self.model)
+        if readers:
+            cls, what, line = readers[0]
+            return (
+                f"{cls} uses the attention mask besides handing it to the attention function ({what}, line {line} of "
+                "its forward: a sparse-attention indexer or its own mask), where a rank holds part of the queries"
+            )
+        return None
 
     # -- expert parallelism: the experts modules the config's base_model_ep_plan dispatches tokens to --
 

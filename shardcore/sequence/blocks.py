@@ -49,8 +49,9 @@ def pieces(mask_of, block: int, rank: int, world: int, local: int, causal_only: 
     return found
 
 
-def _fused(q: torch.Tensor) -> bool:
-    return _FUSED is not None and q.device.type == "cpu"
+def _fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether the fused CPU kernel runs the piece: it takes values as wide as the keys only (MLA's are narrower)."""
+    return _FUSED is not None and q.device.type == "cpu" and k.shape[-1] == v.shape[-1]
 
 
 def _additive(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
@@ -95,7 +96,7 @@ def attend(q, k, v, piece: Piece, scale: float, acc: torch.dtype):
     """The piece's attention output (``acc`` dtype) and log-sum-exp (``-inf`` on a row that sees
     no key of the piece)."""
     q, k, v = q[:, :, piece.rows], k[:, :, piece.cols], v[:, :, piece.cols]
-    if _fused(q):
+    if _fused(q, k, v):
         out, lse = _FUSED(q, k, v, 0.0, piece.causal, attn_mask=_additive(piece.mask, q.dtype), scale=scale)
         out, lse = out.to(acc), lse.to(acc)
     else:
@@ -129,7 +130,7 @@ def attend_backward(dout, q, k, v, out, lse, piece: Piece, scale: float):
     dout, q, out, lse = (t[:, :, piece.rows] for t in (dout, q, out, lse))
     k, v = k[:, :, piece.cols], v[:, :, piece.cols]
     lse = lse.masked_fill(torch.isinf(lse), 0.0)  # a row that sees no key: its probabilities are 0
-    if _fused(q):
+    if _fused(q, k, v):
         dtype = q.dtype
         return _FUSED_BACKWARD(
             dout.to(dtype),

@@ -26,15 +26,21 @@ def check_sequence_parallel(model: nn.Module, policy, config, layout) -> str | N
             f"ShardConfig(enable_sequence_overlap=True) overlaps the collectives of "
             f"sequence_parallelism_mode='split_gather'; with {mode!r} leave it False"
         )
-    supported = tuple(policy.sequence().modes)
+    spec = policy.sequence()
+    supported = tuple(spec.modes)
     if "ring_attn" in supported:  # the same split and registry, the keys and values gathered
         supported += ("all_gather_kv",)
     if mode not in supported:
-        raise NotImplementedError(
-            f"{type(model).__name__}: {type(policy).__name__} does not support sequence_parallelism_mode={mode!r}"
-            + (f" (it supports {', '.join(supported)})" if supported else " (no sequence parallelism)")
-            + "; leave enable_sequence_parallelism=False"
+        why = spec.refused.get("ring_attn" if mode == "all_gather_kv" else mode)  # the policy's reason, if given
+        said = (
+            f"sequence_parallelism_mode={mode!r} is refused: {why}"
+            if why
+            else (
+                f"{type(policy).__name__} does not support sequence_parallelism_mode={mode!r}"
+                + (f" (it supports {', '.join(supported)})" if supported else " (no sequence parallelism)")
+            )
         )
+        raise NotImplementedError(f"{type(model).__name__}: {said}; leave enable_sequence_parallelism=False")
     if mode == "split_gather":
         _check_split_gather(model, policy, config, layout)
     else:

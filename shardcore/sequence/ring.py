@@ -51,6 +51,12 @@ def ring_positions(length: int, size: int, zigzag: bool) -> torch.Tensor:
     return zigzag_positions(length, size) if zigzag else torch.arange(length)
 
 
+def _widths(message: torch.Tensor, *like: torch.Tensor) -> list[torch.Tensor]:
+    """The tensors ``message`` carries side by side along its last dim, each as wide as its ``like``
+    (views: a gradient added to one lands in the message)."""
+    return list(message.split([t.shape[-1] for t in like], dim=-1))
+
+
 class _RingAttention(torch.autograd.Function):
     """softmax(q k^T * scale + mask) v over the whole ring's keys, one key/value block at a time,
     each block in :func:`~.blocks.pieces` (``mask_of(block)``: the model's mask for it;
@@ -60,13 +66,13 @@ class _RingAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, mask_of, causal_only, group, scale):
         world, rank, local = group_size(group), group_rank(group), q.shape[2]
         acc = torch.promote_types(q.dtype, torch.float32)  # merge in float32 at least
-        out = torch.zeros(q.shape, dtype=acc, device=q.device)
+        out = torch.zeros((*q.shape[:-1], v.shape[-1]), dtype=acc, device=q.device)
         lse = torch.full(q.shape[:-1], float("-inf"), dtype=acc, device=q.device)
-        kv = torch.stack([k, v])
+        kv = torch.cat([k, v], dim=-1)  # one message; MLA's values are narrower than its keys
         for step in range(world):
             pending = start_ring_shift(kv, group, where="ring attention: keys and values") if step < world - 1 else None
             for piece in pieces(mask_of, (rank - step) % world, rank, world, local, causal_only):
-                merge(out, lse, piece.rows, *attend(q, kv[0], kv[1], piece, scale, acc))
+                merge(out, lse, piece.rows, *attend(q, *_widths(kv, k, v), piece, scale, acc))
             if pending is not None:
                 kv = pending.wait()
         ctx.save_for_backward(q, k, v, out, lse)
@@ -80,20 +86,21 @@ class _RingAttention(torch.autograd.Function):
         q, k, v, out, lse = ctx.saved_tensors
         world, acc = ctx.world, out.dtype
         dq = torch.zeros(q.shape, dtype=acc, device=q.device)
-        # the block in hand and its gradients so far, travelling together: [k, v, dk, dv]
-        travelling = torch.stack([k.to(acc), v.to(acc), torch.zeros_like(k, dtype=acc), torch.zeros_like(v, dtype=acc)])
+        # the block in hand and its gradients so far, travelling together: [k, v, dk, dv] along the last dim
+        zeros = torch.zeros((*k.shape[:-1], k.shape[-1] + v.shape[-1]), dtype=acc, device=k.device)
+        travelling = torch.cat([k.to(acc), v.to(acc), zeros], dim=-1)
         for step in range(world):
             block = (ctx.rank - step) % world
+            bk, bv, dk, dv = _widths(travelling, k, v, k, v)
             for piece in pieces(ctx.mask_of, block, ctx.rank, world, q.shape[2], ctx.causal_only):
-                dq_piece, dk_piece, dv_piece = attend_backward(
-                    grad, q, travelling[0], travelling[1], out, lse, piece, ctx.scale
-                )
+                dq_piece, dk_piece, dv_piece = attend_backward(grad, q, bk, bv, out, lse, piece, ctx.scale)
                 dq[:, :, piece.rows] += dq_piece
-                travelling[2][:, :, piece.cols] += dk_piece
-                travelling[3][:, :, piece.cols] += dv_piece
+                dk[:, :, piece.cols] += dk_piece
+                dv[:, :, piece.cols] += dv_piece
             if world > 1:  # after the last step the block goes home with every rank's gradients
                 travelling = start_ring_shift(travelling, ctx.group, where=ctx.where).wait()
-        grads = (dq.to(q.dtype), travelling[2].to(k.dtype), travelling[3].to(v.dtype))
+        _, _, dk, dv = _widths(travelling, k, v, k, v)
+        grads = (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype))
         return (*grads, None, None, None, None)
 
 

@@ -10,7 +10,7 @@ import functools
 import torch
 from torch import nn
 
-from ..distributed.collectives import all_to_all_cat
+from ..distributed.collectives import all_to_all_cat, group_rank, group_size
 from ..tensor_parallel.mappings import gather_from_tp, split_to_tp
 from ..tensor_parallel.regions import SequenceParallel
 from .check import _watch_forward
@@ -31,6 +31,7 @@ def apply_ulysses(model: nn.Module, policy, state: SequenceParallel) -> None:
     _watch_forward(model, state)
     spec = policy.sequence()
     state.zigzag = spec.causal  # a bidirectional model's ring: contiguous parts, no balance to keep
+    state.per_head = spec.per_head
     blocks = []
     for region in regions(policy):
         names, run = zip(*region, strict=True)
@@ -92,6 +93,12 @@ class _SplitHooks:
         state = self.state
         in_kwargs = "hidden_states" in kwargs
         x = kwargs["hidden_states"] if in_kwargs else args[0]
+        if x.dim() != 3:  # every rank alike, before the split's first collective
+            raise NotImplementedError(
+                f"sequence_parallelism_mode={state.mode!r}: the hidden states entering {self.names[0]} have shape "
+                f"{tuple(x.shape)}, not (batch, sequence, hidden) (several streams stacked?): the split along dim "
+                f"{state.dim} would not cut the sequence; leave enable_sequence_parallelism=False"
+            )
         length = x.shape[state.dim]
         cache = kwargs.get("cache", kwargs.get("past_key_values"))  # transformers >= 5.24 names it ``cache``
         cached = cache is not None and not module.training
@@ -150,6 +157,32 @@ class _AllToAll(torch.autograd.Function):
         )
 
 
+class _HeadView:
+    """An attention module as the attention function sees it under Ulysses: its per-head values this
+    rank's slice, everything else the module's own."""
+
+    def __init__(self, module: nn.Module, values: dict) -> None:
+        self.__dict__["_shardcore_of"], self.__dict__["_shardcore_values"] = module, values
+
+    def __getattr__(self, name: str):
+        values = self.__dict__["_shardcore_values"]
+        return values[name] if name in values else getattr(self.__dict__["_shardcore_of"], name)
+
+
+def _heads_of(module: nn.Module, kwargs: dict, names: tuple[str, ...], group) -> tuple:
+    """``module`` and the attention function's ``kwargs`` with each per-head value in ``names`` (one
+    per query head: attention sinks) cut to this rank's heads; the gradient of a cut parameter reaches
+    its slice only, and the sum over the group makes it whole."""
+    size, rank = group_size(group), group_rank(group)
+
+    def cut(t: torch.Tensor) -> torch.Tensor:
+        return t.chunk(size)[rank]
+
+    kwargs = {k: cut(v) if k in names and isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+    own = {n: cut(getattr(module, n)) for n in names if isinstance(getattr(module, n, None), torch.Tensor)}
+    return (_HeadView(module, own) if own else module), kwargs
+
+
 def ulysses_attention(base):
     """An attention function for a registry (HuggingFace's ``AttentionInterface``) that runs
     ``base`` under Ulysses: ``(batch, heads, seq/sp, dim)`` query, key and value exchanged to
@@ -164,6 +197,8 @@ def ulysses_attention(base):
         group = state.group
         state.attention_calls += 1
         query, key, value = (_AllToAll.apply(t, group, 1, 2) for t in (query, key, value))
+        if state.per_head:
+            module, kwargs = _heads_of(module, kwargs, state.per_head, group)
         out, _ = base(module, query, key, value, attention_mask, **kwargs)
         return _AllToAll.apply(out, group, 1, 2), None  # (batch, seq, heads, dim): seq split, heads whole
 

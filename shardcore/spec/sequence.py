@@ -15,11 +15,16 @@ class SequenceSpec:
 
     * ``modes``: the ``ShardConfig.sequence_parallelism_mode`` values supported; ``optimize`` refuses
       the others, naming them.
+    * ``refused``: ``{mode: why}`` for modes the model cannot run and the reason, which ``optimize``
+      (and the feature tables) give instead of the list of supported modes.
     * ``dropouts``: dropout modules (suffixes inside each block) acting on sequence-split activations
       (residual dropout): they then draw from the per-rank random stream.
     * ``split_kwargs``: keyword arguments of every block that run along the sequence with the hidden
       states (rotary ``position_embeddings``): under ``all_to_all`` / ``ring_attn`` each rank takes its slice.
     * ``heads``: ``(attention heads, key/value heads)``; ``all_to_all`` gives each rank whole heads.
+    * ``per_head``: names of attention-module attributes and keyword arguments of the attention
+      function holding one value per query head (attention sinks); under ``all_to_all`` the attention
+      sees this rank's heads' slice of each.
     * ``regions``: runs of consecutive ``(name, block)`` that every mode splits at the first block's
       input and gathers at the last's output. ``None``: one, all of ``blocks()``. An encoder-decoder whose
       decoder reads the encoder's whole output names its encoder's blocks only.
@@ -37,9 +42,11 @@ class SequenceSpec:
     """
 
     modes: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    refused: Mapping[str, str] = attrs.field(factory=dict, converter=dict)
     dropouts: tuple[str, ...] = attrs.field(default=(), converter=tuple)
     split_kwargs: tuple[str, ...] = attrs.field(default=(), converter=tuple)
     heads: tuple[int, int] | None = None
+    per_head: tuple[str, ...] = attrs.field(default=(), converter=tuple)
     regions: Sequence[Sequence[tuple[str, object]]] | None = None
     causal: bool = True
     routed: bool = False

@@ -75,6 +75,8 @@ class SequenceParallel:
     checkpointing: bool = False
     #: ``ring_attn``: the sequence split in zigzag order (causal balance), else in contiguous parts
     zigzag: bool = True
+    #: ``all_to_all``: what holds one value per query head (``SequenceSpec.per_head``): cut to this rank's heads
+    per_head: tuple = ()
 
     def capture(self) -> tuple[bool, int]:
         """Whether the forward was split (when a checkpointed block starts): a

@@ -13,6 +13,15 @@ MUTANTS = [
         "pipeline_step loss 3.546",
     ),
     m(
+        "pipeline-shape-run-uninitialised",
+        "the tensors torch runs a stage on to learn its shapes left uninitialised (an index input out of range)",
+        "shardcore/pipeline/stage.py",
+        "_pipeline_stage",
+        [("                    made.zero_()", "                    pass")],
+        "tests/test_core_recent_families.py::test_a_stage_that_indexes_a_table_with_its_inputs",
+        "IndexError: index",
+    ),
+    m(
         "pipeline-scale-grads",
         "pipeline: torch's schedule left to divide the gradients by the number of microbatches again",
         "shardcore/pipeline/runtime.py",

@@ -139,13 +139,36 @@ MUTANTS = [
         "The size of tensor a (8) must match the size of tensor b (16) at non-singleton dimension 2",
     ),
     m(
-        "shipped-sinks-under-ulysses",
-        "GPT-OSS's per-head attention sinks not refused under Ulysses (each rank holds half the heads)",
+        "shipped-sinks-not-per-head",
+        "GPT-OSS's per-head attention sinks not declared per head: under Ulysses a rank's half of the heads "
+        "meets every head's sink",
         "shardcore/plan/shipped.py",
-        "ShippedPlanPolicy._attention_problem",
-        [('        if sinks and mode == "all_to_all":', "        if False:")],
-        "tests/test_core_recent_families.py::test_attention_sinks_are_refused_under_ulysses",
-        "runs attention 'eager', which is not in transformers' attention registry",
+        "ShippedPlanPolicy.sequence",
+        [('            per_head=("sinks", "s_aux") if _sinks(self.model) else (),', "            per_head=(),")],
+        "tests/test_core_recent_families.py::test_sequence_parallelism_through_the_attention_registry"
+        "[GptOss-all_to_all]",
+        "Sizes of tensors must match",
+    ),
+    m(
+        "shipped-mask-readers-unseen",
+        "a zero-config attention that builds its own mask from the whole sequence's (Doge, a sparse-attention "
+        "indexer) split all the same",
+        "shardcore/plan/shipped.py",
+        "ShippedPlanPolicy._not_split",
+        [("        readers = mask_readers(self.model)", "        readers = []")],
+        "tests/test_core_recent_families.py::test_a_sequence_split_the_attention_cannot_follow_is_refused_by_name"
+        "[its-own-use-of-the-mask-all_to_all]",
+        "must match the size of tensor",
+    ),
+    m(
+        "shipped-per-layer-shapes-unseen",
+        "a config giving its layers their own attention shapes (Gemma 4) not refused by name",
+        "shardcore/plan/shipped.py",
+        "ShippedPlanPolicy._not_split",
+        [('            said = str(err).split(".")[0]', "            return None")],
+        "tests/test_core_recent_families.py::test_a_sequence_split_the_attention_cannot_follow_is_refused_by_name"
+        "[per-layer-shapes-ring_attn]",
+        "not refused as expected",
     ),
     m(
         "shipped-experts-not-routed",

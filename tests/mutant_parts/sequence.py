@@ -117,7 +117,7 @@ MUTANTS = [
         "check_sequence_parallel",
         [("    if mode not in supported:", "    if False:")],
         "plugins/shard-t5/tests/test_t5_tp.py::test_sequence_parallelism_refused_by_name[sequence]",
-        "refused with \"NotImplementedError: T5ForConditionalGeneration: sequence_parallelism_mode='all_to_all': ",
+        "T5ForConditionalGeneration does not run its attention through transformers' attention registry",
     ),
     m(
         "spec-sequence-regions-ignored",
@@ -176,5 +176,66 @@ MUTANTS = [
         [("    if not routed and not getattr(model,", "    if not getattr(model,")],
         "plugins/shard-whisper/tests/test_whisper_sequence.py::test_over_the_sp_dim_matches_unsharded[ring-sp2]",
         Raised("NotImplementedError", "shardcore/sequence/check.py::_check_over_sp"),
+    ),
+    m(
+        "ring-fused-for-narrower-values",
+        "the ring's pieces run the fused CPU kernel whatever the values' width (MLA's values narrower than its keys)",
+        "shardcore/sequence/blocks.py",
+        "_fused",
+        [(" and k.shape[-1] == v.shape[-1]", "")],
+        "tests/test_core_recent_families.py::test_sequence_parallelism_through_the_attention_registry"
+        "[DeepseekV3-ring_attn]",
+        "should have the same head size",
+    ),
+    m(
+        "ring-values-as-wide-as-keys",
+        "the ring's running output made as wide as the queries, not the values",
+        "shardcore/sequence/ring.py",
+        "_RingAttention.forward",
+        [("        out = torch.zeros((*q.shape[:-1], v.shape[-1]),", "        out = torch.zeros(q.shape,")],
+        "tests/test_core_recent_families.py::test_sequence_parallelism_through_the_attention_registry"
+        "[DeepseekV3-ring_attn]",
+        "must match the size of tensor",
+    ),
+    m(
+        "ulysses-per-head-first-slice",
+        "under Ulysses every rank given the first rank's heads' slice of a per-head value (attention sinks)",
+        "shardcore/sequence/ulysses.py",
+        "_heads_of",
+        [("        return t.chunk(size)[rank]", "        return t.chunk(size)[0]")],
+        "tests/test_core_recent_families.py::test_sequence_parallelism_through_the_attention_registry"
+        "[GptOss-all_to_all]",
+        "output 'logits': max abs diff",
+    ),
+    m(
+        "sequence-eager-not-found",
+        "a model built with eager attention: its modeling module's own eager function not looked up, the split refused",
+        "shardcore/integrations/hf/attention.py",
+        "_own_eager",
+        [("    if fallback is None:\n        return None", "    return None")],
+        "tests/test_core_recent_families.py::test_sequence_parallelism_through_the_attention_registry"
+        "[GptOss-ring_attn]",
+        "defines no eager_attention_forward",
+    ),
+    m(
+        "sequence-refused-reason-dropped",
+        "a policy's per-mode refusal reason (SequenceSpec.refused) not given: the user reads only which modes "
+        "are supported",
+        "shardcore/sequence/check.py",
+        "check_sequence_parallel",
+        [("    why = spec.refused.get(", "    why = None and spec.refused.get(")],
+        "tests/test_core_recent_families.py::test_a_sequence_split_the_attention_cannot_follow_is_refused_by_name"
+        "[its-own-use-of-the-mask-ring_attn]",
+        "not refused as expected",
+    ),
+    m(
+        "sequence-split-stacked-streams",
+        "hidden states with streams stacked before the sequence (Gemma 3n) split along dim 1 all the same",
+        "shardcore/sequence/ulysses.py",
+        "_SplitHooks.split_first",
+        [("        if x.dim() != 3:", "        if False:")],
+        "tests/test_core_recent_families.py::test_a_sequence_split_the_attention_cannot_follow_is_refused_by_name"
+        "[stacked-streams-all_to_all]",
+        "match the broadcast shape",
     ),
 ]

@@ -71,8 +71,16 @@ class T5Policy(T5Stages, Policy):
         sequence on entry, so the relative position bias is computed over it as before. The decoder
         runs as plain tensor parallelism: its cross-attention reads the encoder's whole output."""
         encoders = [stack for stack in self._stacks() if not getattr(stack, "is_decoder", False)]
+        bias = (
+            "T5's attention is its own (not transformers' registry) and adds a relative position bias the first "
+            "layer computes once for every head and every query/key pair"
+        )
         return SequenceSpec(
             modes=("split_gather",),
+            refused={
+                "all_to_all": f"{bias}; cutting it to a rank's heads after the all-to-all is not built",
+                "ring_attn": f"{bias}; cutting it to each travelling key block is not built",
+            },
             dropouts=("layer.0.dropout", "layer.1.dropout"),  # the residual dropouts, on split tokens
             regions=[blocks_in(self.model, encoders[0].block)] if encoders else [],
         )

@@ -135,7 +135,8 @@ def _layout_refused(config: dict) -> str:
                 "enable_sequence_parallelism": True,
                 "sequence_parallelism_mode": "all_to_all",
             },
-            "T5Policy does not support sequence_parallelism_mode='all_to_all' (it supports split_gather)",
+            "sequence_parallelism_mode='all_to_all' is refused: T5's attention is its own (not transformers' "
+            "registry) and adds a relative position bias",
         ),
     ],
     ids=["sequence"],

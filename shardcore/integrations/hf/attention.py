@@ -9,8 +9,11 @@ transformers at import time: each function imports it when a model asks.
 
 from __future__ import annotations
 
+import ast
 import functools
+import inspect
 import sys
+import textwrap
 
 import torch
 
@@ -22,6 +25,7 @@ __all__ = [
     "hf_attention_switchable",
     "hf_sdpa_attention",
     "hf_sdpa_name",
+    "mask_readers",
     "ulysses_problem",
     "use_hf_attention",
     "use_ulysses_attention",
@@ -122,12 +126,74 @@ def ulysses_problem(model: torch.nn.Module, mode: str = "all_to_all", routed: bo
             f"sequence_parallelism_mode={mode!r}: {type(model).__name__} does not run its attention through "
             "transformers' attention registry in this transformers version"
         )
-    if base_name not in ALL_ATTENTION_FUNCTIONS or base_name not in ALL_MASK_ATTENTION_FUNCTIONS:
+    if base_name == "eager" and _own_eager(model) is None:
+        return (
+            f"sequence_parallelism_mode={mode!r}: {type(model).__name__} runs attention 'eager' and its modeling "
+            "module defines no eager_attention_forward to run under the split"
+        )
+    known = base_name in ALL_ATTENTION_FUNCTIONS or base_name == "eager"
+    if not known or base_name not in ALL_MASK_ATTENTION_FUNCTIONS:
         return (
             f"sequence_parallelism_mode={mode!r}: {type(model).__name__} runs attention {base_name!r}, which is "
             "not in transformers' attention registry; build it with attn_implementation='sdpa'"
         )
     return None
+
+
+def _own_eager(model: torch.nn.Module):
+    """The model's own eager attention: transformers keeps it out of its registry, each modeling module
+    defining its ``eager_attention_forward``; looked up at each call in the module of the attention
+    module calling (``None``: the model's modeling module defines none)."""
+    fallback = getattr(sys.modules.get(type(model).__module__), "eager_attention_forward", None)
+    if fallback is None:
+        return None
+
+    def eager(module, *args, **kwargs):
+        calling = type(getattr(module, "_shardcore_of", module))  # Ulysses' view of its heads: the module's own
+        own = getattr(sys.modules.get(calling.__module__), "eager_attention_forward", fallback)
+        return own(module, *args, **kwargs)
+
+    return eager
+
+
+#: calls that may take the attention mask in an attention module's forward: the attention function, type checks
+_MASK_PASSED_TO = frozenset({"attention_interface", "eager_attention_forward", "isinstance", "to"})
+
+
+def mask_readers(model: torch.nn.Module) -> list[tuple[str, str, int]]:
+    """``(attention class, what, line of its forward)`` for each use of the attention mask in the
+    forward of an attention module of ``model`` (a class whose forward calls transformers' attention
+    registry) other than handing it to the attention function: a call taking it (a sparse-attention
+    indexer, a dynamic mask builder), a method of it, or arithmetic with it. Under a sequence split the
+    mask covers the whole sequence while the module holds a rank's part of the queries. Read from the
+    source, no forward run; a class whose source cannot be read is not listed."""
+    return [use for cls in dict.fromkeys(type(m) for m in model.modules()) for use in _mask_uses(cls)]
+
+
+@functools.cache
+def _mask_uses(cls: type) -> tuple[tuple[str, str, int], ...]:
+    forward = cls.__dict__.get("forward")
+    try:
+        source = textwrap.dedent(inspect.getsource(forward)) if forward is not None else ""
+    except (OSError, TypeError):
+        return ()
+    if "ALL_ATTENTION_FUNCTIONS" not in source:
+        return ()
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call):
+            what = getattr(node.func, "id", getattr(node.func, "attr", ""))
+            taken = [*node.args, *(k.value for k in node.keywords)]
+            on_mask = isinstance(node.func, ast.Attribute) and _names_mask(node.func.value)
+            if what not in _MASK_PASSED_TO and (on_mask or any(map(_names_mask, taken))):
+                found.append((cls.__name__, f"{what}()", node.lineno))
+        elif isinstance(node, ast.BinOp) and (_names_mask(node.left) or _names_mask(node.right)):
+            found.append((cls.__name__, type(node.op).__name__, node.lineno))
+    return tuple(found)
+
+
+def _names_mask(node: ast.AST) -> bool:
+    return any(isinstance(n, ast.Name) and n.id == "attention_mask" for n in ast.walk(node))
 
 
 def use_ulysses_attention(model: torch.nn.Module, mode: str = "all_to_all", routed: bool = False) -> str:
@@ -144,7 +210,7 @@ def use_ulysses_attention(model: torch.nn.Module, mode: str = "all_to_all", rout
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     base_name = model.config._attn_implementation
-    base = ALL_ATTENTION_FUNCTIONS[base_name]
+    base = _own_eager(model) if base_name == "eager" else ALL_ATTENTION_FUNCTIONS[base_name]
     if mode == "all_to_all":
         wrapped, name = ulysses_attention(base), f"shardcore_ulysses_{base_name}"
     else:  # ring_attn, all_gather_kv
