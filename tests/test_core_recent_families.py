@@ -207,6 +207,53 @@ def test_sequence_parallelism_through_the_attention_registry(family, mode):
         assert "max_abs_diff_after_steps" in report, report
 
 
+def _split_gather(family: str) -> dict:
+    from shardcore.tensor_parallel import count_collectives
+
+    config = ShardConfig(
+        tensor_parallel_size=2, enable_sequence_parallelism=True, sequence_parallelism_mode="split_gather"
+    )
+    with count_collectives() as counts:
+        report = assert_sharded_matches(lambda: build(family), batch(seq=16), config)
+    return report | {"collectives": dict(counts)}
+
+
+@pytest.mark.parametrize("family", ["Qwen3", "Gemma3", "Phi3"])
+def test_split_gather_over_the_region_the_plan_gives(family):
+    """Megatron's split_gather at TP=2 on the region the shipped TP plan gives (each block's column- and
+    row-parallel pairs; norms and residuals on a rank's half of the tokens): exact, the sequence gathered
+    into every pair and reduce-scattered out of it."""
+    for report in run_on_ranks(2, _split_gather, family):
+        assert "max_abs_diff_after_steps" in report, report
+        assert report["collectives"].get("reduce_scatter", 0) > 0, report["collectives"]
+
+
+@pytest.mark.parametrize(
+    "family, message",
+    [
+        ("GptOss", r"model.layers.0 holds no column- and row-parallel pair in the plan"),
+        ("DeepseekV3", r"model.layers.0.self_attn.q_a_proj \(Linear\) is not split by the plan"),
+        ("Olmo2", r"model.layers.0.self_attn.q_norm \(Olmo2RMSNorm\) sits in model.layers.0.self_attn, which gathers"),
+    ],
+    ids=["GptOss", "DeepseekV3", "Olmo2"],
+)
+def test_split_gather_a_plan_gives_no_region_for_is_refused_by_name(family, message):
+    """GPT-OSS's plan names only its ends; DeepSeek-V3's leaves MLA's latent projections whole: each
+    would run token mixing on a rank's tokens alone. OLMo-2's plan runs its attention whole on every rank
+    (gathered outputs) with a norm over every head the plan does not name: whether that norm's gradient
+    is a rank's share or the whole cannot be told from the plan. Each refused by name, before any
+    collective."""
+    import re
+
+    from shardcore.testing.refusals import refusal_message
+
+    config = ShardConfig(
+        tensor_parallel_size=2, enable_sequence_parallelism=True, sequence_parallelism_mode="split_gather"
+    )
+    for said in run_on_ranks(2, refusal_message, functools.partial(build, family), config):
+        assert re.search(message, said), f"not refused as expected: {said}"
+
+
 def _doge():
     import transformers
 

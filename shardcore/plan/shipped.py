@@ -14,7 +14,8 @@ the stages cannot follow is refused by name when a pipeline is asked for, never 
 
 Its sequence parallelism (Ulysses, the ring) runs the model's attention through transformers'
 registry, as the plugins' does (a model built with ``eager`` attention: its own modeling module's
-eager function); under Ulysses per-head attention sinks are cut to each rank's heads. Under
+eager function); under Ulysses per-head attention sinks are cut to each rank's heads. Megatron's
+``split_gather`` follows the region the TP plan gives (:mod:`shardcore.plan.region`). Under
 expert parallelism the experts modules the config's ``base_model_ep_plan`` dispatches tokens to
 (``ep_dispatch_experts``) hold whole experts over the ``ep x tp`` ranks (the core's ``ExpertsEP``)."""
 
@@ -26,10 +27,12 @@ from torch import nn
 from ..integrations.hf.attention import mask_readers
 from ..integrations.hf.heads import attention_dims
 from ..integrations.hf.stages import HFStages, StageFacts
+from ..kernels import attention_registry
 from ..policy import ModulePolicyDescription
 from ..policy import SubModuleReplacementDescription as Sub
 from ..spec import ExpertSpec, SequenceSpec
 from .policy import PlanPolicy
+from .region import region_entries, region_problem
 from .syntax import _regex
 
 __all__ = ["ShippedPlanPolicy", "shipped_stage_facts"]
@@ -69,6 +72,12 @@ def shipped_stage_facts(model: nn.Module, base: nn.Module, blocks: list[tuple[st
     return StageFacts(first_ends=tuple(names[:at]), last_ends=tuple(names[at + 1 :]), heads=("lm_head",))
 
 
+def _residual_dropouts(blocks: list) -> tuple[str, ...]:
+    """The dropout modules that are a block's own children (on the residual stream, split under
+    ``split_gather``: each rank then drops its own tokens)."""
+    return tuple(dict.fromkeys(n for _, b in blocks[:1] for n, m in b.named_children() if isinstance(m, nn.Dropout)))
+
+
 def _under(path: str, module: str) -> bool:
     return path == module or path.startswith(f"{module}.")
 
@@ -102,11 +111,20 @@ class ShippedPlanPolicy(HFStages, PlanPolicy):
             return SequenceSpec()
         heads, kv, _ = attention_dims(config)
         return SequenceSpec(
-            modes=("all_to_all", "ring_attn"),
+            modes=("split_gather", "all_to_all", "ring_attn"),
             split_kwargs=("position_embeddings",),
             heads=(heads, kv),
             per_head=("sinks", "s_aux") if _sinks(self.model) else (),  # one logit a head: a rank's heads' own
+            dropouts=_residual_dropouts(self.blocks()),
+            attention_problem=self._sequence_problem,
         )
+
+    def _sequence_problem(self, mode: str) -> str | None:
+        if mode == "split_gather":
+            plans = getattr(self, "_plans", None)
+            plans = plans if plans is not None else self._layers()
+            return region_problem(self.blocks(), plans, self.tensor_parallel().grad_sum)
+        return attention_registry().sequence_problem(self.model, mode)
 
     def _not_split(self) -> str | None:
         """Why the model's attention cannot run with its sequence split (``None``: nothing seen)."""
@@ -150,11 +168,17 @@ class ShippedPlanPolicy(HFStages, PlanPolicy):
         return ExpertSpec(supported=True)
 
     def module_policy(self):
-        """The TP plan's layers; under expert parallelism the experts modules the expert plan names
+        """The TP plan's layers (under ``split_gather`` the column-parallel layers' parents enter the
+        region: :func:`~shardcore.plan.region.region_entries`); under expert parallelism the experts modules the expert plan names
         become :class:`~shardcore.expert_parallel.experts.ExpertsEP` (whole experts over the ``ep x tp``
         ranks) in place of what the TP plan does to them."""
         policy = super().module_policy()
-        if self.shard_config.expert_parallel_size == 1:
+        config = self.shard_config
+        if config.enable_sequence_parallelism and config.sequence_parallelism_mode == "split_gather":
+            own = policy[type(self.model)]
+            entries, subs = region_entries(own.sub_module_replacement, self.blocks())
+            policy[type(self.model)] = attrs.evolve(own, sub_module_replacement=subs, enter_tp_region=entries)
+        if config.expert_parallel_size == 1:
             return policy
         from ..expert_parallel.experts import ExpertsEP
 

@@ -65,6 +65,10 @@ def _check_split_gather(model: nn.Module, policy, config, layout) -> None:
             "sequence_parallelism_mode='split_gather' splits the sequence over the tensor-parallel group, "
             "but tensor_parallel_size is 1; give tensor_parallel_size > 1"
         )
+    ask = policy.sequence().attention_problem  # a policy's own word on its region (the registry has none)
+    problem = ask("split_gather") if ask is not None else None
+    if problem:
+        raise NotImplementedError(f"{type(model).__name__}: {problem}")
 
 
 def _check_over_sp(model: nn.Module, policy, config, layout, mode: str) -> None:

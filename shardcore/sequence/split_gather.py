@@ -26,6 +26,10 @@ def apply_sequence_parallel(model: nn.Module, policy, state: SequenceParallel) -
     after the sharder (which gave the layers ``state``)."""
     _watch_forward(model, state)
     saving_now: list = []  # the saved-tensor hooks of the split running now
+    # a replicated parameter the policy sums over the group already (a per-head norm inside the region,
+    # applied to this rank's heads of every token): summing it again for the split would count it twice
+    names = set(policy.tensor_parallel().grad_sum)
+    summed = {id(p) for n, p in model.named_parameters(remove_duplicate=False) if n in names}
     for region in regions(policy):
         names, blocks = [name for name, _ in region], [block for _, block in region]
         _split_region(model, names, blocks, state, saving_now)
@@ -36,7 +40,7 @@ def apply_sequence_parallel(model: nn.Module, policy, state: SequenceParallel) -
                 partial = [
                     n
                     for n, p in module.named_parameters(recurse=False)
-                    if p.requires_grad and n not in getattr(module, "shard_specs", {})
+                    if p.requires_grad and n not in getattr(module, "shard_specs", {}) and id(p) not in summed
                 ]
                 if partial:
                     _sum_grads_when_split(module, partial, state)

@@ -35,7 +35,7 @@ class SequenceSpec:
       call though the model class does not say so (transformers' ``_supports_attention_backend``,
       which Whisper's leaves unset): the registry switches it all the same.
     * ``attention_problem(mode)``: why the attention cannot run under ``mode`` (``None``: it can), asked
-      before any collective; ``set_attention(state)``: make it run under ``state.mode``, the name now in use.
+      before any collective (for ``split_gather`` too: why the blocks' region cannot be followed); ``set_attention(state)``: make it run under ``state.mode``, the name now in use.
       ``None``: HuggingFace's attention registry, around the model's own attention.
 
     Composite: the composite's own (its forward joins the parts).

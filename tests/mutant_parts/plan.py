@@ -171,6 +171,40 @@ MUTANTS = [
         "not refused as expected",
     ),
     m(
+        "region-without-a-pair",
+        "split_gather declared for blocks the plan gives no column-/row-parallel pair (GPT-OSS): attention over a "
+        "rank's tokens",
+        "shardcore/plan/region.py",
+        "_block_problem",
+        [("    if Linear1D_Col not in inside.values() or Linear1D_Row not in inside.values():", "    if False:")],
+        "tests/test_core_recent_families.py::test_split_gather_a_plan_gives_no_region_for_is_refused_by_name[GptOss]",
+        "not refused as expected",
+    ),
+    m(
+        "region-norm-in-entry-unchecked",
+        "a norm inside a module that gathers the sequence, neither split nor summed by the plan (OLMo-2's q_norm), "
+        "taken for a token-wise norm on a rank's tokens",
+        "shardcore/plan/region.py",
+        "_block_problem",
+        [("        if entry is not None and not set(own) <= grad_sum:", "        if False:")],
+        "tests/test_core_recent_families.py::test_split_gather_a_plan_gives_no_region_for_is_refused_by_name[Olmo2]",
+        "not refused as expected",
+    ),
+    m(
+        "region-columns-gather-again",
+        "under split_gather the column-parallel layers inside a module that gathered the sequence gather it again",
+        "shardcore/plan/region.py",
+        "region_entries",
+        [
+            (
+                '        attrs.evolve(s, kwargs={**s.kwargs, "copy_input": False})',
+                "        attrs.evolve(s, kwargs=dict(s.kwargs))",
+            )
+        ],
+        "tests/test_core_recent_families.py::test_split_gather_over_the_region_the_plan_gives[Qwen3]",
+        "mat1 and mat2 shapes cannot be multiplied",
+    ),
+    m(
         "shipped-experts-not-routed",
         "under expert parallelism the experts the expert plan names are left as the TP plan has them: no token "
         "travels, every rank runs every expert",

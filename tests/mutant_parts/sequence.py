@@ -238,4 +238,14 @@ MUTANTS = [
         "[stacked-streams-all_to_all]",
         "match the broadcast shape",
     ),
+    m(
+        "split-sums-summed-again",
+        "under split_gather a replicated parameter the policy already sums over the group (a per-head norm inside "
+        "the region) summed again for the split",
+        "shardcore/sequence/split_gather.py",
+        "apply_sequence_parallel",
+        [(" and id(p) not in summed", "")],
+        "tests/test_core_recent_families.py::test_split_gather_over_the_region_the_plan_gives[Qwen3]",
+        "gradient of model.layers.0.self_attn.q_norm.weight (gathered): relative error 1",
+    ),
 ]
