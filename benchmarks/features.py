@@ -5,9 +5,13 @@ against the unsharded model on 2 gloo ranks:
 * ``pp``: ``pipeline_parallel_size=2`` (1F1B) through ``pipeline_step`` (the stages cut where the
   config's ``base_model_pp_plan`` says; :func:`shardcore.testing.pipeline.assert_pipeline_matches`);
 * ``ulysses`` / ``ring``: ``sequence_parallel_size=2`` in ``all_to_all`` / ``ring_attn``, the model built
-  with ``attn_implementation="sdpa"`` where it has it (:func:`shardcore.testing.assert_sharded_matches`).
+  with ``attn_implementation="sdpa"`` where it has it (:func:`shardcore.testing.assert_sharded_matches`);
+* ``split_gather``: Megatron's, ``tensor_parallel_size=2`` with the sequence split over it (the region
+  the TP plan gives).
 
-    python benchmarks/features.py [--only TYPE ...] [--features pp ulysses ring] [--out PATH]
+    python benchmarks/features.py [--only TYPE ...] [--features pp ulysses ring split_gather] [--out PATH] [--merge]
+
+``--merge`` keeps the cells of the features not run from the file already at ``--out``.
 
 Each cell is ``exact`` (loss, outputs, every gradient and 3 AdamW steps within the kit's tolerances),
 ``refused`` (``optimize`` said no, by name, before any collective), ``wrong`` (the kit found a
@@ -30,8 +34,8 @@ import sys
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-FEATURES = ("pp", "ulysses", "ring")
-_SP = {"ulysses": "all_to_all", "ring": "ring_attn"}
+FEATURES = ("pp", "ulysses", "ring", "split_gather")
+_SP = {"ulysses": "all_to_all", "ring": "ring_attn", "split_gather": "split_gather"}
 
 
 def _build(model_type: str, class_name: str, feature: str):
@@ -83,9 +87,10 @@ def one_cell(model_type: str, class_name: str, feature: str) -> dict:
                 make, batch, shardcore.ShardConfig(pipeline_parallel_size=2, tensor_parallel_size=1)
             )
         else:
+            megatron = feature == "split_gather"  # over the tensor-parallel group
             config = shardcore.ShardConfig(
-                tensor_parallel_size=1,
-                sequence_parallel_size=2,
+                tensor_parallel_size=2 if megatron else 1,
+                sequence_parallel_size=1 if megatron else 2,
                 enable_sequence_parallelism=True,
                 sequence_parallelism_mode=_SP[feature],
             )
@@ -98,6 +103,8 @@ def one_cell(model_type: str, class_name: str, feature: str) -> dict:
 
 
 def table(rows: list[dict], version: str, features: list[str]) -> str:
+    none = {"outcome": "not run", "reason": ""}
+    rows = [{**{f: none for f in features}, **r} for r in rows]  # a feature added after the row was swept
     swept = [r for r in rows if any(r[f]["outcome"] != "not swept" for f in features)]
     totals = []
     for f in features:
@@ -125,7 +132,7 @@ def table(rows: list[dict], version: str, features: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-_OUTCOMES = ("exact", "refused", "wrong", "inconclusive", "error", "cannot build")
+_OUTCOMES = ("exact", "refused", "wrong", "inconclusive", "error", "cannot build", "not run")
 
 
 def _last_line(err: Exception) -> str:
@@ -145,12 +152,21 @@ def _write(out: pathlib.Path, rows: list[dict], start: float, features: list[str
     out.with_suffix(".md").write_text(table(rows, transformers.__version__, features))
 
 
+def _kept(out: pathlib.Path) -> dict[str, dict]:
+    """The rows of the record at ``out`` by family (``--merge``), none when there is none."""
+    if not out.is_file():
+        return {}
+    return {row["family"]: row for row in json.loads(out.read_text())["families"]}
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="*", help="model types (default: every causal-LM family)")
     parser.add_argument("--features", nargs="*", choices=FEATURES, default=list(FEATURES))
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "features.json"))
+    parser.add_argument("--merge", action="store_true", help="keep the other features' cells from --out")
     args = parser.parse_args(argv)
+    kept = _kept(pathlib.Path(args.out)) if args.merge else {}
     sys.path.insert(0, str(ROOT / "benchmarks"))  # the pool's workers import this module and families by name
     os.environ.setdefault("SHARDCORE_COLLECTIVE_TIMEOUT", "60")  # a cell that hangs a collective ends there
     import features as me
@@ -161,6 +177,7 @@ def main(argv: list[str]) -> int:
     from shardcore.testing import close_pools, run_on_ranks
 
     chosen = families(["causal-lm"], args.only)
+    shown = [f for f in FEATURES if f in args.features or any(f in r for r in kept.values())]
     print(f"{len(chosen)} causal-LM families, transformers {transformers.__version__}", flush=True)
     rows, start = [], time.perf_counter()
     try:
@@ -184,13 +201,15 @@ def main(argv: list[str]) -> int:
                     break
             for feature in args.features:
                 row.setdefault(feature, row[args.features[0]])
+            row = {**kept.get(model_type, {}), **row}
             rows.append(row)
             said = " ".join(f"{f}={row[f]['outcome']}" for f in args.features)
             print(f"[{i + 1}/{len(chosen)}] {model_type}: {said}", flush=True)
-            _write(pathlib.Path(args.out), rows, start, args.features)  # after each family: a cut run keeps its cells
+            others = [r for t, r in kept.items() if t not in {r["family"] for r in rows}]  # not run now: kept
+            _write(pathlib.Path(args.out), sorted(rows + others, key=lambda r: r["family"]), start, shown)
     finally:
         close_pools()
-    print(table(rows, transformers.__version__, args.features).split("\n\n")[2])
+    print(table(rows, transformers.__version__, shown).split("\n\n")[2])
     return 0
 
 

@@ -102,18 +102,20 @@ class ShippedPlanPolicy(HFStages, PlanPolicy):
         """A decoder's sequence split over ``sp`` ranks: the attention switched in transformers' registry
         (Ulysses: whole heads a rank, the head counts from the config; the ring: what it does not compute,
         sliding windows and soft-capping, over gathered keys and values), the rotary embeddings split with
-        the hidden states. Nothing declared for a composite (its towers' attention differs)."""
+        the hidden states; Megatron's ``split_gather`` over the TP plan's region, where the attention
+        module sees the whole sequence (so also where only Ulysses and the ring are refused). Nothing
+        declared for a composite (its towers' attention differs)."""
         config = self.model.config
-        why = self._not_split()
-        if why:
-            return SequenceSpec(refused={"all_to_all": why, "ring_attn": why})
-        if getattr(config, "num_attention_heads", None) is None or getattr(config, "sub_configs", None):
+        if getattr(config, "sub_configs", None):
             return SequenceSpec()
-        heads, kv, _ = attention_dims(config)
+        why = self._not_split()
+        if why is None and getattr(config, "num_attention_heads", None) is None:
+            return SequenceSpec()
         return SequenceSpec(
-            modes=("split_gather", "all_to_all", "ring_attn"),
+            modes=("split_gather",) if why else ("split_gather", "all_to_all", "ring_attn"),
+            refused={"all_to_all": why, "ring_attn": why} if why else {},
             split_kwargs=("position_embeddings",),
-            heads=(heads, kv),
+            heads=None if why else attention_dims(config)[:2],
             per_head=("sinks", "s_aux") if _sinks(self.model) else (),  # one logit a head: a rank's heads' own
             dropouts=_residual_dropouts(self.blocks()),
             attention_problem=self._sequence_problem,

@@ -109,6 +109,18 @@ def _refuse_combinations(config, layout, mode: str) -> None:
             raise NotImplementedError(f"sequence parallelism together with {what} is not built yet; use one of them")
 
 
+def refuse_stacked(x, state, block: str) -> None:
+    """At the split, before its first collective (every rank alike): hidden states entering ``block``
+    that are not ``(batch, sequence, hidden)`` (several streams stacked before the sequence, Gemma 3n's)
+    are refused, not cut along another dimension."""
+    if x.dim() != 3:
+        raise NotImplementedError(
+            f"sequence_parallelism_mode={state.mode!r}: the hidden states entering {block} have shape "
+            f"{tuple(x.shape)}, not (batch, sequence, hidden) (several streams stacked?): the split along dim "
+            f"{state.dim} would not cut the sequence; leave enable_sequence_parallelism=False"
+        )
+
+
 def _watch_forward(model: nn.Module, state) -> None:
     """At each forward, before any collective: refuse what the sequence split cannot honour yet,
     and note whether the blocks will be recomputed (activation checkpointing: what the recompute

@@ -15,7 +15,7 @@ from ..tensor_parallel.mappings import copy_to_tp, gather_from_tp, split_to_tp
 from ..tensor_parallel.parallel_module import ParallelModule
 from ..tensor_parallel.regions import SequenceParallel, storage_key
 from ..tensor_parallel.rng import fork_tp_rng, in_tp_rng
-from .check import _watch_forward
+from .check import _watch_forward, refuse_stacked
 from .declared import regions
 
 
@@ -62,6 +62,7 @@ def _split_region(model: nn.Module, names: list[str], blocks: list[nn.Module], s
             return None  # a later block of the split: its input is split already
         in_kwargs = "hidden_states" in kwargs
         x = kwargs["hidden_states"] if in_kwargs else args[0]
+        refuse_stacked(x, state, names[index])
         length = x.shape[state.dim]
         state.active = length % state.size == 0 and length >= state.size
         if not state.active:

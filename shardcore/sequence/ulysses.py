@@ -13,7 +13,7 @@ from torch import nn
 from ..distributed.collectives import all_to_all_cat, group_rank, group_size
 from ..tensor_parallel.mappings import gather_from_tp, split_to_tp
 from ..tensor_parallel.regions import SequenceParallel
-from .check import _watch_forward
+from .check import _watch_forward, refuse_stacked
 from .declared import regions, set_attention
 from .ring import _unzigzag, _zigzag
 from .split_gather import _per_rank_dropouts, _sum_grads_when_split
@@ -93,12 +93,7 @@ class _SplitHooks:
         state = self.state
         in_kwargs = "hidden_states" in kwargs
         x = kwargs["hidden_states"] if in_kwargs else args[0]
-        if x.dim() != 3:  # every rank alike, before the split's first collective
-            raise NotImplementedError(
-                f"sequence_parallelism_mode={state.mode!r}: the hidden states entering {self.names[0]} have shape "
-                f"{tuple(x.shape)}, not (batch, sequence, hidden) (several streams stacked?): the split along dim "
-                f"{state.dim} would not cut the sequence; leave enable_sequence_parallelism=False"
-            )
+        refuse_stacked(x, state, self.names[0])
         length = x.shape[state.dim]
         cache = kwargs.get("cache", kwargs.get("past_key_values"))  # transformers >= 5.24 names it ``cache``
         cached = cache is not None and not module.training

@@ -231,9 +231,9 @@ MUTANTS = [
     m(
         "sequence-split-stacked-streams",
         "hidden states with streams stacked before the sequence (Gemma 3n) split along dim 1 all the same",
-        "shardcore/sequence/ulysses.py",
-        "_SplitHooks.split_first",
-        [("        if x.dim() != 3:", "        if False:")],
+        "shardcore/sequence/check.py",
+        "refuse_stacked",
+        [("    if x.dim() != 3:", "    if False:")],
         "tests/test_core_recent_families.py::test_a_sequence_split_the_attention_cannot_follow_is_refused_by_name"
         "[stacked-streams-all_to_all]",
         "match the broadcast shape",
