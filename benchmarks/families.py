@@ -106,6 +106,12 @@ MAX_PARAMS = 40_000_000  # parameters of one tiny model (each of 2 ranks holds i
 EXACT_RTOL = 2e-3  # the worst relative difference (to the tensor's largest entry) of an exact family
 
 
+def _noise(key: str) -> bool:
+    """A config field drawing randomness in training (a dropout, a router's jitter): zero in the tiny
+    models, whose comparisons with the unsharded model need the same numbers on both sides."""
+    return key in ZERO or "dropout" in key or "jitter" in key or key.endswith("pdrop")
+
+
 def _mrope(cls) -> bool:
     """Whether a config class's module speaks of multimodal rotary sections (Qwen2-VL and kin)."""
     import inspect
@@ -130,7 +136,8 @@ def _overrides(defaults: dict, sub_configs: dict, mrope: bool = False) -> dict:
             kinds = list(defaults[k][: layers - 1])  # the first ones, the last layer of a kind not yet seen
             kinds.append(next((x for x in defaults[k] if x not in kinds), defaults[k][layers - 1]))
             out[k] = kinds
-    out.update({k: 0.0 for k in ZERO if isinstance(defaults.get(k), float)})
+    noise = [k for k, v in defaults.items() if isinstance(v, float) and v and _noise(k)]  # training-time randomness
+    out.update({k: 0.0 for k in noise})
     for k in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
         if isinstance(defaults.get(k), int):
             out[k] = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2, "decoder_start_token_id": 0}[k]

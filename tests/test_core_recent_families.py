@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 
 import pytest
+import torch
 from recent_models import COMMON, LAYERS, batch, build, config
 
 from shardcore import ShardConfig
@@ -143,6 +144,16 @@ def _diff_llama():
     return transformers.DiffLlamaForCausalLM(config)
 
 
+def _glm_moe_dsa():
+    import transformers
+
+    own = {"moe_intermediate_size": 32, "n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1}
+    own |= {"kv_lora_rank": 16, "q_lora_rank": 32, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 8}
+    own |= {"num_key_value_heads": 4, "index_topk": 8, "index_head_dim": 16, "index_n_heads": 2, "head_dim": 16}
+    own |= {"mlp_layer_types": ["dense", "sparse"], "first_k_dense_replace": 1}
+    return transformers.GlmMoeDsaForCausalLM(transformers.GlmMoeDsaConfig(**COMMON | own))
+
+
 def _qwen3_classifier():
     import transformers
 
@@ -170,8 +181,15 @@ def _qwen3_with_pp_plan(**changed):
         (_qwen3_with_pp_plan(norm=None), r"\['norm'\] hold parameters and are on no stage of it"),
         (_diff_llama, r"DiffLlamaConfig's base_model_pp_plan: none ships .*; write a plugin with its stages"),
         (_qwen3_classifier, r"built for a \*ForCausalLM with an lm_head, not Qwen3ForSequenceClassification"),
+        (_glm_moe_dsa, r"its blocks hand \['topk_indices'\] on to the next block besides the hidden states"),
     ],
-    ids=["an-input-no-stage-builds", "a-module-on-no-stage", "no-pipeline-plan", "not-a-causal-lm"],
+    ids=[
+        "an-input-no-stage-builds",
+        "a-module-on-no-stage",
+        "no-pipeline-plan",
+        "not-a-causal-lm",
+        "a-handed-on-output",
+    ],
 )
 def test_a_pipeline_the_shipped_plan_cannot_give_is_refused_by_name(make, message):
     """Refused at optimize, on every rank alike, before any collective: the config class and what is missing."""
@@ -275,6 +293,21 @@ def _gemma3n():
     return transformers.Gemma3nForCausalLM(transformers.Gemma3nTextConfig(**COMMON | own))
 
 
+def _minimax():
+    import transformers
+
+    own = {"num_local_experts": 2, "num_experts_per_tok": 1, "head_dim": 16}
+    own |= {"layer_types": ["linear_attention", "full_attention"], "block_size": 4}
+    return transformers.MiniMaxForCausalLM(transformers.MiniMaxConfig(**COMMON | own))
+
+
+def _qwen3_with_a_convolution():
+    """Qwen3 with a short convolution in its first block (as hybrid decoders hold one beside attention)."""
+    model = build("Qwen3")
+    model.model.layers[0].mlp.add_module("short_conv", torch.nn.Conv1d(64, 64, 3, groups=64, padding=2))
+    return model
+
+
 @pytest.mark.parametrize("mode", ["all_to_all", "ring_attn"])
 @pytest.mark.parametrize(
     "make, message",
@@ -286,13 +319,16 @@ def _gemma3n():
         ),
         (_gemma4, r"Gemma4TextConfig gives its layers their own attention shapes \('head_dim' is a per-layer"),
         (_gemma3n, r"the hidden states entering model.layers.0 have shape \(\d+, 2, 16, 64\), not \(batch, sequence"),
+        (_minimax, r"MiniMaxConfig has 'linear_attention' layers, which mix tokens outside transformers' attention"),
+        (_qwen3_with_a_convolution, r"model.layers.0.mlp.short_conv \(Conv1d\) mixes tokens outside the attention"),
     ],
-    ids=["its-own-use-of-the-mask", "per-layer-shapes", "stacked-streams"],
+    ids=["its-own-use-of-the-mask", "per-layer-shapes", "stacked-streams", "linear-attention", "a-convolution"],
 )
 def test_a_sequence_split_the_attention_cannot_follow_is_refused_by_name(make, message, mode):
     """Doge builds its own mask from the whole sequence's (as DeepSeek-V3.2's sparse-attention indexer
     reads it), Gemma 4 gives each layer its own head width, Gemma 3n stacks its streams before the
-    sequence: each refused by name under Ulysses and the ring, the same on every rank, not run wrong."""
+    sequence, MiniMax has linear-attention layers, a block holds a convolution over the tokens: each
+    refused by name under Ulysses and the ring, the same on every rank, not run wrong."""
     import re
 
     config = ShardConfig(

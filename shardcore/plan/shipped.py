@@ -65,6 +65,11 @@ def shipped_stage_facts(model: nn.Module, base: nn.Module, blocks: list[tuple[st
     taken = [i for i in plan[container[0]][0] if i not in _BUILT]
     if taken:
         raise _refuse(model, f"its blocks take {taken}, which no stage builds (they take {list(_BUILT)})")
+    handed = _handed_on(type(base), container[0])
+    if handed:
+        raise _refuse(
+            model, f"its blocks hand {handed} on to the next block besides the hidden states; no stage carries it"
+        )
     unplaced = [n for n, m in base.named_children() if n not in plan and any(True for _ in m.parameters())]
     if unplaced:
         raise _refuse(model, f"{unplaced} hold parameters and are on no stage of it (it places {names})")
@@ -76,6 +81,41 @@ def _residual_dropouts(blocks: list) -> tuple[str, ...]:
     """The dropout modules that are a block's own children (on the residual stream, split under
     ``split_gather``: each rank then drops its own tokens)."""
     return tuple(dict.fromkeys(n for _, b in blocks[:1] for n, m in b.named_children() if isinstance(m, nn.Dropout)))
+
+
+def _recurrent(kind: str) -> bool:
+    """A config's layer type that is no attention of the registry (linear attention, a state-space or
+    recurrent mixer, a convolution)."""
+    return any(word in kind for word in ("linear", "mamba", "conv", "recurrent", "delta", "rwkv", "ssm"))
+
+
+def _convolves(module: nn.Module) -> bool:
+    """A convolution (over the sequence, in a decoder's block: a short conv or a state-space mixer's)."""
+    return isinstance(module, nn.modules.conv._ConvNd)
+
+
+def _handed_on(cls: type, container: str) -> list[str]:
+    """What the base model's forward takes from each block of ``container`` besides the hidden states
+    (``hidden_states, topk_indices = layer(...)``: GLM-MoE-DSA's indexer shares its choice with the next
+    layer), read from its source; none when it cannot be read."""
+    import ast
+    import inspect
+    import textwrap
+
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(cls.forward)))
+    except (OSError, TypeError, SyntaxError):
+        return []
+    over = (n for n in ast.walk(tree) if isinstance(n, ast.For))
+    for loop in (n for n in over if any(getattr(a, "attr", None) == container for a in ast.walk(n.iter))):
+        names = {t.id for t in ast.walk(loop.target) if isinstance(t, ast.Name)}
+        for node in ast.walk(loop):
+            call = node.value if isinstance(node, ast.Assign) else None
+            if isinstance(call, ast.Call) and ast.unparse(call.func) in names:
+                targets = node.targets[0]
+                if isinstance(targets, ast.Tuple) and len(targets.elts) > 1:
+                    return [ast.unparse(t) for t in targets.elts[1:]]
+    return []
 
 
 def _under(path: str, module: str) -> bool:
@@ -140,6 +180,13 @@ class ShippedPlanPolicy(HFStages, PlanPolicy):
             return (
                 f"{type(config).__name__} gives its layers their own attention shapes ({said}), not followed per layer"
             )
+        kinds = [k for k in dict.fromkeys(getattr(config, "layer_types", None) or []) if _recurrent(str(k))]
+        if kinds:
+            return f"{type(config).__name__} has {kinds[0]!r} layers, which mix tokens outside transformers' attention"
+        mixers = [(n, m) for b, block in self.blocks() for n, m in block.named_modules(prefix=b) if _convolves(m)]
+        if mixers:
+            name, module = mixers[0]
+            return f"{name} ({type(module).__name__}) mixes tokens outside the attention, over a rank's part of them"
         readers = mask_readers(self.model)
         if readers:
             cls, what, line = readers[0]

@@ -130,6 +130,37 @@ MUTANTS = [
         "not refused as expected; optimize said: no error",
     ),
     m(
+        "shipped-stages-handed-on-unseen",
+        "a model whose blocks hand a second value on to the next block (GLM-MoE-DSA's indexer choice) cut into "
+        "stages: a stage's first block gets none",
+        "shardcore/plan/shipped.py",
+        "shipped_stage_facts",
+        [("    handed = _handed_on(type(base), container[0])", "    handed = []")],
+        "tests/test_core_recent_families.py::test_a_pipeline_the_shipped_plan_cannot_give_is_refused_by_name"
+        "[a-handed-on-output]",
+        "not refused as expected; optimize said: no error",
+    ),
+    m(
+        "shipped-linear-layers-unseen",
+        "a config with linear-attention layers (MiniMax) split under Ulysses: those layers mix a rank's tokens only",
+        "shardcore/plan/shipped.py",
+        "ShippedPlanPolicy._not_split",
+        [("if _recurrent(str(k))]", "if _recurrent(str(k)) and False]")],
+        "tests/test_core_recent_families.py::test_a_sequence_split_the_attention_cannot_follow_is_refused_by_name"
+        "[linear-attention-all_to_all]",
+        "2 blocks ran but the split attention ran 1 times",
+    ),
+    m(
+        "shipped-convolution-unseen",
+        "a block holding a convolution over the tokens split under the ring: it convolves a rank's tokens only",
+        "shardcore/plan/shipped.py",
+        "ShippedPlanPolicy._not_split",
+        [("if _convolves(m)]", "if _convolves(m) and False]")],
+        "tests/test_core_recent_families.py::test_a_sequence_split_the_attention_cannot_follow_is_refused_by_name"
+        "[a-convolution-ring_attn]",
+        "not refused as expected",
+    ),
+    m(
         "shipped-rotary-not-split",
         "under Ulysses / the ring the rotary embeddings of the whole sequence meet a rank's part of it",
         "shardcore/plan/shipped.py",
