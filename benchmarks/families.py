@@ -40,6 +40,7 @@ TASKS = {
 #: a tiny size for every common config field (set where the family's config has the field)
 TINY = {
     "hidden_size": 64,
+    "initializer_range": 0.1,
     "intermediate_size": 128,
     "num_hidden_layers": 2,
     "num_layers": 2,
@@ -54,6 +55,7 @@ TINY = {
     "num_local_experts": 4,
     "n_routed_experts": 4,
     "num_experts_per_tok": 2,
+    "moe_topk": 2,  # HunYuan-MoE's top-1 renormalized routing leaves its router no gradient
     "n_shared_experts": 1,
     "first_k_dense_replace": 1,
     "n_group": 1,

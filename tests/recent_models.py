@@ -1,6 +1,6 @@
 """Tiny configs of the families people train in 2026 that no plugin covers (zero-config: the plan each
 config ships), built with random weights: Qwen3, Gemma 3 (sliding and full layers), OLMo-2, Phi-3,
-GPT-OSS and DeepSeek-V3 (MoE, grouped top-k, MLA attention)."""
+GPT-OSS, DeepSeek-V3 (MoE, grouped top-k, MLA attention) and LongCat-Flash (zero-computation experts)."""
 
 from __future__ import annotations
 
@@ -58,6 +58,27 @@ FAMILIES = {
         },
         "sdpa",
     ),
+    "LongcatFlash": (
+        "LongcatFlashConfig",
+        "LongcatFlashForCausalLM",
+        {
+            "num_layers": 2,  # its own name for the layer count (two attentions and MLPs a layer)
+            "num_key_value_heads": 4,
+            "q_lora_rank": 32,
+            "kv_lora_rank": 16,
+            "qk_rope_head_dim": 8,
+            "qk_nope_head_dim": 8,
+            "head_dim": 8,
+            "v_head_dim": 8,
+            "ffn_hidden_size": 128,
+            "expert_ffn_hidden_size": 32,
+            "n_routed_experts": 4,
+            "zero_expert_num": 256,  # most tokens go to the zero-computation (identity) experts
+            "moe_topk": 2,
+            "initializer_range": 0.1,
+        },
+        "sdpa",
+    ),
 }
 
 
@@ -66,9 +87,14 @@ def config(family: str, layers: int = 2):
 
     config_class, _, own, attention = FAMILIES[family]
     own = dict(own)
+    count = {"num_hidden_layers": layers}
+    if "num_layers" in own:  # its own name for the layer count (LongCat-Flash: num_hidden_layers counts sublayers)
+        count = {"num_layers": layers}
     if "layer_types" in own:  # sliding and full layers in turn
         own["layer_types"] = [LAYERS[i % 2] for i in range(layers)]
-    config = getattr(transformers, config_class)(**COMMON | own | {"num_hidden_layers": layers})
+    config = getattr(transformers, config_class)(
+        **{k: v for k, v in COMMON.items() if k != "num_hidden_layers"} | own | count
+    )
     config._attn_implementation = attention
     return config
 

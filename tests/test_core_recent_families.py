@@ -225,6 +225,44 @@ def test_sequence_parallelism_through_the_attention_registry(family, mode):
         assert "max_abs_diff_after_steps" in report, report
 
 
+def _longcat() -> dict:
+    mark = 5  # a token id whose embedding alone points along dimension 0, which the first router reads
+
+    def built():
+        model = build("LongcatFlash")
+        with torch.no_grad():
+            model.model.embed_tokens.weight[:, 0] = 0.0
+            model.model.embed_tokens.weight[mark, 0] = 10.0
+            first = model.model.layers[0].mlp.router  # the first layer's routed expert 0: the marked tokens only
+            first.classifier.weight[:4] = 0.0
+            first.classifier.weight[0, 0] = 5.0
+            first.e_score_correction_bias[:4] = -0.9
+            # the last layer's routed experts below every zero-computation one (scores are softmax
+            # probabilities): no token reaches them, their gradient is None, as unsharded
+            model.model.layers[-1].mlp.router.e_score_correction_bias[:4] = -1.0
+        return model
+
+    ids = batch(seq=16)["input_ids"]
+    ids[ids == mark] = mark + 1
+    ids[:, 2] = mark  # in the first half of the sequence: rank 0's tokens under Ulysses, none of rank 1's
+    config = ShardConfig(
+        sequence_parallel_size=2, enable_sequence_parallelism=True, sequence_parallelism_mode="all_to_all"
+    )
+    return assert_sharded_matches(built, {"input_ids": ids, "labels": ids}, config)
+
+
+def test_a_parent_reading_a_childs_weight_and_experts_a_rank_may_not_reach_under_ulysses():
+    """LongCat-Flash under Ulysses (SP=2): its router reads ``self.classifier.weight`` without calling
+    the classifier, and its routed experts are 4 of 260 (the rest zero-computation), so in a step one
+    rank's tokens may reach them and the other's not (the first layer: a token only rank 0 holds is
+    routed to them), or no rank's (the last). Each
+    block parameter's gradient is still the sum over every rank's tokens (the classifier's too), the
+    sums stay in step on both ranks (no rank waits in one the other never joins), and experts no token
+    reached keep no gradient: exact over 3 AdamW steps."""
+    for report in run_on_ranks(2, _longcat):
+        assert "max_abs_diff_after_steps" in report, report
+
+
 def _split_gather(family: str) -> dict:
     from shardcore.tensor_parallel import count_collectives
 

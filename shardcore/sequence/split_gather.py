@@ -9,9 +9,10 @@ import functools
 import torch
 from torch import nn
 
-from ..distributed.collectives import Pending, start_all_gather
+from ..distributed import traced
+from ..distributed.collectives import Pending, all_reduce, backward_of, start_all_gather
 from ..pipeline import PipelineHole
-from ..tensor_parallel.mappings import copy_to_tp, gather_from_tp, split_to_tp
+from ..tensor_parallel.mappings import gather_from_tp, split_to_tp
 from ..tensor_parallel.parallel_module import ParallelModule
 from ..tensor_parallel.regions import SequenceParallel, storage_key
 from ..tensor_parallel.rng import fork_tp_rng, in_tp_rng
@@ -34,6 +35,7 @@ def apply_sequence_parallel(model: nn.Module, policy, state: SequenceParallel) -
         names, blocks = [name for name, _ in region], [block for _, block in region]
         _split_region(model, names, blocks, state, saving_now)
         for block in blocks:
+            owners = []
             for module in block.modules():
                 if isinstance(module, ParallelModule):
                     module.sequence = state
@@ -43,7 +45,8 @@ def apply_sequence_parallel(model: nn.Module, policy, state: SequenceParallel) -
                     if p.requires_grad and n not in getattr(module, "shard_specs", {}) and id(p) not in summed
                 ]
                 if partial:
-                    _sum_grads_when_split(module, partial, state)
+                    owners.append((module, partial))
+            _token_sums(block, owners, state)
         _per_rank_dropouts(blocks, policy.sequence().dropouts, state)
 
 
@@ -151,27 +154,101 @@ def _regather_hooks(state: SequenceParallel):
     return pack, unpack
 
 
-def _sum_grads_when_split(module: nn.Module, names: list[str], state: SequenceParallel) -> None:
-    """While a split forward runs, ``module``'s parameters ``names`` enter it through Megatron's
-    *f* (identity forward, gradient all-reduced over the group): their gradients, from this
-    rank's tokens only, become the sum over every token.
+class _TokenSum(torch.autograd.Function):
+    """Megatron's *f* for a block parameter under a sequence split: identity forward; backward, the
+    gradient (from this rank's tokens) summed over the group. A rank none of whose tokens reached
+    the parameter (an expert no token of its was routed to) still joins the sum, with zeros: the
+    collectives of every rank stay in step. The gradient stays ``None`` only where no rank's tokens
+    reached it, as unsharded: a flag summed with the gradient says so, read on the host only by a
+    rank that had no gradient of its own (one sync, on that rare path)."""
 
-    The forward reads ``module.<name>``; for the split forward that attribute is shadowed by the
-    parameter's *f* copy in the module's instance ``__dict__`` (found before ``nn.Module``'s own
-    look-up). The parameter registry (``module._parameters``) is never touched: optimizers, state
-    dicts, ``named_parameters()`` and hooks see the real parameters at every moment."""
+    @staticmethod
+    def forward(ctx, p, group):
+        ctx.set_materialize_grads(False)
+        ctx.group, ctx.shape, ctx.like = group, p.shape, (p.dtype, p.device)
+        ctx.where = None if traced.compiling() else backward_of(" (a block parameter's gradient over the tokens)")
+        return p.view_as(p)
+
+    @staticmethod
+    def backward(ctx, grad):
+        if traced.compiling():
+            grad = torch.zeros(ctx.shape, dtype=ctx.like[0], device=ctx.like[1]) if grad is None else grad
+            return traced.all_reduce(grad, ctx.group), None
+        if grad is None:
+            flat = torch.zeros(ctx.shape.numel() + 1, dtype=ctx.like[0], device=ctx.like[1])
+        else:
+            flat = torch.cat([grad.reshape(-1), grad.new_ones(1)])
+        all_reduce(flat, ctx.group, where=ctx.where)
+        if grad is None and flat[-1].item() == 0:  # no rank's tokens reached it
+            return None, None
+        return flat[:-1].view(ctx.shape), None
+
+
+class _Anchor(torch.autograd.Function):
+    """Identity on a block's output whose backward reaches every :class:`_TokenSum` copy the block
+    made, used or not on this rank: each runs its backward (its all-reduce) on every rank."""
+
+    @staticmethod
+    def forward(ctx, x, *copies):
+        ctx.n = len(copies)
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return (grad, *([None] * ctx.n))
+
+
+def _anchored(output, copies: list):
+    """``output`` (a block's: a tensor or a tuple starting with one) with :class:`_Anchor` on its hidden states."""
+    first = output[0] if isinstance(output, tuple) and output else output
+    if not (copies and isinstance(first, torch.Tensor) and first.requires_grad):
+        return None
+    anchored = _Anchor.apply(first, *copies)
+    return (anchored, *output[1:]) if isinstance(output, tuple) else anchored
+
+
+def _token_sums(block: nn.Module, owners: list[tuple[nn.Module, list[str]]], state: SequenceParallel) -> None:
+    """Make the gradients of ``owners``' parameters (``(module, names)`` inside ``block``), from this
+    rank's tokens only while a split forward runs, the sum over every token: each module of the
+    block that holds one of them, or whose children do, shadows them on entry
+    (:func:`_sum_grads_when_split`), those of its whole subtree not shadowed yet. A parent may read a
+    child's parameter without calling the child (LongCat-Flash's router runs
+    ``F.linear(x, self.classifier.weight)``); a recompute of any part of the block (HuggingFace
+    checkpoints a layer's ``forward``, inside its hooks) shadows that part again, with the same ops.
+    The block itself shadows only its own parameters: its hooks run outside such a recompute."""
+    for module in block.modules():
+        inside = {id(m) for m in module.modules()} if module is not block else {id(block)}
+        mine = [(m, names) for m, names in owners if id(m) in inside]
+        if mine:
+            _sum_grads_when_split(module, mine, state)
+
+
+def _sum_grads_when_split(
+    module: nn.Module, owners: list[tuple[nn.Module, list[str]]], state: SequenceParallel
+) -> None:
+    """While a split forward runs ``module``, the parameters of ``owners`` (``(module, names)`` in its
+    subtree) not shadowed yet enter it through :class:`_TokenSum`, anchored to its output.
+
+    A forward reads ``owner.<name>``; for the split forward that attribute is shadowed by the
+    parameter's copy in the owner's instance ``__dict__`` (found before ``nn.Module``'s own look-up).
+    The parameter registry (``owner._parameters``) is never touched: optimizers, state dicts,
+    ``named_parameters()`` and hooks see the real parameters at every moment."""
+    calls: list[list] = []  # the shadows each running call of ``module`` set (a module may run nested)
 
     def enter(mod, args):
-        for n in names:  # a forward that raised left its shadows: the real parameters come back first
-            mod.__dict__.pop(n, None)
-        if not (state.active and torch.is_grad_enabled()):
-            return
-        for n in names:
-            mod.__dict__[n] = copy_to_tp(mod._parameters[n], state.group)
+        made = []
+        if state.active and torch.is_grad_enabled():
+            for owner, names in owners:
+                for n in names:
+                    if n not in owner.__dict__:
+                        owner.__dict__[n] = _TokenSum.apply(owner._parameters[n], state.group)
+                        made.append((owner, n))
+        calls.append(made)
 
     def leave(mod, args, output):
-        for n in names:
-            mod.__dict__.pop(n, None)
+        made = calls.pop() if calls else []
+        copies = [owner.__dict__.pop(n) for owner, n in made if n in owner.__dict__]
+        return _anchored(output, copies)
 
     module.register_forward_pre_hook(enter)
     module.register_forward_hook(leave, always_call=True)

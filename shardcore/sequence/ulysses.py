@@ -16,7 +16,7 @@ from ..tensor_parallel.regions import SequenceParallel
 from .check import _watch_forward, refuse_stacked
 from .declared import regions, set_attention
 from .ring import _unzigzag, _zigzag
-from .split_gather import _per_rank_dropouts, _sum_grads_when_split
+from .split_gather import _per_rank_dropouts, _token_sums
 
 
 def apply_ulysses(model: nn.Module, policy, state: SequenceParallel) -> None:
@@ -41,11 +41,13 @@ def apply_ulysses(model: nn.Module, policy, state: SequenceParallel) -> None:
             block.register_forward_hook(functools.partial(hooks.leave, i))
         blocks += run
     for block in blocks:
+        owners = []
         for module in block.modules():
             module.__dict__["_shardcore_sequence"] = state  # the attention function finds it here
             own = [n for n, p in module.named_parameters(recurse=False) if p.requires_grad]
             if own:  # every block parameter saw this rank's tokens only
-                _sum_grads_when_split(module, own, state)
+                owners.append((module, own))
+        _token_sums(block, owners, state)
     _per_rank_dropouts(blocks, spec.dropouts, state)
     set_attention(policy, state)
 

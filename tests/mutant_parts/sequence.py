@@ -19,8 +19,8 @@ MUTANTS = [
         "apply_sequence_parallel",
         [
             (
-                "                if partial:\n                    _sum_grads_when_split",
-                "                if False:\n                    _sum_grads_when_split",
+                "                if partial:\n                    owners.append((module, partial))",
+                "                if False:\n                    owners.append((module, partial))",
             )
         ],
         "plugins/shard-llama/tests/test_llama_sequence.py::test_split_gather_matches_unsharded[causal-tp2]",
@@ -59,9 +59,52 @@ MUTANTS = [
         "sequence parallelism puts the gradient-summing copy of a norm weight into the parameter registry mid-forward",
         "shardcore/sequence/split_gather.py",
         "_sum_grads_when_split.enter",
-        [("            mod.__dict__[n] = copy_to_tp(", "            mod._parameters[n] = copy_to_tp(")],
+        [
+            (
+                "                        owner.__dict__[n] = _TokenSum.apply(",
+                "                        owner._parameters[n] = _TokenSum.apply(",
+            )
+        ],
         "plugins/shard-llama/tests/test_llama_sequence.py::test_a_split_forward_never_swaps_registered_parameters",
         "_registry_mid_forward failed",
+    ),
+    m(
+        "sp-shadows-own-parameters-only",
+        "a sequence split sums a block parameter's gradient only when its own module runs: a parent reading a "
+        "child's weight (LongCat-Flash's router) leaves it this rank's share",
+        "shardcore/sequence/split_gather.py",
+        "_token_sums",
+        [
+            (
+                "        inside = {id(m) for m in module.modules()} if module is not block else {id(block)}",
+                "        inside = {id(module)}",
+            )
+        ],
+        "tests/test_core_recent_families.py::"
+        "test_a_parent_reading_a_childs_weight_and_experts_a_rank_may_not_reach_under_ulysses",
+        "gradient of model.layers.0.mlp.router.classifier.weight (gathered): relative error",
+    ),
+    m(
+        "sp-copies-unanchored",
+        "a sequence split's gradient-summing copies follow this rank's tokens only: a rank none of whose tokens "
+        "reached an expert skips its sum, the other waits in it",
+        "shardcore/sequence/split_gather.py",
+        "_sum_grads_when_split.leave",
+        [("        return _anchored(output, copies)", "        return None")],
+        "tests/test_core_recent_families.py::"
+        "test_a_parent_reading_a_childs_weight_and_experts_a_rank_may_not_reach_under_ulysses",
+        "worker died (killed by SIGABRT)",  # gloo: "Received data size doesn't match expected size"
+    ),
+    m(
+        "sp-unreached-gets-zeros",
+        "a block parameter no rank's tokens reached gets a zero gradient under a sequence split, not None "
+        "(AdamW then moves it by its weight decay, which the unsharded model never does)",
+        "shardcore/sequence/split_gather.py",
+        "_TokenSum.backward",
+        [("        if grad is None and flat[-1].item() == 0:", "        if grad is None and flat[-1].item() < 0:")],
+        "tests/test_core_recent_families.py::"
+        "test_a_parent_reading_a_childs_weight_and_experts_a_rank_may_not_reach_under_ulysses",
+        "sharded set, unsharded None",
     ),
     m(
         "ring-merge-not-rescaled",
