@@ -26,16 +26,24 @@ next backward: clip before replacing it, or call ``shardcore.clip_grad_norm_(mod
 
 from __future__ import annotations
 
+import functools
+import sys
 import weakref
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor
 
 from .attach import attached
 from .grad_norm import grad_norm, like_grads, owner
 
-__all__ = ["NormPart", "ShardDTensorGrad", "ShardGrad", "mark_gradients", "unmark"]
+__all__ = ["NormPart", "ShardDTensorGrad", "ShardGrad", "mark_gradients", "unmark"]  # noqa: F822 (module __getattr__)
+
+
+def _is_dtensor(t) -> bool:
+    """Whether ``t`` is a DTensor: never, until something (FSDP) imported DTensor; ``import shardcore``
+    does not (torch.distributed.tensor costs about a second)."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return module is not None and isinstance(t, module.DTensor)
 
 
 def _plain(func, args, kwargs):
@@ -57,32 +65,30 @@ def _whole_norm(args, kwargs) -> float | None:
 
 def _unmarked(grad: torch.Tensor) -> torch.Tensor:
     """``grad`` as the plain tensor (DTensor) it is, sharing its data."""
-    if isinstance(grad, DTensor):
-        return DTensor.from_local(
+    if _is_dtensor(grad):
+        return sys.modules["torch.distributed.tensor"].DTensor.from_local(
             grad.to_local(), grad.device_mesh, grad.placements, run_check=False, shape=grad.shape, stride=grad.stride()
         )
     return _plain(torch.Tensor.as_subclass, (grad, torch.Tensor), {})
 
 
 def _local_norm(grad: torch.Tensor, order: float) -> torch.Tensor:
-    local = grad.to_local() if isinstance(grad, DTensor) else grad
+    local = grad.to_local() if _is_dtensor(grad) else grad
     return _plain(torch.linalg.vector_norm, (local, order), {})
 
 
 def _on_gradient(func, args, kwargs):
-    if func is torch.linalg.vector_norm and args and isinstance(args[0], _MARKED):
+    if func is torch.linalg.vector_norm and args and _marked(args[0]):
         order = _whole_norm(args, kwargs)
         if order is not None:
             return NormPart.of(_local_norm(args[0], order), [args[0]], order)
-    if func in (torch.Tensor.__deepcopy__, torch.Tensor.__reduce_ex__) and isinstance(args[0], _MARKED):
+    if func in (torch.Tensor.__deepcopy__, torch.Tensor.__reduce_ex__) and _marked(args[0]):
         return func(_unmarked(args[0]), *args[1:], **kwargs)  # a copy (a save) is no model's gradient: plain
     if func is torch._foreach_norm and kwargs.get("dtype") is None:  # foreach=True: a part per marked gradient
         order = _order(args, kwargs)
         values = _plain(func, args, kwargs)
         return [
-            NormPart.of(v if type(v) is torch.Tensor else _local_norm(g, order), [g], order)
-            if isinstance(g, _MARKED)
-            else v
+            NormPart.of(v if type(v) is torch.Tensor else _local_norm(g, order), [g], order) if _marked(g) else v
             for g, v in zip(args[0], values, strict=True)
         ]
     return _plain(func, args, kwargs)
@@ -96,17 +102,32 @@ class ShardGrad(torch.Tensor):
         return _on_gradient(func, args, kwargs or {})
 
 
-class ShardDTensorGrad(DTensor):
-    """A sharded model's gradient under FSDP (a DTensor on the data-parallel mesh), marked."""
+@functools.cache
+def _dtensor_grad() -> type:
+    """:class:`ShardDTensorGrad`, made at its first use (its base, DTensor, imported then)."""
+    from torch.distributed.tensor import DTensor
 
-    __slots__ = ()
+    class ShardDTensorGrad(DTensor):
+        """A sharded model's gradient under FSDP (a DTensor on the data-parallel mesh), marked."""
 
-    @classmethod
-    def __torch_function__(cls, func, types, args=(), kwargs=None):
-        return _on_gradient(func, args, kwargs or {})
+        __slots__ = ()
+
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            return _on_gradient(func, args, kwargs or {})
+
+    ShardDTensorGrad.__module__, ShardDTensorGrad.__qualname__ = __name__, "ShardDTensorGrad"
+    return ShardDTensorGrad
 
 
-_MARKED = (ShardGrad, ShardDTensorGrad)
+def __getattr__(name: str):
+    if name == "ShardDTensorGrad":  # made on first use: see _dtensor_grad
+        return _dtensor_grad()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _marked(t) -> bool:
+    return isinstance(t, ShardGrad) or (_is_dtensor(t) and isinstance(t, _dtensor_grad()))
 
 
 class NormPart(torch.Tensor):
@@ -165,12 +186,12 @@ def _total(part: NormPart, order: float, args, kwargs) -> torch.Tensor:
 
 def _mark(param: torch.Tensor) -> None:
     grad = param.grad
-    if grad is None or isinstance(grad, _MARKED):
+    if grad is None or _marked(grad):
         return
     if type(grad) is torch.Tensor:
         grad.__class__ = ShardGrad
-    elif type(grad) is DTensor:
-        grad.__class__ = ShardDTensorGrad
+    elif _is_dtensor(grad) and type(grad) is sys.modules["torch.distributed.tensor"].DTensor:
+        grad.__class__ = _dtensor_grad()
 
 
 def _hooked(param: torch.Tensor) -> bool:

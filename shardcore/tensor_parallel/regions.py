@@ -29,6 +29,10 @@ from ..distributed.collectives import (
 )
 from .mappings import _COPIES, copy_to_tp, reduce_from_tp, shared_copies
 
+#: ``torch.compiler.disable`` (a graph break, the function run eagerly) in torch's own form that imports
+#: ``torch._dynamo`` at the first call, not at ours: ``import shardcore`` costs no compiler
+_eager = getattr(torch, "_disable_dynamo", None) or torch.compiler.disable
+
 
 def enter_tp_region(module: torch.nn.Module, group, arg: str = "hidden_states", sequence=None):
     """Make ``module``'s input enter the tensor-parallel region (:func:`copy_to_tp`, or with
@@ -189,7 +193,7 @@ def linear_leave_region(x: torch.Tensor, weight: torch.Tensor, group, sequence: 
     return _overlapped(x, weight, group, sequence)
 
 
-@torch.compiler.disable  # the overlap's prefetch and saved-tensor bookkeeping run eagerly
+@_eager  # the overlap's prefetch and saved-tensor bookkeeping run eagerly
 def _overlapped(x: torch.Tensor, weight: torch.Tensor, group, sequence: SequenceParallel):
     prefetch, sequence.latest_saved = sequence.latest_saved, None
     return _LinearScatterOverlap.apply(x, weight, group, sequence.dim_of(x), prefetch)
@@ -204,7 +208,7 @@ def enter_region(x: torch.Tensor, group, sequence: SequenceParallel | None = Non
     return _gather_sequence(x, group, sequence)
 
 
-@torch.compiler.disable  # the sequence split's gathered-tensor bookkeeping (weak references) runs eagerly
+@_eager  # the sequence split's gathered-tensor bookkeeping (weak references) runs eagerly
 def _gather_sequence(x: torch.Tensor, group, sequence: SequenceParallel) -> torch.Tensor:
     if _COPIES:
         key = (id(x), id(group), "sequence")
@@ -230,7 +234,7 @@ def leave_region(
     return _scatter_sequence(y, group, sequence)
 
 
-@torch.compiler.disable  # the sequence split's collectives run eagerly, bounded and counted
+@_eager  # the sequence split's collectives run eagerly, bounded and counted
 def _scatter_sequence(y: torch.Tensor, group, sequence: SequenceParallel) -> torch.Tensor:
     return _ReduceScatterSeq.apply(y, group, sequence.dim_of(y))
 

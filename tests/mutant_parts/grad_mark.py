@@ -38,8 +38,8 @@ MUTANTS = [
         "",
         [
             (
-                "        return _on_gradient(func, args, kwargs or {})\n\n\nclass ShardDTensorGrad",
-                "        if func not in (torch.linalg.vector_norm, torch._foreach_norm, torch.Tensor.__deepcopy__, torch.Tensor.__reduce_ex__):\n            return super().__torch_function__(func, types, args, kwargs)\n        return _on_gradient(func, args, kwargs or {})\n\n\nclass ShardDTensorGrad",
+                "        return _on_gradient(func, args, kwargs or {})\n\n\n@functools.cache",
+                "        if func not in (torch.linalg.vector_norm, torch._foreach_norm, torch.Tensor.__deepcopy__, torch.Tensor.__reduce_ex__):\n            return super().__torch_function__(func, types, args, kwargs)\n        return _on_gradient(func, args, kwargs or {})\n\n\n@functools.cache",
             )
         ],
         "tests/test_core_seams.py::test_torch_s_own_norm_is_never_replaced",
@@ -122,5 +122,14 @@ MUTANTS = [
         [("    if order != part._order or any(g is None for g in grads):", "    if any(g is None for g in grads):")],
         "tests/test_core_seams.py::test_torch_s_own_norm_is_never_replaced",
         "a norm of norms of another order is not torch's",
+    ),
+    m(
+        "dtensor-imported-with-shardcore",
+        "grad_mark imports DTensor with shardcore (about a second of every start) instead of at its first use",
+        "shardcore/grad_mark.py",
+        "",
+        [("import functools\n", "import functools\n\nfrom torch.distributed.tensor import DTensor  # noqa: F401\n")],
+        "tests/test_core_plugins.py::test_import_and_discovery_do_not_import_model_libraries",
+        "imported by a fresh import of shardcore: torch.distributed.tensor",
     ),
 ]

@@ -397,4 +397,19 @@ MUTANTS = [
         "tests/test_core_recent_families.py::test_selective_checkpointing_zero_config[Qwen3]",
         "aten.view.default invocation index 14 encountered during backward but not found in storage",
     ),
+    m(
+        "compiler-imported-with-shardcore",
+        "the eager-only functions of the tensor-parallel regions are marked with torch.compiler.disable at "
+        "import: every start imports torch._dynamo (about 3 s of CPU)",
+        "shardcore/tensor_parallel/regions.py",
+        "",
+        [
+            (
+                '_eager = getattr(torch, "_disable_dynamo", None) or torch.compiler.disable',
+                "_eager = torch.compiler.disable",
+            )
+        ],
+        "tests/test_core_plugins.py::test_import_and_discovery_do_not_import_model_libraries",
+        "imported by a fresh import of shardcore: torch._dynamo",
+    ),
 ]
