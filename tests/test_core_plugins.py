@@ -42,9 +42,17 @@ def _module(name: str, **attrs) -> types.ModuleType:
 
 @pytest.fixture
 def fake_entry_points(monkeypatch):
-    """Replace the installed entry points of group 'shardcore' by the ones a test lists."""
+    """Replace the installed entry points of group 'shardcore' by the ones a test lists; other groups
+    (triton's backends, which a lazily imported torch._dynamo reads) stay the installed ones."""
     eps: list[md.EntryPoint] = []
-    monkeypatch.setattr(md, "entry_points", lambda group=None: [e for e in eps if group in (None, e.group)])
+    real = md.entry_points
+
+    def entry_points(group=None, **select):
+        if group == "shardcore":
+            return md.EntryPoints(e for e in eps if e.group == group)
+        return real(group=group, **select) if group is not None else real(**select)
+
+    monkeypatch.setattr(md, "entry_points", entry_points)
     return eps
 
 

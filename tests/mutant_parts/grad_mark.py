@@ -50,7 +50,12 @@ MUTANTS = [
         "FSDP's DTensor gradients are left unmarked: torch's norm counts only the data-parallel shards",
         "shardcore/grad_mark.py",
         "_mark",
-        [("    elif type(grad) is DTensor:", "    elif False:")],
+        [
+            (
+                '    elif _is_dtensor(grad) and type(grad) is sys.modules["torch.distributed.tensor"].DTensor:',
+                "    elif False:",
+            )
+        ],
         "tests/integration/test_llama_clipping.py::test_layouts[fsdp2xtp2]",
         "clip_grad_norm_ (torch, norm_type=2) on rank",
     ),
@@ -107,7 +112,7 @@ MUTANTS = [
         "_on_gradient",
         [
             (
-                "    if func in (torch.Tensor.__deepcopy__, torch.Tensor.__reduce_ex__) and isinstance(args[0], _MARKED):",
+                "    if func in (torch.Tensor.__deepcopy__, torch.Tensor.__reduce_ex__) and _marked(args[0]):",
                 "    if False:",
             )
         ],
