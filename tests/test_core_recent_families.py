@@ -339,6 +339,14 @@ def _minimax():
     return transformers.MiniMaxForCausalLM(transformers.MiniMaxConfig(**COMMON | own))
 
 
+def _ministral3():
+    import transformers
+
+    own = {"head_dim": 16, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}
+    own["rope_parameters"] |= {"llama_4_scaling_beta": 0.1, "original_max_position_embeddings": 16}
+    return transformers.Ministral3ForCausalLM(transformers.Ministral3Config(**COMMON | own))
+
+
 def _qwen3_with_a_convolution():
     """Qwen3 with a short convolution in its first block (as hybrid decoders hold one beside attention)."""
     model = build("Qwen3")
@@ -359,13 +367,22 @@ def _qwen3_with_a_convolution():
         (_gemma3n, r"the hidden states entering model.layers.0 have shape \(\d+, 2, 16, 64\), not \(batch, sequence"),
         (_minimax, r"MiniMaxConfig has 'linear_attention' layers, which mix tokens outside transformers' attention"),
         (_qwen3_with_a_convolution, r"model.layers.0.mlp.short_conv \(Conv1d\) mixes tokens outside the attention"),
+        (_ministral3, r"Ministral3Attention takes 'position_ids' besides the hidden states"),
     ],
-    ids=["its-own-use-of-the-mask", "per-layer-shapes", "stacked-streams", "linear-attention", "a-convolution"],
+    ids=[
+        "its-own-use-of-the-mask",
+        "per-layer-shapes",
+        "stacked-streams",
+        "linear-attention",
+        "a-convolution",
+        "a-position-input",
+    ],
 )
 def test_a_sequence_split_the_attention_cannot_follow_is_refused_by_name(make, message, mode):
     """Doge builds its own mask from the whole sequence's (as DeepSeek-V3.2's sparse-attention indexer
     reads it), Gemma 4 gives each layer its own head width, Gemma 3n stacks its streams before the
-    sequence, MiniMax has linear-attention layers, a block holds a convolution over the tokens: each
+    sequence, MiniMax has linear-attention layers, a block holds a convolution over the tokens, Ministral 3
+    scales its queries by their positions (``position_ids``, which the split does not cut): each
     refused by name under Ulysses and the ring, the same on every rank, not run wrong."""
     import re
 

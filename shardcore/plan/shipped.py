@@ -24,7 +24,7 @@ from __future__ import annotations
 import attrs
 from torch import nn
 
-from ..integrations.hf.attention import mask_readers
+from ..integrations.hf.attention import mask_readers, tensor_inputs
 from ..integrations.hf.heads import attention_dims
 from ..integrations.hf.stages import HFStages, StageFacts
 from ..kernels import attention_registry
@@ -193,6 +193,13 @@ class ShippedPlanPolicy(HFStages, PlanPolicy):
             return (
                 f"{cls} uses the attention mask besides handing it to the attention function ({what}, line {line} of "
                 "its forward: a sparse-attention indexer or its own mask), where a rank holds part of the queries"
+            )
+        inputs = tensor_inputs(self.model)
+        if inputs:
+            cls, name = inputs[0]
+            return (
+                f"{cls} takes {name!r} besides the hidden states, their rotary embeddings and the mask: a tensor "
+                "along the sequence (a per-position scale of the queries) that the split does not cut with them"
             )
         return None
 

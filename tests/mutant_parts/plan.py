@@ -1,6 +1,6 @@
 """Mutants of plan: each a deliberate bug one declared check must catch (tests/mutant_kit.py)."""
 
-from mutant_kit import m
+from mutant_kit import Raised, m
 
 MUTANTS = [
     m(
@@ -190,6 +190,17 @@ MUTANTS = [
         "tests/test_core_recent_families.py::test_a_sequence_split_the_attention_cannot_follow_is_refused_by_name"
         "[its-own-use-of-the-mask-all_to_all]",
         "must match the size of tensor",
+    ),
+    m(
+        "shipped-position-inputs-unseen",
+        "a zero-config attention that scales its queries by a tensor of positions it takes besides the hidden "
+        "states (Ministral 3's position_ids) split all the same",
+        "shardcore/plan/shipped.py",
+        "ShippedPlanPolicy._not_split",
+        [("        inputs = tensor_inputs(self.model)", "        inputs = []")],
+        "tests/test_core_recent_families.py::test_a_sequence_split_the_attention_cannot_follow_is_refused_by_name"
+        "[a-position-input-all_to_all]",
+        Raised("RuntimeError", "transformers/models/ministral3/modeling_ministral3.py::forward"),  # the query scale
     ),
     m(
         "shipped-per-layer-shapes-unseen",

@@ -26,6 +26,7 @@ __all__ = [
     "hf_sdpa_attention",
     "hf_sdpa_name",
     "mask_readers",
+    "tensor_inputs",
     "ulysses_problem",
     "use_hf_attention",
     "use_ulysses_attention",
@@ -190,6 +191,38 @@ def _mask_uses(cls: type) -> tuple[tuple[str, str, int], ...]:
         elif isinstance(node, ast.BinOp) and (_names_mask(node.left) or _names_mask(node.right)):
             found.append((cls.__name__, type(node.op).__name__, node.lineno))
     return tuple(found)
+
+
+#: what an attention module's forward takes that a sequence split hands it as it should: the hidden states
+#: (split), the rotary embeddings (split with them), the mask and the cache (the attention function's)
+_SPLIT_KNOWS = {"self", "hidden_states", "position_embeddings", "attention_mask", "kwargs", "output_attentions"}
+_SPLIT_KNOWS |= {"cache", "past_key_values", "past_key_value", "layer_past", "cache_position", "use_cache"}
+
+
+def tensor_inputs(model: torch.nn.Module) -> list[tuple[str, str]]:
+    """``(attention class, parameter)`` for each tensor the forward of an attention module of ``model``
+    (a class whose forward calls transformers' attention registry) takes besides what a sequence split
+    hands it as it should: a tensor along the sequence (Ministral 3's ``position_ids``, Beam's
+    ``attention_scaling``, each scaling the queries per position) that the split does not cut with the
+    hidden states. Read from the signature (a parameter annotated as a tensor), no forward run."""
+    return [use for cls in dict.fromkeys(type(m) for m in model.modules()) for use in _tensor_inputs(cls)]
+
+
+@functools.cache
+def _tensor_inputs(cls: type) -> tuple[tuple[str, str], ...]:
+    forward = cls.__dict__.get("forward")
+    try:
+        source = inspect.getsource(forward) if forward is not None else ""
+        params = inspect.signature(forward).parameters if forward is not None else {}
+    except (OSError, TypeError, ValueError):
+        return ()
+    if "ALL_ATTENTION_FUNCTIONS" not in source:
+        return ()
+    return tuple(
+        (cls.__name__, name)
+        for name, param in params.items()
+        if name not in _SPLIT_KNOWS and "Tensor" in str(param.annotation)
+    )
 
 
 def _names_mask(node: ast.AST) -> bool:
