@@ -171,14 +171,21 @@ def mask_readers(model: torch.nn.Module) -> list[tuple[str, str, int]]:
     return [use for cls in dict.fromkeys(type(m) for m in model.modules()) for use in _mask_uses(cls)]
 
 
-@functools.cache
-def _mask_uses(cls: type) -> tuple[tuple[str, str, int], ...]:
+def _registry_forward(cls: type) -> str | None:
+    """The source of ``cls``'s own forward (dedented) where it calls transformers' attention registry (an
+    attention module), else ``None`` (no forward of its own, none readable, or no registry call)."""
     forward = cls.__dict__.get("forward")
     try:
         source = textwrap.dedent(inspect.getsource(forward)) if forward is not None else ""
     except (OSError, TypeError):
-        return ()
-    if "ALL_ATTENTION_FUNCTIONS" not in source:
+        return None
+    return source if "ALL_ATTENTION_FUNCTIONS" in source else None
+
+
+@functools.cache
+def _mask_uses(cls: type) -> tuple[tuple[str, str, int], ...]:
+    source = _registry_forward(cls)
+    if source is None:
         return ()
     found = []
     for node in ast.walk(ast.parse(source)):
@@ -210,13 +217,11 @@ def tensor_inputs(model: torch.nn.Module) -> list[tuple[str, str]]:
 
 @functools.cache
 def _tensor_inputs(cls: type) -> tuple[tuple[str, str], ...]:
-    forward = cls.__dict__.get("forward")
-    try:
-        source = inspect.getsource(forward) if forward is not None else ""
-        params = inspect.signature(forward).parameters if forward is not None else {}
-    except (OSError, TypeError, ValueError):
+    if _registry_forward(cls) is None:
         return ()
-    if "ALL_ATTENTION_FUNCTIONS" not in source:
+    try:
+        params = inspect.signature(cls.__dict__["forward"]).parameters
+    except (TypeError, ValueError):
         return ()
     return tuple(
         (cls.__name__, name)
