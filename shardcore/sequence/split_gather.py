@@ -185,8 +185,8 @@ class _TokenSum(torch.autograd.Function):
 
 
 class _Anchor(torch.autograd.Function):
-    """Identity on a block's output whose backward reaches every :class:`_TokenSum` copy the block
-    made, used or not on this rank: each runs its backward (its all-reduce) on every rank."""
+    """Identity on a module's output whose backward reaches every :class:`_TokenSum` copy the module
+    made on entry, used or not on this rank: each runs its backward (its all-reduce) on every rank."""
 
     @staticmethod
     def forward(ctx, x, *copies):
@@ -199,7 +199,9 @@ class _Anchor(torch.autograd.Function):
 
 
 def _anchored(output, copies: list):
-    """``output`` (a block's: a tensor or a tuple starting with one) with :class:`_Anchor` on its hidden states."""
+    """``output`` (a module's: a tensor or a tuple starting with one) with :class:`_Anchor` on its first
+    tensor; ``None`` (left as it is) where that tensor needs no gradient or the output is of another kind,
+    and the copies then run their sums as this rank's tokens reach them."""
     first = output[0] if isinstance(output, tuple) and output else output
     if not (copies and isinstance(first, torch.Tensor) and first.requires_grad):
         return None
