@@ -39,11 +39,16 @@ from .grad_norm import grad_norm, like_grads, owner
 __all__ = ["NormPart", "ShardDTensorGrad", "ShardGrad", "mark_gradients", "unmark"]  # noqa: F822 (module __getattr__)
 
 
-def _is_dtensor(t) -> bool:
-    """Whether ``t`` is a DTensor: never, until something (FSDP) imported DTensor; ``import shardcore``
-    does not (torch.distributed.tensor costs about a second)."""
+def _dtensor() -> type | None:
+    """DTensor once something (FSDP) imported it, else ``None``: no gradient is one before that, and
+    ``import shardcore`` does not import it (torch.distributed.tensor costs about a second)."""
     module = sys.modules.get("torch.distributed.tensor")
-    return module is not None and isinstance(t, module.DTensor)
+    return None if module is None else module.DTensor
+
+
+def _is_dtensor(t) -> bool:
+    dtensor = _dtensor()
+    return dtensor is not None and isinstance(t, dtensor)
 
 
 def _plain(func, args, kwargs):
@@ -66,7 +71,7 @@ def _whole_norm(args, kwargs) -> float | None:
 def _unmarked(grad: torch.Tensor) -> torch.Tensor:
     """``grad`` as the plain tensor (DTensor) it is, sharing its data."""
     if _is_dtensor(grad):
-        return sys.modules["torch.distributed.tensor"].DTensor.from_local(
+        return _dtensor().from_local(
             grad.to_local(), grad.device_mesh, grad.placements, run_check=False, shape=grad.shape, stride=grad.stride()
         )
     return _plain(torch.Tensor.as_subclass, (grad, torch.Tensor), {})
@@ -190,7 +195,7 @@ def _mark(param: torch.Tensor) -> None:
         return
     if type(grad) is torch.Tensor:
         grad.__class__ = ShardGrad
-    elif _is_dtensor(grad) and type(grad) is sys.modules["torch.distributed.tensor"].DTensor:
+    elif type(grad) is _dtensor():
         grad.__class__ = _dtensor_grad()
 
 
