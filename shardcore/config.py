@@ -72,6 +72,7 @@ _AUTO_CHOOSES = (
     "sequence_parallelism_mode",
     "tensor_parallel_process_group",
     "plan",
+    "device_mesh",
 )
 
 
@@ -134,6 +135,11 @@ class ShardConfig:
             model (:mod:`shardcore.inputs`), and where none is, ``optimize`` says why.
         tensor_parallel_process_group: an existing process group to use instead of building one;
             its size then is the tensor-parallel size.
+        device_mesh: a ``DeviceMesh`` the caller built (Lightning's, accelerate's, torchtitan's) to run
+            on instead of building one (see :mod:`shardcore.distributed.given_mesh`): its dims read by
+            name (``tp``/``tensor_parallel``, ``dp``/``data_parallel`` or ``dp_replicate`` x ``dp_shard``,
+            ``pp``, ``cp``/``sp``), the degrees from its sizes (sizes set here must agree), its groups
+            used. ``device_mesh_dims``: more names, ``{"mesh dim": "tp"}``.
         enable_tensor_parallelism: ``False`` leaves the model unsharded (policies still run their
             pre/post-processing), which is what TP=1 does too.
         parallel_output: ``False`` (default) returns full-vocabulary logits exactly like the
@@ -201,6 +207,10 @@ class ShardConfig:
 
     tensor_parallel_size: int | None = attrs.field(default=None, validator=v.optional([v.instance_of(int), v.ge(1)]))
     tensor_parallel_process_group: Any = None
+    device_mesh: Any = attrs.field(default=None, eq=False)
+    device_mesh_dims: Mapping[str, str] | None = attrs.field(
+        default=None, validator=v.optional(v.deep_mapping(v.instance_of(str), v.instance_of(str)))
+    )
     enable_tensor_parallelism: bool = attrs.field(default=True, validator=v.instance_of(bool))
     parallel_output: bool = attrs.field(default=False, validator=v.instance_of(bool))
     make_vocab_size_divisible_by: int = attrs.field(default=64, validator=[v.instance_of(int), v.ge(1)])
@@ -244,45 +254,9 @@ class ShardConfig:
     auto: AutoLayout | None = attrs.field(default=None, converter=_auto)
 
     def __attrs_post_init__(self) -> None:
-        if self.auto is not None:
-            defaults = attrs.fields_dict(ShardConfig)
-            chosen = [k for k in _AUTO_CHOOSES if getattr(self, k) != defaults[k].default]
-            if chosen:
-                raise ValueError(
-                    f"ShardConfig(auto=...) chooses the layout, but {', '.join(f'{k}={getattr(self, k)!r}' for k in chosen)} "
-                    "was given too; leave those unset, or drop auto and set the layout yourself"
-                )
-        if self.data_parallel_shard_size is not None and self.data_parallel != "hsdp":
-            raise ValueError(
-                f"ShardConfig(data_parallel_shard_size={self.data_parallel_shard_size}) is HSDP's shard group, but "
-                f"data_parallel={self.data_parallel!r}; set data_parallel='hsdp' or leave data_parallel_shard_size unset"
-            )
-        if self.mixed_precision is not None and self.data_parallel not in SHARDED_MODES:
-            raise ValueError(
-                f"ShardConfig(mixed_precision={self.mixed_precision!r}) is FSDP2's mixed precision (weights and "
-                f"gradient reduction in fp32, compute in {self.mixed_precision}), but data_parallel="
-                f"{self.data_parallel!r}; use data_parallel='fsdp', 'zero2' or 'hsdp', or run the forward under "
-                "torch.autocast (what DDP and tensor parallelism alone use)"
-            )
-        if not self.enable_sequence_parallelism and self.enable_sequence_overlap:
-            raise ValueError(
-                "ShardConfig(enable_sequence_overlap=True) overlaps sequence-parallel communication, but "
-                "enable_sequence_parallelism=False; enable sequence parallelism or leave the overlap off"
-            )
-        if not self.enable_sequence_parallelism and self.sequence_parallelism_mode is not None:
-            raise ValueError(
-                f"ShardConfig(sequence_parallelism_mode={self.sequence_parallelism_mode!r}) without "
-                "enable_sequence_parallelism=True; enable it or leave the mode unset"
-            )
-        if self.tensor_parallel_size is not None and self.tensor_parallel_process_group is not None:
-            import torch.distributed as dist
+        from .config_checks import check_config
 
-            group_size = dist.get_world_size(self.tensor_parallel_process_group)
-            if group_size != self.tensor_parallel_size:
-                raise ValueError(
-                    f"ShardConfig: tensor_parallel_size={self.tensor_parallel_size} but "
-                    f"tensor_parallel_process_group has {group_size} ranks; pass one or make them agree."
-                )
+        check_config(self, _AUTO_CHOOSES, SHARDED_MODES)
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None, **overrides: Any) -> ShardConfig:

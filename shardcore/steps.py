@@ -8,8 +8,7 @@ without ``pp``) returns at once: no layout runs its own copy of the order.
     layout -> policy -> checks -> plan -> kernels -> same_weights -> probe -> shard -> sequence -> jit
            -> guards -> verify -> pipeline -> data_parallel -> register
 
-``STEPS`` is public so that tools can run a prefix of it (``shardcore explain``: the checks on paper)
-and tests can name the step that failed."""
+``STEPS`` is public: tools run a prefix of it (``shardcore explain``: the checks on paper), tests name the step that failed."""
 
 from __future__ import annotations
 
@@ -83,8 +82,8 @@ class Build:
     @property
     def whole_world(self) -> bool:
         """With data, pipeline or sequence parallelism every rank of the world starts from the same weights."""
-        layout = self.layout
-        return layout.pp > 1 or layout.sp > 1 or (self.config.data_parallel is not None and layout.dp > 1)
+        lay = self.layout
+        return lay.pp > 1 or lay.sp > 1 or (self.config.data_parallel is not None and lay.dp > 1)
 
     @property
     def sharded(self) -> bool:
@@ -99,6 +98,7 @@ def _layout(b: Build) -> None:
     if is_simulated():  # one rank of a larger world on the fake backend: no check that compares data
         b.config = without_data_checks(b.config)
     b.layout = ParallelLayout.from_config(b.config)
+    b.config = b.layout.completed(b.config)  # the sizes a caller's mesh gives, filled in
 
 
 def _policy(b: Build) -> None:

@@ -16,6 +16,7 @@ CORE = ROOT / "shardcore"
 TIERS = [
     [
         "config",
+        "config_checks",
         "hookspecs",
         "meta",
         "moved",

@@ -172,7 +172,7 @@ def dp_shard_group(config, layout):
     if config.data_parallel not in SHARDED_MODES or layout.dp == 1:
         return None
     mesh = dp_mesh(config, layout)
-    return mesh.get_group("dp_shard") if config.data_parallel == "hsdp" else mesh.get_group()
+    return mesh.get_group(1) if config.data_parallel == "hsdp" else mesh.get_group()  # (replicate, shard)
 
 
 def _fsdp_kwargs(model: nn.Module, policy, config, experts: list) -> dict:

@@ -20,7 +20,7 @@ built once per layout and cached, so optimizing many models does not leak proces
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import torch.distributed as dist
@@ -56,6 +56,10 @@ class ParallelLayout:
     world_size: int = attrs.field(default=1, validator=_positive)
     #: expert-parallel ranks, carved from ``dp`` (not a factor of the world size)
     ep: int = attrs.field(default=1, validator=_positive)
+    #: the global rank at each ``(dp, pp, sp, tp)`` place, row-major; ``None``: TP innermost, as above
+    ranks: tuple[int, ...] | None = None
+    #: the caller's device mesh the layout was read from (:mod:`.given_mesh`), whose groups it uses
+    given: Any = attrs.field(default=None, eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         if math.prod(self.degrees.values()) != self.world_size:
@@ -88,6 +92,10 @@ class ParallelLayout:
         that does not fit raises ``ValueError`` printing every degree and the world size.
         """
         world = _current_world_size() if world_size is None else world_size
+        if config.device_mesh is not None:
+            from .given_mesh import layout_of_mesh
+
+            return cls(**layout_of_mesh(config, world))
         pp, sp = config.pipeline_parallel_size, config.sequence_parallel_size
         tp, dp = config.tensor_parallel_size, config.data_parallel_size
         if config.tensor_parallel_process_group is not None:
@@ -131,9 +139,21 @@ class ParallelLayout:
             )
         return cls(dp=dp, pp=pp, sp=sp, tp=tp, world_size=world, ep=ep)
 
+    def completed(self, config: ShardConfig) -> ShardConfig:
+        """``config`` with the sizes the caller's mesh gives filled in; ``config`` itself without one."""
+        if self.given is None:
+            return config
+        from .given_mesh import completed_config
+
+        return completed_config(config, self)
+
     # ---- the mesh and its groups ----------------------------------------------------------------
     def mesh(self) -> DeviceMesh:
         """The cached ``("dp", "pp", "sp", "tp")`` device mesh (collective on first use)."""
+        if self.given is not None:
+            from .given_mesh import view_of_mesh
+
+            return view_of_mesh(self)
         key = tuple(self.degrees.values())
         if _MESHES.get(key, (None,))[0] is not dist.group.WORLD:
             from torch.distributed.device_mesh import init_device_mesh
@@ -146,6 +166,10 @@ class ParallelLayout:
     def hsdp_mesh(self, shard: int) -> DeviceMesh:
         """The data-parallel ranks as a 2-D ``("dp_replicate", "dp_shard")`` mesh, ``shard`` consecutive
         data-parallel ranks per shard group (HSDP); cached like :meth:`mesh` (collective on first use)."""
+        if self.given is not None:
+            from .given_mesh import hsdp_of_mesh
+
+            return hsdp_of_mesh(self)
         key = ("hsdp", shard, *self.degrees.values())
         if _MESHES.get(key, (None,))[0] is not dist.group.WORLD:
             from torch.distributed.device_mesh import init_device_mesh
@@ -161,7 +185,8 @@ class ParallelLayout:
 
     def tp_groups(self) -> list[list[int]]:
         """Every tensor-parallel group's global ranks (TP is the mesh's innermost dim)."""
-        return [list(range(start, start + self.tp)) for start in range(0, self.world_size, self.tp)]
+        order = self.ranks or range(self.world_size)
+        return [list(order[start : start + self.tp]) for start in range(0, self.world_size, self.tp)]
 
     def group(self, dim: str):
         """The process group of this rank along ``dim`` (one of ``dp``, ``pp``, ``sp``, ``tp``)."""
@@ -179,7 +204,7 @@ class ParallelLayout:
             from .collectives import PaperGroup
 
             return PaperGroup(0, self.ep), PaperGroup(0, self.ep * self.tp), PaperGroup(0, self.dp // self.ep)
-        key = ("ep", *self.degrees.values(), self.ep)
+        key = ("ep", *self.degrees.values(), self.ep, self.ranks)
         if _MESHES.get(key, (None,))[0] is not dist.group.WORLD:
             rank, built = dist.get_rank(), {}
             for kind, ranks in self._expert_rank_lists():
@@ -194,7 +219,7 @@ class ParallelLayout:
         layer, as it does the replica groups); raises naming the fix when they were not."""
         if not dist.is_initialized():
             return self.expert_groups()  # on paper: nothing to build
-        built = _MESHES.get(("ep", *self.degrees.values(), self.ep))
+        built = _MESHES.get(("ep", *self.degrees.values(), self.ep, self.ranks))
         if built is None or built[0] is not dist.group.WORLD:
             raise RuntimeError(
                 f"the expert-parallel groups of layout {dict(self.degrees)} are not built: call layout.expert_groups() "
@@ -207,9 +232,7 @@ class ParallelLayout:
         """Every expert-parallel group's ranks, tagged with their kind, in one order on every rank."""
         ep, rep = self.ep, self.dp // self.ep
 
-        def rank(d, p, s, t):
-            return ((d * self.pp + p) * self.sp + s) * self.tp + t
-
+        rank = self.rank_at
         for r in range(rep):
             for p in range(self.pp):
                 for s in range(self.sp):
@@ -222,8 +245,15 @@ class ParallelLayout:
                     for t in range(self.tp):
                         yield ("replicas", [rank(r * ep + e, p, s, t) for r in range(rep)])
 
+    def rank_at(self, dp: int, pp: int, sp: int, tp: int) -> int:
+        """The global rank at mesh place ``(dp, pp, sp, tp)``."""
+        place = ((dp * self.pp + pp) * self.sp + sp) * self.tp + tp
+        return place if self.ranks is None else self.ranks[place]
+
     def coordinates(self, rank: int) -> dict[str, int]:
-        """``{dim: index}`` of global ``rank`` on the mesh (TP innermost)."""
+        """``{dim: index}`` of global ``rank`` on the mesh (TP innermost unless the layout came from a mesh)."""
+        if self.ranks is not None:
+            rank = self.ranks.index(rank)
         out = {}
         for d in reversed(DIMS):
             rank, out[d] = divmod(rank, getattr(self, d))

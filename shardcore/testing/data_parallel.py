@@ -161,7 +161,7 @@ def _check_placements(info, config) -> None:
     from torch.distributed.fsdp import FSDPModule
     from torch.distributed.tensor import DTensor, Replicate
 
-    hsdp = config.data_parallel == "hsdp"
+    hsdp, config = config.data_parallel == "hsdp", info.config  # as optimize completed it (a mesh's sizes)
     for name, param in info.policy.model.named_parameters():
         if not isinstance(param, DTensor):
             continue
