@@ -17,4 +17,14 @@ MUTANTS = [
         "tests/test_core_config.py::test_sequence_parallel_flags_are_checked_in_the_constructor",
         "DID NOT RAISE ValueError",
     ),
+    m(
+        "auto-beside-a-layout-unrefused",
+        "ShardConfig(auto=True) beside a layout the caller fixed (here a device mesh) is not refused: auto's choice "
+        "would silently replace it",
+        "shardcore/config_checks.py",
+        "check_config",
+        [("        if chosen:\n", "        if False:\n")],
+        "tests/test_core_given_mesh.py::test_auto_and_a_mesh_are_refused_together",
+        "DID NOT RAISE",
+    ),
 ]
