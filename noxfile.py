@@ -80,10 +80,14 @@ def _stamp(plugins: list[pathlib.Path], pins: tuple[str, ...] = ()) -> str:
 
 
 def _install(
-    session: nox.Session, env: pathlib.Path = ENV, plugins: list[pathlib.Path] = PLUGINS, pins: tuple[str, ...] = ()
+    session: nox.Session,
+    env: pathlib.Path = ENV,
+    plugins: list[pathlib.Path] = PLUGINS,
+    pins: tuple[str, ...] = (),
+    extras: str = "test",
 ) -> pathlib.Path:
     """Create (or reuse) ``env`` with the core and ``plugins`` (with their ``test`` extras) and the
-    third-party ``pins`` (``"transformers==4.51.3"``); return its bin dir.
+    third-party ``pins`` (``"transformers==4.51.3"``), the core with its ``extras``; return its bin dir.
 
     The environment is built from scratch only when it is missing or its PyTorch pin changed
     (``.shardcore-torch``); when a pyproject or this file changed (``.shardcore-stamp``), the
@@ -93,7 +97,7 @@ def _install(
     """
     stamp, torch_stamp, bin_dir = env / ".shardcore-stamp", env / ".shardcore-torch", _bin(env)
     pip = [str(bin_dir / "python"), "-m", "pip", "install", "--quiet"]
-    packages = [f"{ROOT}[test]", *(f"{p}[{EXTRAS.get(p.name, 'test')}]" for p in plugins)]
+    packages = [f"{ROOT}[{extras}]", *(f"{p}[{EXTRAS.get(p.name, 'test')}]" for p in plugins)]
     torch_spec = " ".join(_torch(plugins))
     if not torch_stamp.is_file() or torch_stamp.read_text() != torch_spec:
         if env.exists():
@@ -101,9 +105,9 @@ def _install(
         session.run(sys.executable, "-m", "venv", str(env), external=True)
         session.run(*pip, *_torch(plugins), external=True)
         torch_stamp.write_text(torch_spec)
-    if not stamp.is_file() or stamp.read_text() != _stamp(plugins, pins):
+    if not stamp.is_file() or stamp.read_text() != _stamp(plugins, (*pins, extras)):
         session.run(*pip, *_torch(plugins), *TOOLS, *packages, *pins, external=True)
-        stamp.write_text(_stamp(plugins, pins))
+        stamp.write_text(_stamp(plugins, (*pins, extras)))
     sources, installed = env / ".shardcore-sources", _sources([ROOT, *plugins])
     if not sources.is_file() or sources.read_text() != installed:  # (CI's later sessions: the same checkout)
         session.run(
@@ -158,7 +162,13 @@ def tests(session: nox.Session) -> None:
     the kit's comparisons closest to their tolerance are listed at the end (``nox -s margins``)."""
     bin_dir = _install(session)
     # the slowest tests in every log, so the suite's time budget (8 min) is watched
-    paths = session.posargs or ["--durations=25", "-m", "not slow", "tests", *(str(p / "tests") for p in PLUGINS)]
+    paths = session.posargs or [
+        "--durations=25",
+        "-m",
+        "not slow and not engine",
+        "tests",
+        *(str(p / "tests") for p in PLUGINS),
+    ]
     MARGINS.unlink(missing_ok=True)  # this run's margins; tests-slow adds its own
     _run(session, bin_dir, "pytest", *paths, SHARDCORE_MARGINS=str(MARGINS))
 
@@ -170,7 +180,14 @@ def tests_slow(session: nox.Session) -> None:
     CI runs one part of them in its turn (``-- --part K/N``)."""
     bin_dir = _install(session)
     # ``-- --part K/N``: one of N parts, whole files dealt round (CI runs one part in its turn: .ci/run)
-    paths = ["--durations=10", "-m", "slow", "tests", *(str(p / "tests") for p in PLUGINS), *session.posargs]
+    paths = [
+        "--durations=10",
+        "-m",
+        "slow and not engine",
+        "tests",
+        *(str(p / "tests") for p in PLUGINS),
+        *session.posargs,
+    ]
     _run(session, bin_dir, "pytest", *paths, SHARDCORE_MARGINS=str(MARGINS))
 
 
@@ -242,6 +259,19 @@ def isolated(session: nox.Session, plugin: str) -> None:
     path = ROOT / "plugins" / plugin
     bin_dir = _install(session, ROOT / ".nox" / f"isolated-{plugin}", [path, *_parts(path)])
     _run(session, bin_dir, "pytest", str(path / "tests"), *session.posargs)
+
+
+#: the training engines with a recipe and a test of their own (``tests/engines/test_<name>.py``), each the core's extra
+ENGINES = ("lightning",)
+
+
+@nox.session(default=False)
+@nox.parametrize("name", list(ENGINES))
+def engine(session: nox.Session, name: str) -> None:
+    """An engine's recipe tested from a fresh environment that installs the core with only that engine's extra
+    (and transformers, the examples' models; no plugin): ``tests/engines/test_<name>.py``."""
+    bin_dir = _install(session, ROOT / ".nox" / f"engine-{name}", [], ("transformers",), extras=f"test,{name}")
+    _run(session, bin_dir, "pytest", "-m", "engine", f"tests/engines/test_{name}.py", *session.posargs)
 
 
 #: The oldest releases the plugins declare and are tested with (``nox -s compat``).

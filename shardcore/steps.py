@@ -22,6 +22,7 @@ from torch import nn
 from . import consistency, distributed, kernels, verify
 from .amp import install_overflow_agreement
 from .attach import attached
+from .checkpoint.foreign import refuse_foreign_state_dicts
 from .composite import CompositePolicy
 from .config import OVER_SP_MODES, ShardConfig
 from .data_parallel import apply_data_parallel, check_data_parallel
@@ -229,7 +230,7 @@ def _register(b: Build) -> None:
         found = (b.config, b.layout.tp, b.group, b.policy, b.layout, b.applied, b.data_parallel, b.pipeline, b.scope)
         model.shardcore = ShardInfo(*found, attached=attached(model))  # print(model.shardcore): what is attached
         register_model(model), mark_gradients(model)  # its norm, model.clip_grad_norm_, the mark torch's norm reads
-        install_save_pretrained(model)
+        install_save_pretrained(model), refuse_foreign_state_dicts(model)  # DCP's state-dict API: refused by name
         carry_into_checkpoints(model, [STREAMS, *b.recompute])  # HF gradient checkpointing recomputes exactly
     if b.tensor_parallel:
         # LoRA added after optimize: cut when peft sets its layer in, or before the next forward
@@ -269,11 +270,9 @@ def shard(
 ) -> nn.Module:
     """Shard ``model`` in place and return it: the steps of ``shardcore.optimize``, the public entry.
 
-    The policy comes from the installed plugins, matched on ``type(model)``'s MRO, unless
-    ``policy`` (an instance or a subclass of :class:`~shardcore.Policy`) is given. The steps run in
-    the order of :data:`STEPS`; every check runs before the first collective, so bad input fails on
-    every rank alike: the parallel layout against the world size, features not built, the policy's checks.
-    """
+    The policy comes from the installed plugins (matched on ``type(model)``'s MRO) unless ``policy`` (a
+    :class:`~shardcore.Policy` or subclass) is given. The steps run in :data:`STEPS`' order, every check before
+    the first collective: bad input (the layout against the world, features not built) fails on every rank alike."""
     if getattr(model, "shardcore", None) is not None:
         raise RuntimeError(f"{type(model).__name__} is already sharded by shardcore; optimize it once")
     inner = peft_base_model(model)

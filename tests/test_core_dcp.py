@@ -5,8 +5,10 @@ numbers as an unsharded run that was never interrupted."""
 from __future__ import annotations
 
 import pytest
+import torch
 from toy_models import ToyLM, ToyPolicy, toy_batch
 
+import shardcore
 from shardcore import ShardConfig
 from shardcore.testing import assert_resume_matches, run_on_ranks, train_and_save
 
@@ -80,3 +82,29 @@ def test_each_rank_reads_only_its_pieces(tp_after, tmp_path):
     read = run_on_ranks(tp_after, _bytes_read_by_load, tp_after, path)
     for rank, nbytes in enumerate(read):
         assert nbytes <= most * total, f"rank {rank} read {nbytes / total:.2f}x of the {total} B checkpoint"
+
+
+def _through_dcp_state_dict_api(tp: int) -> dict:
+    """DCP's get_model_state_dict (what Lightning's fabric.save, accelerate's FSDP2 save call) on a sharded
+    model: refused where parameters are split; a plain state_dict() and an unsplit model untouched."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    torch.manual_seed(0)
+    config = ShardConfig(tensor_parallel_size=tp, data_parallel="ddp" if tp == 1 else None)
+    model = shardcore.optimize(ToyLM(), config, policy=ToyPolicy)
+    try:
+        message = f"no error: {len(get_model_state_dict(model))} tensors"
+    except RuntimeError as exc:
+        message = str(exc)
+    return {"message": message, "plain": len(model.state_dict()) == len(ToyLM().state_dict())}
+
+
+@pytest.mark.parametrize("tp", [2, 1])
+def test_dcps_state_dict_api_on_split_parameters_is_refused_by_name(tp):
+    for report in run_on_ranks(2, _through_dcp_state_dict_api, tp):
+        assert report["plain"], report
+        if tp == 1:
+            assert report["message"].startswith("no error"), report
+        else:
+            assert "(_get_model_state_dict; Lightning's fabric.save" in report["message"], report
+            assert "Save with shardcore.save_distributed(model, path, optimizer)" in report["message"], report

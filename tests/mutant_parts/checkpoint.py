@@ -161,4 +161,14 @@ MUTANTS = [
         "tests/test_core_recent_families.py::test_a_hub_layout_moe_checkpoint_is_read_on_shard",
         "after lazy load",
     ),
+    m(
+        "dcp-state-dict-api-let-through",
+        "torch.distributed.checkpoint's state-dict API (Lightning's fabric.save) takes a sharded model's state dict: "
+        "one rank's slice of each split parameter kept, the others lost, no error",
+        "shardcore/checkpoint/foreign.py",
+        "refuse_foreign_state_dicts",
+        [("            if split:\n", "            if False:\n")],
+        "tests/test_core_dcp.py::test_dcps_state_dict_api_on_split_parameters_is_refused_by_name[2]",
+        "'message': 'no error: ",
+    ),
 ]
