@@ -2,7 +2,8 @@
 alone; the suite's own sessions leave the ``engine`` tests out.) Lightning Fabric's ``ModelParallelStrategy`` with shardcore as its ``parallelize_fn``
 (``examples/lightning_fabric.py``), on the pool's gloo ranks (to Lightning: processes torchrun
 started, ``TORCHELASTIC_RUN_ID`` set): TP=2 and FSDP=2 x TP=2 give the unsharded loop's losses, a
-``shardcore.save_distributed`` checkpoint loads back exactly, and Lightning's own ``fabric.save``,
+``shardcore.save_distributed`` checkpoint loads back exactly, the Trainer (``examples/lightning_trainer.py``,
+shardcore in ``configure_model``) trains as the unsharded loop, and Lightning's own ``fabric.save``,
 whose distributed checkpoint would keep one rank's slices, is refused by name."""
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from shardcore.testing import example_main, run_on_ranks
 
 pytestmark = pytest.mark.engine
 EXAMPLE = pathlib.Path(__file__).resolve().parents[2] / "examples" / "lightning_fabric.py"
+TRAINER = EXAMPLE.with_name("lightning_trainer.py")
 
 
 @contextlib.contextmanager
@@ -44,6 +46,21 @@ def test_fabric_with_shardcore_equals_the_unsharded_loop_and_reloads(tp, dp, tmp
         losses, reloaded = got[:-1], got[-1]
         assert all(abs(a - b) <= 1e-5 * abs(b) for a, b in zip(losses, unsharded, strict=True)), (losses, unsharded)
         assert reloaded == 0.0, got
+
+
+def _trainer(argv: list[str]) -> list[float]:
+    with _started_by_torchrun():
+        return example_main(TRAINER)(argv)
+
+
+def test_the_trainer_with_shardcore_in_configure_model_equals_the_unsharded_loop(tmp_path):
+    """FSDP=2 x TP=2 through the Trainer's sampler (the batch split over data_parallel alone); the
+    checkpoint on_train_end writes is shardcore's, complete."""
+    unsharded = example_main(TRAINER)(["--unsharded"])
+    argv = ["--tp", "2", "--dp", "2", "--checkpoint", str(tmp_path / "checkpoint")]
+    for losses in run_on_ranks(4, _trainer, argv):
+        assert all(abs(a - b) <= 1e-5 * abs(b) for a, b in zip(losses, unsharded, strict=True)), (losses, unsharded)
+    assert (tmp_path / "checkpoint" / "shardcore_complete.json").is_file()
 
 
 def _fabric_save(path: str) -> str:
