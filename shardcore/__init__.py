@@ -14,6 +14,7 @@ from .grad_norm import clip_grad_norm_
 from .hookspecs import hookimpl
 from .inference import ParallelModel, parallelize
 from .meta import init_empty
+from .metrics import StepMetrics
 from .pipeline import pipeline_step
 from .plan.syntax import PlanError
 from .plugins import NoPolicyError
@@ -47,6 +48,7 @@ __all__ = [
     "Policy",
     "ShardConfig",
     "ShardingCheckError",
+    "StepMetrics",
     "SubModuleReplacementDescription",
     "VocabSliceError",
     "__version__",

@@ -28,7 +28,7 @@ TIERS = [
     ["tensor_parallel"],  # Megatron's mappings and regions, the parallel layers, per-rank random streams
     ["amp", "sequence", "pipeline", "data_parallel", "expert_parallel", "consistency"],
     ["kernels"],  # above the parallelisms: its switches act on their layers and a library's registered attention
-    ["policy", "sharded_state", "grad_norm", "grad_mark", "losses", "builders", "plugins"],
+    ["policy", "sharded_state", "grad_norm", "grad_mark", "losses", "builders", "plugins", "metrics"],
     ["checkpoint"],
     ["integrations"],
     ["plan", "verify"],  # verify: the checks of plans shardcore did not write
