@@ -49,16 +49,19 @@ def main(argv: list[str] | None = None) -> list[float]:
     layout = model.shardcore.layout
     dp_rank = layout.coordinates(dist.get_rank())["dp"]
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    metrics = shardcore.StepMetrics(model, log_every=1, total=len(loader))  # tokens/s, MFU, memory; a progress bar
     for batch in loader:  # the global batch; each data-parallel rank trains on its part
         part = {k: v.chunk(layout.dp)[dp_rank] for k, v in batch.items()}
         loss = model(**part).loss
         loss.backward()  # gradients averaged over dp: the full batch's when the parts are equal
         opt.step()
         opt.zero_grad()
+        metrics.step(loss, tokens=part["input_ids"].numel())  # no host sync but at a log step
         # --8<-- [end:loop]
         whole = loss.detach().clone()
         dist.all_reduce(whole)  # this step's loss on the global batch: the mean over the dp ranks' parts
         losses.append(whole.item() / dist.get_world_size())  # (the tp ranks of a part hold the same loss)
+    metrics.close()
     if dist.get_rank() == 0:
         print("losses", [round(x, 4) for x in losses])
     return losses

@@ -37,8 +37,10 @@ def _train_and_log(out: str) -> list[dict]:
         run = wandb.init(project="shardcore-tests", dir=out, mode="offline")
     torch.manual_seed(0)
     model = shardcore.optimize(ToyLM(), ShardConfig(tensor_parallel_size=2), policy=ToyPolicy)
-    sinks = [shardcore.metrics.tensorboard(f"{out}/tensorboard"), shardcore.metrics.wandb(run)]
-    metrics = shardcore.StepMetrics(model, log_every=2, peak_flops=1e9, sinks=sinks, total=4)
+    # --8<-- [start:sinks]
+    sinks = [shardcore.metrics.tensorboard(f"{out}/tensorboard"), shardcore.metrics.wandb(run)]  # run: wandb.init's
+    metrics = shardcore.StepMetrics(model, log_every=2, peak_flops=1e9, sinks=sinks, total=4)  # peak: stated
+    # --8<-- [end:sinks]
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     batch, windows = toy_batch(batch=2, seq=8), []
     for _ in range(4):
