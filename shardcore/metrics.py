@@ -56,8 +56,8 @@ def _full_numel(model: nn.Module) -> int:
     whole, an FSDP shard's TP slice whole: DTensor shapes are global)."""
     specs = parameter_specs(model)
 
-    def lookup(m: nn.Module) -> bool:  # an embedding: looked up, no FLOPs (unless a head reuses its weight)
-        return isinstance(m, nn.Embedding) or type(m).__name__.endswith("Embedding")
+    def lookup(m: nn.Module) -> bool:  # an embedding (a vocabulary-parallel one too): looked up, no FLOPs
+        return isinstance(m, nn.Embedding) or ("Embedding" in type(m).__name__ and not any(m.children()))
 
     weights = [(lookup(m), id(w)) for m in model.modules() if isinstance(w := getattr(m, "weight", None), torch.Tensor)]
     embeddings = {w for looked_up, w in weights if looked_up} - {w for looked_up, w in weights if not looked_up}

@@ -48,19 +48,23 @@ def _loop() -> dict:
 def test_step_metrics_of_an_fsdp_by_tp_loop_are_what_the_ranks_did():
     reports = run_on_ranks(4, _loop)
     for report in reports:
-        assert report["calls"][0] == {} and report["calls"][2] == {}, report["calls"]  # no collective mid-window
-        assert report["calls"][1] == {"all_gather_single": 1} == report["calls"][3], report["calls"]
+        calls = report["calls"]
+        assert calls[0] == {} == calls[2], f"a collective mid-window: {calls}"
+        assert calls[1] == {"all_gather_single": 1} == calls[3], f"not one all-gather per window: {calls}"
         assert report["seen"] == ([2, 4] if report["rank"] == 0 else []), report["seen"]
         for w, window in enumerate(report["windows"]):
             steps = [step for ranks in report["losses"] for step in ranks[2 * w : 2 * w + 2]]
             assert abs(window["loss"] - sum(steps) / len(steps)) <= 1e-6 * abs(window["loss"]), (window, steps)
             tokens = window["tokens_per_s"] * window["step_s"] * 2  # the window's two steps
-            assert abs(tokens - 2 * 2 * 16) <= 1e-6 * tokens, window  # two parts of 16 tokens, each counted once
+            assert abs(tokens - 2 * 2 * 16) <= 1e-6 * tokens, f"{tokens} tokens counted, not two parts' 2 x 16 once"
             mfu = window["tokens_per_s"] * report["flops_per_token"] / (4 * PEAK)
             assert abs(window["mfu"] - mfu) <= 1e-9 * mfu, window
             memory = [window[f"peak_memory_gb_rank{r}"] for r in range(4)]
             assert min(memory) > 0 and window["peak_memory_gb"] == max(memory), window
-    assert all(r["flops_per_token"] == 6 * r["unsharded"] for r in reports), reports[0]  # the tied head's weight in
+    flops = {r["flops_per_token"] for r in reports}
+    assert flops == {6 * reports[0]["unsharded"]}, (
+        f"FLOPs per token {flops}: not 6 x every parameter (a tied head's in)"
+    )
 
 
 def test_flops_per_token_leaves_out_an_embedding_only_looked_up():
@@ -68,4 +72,6 @@ def test_flops_per_token_leaves_out_an_embedding_only_looked_up():
 
     model = ToyLM()
     model.head.weight = torch.nn.Parameter(model.embed.weight.detach().clone())  # untied: the embedding is a lookup
-    assert model_flops_per_token(model) == 6 * (sum(p.numel() for p in model.parameters()) - model.embed.weight.numel())
+    expected = 6 * (sum(p.numel() for p in model.parameters()) - model.embed.weight.numel())
+    got = model_flops_per_token(model)
+    assert got == expected, f"FLOPs per token {got}, not 6 x the parameters outside the embedding ({expected})"
