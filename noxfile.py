@@ -262,13 +262,17 @@ def isolated(session: nox.Session, plugin: str) -> None:
 
 
 #: the training engines with a recipe and a test of their own (``tests/engines/test_<name>.py``), each the core's extra
-ENGINES = {"lightning": ("transformers",), "metrics": ()}  # {the extra: what else its tests install}
+ENGINES = {
+    "lightning": ("transformers",),
+    "metrics": (),
+    "ray": ("transformers",),
+}  # {the extra: what else its tests install}
 
 
 @nox.session(default=False)
 @nox.parametrize("name", list(ENGINES))
 def engine(session: nox.Session, name: str) -> None:
-    """An engine's recipe (Lightning) or the metrics' sinks (TensorBoard, W&B offline) tested from a fresh
+    """An engine's recipe (Lightning, Ray Train) or the metrics' sinks (TensorBoard, W&B offline) tested from a fresh
     environment that installs the core with only that extra (and transformers, the examples' models, for
     Lightning; no plugin): ``tests/engines/test_<name>.py``."""
     bin_dir = _install(session, ROOT / ".nox" / f"engine-{name}", [], ENGINES[name], extras=f"test,{name}")
