@@ -135,7 +135,7 @@ def _refused(shape, names, fields: dict, sliced: bool) -> str:
 @pytest.mark.parametrize(("mesh", "fields", "expected"), MISMATCHES, ids=lambda x: None)
 def test_a_mesh_contradicting_the_config_is_refused_by_name_before_any_collective(mesh, fields, expected):
     for message in run_on_ranks(4, _refused, *mesh, fields, False):
-        assert expected in message, message
+        assert expected in message, f"not refused by name: {message}"
 
 
 def test_a_slice_of_the_mesh_is_refused():

@@ -290,7 +290,7 @@ MUTANTS = [
         "_check_sizes",
         [("        if given is not None and given != sizes[degree]", "        if False and given != sizes[degree]")],
         "tests/test_core_given_mesh.py::test_a_mesh_contradicting_the_config_is_refused_by_name_before_any_collective[mesh0-fields0-the mesh gives tp=4 (its 'tensor' dim) but tensor_parallel_size=2]",
-        "no error",
+        "not refused by name: no error",
     ),
     m(
         "given-mesh-shard-size-unfilled",
