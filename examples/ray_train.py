@@ -100,39 +100,29 @@ def main(argv: list[str] | None = None) -> dict:
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    out = os.path.abspath(args.out)
+    out, gpu = os.path.abspath(args.out), torch.cuda.is_available()
+
+    def trainer(config: dict, name: str) -> TorchTrainer:
+        return TorchTrainer(
+            train_loop_per_worker,
+            train_loop_config=config,
+            scaling_config=ScalingConfig(num_workers=args.workers, use_gpu=gpu),
+            torch_config=TorchConfig(backend="nccl" if gpu else "gloo"),
+            run_config=RunConfig(storage_path=out, name=name),  # storage every worker shares
+        )
+
     ray.init(num_cpus=args.workers, include_dashboard=False)
     try:
         config = {"tp": args.tp, "steps": args.steps, "out": out, "run": 0}
-        first = TorchTrainer(
-            train_loop_per_worker,
-            train_loop_config=config,
-            scaling_config=ScalingConfig(num_workers=args.workers, use_gpu=torch.cuda.is_available()),
-            torch_config=TorchConfig(backend="nccl" if torch.cuda.is_available() else "gloo"),
-            run_config=RunConfig(storage_path=out, name="first"),
-        ).fit()
+        first = trainer(config, "first").fit()
         # --8<-- [end:trainer]
         result = {"losses": first.metrics["losses"], "weights": first.metrics["weights"]}
-        if args.resume:
-            result["resumed_weights"] = _resumed(first.checkpoint, config, args.workers, out)
+        if args.resume:  # a new run from the first's checkpoint, no step: the weights it loaded
+            again = trainer({**config, "steps": 0, "run": 1, "resume": first.checkpoint}, "resumed").fit()
+            result["resumed_weights"] = again.metrics["weights"]
         return result
     finally:
         ray.shutdown()
-
-
-def _resumed(checkpoint, config: dict, workers: int, out: str) -> float:
-    """A new run from ``checkpoint``, no step: the weights it loaded."""
-    from ray.train import RunConfig, ScalingConfig
-    from ray.train.torch import TorchConfig, TorchTrainer
-
-    again = TorchTrainer(
-        train_loop_per_worker,
-        train_loop_config={**config, "steps": 0, "run": 1, "resume": checkpoint},
-        scaling_config=ScalingConfig(num_workers=workers, use_gpu=torch.cuda.is_available()),
-        torch_config=TorchConfig(backend="nccl" if torch.cuda.is_available() else "gloo"),
-        run_config=RunConfig(storage_path=out, name="resumed"),
-    ).fit()
-    return again.metrics["weights"]
 
 
 if __name__ == "__main__":

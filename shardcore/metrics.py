@@ -113,6 +113,8 @@ class StepMetrics:
         peak_flops: the device's peak FLOP/s (default :data:`PEAK_FLOPS`' entry for it; none on a CPU).
         flops_per_token: the model's training FLOPs per token (default :func:`model_flops_per_token`).
         total: steps the run will take: a progress bar (tqdm) on rank 0, the window's numbers beside it.
+
+    Made on every rank (with pipeline stages, counting the model's parameters is collective over them).
     """
 
     def __init__(

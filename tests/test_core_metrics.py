@@ -75,3 +75,34 @@ def test_flops_per_token_leaves_out_an_embedding_only_looked_up():
     expected = 6 * (sum(p.numel() for p in model.parameters()) - model.embed.weight.numel())
     got = model_flops_per_token(model)
     assert got == expected, f"FLOPs per token {got}, not 6 x the parameters outside the embedding ({expected})"
+
+
+def _pipeline() -> dict:
+    from recent_models import batch, build
+
+    torch.manual_seed(0)
+    model = shardcore.optimize(build("Qwen3", 2), ShardConfig(pipeline_parallel_size=2, tensor_parallel_size=1))
+    metrics = shardcore.StepMetrics(model, log_every=1, peak_flops=1e9, stdout=False)
+    data = batch(rows=2)
+    loss = shardcore.pipeline_step(model, data)  # the whole batch's loss, on every rank
+    window = metrics.step(loss, tokens=data["input_ids"].numel())
+    return {
+        "window": window,
+        "flops": metrics.flops_per_token,
+        "loss": loss.item(),
+        "tokens": data["input_ids"].numel(),
+    }
+
+
+def test_step_metrics_of_a_pipeline_count_each_stage_s_parameters_once():
+    from recent_models import build
+
+    from shardcore.metrics import model_flops_per_token
+
+    whole = model_flops_per_token(build("Qwen3", 2))  # the unsharded model, in this process
+    for report in run_on_ranks(2, _pipeline):
+        window = report["window"]
+        assert report["flops"] == whole, f"FLOPs per token {report['flops']} over the stages, unsharded {whole}"
+        assert abs(window["loss"] - report["loss"]) <= 1e-6 * report["loss"], report
+        tokens = window["tokens_per_s"] * window["step_s"]
+        assert abs(tokens - report["tokens"]) <= 1e-6 * tokens, f"{tokens} tokens counted, not {report['tokens']}"

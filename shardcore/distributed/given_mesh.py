@@ -183,11 +183,13 @@ def view_of_mesh(layout):
     entry = _VIEWS.get(key)
     if entry is None or entry[0] is not dist.group.WORLD or entry[1] is not given.mesh:
         grid = torch.tensor(layout.ranks).reshape(tuple(layout.degrees.values()))
+        halves = [given.name_of(h) for h in ("dp_replicate", "dp_shard") if given.name_of(h)]
         groups = []
         for i, dim in enumerate(dims):
             name = given.name_of(dim)
-            halves = [given.name_of(h) for h in ("dp_replicate", "dp_shard") if given.name_of(h)]
-            if dim == "dp" and name is None and len(halves) == 1:  # accelerate's ("dp_shard", "tp")
+            if (
+                dim == "dp" and name is None and len(halves) == 1
+            ):  # one of the two alone: accelerate's ("dp_shard", "tp")
                 name = halves[0]
             groups.append(given.mesh.get_group(name) if name is not None else _own_group(grid, i))
         view = DeviceMesh.from_group(groups, given.mesh.device_type, mesh=grid, mesh_dim_names=dims)

@@ -45,4 +45,13 @@ MUTANTS = [
         T + "test_step_metrics_of_an_fsdp_by_tp_loop_are_what_the_ranks_did",
         "not 6 x every parameter (a tied head's in)",
     ),
+    m(
+        "metrics-one-stage-counted",
+        "under pipeline parallelism the model's FLOPs count only this rank's stage (MFU off by the stages)",
+        "shardcore/metrics.py",
+        "model_flops_per_token",
+        [("    if info is not None and info.layout.pp > 1:\n", "    if False:\n")],
+        T + "test_step_metrics_of_a_pipeline_count_each_stage_s_parameters_once",
+        "over the stages, unsharded",
+    ),
 ]
