@@ -25,7 +25,7 @@ import attrs
 import torch
 import torch.distributed as dist
 
-from .groups import new_group
+from .groups import own_row_group
 
 if TYPE_CHECKING:
     from ..config import ShardConfig
@@ -168,9 +168,7 @@ def completed_config(config: ShardConfig, layout) -> ShardConfig:
 
 def _own_group(grid: torch.Tensor, dim: int):
     """This rank's group along ``dim`` of ``grid``: every row made (collective, one order on every rank)."""
-    rows = grid.movedim(dim, -1).reshape(-1, grid.shape[dim]).tolist()
-    made = [new_group(row) for row in rows]
-    return next(g for g, row in zip(made, rows, strict=True) if dist.get_rank() in row)
+    return own_row_group(grid.movedim(dim, -1).reshape(-1, grid.shape[dim]).tolist(), dist.get_rank())
 
 
 def view_of_mesh(layout):

@@ -36,6 +36,7 @@ __all__ = [
     "mesh_backend_override",
     "mesh_device",
     "new_group",
+    "own_row_group",
     "prepare_replica_groups",
     "replica_group",
 ]
@@ -78,8 +79,7 @@ def prepare_replica_groups(group, tp_groups: list[list[int]] | None = None) -> N
         rows = [
             list(tp[b : b + blocks]) for tp in sorted({tuple(r) for r in tp_groups}) for b in range(0, len(tp), blocks)
         ]
-        made = [new_group(ranks) for ranks in rows]
-        _REPLICA_GROUPS[(key, blocks)] = (group, next(g for g, ranks in zip(made, rows, strict=True) if me in ranks))
+        _REPLICA_GROUPS[(key, blocks)] = (group, own_row_group(rows, me))
 
 
 def mesh_device() -> str:
@@ -120,6 +120,13 @@ def new_group(ranks: list[int]):
     in the same order, member or not), as ``torch.distributed.new_group``; the group's backend is
     the default group's (``"cpu:gloo,cuda:nccl"`` gives it both), its timeout :func:`group_timeout`."""
     return dist.new_group(ranks, timeout=group_timeout())
+
+
+def own_row_group(rows: list[list[int]], rank: int):
+    """Make a group of each of ``rows`` (global ranks; collective: every rank makes every row, in one
+    order) and return the one holding ``rank``."""
+    made = [new_group(ranks) for ranks in rows]
+    return next(g for g, ranks in zip(made, rows, strict=True) if rank in ranks)
 
 
 def replica_group(group, blocks: int):
