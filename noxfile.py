@@ -266,15 +266,16 @@ ENGINES = {
     "lightning": ("transformers",),
     "metrics": (),
     "ray": ("transformers",),
+    "accelerate": ("transformers",),
 }  # {the extra: what else its tests install}
 
 
 @nox.session(default=False)
 @nox.parametrize("name", list(ENGINES))
 def engine(session: nox.Session, name: str) -> None:
-    """An engine's recipe (Lightning, Ray Train) or the metrics' sinks (TensorBoard, W&B offline) tested from a fresh
-    environment that installs the core with only that extra (and transformers, the examples' models, for
-    Lightning; no plugin): ``tests/engines/test_<name>.py``."""
+    """An engine's recipe (Lightning, Ray Train, accelerate) or the metrics' sinks (TensorBoard, W&B offline)
+    tested from a fresh environment that installs the core with only that extra (and transformers, the examples' models, for
+    Lightning, Ray and accelerate; no plugin): ``tests/engines/test_<name>.py``."""
     bin_dir = _install(session, ROOT / ".nox" / f"engine-{name}", [], ENGINES[name], extras=f"test,{name}")
     _run(
         session,

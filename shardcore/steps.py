@@ -26,6 +26,7 @@ from .checkpoint.foreign import refuse_foreign_state_dicts
 from .composite import CompositePolicy
 from .config import OVER_SP_MODES, ShardConfig
 from .data_parallel import apply_data_parallel, check_data_parallel
+from .data_parallel.outer import set_outer_ddp_ignore
 from .distributed import ParallelLayout
 from .distributed.collectives import Scope, enter_scope_per_forward, group_size, resolve_timeout, set_collective_timeout
 from .distributed.groups import prepare_replica_groups
@@ -42,7 +43,6 @@ from .moved import renamed
 from .pipeline import build_pipeline, check_pipeline
 from .policy import Policy
 from .sequence import apply_sequence_parallel, apply_ulysses, check_sequence_parallel
-from .sharded_state import parameter_specs
 from .sharder import ModelSharder, ShardInfo, check_policy_features, check_same_weights, resolve_policy
 from .tensor_parallel.grad_sum import sum_named_gradients
 from .tensor_parallel.regions import SequenceParallel, share_copies_per_forward
@@ -219,9 +219,8 @@ def _data_parallel(b: Build) -> None:
         return
     b.data_parallel = apply_data_parallel(b.model, b.policy, b.config, b.layout, b.pipeline)  # wraps model or stages
     install_expert_parallel(b.model, b.policy, b.config, b.layout)  # expert gradients averaged as DDP's
-    if b.data_parallel is None and b.tensor_parallel:
-        # a DDP over the whole world (accelerate's prepare) leaves the slices alone
-        b.model._ddp_params_and_buffers_to_ignore = sorted(parameter_specs(b.model))
+    mode = b.config.data_parallel if b.data_parallel is not None else None  # a DDP from outside: right or refused
+    set_outer_ddp_ignore(b.model, mode, b.layout)
 
 
 def _register(b: Build) -> None:

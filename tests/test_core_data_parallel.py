@@ -123,3 +123,35 @@ def test_dp_part_splits_the_batch_and_names_a_bad_size():
     assert torch.equal(torch.cat([p["ids"] for p in parts]), batch["ids"])
     with pytest.raises(ValueError, match="'ids' has batch size 4, not divisible by data_parallel_size=3"):
         dp_part(batch, 0, 3)
+
+
+def _outer_ddp(config: dict) -> str:
+    """A DDP over the whole world around the sharded model (what accelerate's ``prepare(model)`` builds)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    torch.manual_seed(0)
+    model = shardcore.optimize(ToyLM(), ShardConfig(**config), policy=ToyPolicy)
+    with shardcore.testing.count_c10d_calls() as calls:
+        try:
+            DistributedDataParallel(model)
+            return "no error"
+        except RuntimeError as err:
+            assert not calls, f"refused only after {dict(calls)} calls to other ranks"
+            return str(err)
+
+
+@pytest.mark.parametrize(
+    ("config", "expected"),
+    [
+        (FSDP, "its data parallelism is shardcore's already (data_parallel='fsdp' over dp=2)"),
+        ({**FSDP, "data_parallel": "ddp"}, "its data parallelism is shardcore's already (data_parallel='ddp'"),
+        (
+            {"tensor_parallel_size": 2, "data_parallel_size": 2},
+            "dp=2 replicas without shardcore's data parallelism: the split parameters' gradients would not",
+        ),
+    ],
+    ids=["fsdp", "ddp", "dp-without-data-parallel"],
+)
+def test_a_ddp_from_outside_is_refused_by_name_where_it_cannot_be_right(config, expected):
+    for message in run_on_ranks(4, _outer_ddp, config):
+        assert expected in message and "accelerator.prepare(optimizer)" in message, f"wanted {expected!r}: {message}"

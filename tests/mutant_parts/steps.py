@@ -1,6 +1,6 @@
 """Mutants of optimize: each a deliberate bug one declared check must catch (tests/mutant_kit.py)."""
 
-from mutant_kit import m
+from mutant_kit import Raised, m
 
 MUTANTS = [
     m(
@@ -39,11 +39,35 @@ MUTANTS = [
     m(
         "accelerate-ddp-overwrites-slices",
         "a sharded model without its DDP ignore list: accelerate's prepare broadcasts rank 0's slices",
-        "shardcore/steps.py",
-        "_data_parallel",
-        [("        b.model._ddp_params_and_buffers_to_ignore = sorted(parameter_specs(b.model))", "        pass")],
+        "shardcore/data_parallel/outer.py",
+        "set_outer_ddp_ignore",
+        [("        model._ddp_params_and_buffers_to_ignore = sorted(parameter_specs(model))", "        pass")],
         "tests/integration/test_llama_trainer.py::test_accelerate_prepare_is_right_or_loud",
         "after accelerate's loop: max abs diff",
+    ),
+    m(
+        "outer-ddp-around-shardcores-data-parallel-let-through",
+        "a DDP from outside around shardcore's own FSDP / DDP is not refused: it averages twice or breaks",
+        "shardcore/data_parallel/outer.py",
+        "_refusal",
+        [("    if data_parallel is not None:", "    if False:")],
+        "tests/test_core_data_parallel.py::test_a_ddp_from_outside_is_refused_by_name_where_it_cannot_be_right[fsdp]",
+        Raised(
+            "AssertionError",
+            "tests/test_core_data_parallel.py::test_a_ddp_from_outside_is_refused_by_name_where_it_cannot_be_right",
+        ),
+    ),
+    m(
+        "outer-ddp-over-replicas-without-data-parallel-let-through",
+        "a DDP from outside over dp > 1 replicas without data_parallel: the slices' gradients never averaged",
+        "shardcore/data_parallel/outer.py",
+        "_refusal",
+        [("    if layout.dp > 1:", "    if False:")],
+        "tests/test_core_data_parallel.py::test_a_ddp_from_outside_is_refused_by_name_where_it_cannot_be_right[dp-without-data-parallel]",
+        Raised(
+            "AssertionError",
+            "tests/test_core_data_parallel.py::test_a_ddp_from_outside_is_refused_by_name_where_it_cannot_be_right",
+        ),
     ),
     m(
         "replica-groups-not-prepared",
