@@ -43,6 +43,7 @@ from .moved import renamed
 from .pipeline import build_pipeline, check_pipeline
 from .policy import Policy
 from .sequence import apply_sequence_parallel, apply_ulysses, check_sequence_parallel
+from .sharded_state import parameter_specs
 from .sharder import ModelSharder, ShardInfo, check_policy_features, check_same_weights, resolve_policy
 from .tensor_parallel.grad_sum import sum_named_gradients
 from .tensor_parallel.regions import SequenceParallel, share_copies_per_forward
@@ -220,7 +221,7 @@ def _data_parallel(b: Build) -> None:
     b.data_parallel = apply_data_parallel(b.model, b.policy, b.config, b.layout, b.pipeline)  # wraps model or stages
     install_expert_parallel(b.model, b.policy, b.config, b.layout)  # expert gradients averaged as DDP's
     mode = b.config.data_parallel if b.data_parallel is not None else None  # a DDP from outside: right or refused
-    set_outer_ddp_ignore(b.model, mode, b.layout)
+    set_outer_ddp_ignore(b.model, mode, b.layout, list(parameter_specs(b.model)))
 
 
 def _register(b: Build) -> None:

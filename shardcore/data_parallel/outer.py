@@ -21,7 +21,6 @@ from __future__ import annotations
 from torch import nn
 
 from ..distributed import ParallelLayout
-from ..sharded_state import parameter_specs
 
 __all__ = ["OuterDDPRefused", "set_outer_ddp_ignore"]
 
@@ -58,10 +57,11 @@ def _refusal(data_parallel: str | None, layout: ParallelLayout) -> str | None:
     return None
 
 
-def set_outer_ddp_ignore(model: nn.Module, data_parallel: str | None, layout: ParallelLayout) -> None:
-    """Set ``model._ddp_params_and_buffers_to_ignore`` as the module's docstring says."""
+def set_outer_ddp_ignore(model: nn.Module, data_parallel: str | None, layout: ParallelLayout, split: list[str]) -> None:
+    """Set ``model._ddp_params_and_buffers_to_ignore`` as the module's docstring says (``split``: the names of
+    the split parameters)."""
     reason = _refusal(data_parallel, layout)
     if reason is not None:
         model._ddp_params_and_buffers_to_ignore = OuterDDPRefused(type(model).__name__, reason)
-    elif parameter_specs(model):
-        model._ddp_params_and_buffers_to_ignore = sorted(parameter_specs(model))
+    elif split:
+        model._ddp_params_and_buffers_to_ignore = sorted(split)
