@@ -28,7 +28,8 @@ host give:
   on a GPU, the process's peak resident set on a CPU.
 
 Sinks run on rank 0 only: ``print`` (``stdout=True``), :func:`tensorboard`, :func:`wandb` (the run the
-caller started, ``wandb.init``; offline mode works), or any ``fn(metrics: dict, step: int)``.
+caller started, ``wandb.init``; offline mode works), :func:`mlflow` (the active run, ``mlflow.start_run``),
+or any ``fn(metrics: dict, step: int)``.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from torch import nn
 from .distributed.collectives import all_gather_cat
 from .sharded_state import parameter_specs
 
-__all__ = ["PEAK_FLOPS", "StepMetrics", "model_flops_per_token", "tensorboard", "wandb"]
+__all__ = ["PEAK_FLOPS", "StepMetrics", "mlflow", "model_flops_per_token", "tensorboard", "wandb"]
 
 #: dense bf16 peak FLOP/s by a substring of ``torch.cuda.get_device_name()`` (vendors' data sheets, SXM / OAM)
 PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "MI300X": 1307e12, "MI250X": 383e12}
@@ -256,5 +257,23 @@ def wandb(run=None) -> Callable[[dict, int], None]:
         if target is None:
             raise RuntimeError("shardcore.metrics.wandb: no W&B run; call wandb.init(...) on rank 0 first")
         target.log(metrics, step=step)
+
+    return log
+
+
+def mlflow(run_id: str | None = None) -> Callable[[dict, int], None]:
+    """A sink logging each window's metrics to an MLflow run: ``run_id``, else the active one
+    (``mlflow.start_run``), on the tracking URI the caller set (``pip install mlflow-skinny``)."""
+
+    def log(metrics: dict, step: int) -> None:
+        import mlflow as _mlflow
+        from mlflow.entities import Metric
+
+        target = run_id if run_id is not None else getattr(_mlflow.active_run(), "info", None)
+        if target is None:
+            raise RuntimeError("shardcore.metrics.mlflow: no MLflow run; call mlflow.start_run() on rank 0 first")
+        stamp = int(time.time() * 1000)
+        rows = [Metric(key, float(value), stamp, step) for key, value in metrics.items()]
+        _mlflow.MlflowClient().log_batch(run_id or target.run_id, metrics=rows)
 
     return log

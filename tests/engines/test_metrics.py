@@ -1,11 +1,12 @@
-"""(``nox -s "engine(name='metrics')"``: a fresh environment with ``shardcore[test,metrics]``: tensorboard and
-wandb.) ``shardcore.StepMetrics`` of a TP=2 loop written to a TensorBoard event file and a W&B offline run,
-both read back: every window's tokens/s, MFU, step time, peak memory and loss, at the window's step."""
+"""(``nox -s "engine(name='metrics')"``: a fresh environment with ``shardcore[test,metrics]``: tensorboard,
+wandb and mlflow-skinny.) ``shardcore.StepMetrics`` of a TP=2 loop written to a TensorBoard event file, a W&B
+offline run and an MLflow run (its file store), each read back: every window's tokens/s, MFU, step time, peak memory and loss, at the window's step."""
 
 from __future__ import annotations
 
 import glob
 import json
+import os
 import pathlib
 import struct
 import sys
@@ -24,6 +25,7 @@ from shardcore import ShardConfig  # noqa: E402
 from shardcore.testing import run_on_ranks  # noqa: E402
 
 pytestmark = pytest.mark.engine
+os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3's file store, here and on the ranks
 KEYS = ("tokens_per_s", "mfu", "step_s", "peak_memory_gb", "loss")
 
 
@@ -32,13 +34,20 @@ def _train_and_log(out: str) -> list[dict]:
 
     run = None
     if dist.get_rank() == 0:
+        import mlflow
         import wandb
 
         run = wandb.init(project="shardcore-tests", dir=out, mode="offline")
+        mlflow.set_tracking_uri(f"file://{out}/mlruns")  # MLflow's file store (MLFLOW_ALLOW_FILE_STORE set)
+        mlflow.start_run()
     torch.manual_seed(0)
     model = shardcore.optimize(ToyLM(), ShardConfig(tensor_parallel_size=2), policy=ToyPolicy)
     # --8<-- [start:sinks]
-    sinks = [shardcore.metrics.tensorboard(f"{out}/tensorboard"), shardcore.metrics.wandb(run)]  # run: wandb.init's
+    sinks = [
+        shardcore.metrics.tensorboard(f"{out}/tensorboard"),
+        shardcore.metrics.wandb(run),
+        shardcore.metrics.mlflow(),
+    ]
     metrics = shardcore.StepMetrics(model, log_every=2, peak_flops=1e9, sinks=sinks, total=4)  # peak: stated
     # --8<-- [end:sinks]
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -53,7 +62,10 @@ def _train_and_log(out: str) -> list[dict]:
             windows.append(window)
     metrics.close()
     if run is not None:
+        import mlflow
+
         run.finish()
+        mlflow.end_run()
     return windows
 
 
@@ -80,7 +92,7 @@ def _wandb_history(out: pathlib.Path) -> list[dict]:
     return rows
 
 
-def test_a_tp2_loop_writes_tensorboard_and_wandb_offline_and_both_read_back(tmp_path):
+def test_a_tp2_loop_writes_tensorboard_wandb_offline_and_mlflow_and_each_reads_back(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     windows = run_on_ranks(2, _train_and_log, str(tmp_path))[0]
@@ -96,3 +108,11 @@ def test_a_tp2_loop_writes_tensorboard_and_wandb_offline_and_both_read_back(tmp_
     assert [row["_step"] for row in history] == [2, 4], history
     for row, window in zip(history, windows, strict=True):
         assert all(row[key] == window[key] for key in KEYS), (row, window)
+    import mlflow
+
+    mlflow.set_tracking_uri(f"file://{tmp_path}/mlruns")
+    (run,) = mlflow.search_runs(search_all_experiments=True, output_format="list")
+    for key in KEYS:
+        logged = mlflow.MlflowClient().get_metric_history(run.info.run_id, key)
+        assert [m.step for m in logged] == [2, 4], (key, logged)
+        assert all(abs(m.value - w[key]) <= 1e-12 * abs(w[key]) for m, w in zip(logged, windows, strict=True)), key
