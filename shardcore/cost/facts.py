@@ -52,32 +52,26 @@ def _expert_share(model: nn.Module, ep: int) -> float:
     return min(1.0, top_k * ep / experts)
 
 
-def stage_facts(model: nn.Module, blocks: list[str], pp: int, ep: int) -> list[StageFacts]:
+def stage_facts(model: nn.Module, blocks: list[str], pp: int, ep: int, walk: list | None = None) -> list[StageFacts]:
     """``blocks`` split as explain's stage bytes split them (earlier stages take the remainder;
-    what precedes the first block on the first stage, the rest on the last)."""
+    what precedes the first block on the first stage, the rest on the last). ``walk``:
+    :func:`parameter_walk` of ``model`` and ``blocks``, when already made (it does not depend on
+    ``pp`` or ``ep``)."""
     per = [len(blocks) // pp + (1 if s < len(blocks) % pp else 0) for s in range(pp)]
     stage_of, i = {}, 0
     for s, n in enumerate(per):
         for b in blocks[i : i + n]:
             stage_of[b] = s
         i += n
-    experts = {id(p) for m in expert_modules(model) for p in m.parameters()}
     share = _expert_share(model, ep)
     acc = [dict(mm=0.0, act=0.0, dense=0, expert=0, tensors=0, tail=0.0, logits=0, sizes=([], [])) for _ in range(pp)]
-    seen: set[int] = set()
-    seen_block = False
-    for name, module in model.named_modules(remove_duplicate=False):
-        owner = next((b for b in blocks if name == b or name.startswith(b + ".")), None)
-        stage = stage_of[owner] if owner is not None else (pp - 1 if seen_block else 0)
-        seen_block = seen_block or owner is not None
-        tail = owner is None and seen_block
-        for p in module.parameters(recurse=False):
-            before = acc[stage]["mm"]
-            _add_param(acc[stage], p, module, id(p) in experts, id(p) in seen, share)
-            seen.add(id(p))
-            if tail and acc[stage]["mm"] > before:
-                acc[stage]["tail"] += acc[stage]["mm"] - before
-                acc[stage]["logits"] = max(acc[stage]["logits"], p.shape[0])
+    for owner, tail, p, module, expert, seen in parameter_walk(model, blocks) if walk is None else walk:
+        stage = stage_of[owner] if owner is not None else (pp - 1 if tail else 0)
+        before = acc[stage]["mm"]
+        _add_param(acc[stage], p, module, expert, seen, share)
+        if tail and acc[stage]["mm"] > before:
+            acc[stage]["tail"] += acc[stage]["mm"] - before
+            acc[stage]["logits"] = max(acc[stage]["logits"], p.shape[0])
     return [
         StageFacts(
             a["mm"],
@@ -94,6 +88,31 @@ def stage_facts(model: nn.Module, blocks: list[str], pp: int, ep: int) -> list[S
         )
         for s, a in enumerate(acc)
     ]
+
+
+def parameter_walk(model: nn.Module, blocks: list[str]) -> list[tuple]:
+    """Each use of a parameter, in module order: ``(its block or None, after the blocks (the tail),
+    the parameter, its module, an expert's, seen before (tied))``."""
+    experts = {id(p) for m in expert_modules(model) for p in m.parameters()}
+    block_set, seen, seen_block, out = set(blocks), set(), False, []
+    for name, module in model.named_modules(remove_duplicate=False):
+        owner = _owner(name, block_set)
+        tail = owner is None and seen_block
+        seen_block = seen_block or owner is not None
+        for p in module.parameters(recurse=False):
+            out.append((owner, tail, p, module, id(p) in experts, id(p) in seen))
+            seen.add(id(p))
+    return out
+
+
+def _owner(name: str, blocks: set[str]) -> str | None:
+    """The block ``name`` is, or lies in (its shortest dotted prefix among ``blocks``), else ``None``."""
+    parts = name.split(".")
+    for end in range(1, len(parts) + 1):
+        prefix = ".".join(parts[:end])
+        if prefix in blocks:
+            return prefix
+    return None
 
 
 def _add_param(acc: dict, p, module: nn.Module, expert: bool, seen: bool, share: float) -> None:

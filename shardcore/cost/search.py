@@ -11,7 +11,6 @@ listed as refused, with its message. Nothing is allocated, no process is started
 
 from __future__ import annotations
 
-import copy
 import time
 from collections import Counter
 from typing import Any
@@ -21,9 +20,12 @@ import torch
 from torch import nn
 
 from ..config import ShardConfig
-from ..explain import ExplainError, check_on_paper, explain_on_paper
+from ..explain import ExplainError, check_on_paper, explain_on_paper, shard_on_paper
+from ..explain.experts import expert_traffic
+from ..explain.sequence import sequence_bytes
 from ..explain.traffic import collective_bytes_per_step
-from .facts import attention_width, hidden_size, stage_facts
+from .copies import collector_paused, module_copy
+from .facts import attention_width, hidden_size, parameter_walk, stage_facts
 from .model import predict
 
 SEQUENCE_MODES = ("all_to_all", "ring_attn")
@@ -113,9 +115,9 @@ def _tp_traffic(report: dict, build, tokens: int, itemsize: int) -> dict | None:
     return out
 
 
-def _sp_traffic(report: dict, layout: dict) -> dict | None:
-    """Per layer ``[(kind, count, bytes each rank contributes)]`` of the sequence mode."""
-    seq = report.get("sequence")
+def _sp_traffic(seq: dict | None, layout: dict) -> dict | None:
+    """Per layer ``[(kind, count, bytes each rank contributes)]`` of the sequence mode (``seq``:
+    :func:`~shardcore.explain.sequence.sequence_bytes`)."""
     if not seq:
         return None
     sp, mode, sent = layout["sp"], layout["mode"], seq["bytes_sent_per_layer"]
@@ -139,46 +141,48 @@ def workload_facts(
     """The cost model's input for ``layout``: optimize's checks on a paper build of a copy of the
     meta ``model`` (raising :class:`~shardcore.explain.ExplainError` or ``NotImplementedError`` as
     ``optimize`` would). ``tp_cache``: tensor-parallel traffic already computed, by degree;
-    ``built``: facts already computed, by every degree and mode but the data-parallel engine (DDP
-    and FSDP shard the same blocks alike; the cost model tells them apart)."""
+    ``built``: paper builds already made, by ``(tp, sp, sequence mode, ep)``: the sharding does not
+    depend on ``pp``, ``dp`` or the data-parallel engine (what does, the stages and the traffic per
+    data-parallel rank's tokens, is read from the build for each layout)."""
     config = shard_config(layout, base)
     dp, sp, tp = layout["dp"], layout["sp"], layout["tp"]
     kw = dict(pp=layout["pp"], sp=sp, ep=layout["ep"], dp=dp, config=config)
     check_on_paper(model, tp, **kw)  # refused layouts cost no copy of the model
-    key = tuple(layout[k] for k in ("dp", "pp", "sp", "tp", "ep", "mode", "microbatches"))
-    if built is not None and key in built:
-        return dict(built[key])
-    facts = _facts(model, layout, seq, batch, base, kw, tp_cache)
-    if built is not None:
-        built[key] = facts
-    return dict(facts)
+    key = (tp, sp, layout["mode"], layout["ep"])
+    paper = built.get(key) if built is not None else None
+    if paper is None:  # a refusal raises here, with this layout's own message, and is not kept
+        itemsize = next((p.element_size() for p in model.parameters() if p.is_floating_point()), 4)
+        build, blocks = shard_on_paper(module_copy(model), tp, **kw)
+        paper = (itemsize, build, blocks, parameter_walk(build.model, blocks))
+        if built is not None:
+            built[key] = paper
+    return _facts(model, paper, layout, seq, batch, base, tp_cache)
 
 
-def _facts(model: nn.Module, layout: dict, seq: int, batch: int, base, kw: dict, tp_cache: dict | None) -> dict:
-    """:func:`workload_facts` of a layout not computed yet: a paper build of a copy of ``model``."""
+def _facts(model: nn.Module, paper: tuple, layout: dict, seq: int, batch: int, base, tp_cache: dict | None) -> dict:
+    """:func:`workload_facts` of ``layout`` from its paper build ``(itemsize, build, blocks, parameter walk)``."""
+    itemsize, build, blocks, walk = paper
     dp, sp, tp = layout["dp"], layout["sp"], layout["tp"]
-    report, build, blocks = explain_on_paper(copy.deepcopy(model), tp, seq=seq, batch=batch // dp, **kw)
     sharded = build.model
-    itemsize = report["dtype_bytes"]
     dtype = next((p.dtype for p in sharded.parameters() if p.is_floating_point()), torch.float32)
     facts = {
         "seq": seq,
         "batch": batch,
         "itemsize": itemsize,
         "dtype": str(dtype).removeprefix("torch."),
-        "stages": stage_facts(sharded, blocks, layout["pp"], layout["ep"]),
+        "stages": stage_facts(sharded, blocks, layout["pp"], layout["ep"], walk),
         "attention": attention_width(sharded, build.policy, tp),
         "hidden": hidden_size(sharded),
-        "sp": _sp_traffic(report, layout) if sp > 1 else None,
+        "sp": _sp_traffic(sequence_bytes(build, seq, batch // dp, itemsize), layout) if sp > 1 else None,
     }
-    experts = report.get("experts") or {}
-    sent = experts.get("all_to_all_bytes_per_layer")
-    if sent:
-        facts["ep"] = (5, sent["forward"] + sent["backward"])
+    if layout["ep"] > 1:
+        sent = expert_traffic(sharded, seq * (batch // dp), itemsize).get("all_to_all_bytes_per_layer")
+        if sent:
+            facts["ep"] = (5, sent["forward"] + sent["backward"])
     tp_cache = {} if tp_cache is None else tp_cache
     if tp > 1 and tp not in tp_cache:
         tp_only = {**layout, "pp": 1, "sp": 1, "ep": 1, "dp": 1, "data_parallel": None}
-        report1, build1, _ = explain_on_paper(copy.deepcopy(model), tp, config=shard_config(tp_only, base))
+        report1, build1, _ = explain_on_paper(module_copy(model), tp, config=shard_config(tp_only, base))
         tp_cache[tp] = _tp_traffic(report1, build1, 1, itemsize)
     facts["tp"] = tp_cache.get(tp)
     return facts
@@ -205,19 +209,21 @@ def search(
     start = time.perf_counter()
     cap = memory if memory is not None else profile.get("memory_bytes_per_rank") or float("inf")
     experts = _expert_count(model)
-    blocks = len(_blocks_of(copy.deepcopy(model), base))
+    blocks = len(_blocks_of(module_copy(model), base))
     ranked, refused, tp_cache, built = [], [], {}, {}
-    for layout in candidates(world, batch=batch, seq=seq, blocks=blocks, experts=experts):
-        try:
-            facts = workload_facts(model, layout, seq=seq, batch=batch, base=base, tp_cache=tp_cache, built=built)
-        except (ExplainError, NotImplementedError, ValueError) as err:
-            why = str(err).splitlines()[0].split(" (tensor_parallel_size values this model accepts")[0]
-            refused.append({"layout": layout, "name": name(layout), "refused": why})
-            continue
-        row = {"layout": layout, "name": name(layout), **predict(facts, layout, profile, optimizer=optimizer)}
-        row["config"] = _config_fields(layout)
-        row["fits"] = row["memory_bytes"]["total"] <= cap
-        ranked.append(row)
+    with collector_paused():
+        for layout in candidates(world, batch=batch, seq=seq, blocks=blocks, experts=experts):
+            try:
+                facts = workload_facts(model, layout, seq=seq, batch=batch, base=base, tp_cache=tp_cache, built=built)
+            except (ExplainError, NotImplementedError, ValueError) as err:
+                why = str(err).splitlines()[0].split(" (tensor_parallel_size values this model accepts")[0]
+                refused.append({"layout": layout, "name": name(layout), "refused": why})
+                continue
+            row = {"layout": layout, "name": name(layout), **predict(facts, layout, profile, optimizer=optimizer)}
+            row["config"] = _config_fields(layout)
+            row["fits"] = row["memory_bytes"]["total"] <= cap
+            ranked.append(row)
+        del built  # the paper builds, before the collector runs again
     ranked.sort(key=lambda r: (not r["fits"], r["step_s"]))
     best = ranked[0] if ranked and ranked[0]["fits"] else None
     for row in ranked:

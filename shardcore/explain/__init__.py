@@ -36,6 +36,7 @@ __all__ = [
     "explain_on_paper",
     "format_report",
     "load_for_explain",
+    "shard_on_paper",
     "to_json",
 ]
 
@@ -233,6 +234,16 @@ def explain_on_paper(
         "notes": _notes(config, pp, sp) + ([f"collective bytes per step not predicted: {why}"] if why else []),
     }
     return report, build, staged
+
+
+def shard_on_paper(
+    model: nn.Module, tp: int, *, pp: int = 1, sp: int = 1, ep: int = 1, dp: int | None = None, config=None
+):
+    """:func:`explain_on_paper`'s build without its report (the layout search's facts need only the
+    sharded model): ``(build, the names of the blocks the stages are cut from)``; ``model`` is sharded."""
+    config = _paper_config(config or ShardConfig(), tp, pp, sp, ep, dp or ep)
+    build = _shard_on_paper(model, config, None, tp, pp, sp * (dp or ep))[0]
+    return build, [n for n, _ in pipeline_blocks(build.policy)]
 
 
 def check_on_paper(

@@ -127,6 +127,10 @@ class ShardSpec:
         """This rank's slice of ``full`` (a copy, zero padded where the spec pads)."""
         if full.shape[self.dim] != self.full_size:
             raise ValueError(f"expected size {self.full_size} along dim {self.dim}, got shape {tuple(full.shape)}")
+        if full.is_meta:  # a paper build (explain, the layout search): the slice's shape, no cat on meta
+            shape = list(full.shape)
+            shape[self.dim] = self.local_size
+            return full.new_empty(shape)
         pieces = []
         for start, stop, pad in self.ranges(rank):
             pieces.append(full.narrow(self.dim, start, stop - start))

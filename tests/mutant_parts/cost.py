@@ -109,4 +109,45 @@ MUTANTS = [
         "tests/test_core_cost.py::test_a_profile_of_another_version_is_not_read",
         "a profile of version -1 gave 'nothing (the stale profile was read)'",
     ),
+    m(
+        "paper-build-shared-across-expert-degrees",
+        "the search's shared paper build keyed without ep: a layout's experts counted as another ep's",
+        "shardcore/cost/search.py",
+        "workload_facts",
+        [('    key = (tp, sp, layout["mode"], layout["ep"])', '    key = (tp, sp, layout["mode"])')],
+        "plugins/shard-moe/tests/test_moe_auto_search.py::test_shared_paper_builds_give_each_layout_the_facts_of_its_own_build",
+        "the shared build's facts differ from the layout's own build's",
+    ),
+    m(
+        "sequence-traffic-at-the-global-batch",
+        "a shared build's sequence traffic counted for the global batch, not the data-parallel rank's part",
+        "shardcore/cost/search.py",
+        "_facts",
+        [("sequence_bytes(build, seq, batch // dp, itemsize)", "sequence_bytes(build, seq, batch, itemsize)")],
+        "plugins/shard-moe/tests/test_moe_auto_search.py::test_shared_paper_builds_give_each_layout_the_facts_of_its_own_build",
+        "sequence traffic",
+    ),
+    m(
+        "expert-traffic-at-the-global-batch",
+        "a shared build's expert all-to-all bytes counted for the global batch, not the data-parallel rank's part",
+        "shardcore/cost/search.py",
+        "_facts",
+        [("expert_traffic(sharded, seq * (batch // dp), itemsize)", "expert_traffic(sharded, seq * batch, itemsize)")],
+        "plugins/shard-moe/tests/test_moe_auto_search.py::test_shared_paper_builds_give_each_layout_the_facts_of_its_own_build",
+        "expert traffic",
+    ),
+    m(
+        "module-copy-shares-parameters",
+        "the search's model copy shares the parameter dicts: a paper build shards the model it was handed",
+        "shardcore/cost/copies.py",
+        "module_copy",
+        [
+            (
+                "            elif value is None or type(value) in _ATOMIC:",
+                '            elif value is None or type(value) in _ATOMIC or key == "_parameters":',
+            )
+        ],
+        "plugins/shard-moe/tests/test_moe_auto_search.py::test_a_module_copy_is_a_deep_copy_the_sharding_leaves_the_original_untouched",
+        "the copy shares an object with the model",
+    ),
 ]

@@ -412,4 +412,13 @@ MUTANTS = [
         "tests/test_core_plugins.py::test_import_and_discovery_do_not_import_model_libraries",
         "imported by a fresh import of shardcore: torch._dynamo",
     ),
+    m(
+        "meta-slice-shaped-whole",
+        "a paper build's slice (a meta parameter) shaped as the whole tensor: explain's bytes per rank unsplit",
+        "shardcore/tensor_parallel/shard_spec.py",
+        "ShardSpec.shard",
+        [("            shape[self.dim] = self.local_size\n", "")],
+        "tests/test_core_zero_config.py::test_explain_predicts_a_zero_config_step",
+        "explain says rank 0 holds",
+    ),
 ]
