@@ -150,4 +150,22 @@ MUTANTS = [
         "plugins/shard-moe/tests/test_moe_auto_search.py::test_a_module_copy_is_a_deep_copy_the_sharding_leaves_the_original_untouched",
         "the copy shares an object with the model",
     ),
+    m(
+        "simulated-rank-built-whole",
+        "the tracked rank runs the whole model, not its shard: its memory is every rank's",
+        "shardcore/cost/tracked.py",
+        "tracked_memory",
+        [("        model = shard(_faked(model, fake), config)", "        model = _faked(model, fake)")],
+        "tests/test_core_tracked_memory.py::test_a_simulated_rank_holds_what_explain_predicts_for_it[tp2]",
+        "parameters: measured",
+    ),
+    m(
+        "tracker-missing-optimizer-state",
+        "the tracked step skips the optimizer's step: its state never counted",
+        "shardcore/cost/tracked.py",
+        "tracked_memory",
+        [("                    opt.step()\n", "")],
+        "tests/test_core_tracked_memory.py::test_a_simulated_rank_holds_what_explain_predicts_for_it[tp2]",
+        "optimizer: measured",
+    ),
 ]

@@ -1,0 +1,77 @@
+"""``shardcore.cost.tracked``: one rank's memory through two training steps, measured at real shapes
+on the fake process-group backend with the tensors under ``FakeTensorMode`` (nothing allocated),
+beside ``explain``'s prediction for the same rank. Each layout runs in a fresh process (the fake
+world is the process's one ``torch.distributed`` world)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+SCRIPT = """
+import json, warnings
+warnings.filterwarnings("ignore")
+import torch, shardcore
+from transformers import LlamaConfig, LlamaForCausalLM
+from shardcore.cost.tracked import memory_check
+
+def build():
+    cfg = LlamaConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=8,
+                      num_key_value_heads=4, vocab_size=1024)
+    cfg._attn_implementation = "sdpa"
+    with shardcore.init_empty():
+        return LlamaForCausalLM(cfg).to(torch.bfloat16)
+
+for config, batch, rank in {cases}:  # one process: each check leaves torch.distributed as it found it
+    print(json.dumps(memory_check(build, shardcore.ShardConfig(**config), seq=512, batch=batch, rank=rank)))
+"""
+CASES = [
+    ({"tensor_parallel_size": 2}, 1, 0),
+    ({"tensor_parallel_size": 2, "data_parallel_size": 2, "data_parallel": "fsdp"}, 2, 0),
+    ({"tensor_parallel_size": 2, "pipeline_parallel_size": 2, "num_microbatches": 2}, 2, 2),
+]
+SHARES = [2, 4, None]  # of the whole model's bytes the rank holds (a last stage: its own part)
+IDS = ["tp2", "fsdp2-tp2", "pp2-tp2-last-stage"]
+
+
+@pytest.fixture(scope="module")
+def checks() -> list[dict]:
+    done = subprocess.run(
+        [sys.executable, "-c", SCRIPT.format(cases=CASES)], capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return [json.loads(line) for line in done.stdout.strip().splitlines()[-len(CASES) :]]
+
+
+LLAMA_BYTES = 2 * (1024 * 256 * 2 + 2 * (256 * 256 * 2 + 2 * 256 * 128 + 3 * 256 * 512) + 256 + 2 * 2 * 256)
+
+
+@pytest.mark.parametrize("case", range(len(CASES)), ids=IDS)
+def test_a_simulated_rank_holds_what_explain_predicts_for_it(checks, case):
+    """Parameters, gradients and AdamW's state measured on the rank equal explain's bytes for it (and
+    1/share of the whole model's where the layout splits everything evenly but the norms); the
+    activations and the peak are measured (the peak holds at least the parameters and AdamW's state)."""
+    found, share = checks[case], SHARES[case]
+    for key in ("parameters", "gradients", "optimizer"):
+        row = found[key]
+        assert row["measured"] == row["predicted"], f"{key}: measured {row['measured']} B, explain {row['predicted']} B"
+    if share is not None:
+        assert abs(found["parameters"]["measured"] - LLAMA_BYTES / share) <= 0.01 * LLAMA_BYTES, found["parameters"]
+    assert found["optimizer"]["measured"] == 2 * found["parameters"]["measured"], "AdamW: 2 moments, the weights' dtype"
+    assert found["activations"]["measured"] > 0 and found["activations"]["predicted"] > 0, found["activations"]
+    floor = found["parameters"]["measured"] + found["optimizer"]["measured"]
+    assert found["total"]["measured"] > floor, f"the tracked peak {found['total']['measured']} B below {floor} B"
+
+
+def test_a_process_with_a_group_is_refused_by_name():
+    code = (
+        "import torch.distributed as dist, shardcore; from shardcore.distributed.simulate import init_simulated_world;"
+        "init_simulated_world(0, 1);\nfrom shardcore.cost.tracked import tracked_memory\ntry:\n"
+        "    tracked_memory(lambda: None, shardcore.ShardConfig(tensor_parallel_size=2), seq=8, batch=1)\n"
+        "except RuntimeError as err:\n    print(err)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert "a simulated rank needs a process of its own" in done.stdout, done.stdout + done.stderr[-2000:]
