@@ -115,7 +115,7 @@ def _tp_traffic(report: dict, build, tokens: int, itemsize: int) -> dict | None:
     return out
 
 
-def _sp_traffic(seq: dict | None, layout: dict) -> dict | None:
+def sp_traffic(seq: dict | None, layout: dict) -> dict | None:
     """Per layer ``[(kind, count, bytes each rank contributes)]`` of the sequence mode (``seq``:
     :func:`~shardcore.explain.sequence.sequence_bytes`)."""
     if not seq:
@@ -173,7 +173,7 @@ def _facts(model: nn.Module, paper: tuple, layout: dict, seq: int, batch: int, b
         "stages": stage_facts(sharded, blocks, layout["pp"], layout["ep"], walk),
         "attention": attention_width(sharded, build.policy, tp),
         "hidden": hidden_size(sharded),
-        "sp": _sp_traffic(sequence_bytes(build, seq, batch // dp, itemsize), layout) if sp > 1 else None,
+        "sp": sp_traffic(sequence_bytes(build, seq, batch // dp, itemsize), layout) if sp > 1 else None,
     }
     if layout["ep"] > 1:
         sent = expert_traffic(sharded, seq * (batch // dp), itemsize).get("all_to_all_bytes_per_layer")

@@ -14,7 +14,7 @@ from moe_cases import build
 import shardcore
 from shardcore.cost import candidates
 from shardcore.cost.copies import module_copy
-from shardcore.cost.search import _sp_traffic, workload_facts
+from shardcore.cost.search import sp_traffic, workload_facts
 from shardcore.explain import ExplainError, explain_on_paper
 
 SEQ, BATCH, WORLD = 16, 8, 8
@@ -45,7 +45,7 @@ def test_shared_paper_builds_give_each_layout_the_facts_of_its_own_build():
             assert held == report["pipeline_stage_bytes"], (
                 f"{layout}: stage bytes {held}, explain's report {report['pipeline_stage_bytes']}"
             )
-        want_sp = _sp_traffic(report["sequence"], layout) if layout["sp"] > 1 else None
+        want_sp = sp_traffic(report["sequence"], layout) if layout["sp"] > 1 else None
         assert facts["sp"] == want_sp, f"{layout}: sequence traffic {facts['sp']}, explain's report {want_sp}"
         sent = (report["experts"] or {}).get("all_to_all_bytes_per_layer")
         want_ep = (5, sent["forward"] + sent["backward"]) if sent else None
