@@ -39,7 +39,7 @@ import math
 from typing import Any
 
 from ..config import SHARDED_MODES
-from .facts import StageFacts
+from .facts import StageFacts, loss_bytes_per_token
 
 DDP_BUCKET_BYTES = 25 * 2**20
 OPTIMIZER_STATES = {"adamw": 2, "sgd": 1, "none": 0}
@@ -275,8 +275,7 @@ def memory_per_rank(facts: dict, layout: dict, optimizer: str = "adamw", index: 
     """Bytes the largest stage's rank (or stage ``index``'s) holds: parameters, gradients, optimizer state,
     activations, and under ZeRO-2 the gathered weights (every block's stay whole from its forward to
     its backward)."""
-    dp, pp, sp = layout["dp"], layout["pp"], layout["sp"]
-    m = layout["microbatches"]
+    dp, pp, sp, m = layout["dp"], layout["pp"], layout["sp"], layout["microbatches"]
     tokens_mb = facts["batch"] // dp // m * facts["seq"] // sp
     worst = {}
     for s, stage in enumerate(facts["stages"]):
@@ -284,7 +283,8 @@ def memory_per_rank(facts: dict, layout: dict, optimizer: str = "adamw", index: 
         params = int(dense + stage.expert_bytes)
         gathered = stage.dense_bytes if layout["data_parallel"] == "zero2" and dp > 1 else 0
         in_flight = min(pp - s, m) if pp > 1 else 1
-        acts = int(tokens_mb * in_flight * stage.activation_elements * facts["itemsize"])
+        per_token = in_flight * stage.activation_elements * facts["itemsize"] + loss_bytes_per_token(facts, stage)
+        acts = int(tokens_mb * per_token)
         row = {
             "parameters": params,
             "gathered": int(gathered),

@@ -174,6 +174,7 @@ def _facts(model: nn.Module, paper: tuple, layout: dict, seq: int, batch: int, b
         "attention": attention_width(sharded, build.policy, tp),
         "hidden": hidden_size(sharded),
         "sp": sp_traffic(sequence_bytes(build, seq, batch // dp, itemsize), layout) if sp > 1 else None,
+        "logits_gathered": tp if tp > 1 and not (base or ShardConfig()).parallel_output else 1,  # the head's ranks
     }
     if layout["ep"] > 1:
         sent = expert_traffic(sharded, seq * (batch // dp), itemsize).get("all_to_all_bytes_per_layer")

@@ -168,7 +168,13 @@ def predicted_memory(
 
     layout = cost_layout(config)
     stage = ParallelLayout.from_config(config, world_size=_world(config))
-    facts = workload_facts(model, layout, seq=seq, batch=batch, base=config)
+    defaults = ShardConfig()  # the layout's own fields come from ``layout`` (the tensor-parallel-only build too)
+    base = attrs.evolve(
+        config,
+        enable_sequence_parallelism=defaults.enable_sequence_parallelism,
+        sequence_parallelism_mode=defaults.sequence_parallelism_mode,
+    )
+    facts = workload_facts(model, layout, seq=seq, batch=batch, base=base)
     row = memory_per_rank(facts, layout, optimizer, index=stage.coordinates(rank)["pp"])
     return {key: row[key] + (row["gathered"] if key == "parameters" else 0) for key in CATEGORIES}
 

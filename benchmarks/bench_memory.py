@@ -1,0 +1,102 @@
+"""Benchmark (not a test): ``explain``'s predicted memory for one rank against the memory a tracked
+rank holds (:mod:`shardcore.cost.tracked`: the fake process-group backend, ``FakeTensorMode``,
+PyTorch's ``MemTracker``, two AdamW steps), per category, for Llama-3-8B- and -70B-shaped models.
+
+    python benchmarks/bench_memory.py [--shapes 8b 70b] [--layers 4] [--seqs 4096 8192] [--layouts ...]
+
+Layer shapes, vocabulary (128256) and bf16 are the real ones; ``--layers`` sets the depth (the
+tracker's per-module snapshots make a full-depth 70B run take many minutes on this CPU; every
+category but the fixed ones, embeddings and head, grows with the layers alike). Each layout runs one
+global batch of one sequence per data-parallel rank (a pipeline: two microbatches per rank, 1F1B); the
+rank played is ``rank`` of the layout (a pipeline's first or last stage). Prints predicted and
+measured GiB per category and the relative error; writes ``--out`` (JSON; default
+``benchmarks/results/memory.json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+import time
+import warnings
+
+import torch
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+SHAPES = {
+    "8b": {"hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32, "num_key_value_heads": 8},
+    "70b": {"hidden_size": 8192, "intermediate_size": 28672, "num_attention_heads": 64, "num_key_value_heads": 8},
+}
+#: name: (ShardConfig fields, the rank played, sequences in the global batch)
+LAYOUTS = {
+    "tp8": ({"tensor_parallel_size": 8}, 0, 1),
+    "tp4-sp2-ulysses": (
+        {
+            "tensor_parallel_size": 4,
+            "sequence_parallel_size": 2,
+            "enable_sequence_parallelism": True,
+            "sequence_parallelism_mode": "all_to_all",
+        },
+        0,
+        1,
+    ),
+    "pp2-tp4-first": ({"tensor_parallel_size": 4, "pipeline_parallel_size": 2, "num_microbatches": 2}, 0, 2),
+    "pp2-tp4-last": ({"tensor_parallel_size": 4, "pipeline_parallel_size": 2, "num_microbatches": 2}, 4, 2),
+    "fsdp2-tp4": ({"tensor_parallel_size": 4, "data_parallel_size": 2, "data_parallel": "fsdp"}, 0, 2),
+}
+
+
+def builder(shape: str, layers: int):
+    def build():
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        import shardcore
+
+        cfg = LlamaConfig(**SHAPES[shape], num_hidden_layers=layers, vocab_size=128256, max_position_embeddings=8192)
+        cfg._attn_implementation = "sdpa"
+        with shardcore.init_empty():
+            return LlamaForCausalLM(cfg).to(torch.bfloat16)
+
+    return build
+
+
+def main(argv: list[str]) -> int:
+    import shardcore
+    from shardcore.cost.tracked import memory_check
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", nargs="+", default=["8b", "70b"], choices=list(SHAPES))
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--seqs", type=int, nargs="+", default=[4096, 8192])
+    parser.add_argument("--layouts", nargs="+", default=list(LAYOUTS), choices=list(LAYOUTS))
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "memory.json"))
+    args = parser.parse_args(argv)
+    warnings.filterwarnings("ignore")  # the simulated rank's warning that its data checks are off, once each
+    rows = []
+    for shape in args.shapes:
+        for seq in args.seqs:
+            for name in args.layouts:
+                fields, rank, batch = LAYOUTS[name]
+                start = time.perf_counter()
+                check = memory_check(builder(shape, args.layers), shardcore.ShardConfig(**fields), seq=seq,
+                                     batch=batch, rank=rank)  # fmt: skip
+                row = {"shape": shape, "layers": args.layers, "seq": seq, "layout": name, "rank": rank, **check}
+                row["seconds"] = round(time.perf_counter() - start, 1)
+                rows.append(row)
+                cells = "  ".join(
+                    f"{k} {v['predicted'] / 2**30:.2f}/{v['measured'] / 2**30:.2f} GiB ({v['error']:+.1%})"
+                    for k, v in check.items()
+                    if v["error"] is not None
+                )
+                print(f"{shape} L={args.layers} seq {seq} {name}: {cells}  [{row['seconds']} s]", flush=True)
+                out = pathlib.Path(args.out)
+                out.parent.mkdir(parents=True, exist_ok=True)
+                out.write_text(json.dumps({"unit": "bytes; error = (predicted - measured) / measured", "rows": rows},
+                                          indent=1) + "\n")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
