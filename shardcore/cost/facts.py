@@ -153,11 +153,13 @@ def hidden_size(model: nn.Module) -> int:
     return 0
 
 
-def loss_bytes_per_token(facts: dict, stage: StageFacts) -> float:
-    """Per token, what the loss holds beside the head's own output at the end of a forward (one
-    microbatch's at a time): the float32 copy of the rank's logits, and where the full logits are
-    gathered over ``facts["logits_gathered"]`` ranks (``tp > 1``, ``parallel_output=False``) the gather's
-    buffer and the logits it is laid out into, each the whole vocabulary (measured on a tracked rank,
-    :mod:`shardcore.cost.tracked`)."""
+def loss_bytes_per_token(facts: dict, stage: StageFacts, sp: int = 1) -> float:
+    """Per token of the rank's share, what the loss holds beside what the head's matmul is counted for,
+    at the end of a forward (one microbatch's at a time): the float32 copy of the rank's logits, and
+    where the full logits are gathered over ``facts["logits_gathered"]`` ranks (``tp > 1``,
+    ``parallel_output=False``) the gather's buffer and the logits it is laid out into, each the whole
+    vocabulary. Under sequence parallelism the head sees the whole sequence, ``sp`` times the rank's
+    share (measured on tracked ranks, :mod:`shardcore.cost.tracked`)."""
     ranks = facts.get("logits_gathered", 1)
-    return stage.logits * 4 + (2 * ranks * stage.logits * facts["itemsize"] if ranks > 1 else 0)
+    loss = stage.logits * 4 + (2 * ranks * stage.logits * facts["itemsize"] if ranks > 1 else 0)
+    return sp * loss + (sp - 1) * stage.logits * facts["itemsize"]

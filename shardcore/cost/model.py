@@ -273,8 +273,8 @@ def _data_parallel(profile: dict, layout: dict, stage: StageFacts) -> float:
 
 def memory_per_rank(facts: dict, layout: dict, optimizer: str = "adamw", index: int | None = None) -> dict[str, int]:
     """Bytes the largest stage's rank (or stage ``index``'s) holds: parameters, gradients, optimizer state,
-    activations, and under ZeRO-2 the gathered weights (every block's stay whole from its forward to
-    its backward)."""
+    activations, under ZeRO-2 the gathered weights (whole from a block's forward to its backward); the
+    peak: gradients or activations, not both (no gradient during a forward), but both in a pipeline."""
     dp, pp, sp, m = layout["dp"], layout["pp"], layout["sp"], layout["microbatches"]
     tokens_mb = facts["batch"] // dp // m * facts["seq"] // sp
     worst = {}
@@ -283,7 +283,7 @@ def memory_per_rank(facts: dict, layout: dict, optimizer: str = "adamw", index: 
         params = int(dense + stage.expert_bytes)
         gathered = stage.dense_bytes if layout["data_parallel"] == "zero2" and dp > 1 else 0
         in_flight = min(pp - s, m) if pp > 1 else 1
-        per_token = in_flight * stage.activation_elements * facts["itemsize"] + loss_bytes_per_token(facts, stage)
+        per_token = in_flight * stage.activation_elements * facts["itemsize"] + loss_bytes_per_token(facts, stage, sp)
         acts = int(tokens_mb * per_token)
         row = {
             "parameters": params,
@@ -292,7 +292,7 @@ def memory_per_rank(facts: dict, layout: dict, optimizer: str = "adamw", index: 
             "optimizer": OPTIMIZER_STATES[optimizer] * params,
             "activations": acts,
         }
-        row["total"] = sum(row.values())
+        row["total"] = sum(row.values()) - (min(acts, params) if pp == 1 else 0)
         if s == index:
             return row
         if not worst or row["total"] > worst["total"]:

@@ -173,7 +173,7 @@ MUTANTS = [
         "explain's activations leave out the loss's float32 logits and the gathered full logits",
         "shardcore/cost/model.py",
         "memory_per_rank",
-        [(" + loss_bytes_per_token(facts, stage)\n", "\n")],
+        [(" + loss_bytes_per_token(facts, stage, sp)\n", "\n")],
         "tests/test_core_tracked_memory.py::test_a_simulated_rank_holds_what_explain_predicts_for_it[tp2]",
         "explain's activations",
     ),
