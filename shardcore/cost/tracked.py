@@ -176,7 +176,7 @@ def predicted_memory(
     )
     facts = workload_facts(model, layout, seq=seq, batch=batch, base=base)
     row = memory_per_rank(facts, layout, optimizer, index=stage.coordinates(rank)["pp"])
-    return {key: row[key] + (row["gathered"] if key == "parameters" else 0) for key in CATEGORIES}
+    return {key: row[key] for key in CATEGORIES}  # ZeRO-2's gathered weights: in the peak, as in the tracker's
 
 
 def memory_check(
