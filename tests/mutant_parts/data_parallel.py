@@ -57,6 +57,5 @@ MUTANTS = [
         [("    if config.mixed_precision is not None:  # compute in it", "    if False:  # compute in it")],
         "tests/integration/test_llama_data_parallel.py::test_bf16_mixed_precision_fsdp_x_tp_within_bf16_of_the_unsharded_autocast_run",
         "the sharded model computed in torch.float32, not bf16",
-        fast=True,
     ),
 ]
