@@ -3,6 +3,8 @@
 >>> model = shardcore.optimize(model, shardcore.ShardConfig(tensor_parallel_size=2))  # doctest: +SKIP
 """
 
+import importlib
+
 from .checkpoint import CheckpointError, load_checkpoint, load_distributed, save_checkpoint, save_distributed
 from .composite import CompositePolicy
 from .config import AutoLayout, ShardConfig
@@ -52,6 +54,7 @@ __all__ = [
     "SubModuleReplacementDescription",
     "VocabSliceError",
     "__version__",
+    "check",
     "clip_grad_norm_",
     "full_named_tensors",
     "hookimpl",
@@ -68,3 +71,12 @@ __all__ = [
     "vocab_parallel_cross_entropy",
     "vocab_parallel_linear_cross_entropy",
 ]
+
+
+
+def __getattr__(name: str):
+    """``shardcore.check`` (:func:`shardcore.card.check`: will a layout compute the unsharded model's
+    numbers?) is loaded on first use: it brings the conformance kit, which ``import shardcore`` does not."""
+    if name == "check":
+        return importlib.import_module(".card", __name__).check
+    raise AttributeError(f"module 'shardcore' has no attribute {name!r}")

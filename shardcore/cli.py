@@ -263,6 +263,9 @@ def main(argv: list[str] | None = None) -> int:
         help="what each installed family supports (tp, sequence modes, pp, fsdp, kernels, lazy init), from its policy",
     )
     _explain_parser(sub)
+    from .card import command as check_command
+
+    check_command.add_parser(sub)
     pl = sub.add_parser("plan", help="write the sharding plan a HuggingFace model ships, as a YAML plan to edit")
     pl.add_argument("model", help="a directory with a HuggingFace config.json, or module:Class")
     pl.add_argument("--out", default=None, help="write the YAML here instead of printing it")
@@ -275,6 +278,8 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--force", action="store_true", help="measure again even if a profile is cached")
     c.add_argument("--json", action="store_true", help="print the profile as JSON")
     args = parser.parse_args(argv)
+    if args.command == "check":
+        return check_command.run(args)
     if args.command == "calibrate":
         return _calibrate(args)
     if args.command == "plan":

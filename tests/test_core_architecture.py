@@ -42,6 +42,7 @@ TIERS = [
     ["cost"],  # the machine's measured profile (shardcore calibrate), the cost model over explain's counts
     [
         "testing",
+        "card",  # shardcore check: the user's layout against the unsharded model, on the kit's comparisons
         "cli",
         "hf",
         "__main__",

@@ -1,0 +1,134 @@
+"""``shardcore check``: will my layout compute the right numbers? The user's model and layout run on
+local gloo processes beside the unsharded model, and a card says, part by part, how far apart they are.
+
+::
+
+    card = shardcore.check("path/to/config_dir", shardcore.ShardConfig(tensor_parallel_size=2))
+    print(card.format())          # or: shardcore check path/to/config_dir --tp 2
+    assert card.passed
+
+Each rank builds the unsharded model and the sharded one alike (the same seed), then runs ``steps``
+training steps on both as the user runs them: ``shardcore.pipeline_step`` on its data-parallel part
+of the batch (a plain forward and backward without a pipeline), ``torch.nn.utils.clip_grad_norm_``,
+AdamW. The card (:class:`~.rows.Card`) compares the loss of every step, every gradient after the
+first backward grouped by part (embeddings, attention, MLP, experts and router, norms, a vision
+tower or projector, the head), the clipped norm the optimizer sees, every parameter after the steps,
+and lists the collectives that ran; each row with its worst relative error against the kit's
+tolerance (:mod:`shardcore.testing.tolerance`), pass or fail, and where. A model too large for this
+machine is checked reduced (:mod:`.source`); the card says what was reduced.
+
+The layout's world runs for real (``tp x pp x sp x dp`` processes): at most :data:`MAX_WORLD` here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import attrs
+
+from ..config import ShardConfig
+from ..distributed.launcher import run_on_ranks
+from ..testing.tolerance import GRAD_FLOOR
+from .parts import PARTS, parts_of
+from .rank import rank_numbers
+from .rows import Card, Row, card_from_ranks
+from .source import ModelSource, reduce_config
+
+__all__ = ["MAX_WORLD", "PARTS", "Card", "LayoutRefused", "ModelSource", "Row", "check", "parts_of", "reduce_config"]
+
+#: the most processes the check starts on one machine
+MAX_WORLD = 8
+
+
+class LayoutRefused(ValueError):
+    """``optimize`` refused the layout (on every rank alike, before any collective): the verdict is
+    the refusal, its message naming what is wrong and the fix. A failure later, in a training step,
+    is a :class:`~shardcore.testing.RankError` with every failing rank's traceback."""
+
+
+def world_of(config: ShardConfig) -> int:
+    """The ranks ``config``'s layout takes: data x pipeline x sequence x tensor parallel sizes."""
+    dp = config.data_parallel_size or 1
+    return dp * config.pipeline_parallel_size * config.sequence_parallel_size * config.tensor_parallel_size
+
+
+def layout_name(config: ShardConfig) -> str:
+    parts = [
+        f"dp{config.data_parallel_size} ({config.data_parallel})" if (config.data_parallel_size or 1) > 1 else "",
+        f"pp{config.pipeline_parallel_size}" if config.pipeline_parallel_size > 1 else "",
+        f"sp{config.sequence_parallel_size} ({config.sequence_parallelism_mode})"
+        if config.sequence_parallel_size > 1
+        else "",
+        f"ep{config.expert_parallel_size}" if config.expert_parallel_size > 1 else "",
+        f"tp{config.tensor_parallel_size}",
+    ]
+    return " x ".join(p for p in parts if p)
+
+
+def default_batch(config: Any, shard: ShardConfig) -> dict:
+    """Token ids, a mask with one row left-padded and causal-LM labels: 2 rows per pipeline stage's
+    microbatch and data-parallel part, 16 tokens per sequence-parallel rank."""
+    from ..testing import token_batch
+
+    text = getattr(config, "text_config", None) or config
+    vocab = getattr(text, "vocab_size", None)
+    if not isinstance(vocab, int):
+        raise ValueError("check: the model's config has no vocab_size, so no token batch can be made; give batch=")
+    dp = shard.data_parallel_size or 1
+    rows = max(2, 2 * shard.pipeline_parallel_size) * dp
+    return token_batch(vocab, rows, 16 * shard.sequence_parallel_size)
+
+
+def check(
+    model: Any,
+    config: ShardConfig,
+    *,
+    batch: Mapping[str, Any] | list | Callable[[], Any] | None = None,
+    steps: int = 2,
+    max_norm: float = 1.0,
+    lr: float = 1e-3,
+    seed: int = 0,
+    reduce: bool | None = None,
+    layers: int | None = None,
+) -> Card:
+    """Run ``config``'s layout of ``model`` against the unsharded model on local gloo processes
+    and return the card (see the module). ``model``: a directory with a HuggingFace ``config.json``,
+    ``"module:Class"``, or a module-level callable building it; ``batch``: the inputs (with labels),
+    cut evenly over the data-parallel ranks, or a list of one batch per data-parallel rank (uneven
+    parts: an image on one rank only), default a token batch; ``reduce``: check a smaller model keeping what the layout depends on
+    (default: only a HuggingFace model above :data:`~.source.REDUCE_ABOVE` parameters), ``layers``
+    its layer count."""
+    world = world_of(config)
+    if world > MAX_WORLD:
+        raise ValueError(
+            f"check: the layout takes {world} ranks; this check runs at most {MAX_WORLD} processes on one "
+            "machine: check each dimension at 2 (e.g. --tp 2 --pp 2) or a smaller world"
+        )
+    if steps < 1:
+        raise ValueError(f"check: steps={steps}; at least 1 (the gradients are compared after the first)")
+    source = ModelSource(model, reduce=reduce, layers=layers, pp=config.pipeline_parallel_size)
+    hf_config, _, reduced = source.plan()
+    source = attrs.evolve(source, reduce=bool(reduced))  # decided once, here: every rank builds the same
+    if callable(batch):
+        batch = batch()
+    if isinstance(batch, list | tuple):
+        if len(batch) != (config.data_parallel_size or 1):
+            raise ValueError(
+                f"check: {len(batch)} batches given, one per data-parallel rank, but data_parallel_size is "
+                f"{config.data_parallel_size or 1}; give one batch (cut evenly) or one per data-parallel rank"
+            )
+        batch = [dict(b) for b in batch]
+    elif batch is None:
+        if hf_config is None:
+            raise ValueError("check: a model given as a callable needs batch= (its inputs, with labels)")
+        batch = default_batch(hf_config, config)
+    ranks = run_on_ranks(
+        world, rank_numbers, source, config, batch if isinstance(batch, list) else dict(batch), steps=steps,
+        max_norm=max_norm, seed=seed, lr=lr, floor=GRAD_FLOOR,
+    )  # fmt: skip
+    refusals = {r["refused"] for r in ranks if "refused" in r}
+    if refusals:
+        raise LayoutRefused(f"shardcore.optimize refused the layout: {' / '.join(sorted(refusals))}")
+    name = model if isinstance(model, str) else getattr(model, "__qualname__", type(model).__name__)
+    return card_from_ranks(ranks, model=str(name), layout=layout_name(config), reduced=reduced)
