@@ -90,6 +90,12 @@ def test_a_small_model_is_checked_whole_and_dropout_is_off(tmp_path):
         ModelSource("no_such_thing").plan()
 
 
+def test_shardcore_check_is_the_card_s_check():
+    import shardcore.card
+
+    assert shardcore.check is shardcore.card.check
+
+
 def _rank(grad_error: float, norm: tuple[float, float] = (2.0, 2.0)) -> dict:
     return {
         "losses": [(1.0, 1.0), (0.9, 0.9)],

@@ -1,0 +1,88 @@
+"""Mutants of card (``shardcore check``): each a deliberate bug one declared check must catch (tests/mutant_kit.py)."""
+
+from mutant_kit import Raised, m
+
+MUTANTS = [
+    m(
+        "card-gradients-of-one-rank-only",
+        "the card merges the gradients of the first rank only: a pipeline's later stages, another rank's slice, unseen",
+        "shardcore/card/rows.py",
+        "card_from_ranks",
+        [
+            (
+                '        for name, error in r["gradients"].items():',
+                '        for name, error in ranks[0]["gradients"].items():',
+            )
+        ],
+        "tests/test_core_card.py::test_a_wrong_number_fails_the_card_naming_its_part_parameter_and_size",
+        Raised(
+            "AssertionError",
+            "tests/test_core_card.py::test_a_wrong_number_fails_the_card_naming_its_part_parameter_and_size",
+        ),
+        fast=True,
+    ),
+    m(
+        "card-reference-on-the-whole-batch",
+        "the unsharded loss taken on the whole batch, not as data parallelism averages it (the mean of its parts' losses)",
+        "shardcore/card/rank.py",
+        "_reference_loss",
+        [
+            (
+                "    loss = sum(_loss(ref(**part)) for part in parts) / len(parts)",
+                "    loss = _loss(ref(**{k: (torch.cat([p[k] for p in parts]) if isinstance(parts[0][k], torch.Tensor) else parts[0][k]) for k in parts[0]}))",
+            )
+        ],
+        "tests/integration/test_llama_card.py::test_the_card_of_a_right_layout_passes_with_every_part_compared[ulysses2-fsdp2]",
+        "FAIL: loss, step 1",
+    ),
+    m(
+        "card-reduction-drops-layer-types",
+        "a reduced config keeps the first layers whatever their types: Gemma 3's global layer cut away",
+        "shardcore/card/source.py",
+        "_layer_count",
+        [("    while types and set(types[:n]) != set(types) and n < len(types):", "    while False:")],
+        "tests/test_core_card.py::test_a_reduced_config_keeps_what_the_layout_depends_on",
+        Raised("AssertionError", "tests/test_core_card.py::test_a_reduced_config_keeps_what_the_layout_depends_on"),
+    ),
+    m(
+        "card-vision-tower-counted-as-attention",
+        "the card's parts ignore a vision tower: its gradients land among the language model's attention and MLP",
+        "shardcore/card/parts.py",
+        "parts_of",
+        [("        if any(w.startswith(_VISION) or w.endswith(_VISION) for w in words):", "        if False:")],
+        "tests/test_core_card.py::test_vision_gpt2_and_bert_parameters_fall_in_their_parts",
+        Raised("AssertionError", "tests/test_core_card.py::test_vision_gpt2_and_bert_parameters_fall_in_their_parts"),
+    ),
+    m(
+        "check-not-exposed",
+        "shardcore.check missing from the package: the documented one call raises AttributeError",
+        "shardcore/__init__.py",
+        "__getattr__",
+        [('    if name == "check":', "    if False:")],
+        "tests/test_core_card.py::test_shardcore_check_is_the_card_s_check",
+        Raised("AttributeError", "shardcore/__init__.py::__getattr__"),
+    ),
+    m(
+        "check-refusal-unread",
+        "optimize's refusal returned by the ranks is never read: the card crashes on the missing numbers",
+        "shardcore/card/__init__.py",
+        "check",
+        [("    if refusals:", "    if False:")],
+        "tests/integration/test_llama_card.py::test_a_refused_layout_ends_with_optimize_s_message",
+        Raised(
+            "AssertionError", "tests/integration/test_llama_card.py::test_a_refused_layout_ends_with_optimize_s_message"
+        ),
+    ),
+    m(
+        "check-dp-without-its-mode",
+        "shardcore check --dp 2 without --data-parallel let through: the ranks are asked for a layout optimize refuses",
+        "shardcore/card/command.py",
+        "_config",
+        [("        if not args.data_parallel:", "        if False:")],
+        "tests/integration/test_llama_card.py::test_bad_input_is_refused_before_any_process_starts",
+        Raised(
+            "AssertionError",
+            "tests/integration/test_llama_card.py::test_bad_input_is_refused_before_any_process_starts",
+        ),
+    ),
+]
