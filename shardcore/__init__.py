@@ -73,7 +73,6 @@ __all__ = [
 ]
 
 
-
 def __getattr__(name: str):
     """``shardcore.check`` (:func:`shardcore.card.check`: will a layout compute the unsharded model's
     numbers?) is loaded on first use: it brings the conformance kit, which ``import shardcore`` does not."""
