@@ -19,6 +19,7 @@ BEFORE_FORWARD = (
     "share_copies",  # column layers reading one tensor share one copy (plans)
     "checkpointing",  # the model's gradient checkpointing recomputes with the forward's random streams
     "meta_guard",  # weights still on the meta device: refused with the fix
+    "idle_runs",  # inputs this rank's batch lacks whose modules the other data-parallel ranks run: noted
 )
 #: The core's hooks after the model's forward, in the order they run; ``always`` ones run after a forward that
 #: raised too.

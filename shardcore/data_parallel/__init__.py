@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from ..config import SHARDED_MODES
+from .idle import install_idle_runs
 
 __all__ = [
     "apply_data_parallel",
@@ -252,6 +253,9 @@ def apply_data_parallel(model: nn.Module, policy, config, layout, pipeline=None)
     else:
         from torch.distributed._composable.replicate import replicate
 
-        replicate(model, process_group=mesh.get_group(), ignored_modules=experts or None)
+        static = policy.data_parallel().static_graph  # the same parameters every step, some never: declared
+        replicate(model, process_group=mesh.get_group(), ignored_modules=experts or None, static_graph=static)
+    if pipeline is None:  # a rank whose batch lacks an input some modules need still runs them (.idle)
+        install_idle_runs(model, policy.data_parallel().idle_runs)
     log.info("shardcore: %s over %d data-parallel ranks", mode, layout.dp)
     return mode

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from .kinds import SPECS
 from .model import CheckpointSpec, ChecksSpec, KernelSpec
-from .parallel import DataParallelSpec, ExpertSpec, TensorParallelSpec
+from .parallel import DataParallelSpec, ExpertSpec, IdleRun, TensorParallelSpec
 from .pipeline import PipelineSpec
 from .sequence import SequenceSpec
 from .under import under
@@ -38,6 +38,7 @@ __all__ = [
     "ChecksSpec",
     "DataParallelSpec",
     "ExpertSpec",
+    "IdleRun",
     "KernelSpec",
     "PipelineSpec",
     "SequenceSpec",

@@ -79,12 +79,40 @@ class ExpertSpec:
         )
 
 
+@attrs.frozen
+class IdleRun:
+    """How modules that run only on some input run without it (:class:`DataParallelSpec` ``idle_runs``):
+    ``run(model)`` runs them on a stand-in input and returns a tensor of their result, just before
+    the forward of the module at path ``at`` (from the policy's model), whose output then carries zero
+    times that tensor."""
+
+    at: str
+    run: Callable
+
+
 @attrs.frozen(kw_only=True)
 class DataParallelSpec:
-    """What data parallelism needs: ``shard_dims``, ``{parameter name: dim}`` of parameters FSDP splits
-    along a dimension other than 0 (a plan's ``dp`` entries say it). Composite: the parts' under their paths."""
+    """What data parallelism needs.
+
+    * ``shard_dims``: ``{parameter name: dim}`` of parameters FSDP splits along a dimension other
+      than 0 (a plan's ``dp`` entries say it);
+    * ``idle_runs``: ``{input name: IdleRun(at, run)}`` for modules that run only when that input is
+      given (a vision tower: ``pixel_values``). A data-parallel rank whose batch lacks the input (a
+      text-only part beside parts with images) still runs them: ``run(model)`` on a stand-in input,
+      just before module ``at`` (the first the model's forward calls after where they would have
+      run), and zero times the result added to ``at``'s output. Its gradient there is zero, as the
+      unsharded model's is, and every rank issues the same FSDP / DDP collectives in the same order.
+
+    * ``static_graph``: every step uses the same parameters, some never (a vision tower's
+      pooled-output norm Llava does not read): DDP is told (``static_graph=True``), so it reduces the
+      used ones and does not wait for the others, where it would otherwise fail the second step.
+
+    Composite: the parts' ``shard_dims`` under their paths, the composite's own ``idle_runs`` (they
+    name the model's inputs and its modules) and ``static_graph``."""
 
     shard_dims: Mapping[str, int] = attrs.field(factory=dict, converter=dict)
+    idle_runs: Mapping[str, IdleRun] = attrs.field(factory=dict, converter=dict)
+    static_graph: bool = False
 
     @classmethod
     def merge(cls, own: DataParallelSpec | None, parts: Mapping[str, DataParallelSpec]) -> DataParallelSpec:
@@ -92,4 +120,4 @@ class DataParallelSpec:
         dims = dict(own.shard_dims)
         for path, p in parts.items():
             dims.update({under(path, n): d for n, d in p.shard_dims.items()})
-        return cls(shard_dims=dims)
+        return cls(shard_dims=dims, idle_runs=own.idle_runs, static_graph=own.static_graph)

@@ -5,6 +5,7 @@ and ends a refused layout with optimize's own message, before any process is a r
 from __future__ import annotations
 
 import json
+import pathlib
 
 import pytest
 from llama_cases import build, lm_batch
@@ -83,3 +84,12 @@ def test_bad_input_is_refused_before_any_process_starts(tmp_path, capsys):
         shardcore.check(tiny_llama, ShardConfig(tensor_parallel_size=2))
     assert main(["check", _config_dir(tmp_path), "--dp", "2"]) == 2
     assert "--dp 2 needs --data-parallel" in capsys.readouterr().err
+
+
+def test_the_example_checks_a_config_directory_at_two_layouts():
+    from shardcore.testing import example_main
+
+    cards = example_main(pathlib.Path(__file__).resolve().parents[2] / "examples" / "check_layout.py")([])
+    assert [c.layout for c in cards] == ["tp2", "pp2 x tp2"] and all(c.passed for c in cards), [
+        c.format() for c in cards
+    ]

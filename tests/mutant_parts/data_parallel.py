@@ -58,4 +58,36 @@ MUTANTS = [
         "tests/integration/test_llama_data_parallel.py::test_bf16_mixed_precision_fsdp_x_tp_within_bf16_of_the_unsharded_autocast_run",
         "the sharded model computed in torch.float32, not bf16",
     ),
+    m(
+        "idle-run-skipped",
+        "a data-parallel rank whose batch has no image skips the vision tower: FSDP's collectives mismatch across ranks",
+        "shardcore/data_parallel/idle.py",
+        "install_idle_runs.run.before",
+        [("            if name in lacking:", "            if False:")],
+        "plugins/shard-llava/tests/test_llava_card.py::test_the_card_passes_with_an_image_on_one_data_parallel_rank_only[fsdp]",
+        "rank_numbers failed on",
+    ),
+    m(
+        "idle-run-result-carried-whole",
+        "the idle run's result added to the hidden states as it is, not times zero: a text-only part computes on a blank image",
+        "shardcore/data_parallel/idle.py",
+        "install_idle_runs.carry",
+        [
+            (
+                "        zero = sum(t.float().sum() for t in pending) * 0.0",
+                "        zero = sum(t.float().sum() for t in pending) * 1.0",
+            )
+        ],
+        "plugins/shard-llava/tests/test_llava_card.py::test_the_card_passes_with_an_image_on_one_data_parallel_rank_only[ddp]",
+        "FAIL: loss, step 1",
+    ),
+    m(
+        "ddp-static-graph-not-told",
+        "DDP not told that every step uses the same parameters: it waits for Llava's post_layernorm, never used, and fails",
+        "shardcore/data_parallel/__init__.py",
+        "apply_data_parallel",
+        [("        static = policy.data_parallel().static_graph", "        static = False")],
+        "plugins/shard-llava/tests/test_llava_card.py::test_the_card_passes_with_images_on_every_rank_under_ddp",
+        "Expected to have finished reduction in the prior iteration",
+    ),
 ]

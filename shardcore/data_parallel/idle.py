@@ -1,0 +1,90 @@
+"""Modules that run only when an input is given, under data parallelism: every rank runs them.
+
+A Llava's vision tower runs only for a batch with images. Give one data-parallel rank a text-only
+part and the others images, and that rank skips the tower: under FSDP it never gathers nor reduces
+the tower's units while the others do (a collective mismatch: a crash on gloo, a hang on NCCL);
+under DDP its reducer waits for gradients that never come. The policy declares such modules
+(:class:`~shardcore.spec.DataParallelSpec` ``idle_runs``: the input, a stand-in run of them, and
+``at``, the module the model's forward calls next); :func:`install_idle_runs` notes, before each
+training forward, which declared inputs the call lacks, runs the stand-in just before ``at``'s
+forward (where the real input's modules would have run, so every rank issues the same collectives
+in the same order) and adds zero times its result to ``at``'s output. The rank's gradient there is
+then exactly zero: the unsharded model's for the part without images. Its backward also comes in the
+real run's order: the stand-in's nodes are older than ``at``'s, as the real tower's are.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..attach import attached
+
+__all__ = ["install_idle_runs"]
+
+
+def _missing(model: nn.Module, names: list[str], args: tuple, kwargs: dict) -> list[str]:
+    """The declared inputs this call does not give (absent or ``None``), positional ones included."""
+    try:
+        given = inspect.signature(type(model).forward).bind_partial(model, *args, **kwargs).arguments
+    except TypeError:  # a call the forward refuses: its own error comes next
+        given = {}
+    return [n for n in names if given.get(n) is None and kwargs.get(n) is None]
+
+
+def _with_zero(output: Any, zero: torch.Tensor) -> Any:
+    """``output`` with ``zero`` added to its first floating-point tensor (a tensor, a ModelOutput's
+    first field, a tuple's first element): what the rest of the forward reads on."""
+    if isinstance(output, torch.Tensor) and output.is_floating_point():
+        return output + zero.to(output.dtype)
+    if isinstance(output, Mapping):
+        for key, value in output.items():
+            if isinstance(value, torch.Tensor) and value.is_floating_point():
+                output[key] = value + zero.to(value.dtype)
+                return output
+    if isinstance(output, tuple) and output and isinstance(output[0], torch.Tensor):
+        return (_with_zero(output[0], zero), *output[1:])
+    raise TypeError(
+        f"{type(output).__name__}: the module the idle run goes before returns no floating-point tensor "
+        "to carry zero times its result; declare IdleRun(at=...) at a module returning hidden states"
+    )
+
+
+def install_idle_runs(model: nn.Module, runs: Mapping[str, Any]) -> None:
+    """Hook ``model`` so that a training forward lacking an input of ``runs`` (``{name: IdleRun}``)
+    runs that input's modules on their stand-in before the forward of ``at`` (see the module)."""
+    if not runs:
+        return
+    lacking: list[str] = []
+    pending: list[torch.Tensor] = []
+
+    def note(module: nn.Module, args: tuple, kwargs: dict) -> None:
+        lacking[:] = _missing(module, list(runs), args, kwargs) if torch.is_grad_enabled() and module.training else []
+        pending.clear()
+
+    def run(name: str):
+        def before(module: nn.Module, args: tuple) -> None:
+            if name in lacking:
+                lacking.remove(name)
+                pending.append(runs[name].run(model))
+
+        return before
+
+    def carry(module: nn.Module, args: tuple, output: Any) -> Any:
+        if not pending:
+            return output
+        zero = sum(t.float().sum() for t in pending) * 0.0
+        pending.clear()
+        return _with_zero(output, zero)
+
+    attached(model).before_forward(
+        model, "idle_runs", note, with_kwargs=True, what=f"a batch without {sorted(runs)}: their modules run idle"
+    )
+    for name, idle in runs.items():
+        at = model.get_submodule(idle.at)
+        at.register_forward_pre_hook(run(name))
+        at.register_forward_hook(carry)
