@@ -11,7 +11,6 @@ MUTANTS = [
         [('        row["fits"] = row["memory_bytes"]["total"] <= cap', '        row["fits"] = True')],
         "tests/integration/test_llama_auto.py::test_the_chosen_layout_never_exceeds_the_memory_cap",
         "the cap did not rule out",
-        fast=True,
     ),
     m(
         "auto-pipeline-bubble-dropped",
@@ -62,6 +61,7 @@ MUTANTS = [
         [("    sizes = [b / shard for b in stage.dense_sizes] + list(stage.expert_sizes)\n", "    sizes = []\n")],
         "tests/test_core_cost.py::test_the_optimizer_step_is_timed_tensor_by_tensor",
         "not tensor by tensor",
+        fast=True,
     ),
     m(
         "auto-choice-not-broadcast",

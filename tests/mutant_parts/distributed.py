@@ -82,7 +82,6 @@ MUTANTS = [
         ],
         "tests/integration/test_llama_sync_audit.py::test_a_steady_training_step_makes_no_host_sync[default]",
         "'wait(timeout)', 'shardcore/distributed/collectives.py', '_wait_on_stream'",
-        fast=True,
     ),
     m(
         "gloo-gather-slices-misordered",
@@ -129,6 +128,7 @@ MUTANTS = [
         [("        for d in reversed(DIMS):", "        for d in DIMS:")],
         "tests/test_core_config.py::test_layout_in_one_process",
         "rank 1 of dp2 x pp2 x tp2 sits at",
+        fast=True,
     ),
     m(
         "audit-deaf-to-host-syncs",

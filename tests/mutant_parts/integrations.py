@@ -25,7 +25,6 @@ MUTANTS = [
         ],
         "tests/integration/test_llama_peft.py::test_lora_matches_unsharded_peft_model[lora-then-optimize-2]",
         "lora_A.default.weight",
-        fast=True,
     ),
     m(
         "trainer-batches-over-world",
@@ -72,6 +71,7 @@ MUTANTS = [
         [('            atomic.check_recorded(directory, "shardcore.hf.Trainer checkpoint")', "            pass")],
         "tests/test_core_checkpoint_safety.py::test_resume_passes_over_an_interrupted_checkpoint_and_refuses_one_named",
         "not the newest complete checkpoint-2",
+        fast=True,
     ),
     m(
         "sdpa-gqa-keys-for-values",

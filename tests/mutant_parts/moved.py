@@ -20,6 +20,7 @@ MUTANTS = [
         [("        warnings.warn(", "        (lambda *a, **k: None)(")],
         "tests/test_core_moved_imports.py::test_the_core_steps_old_name_warns_and_is_the_new_function",
         "DID NOT WARN",
+        fast=True,
     ),
     m(
         "old-hook-bases-unwarned",

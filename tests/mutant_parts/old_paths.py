@@ -11,6 +11,5 @@ MUTANTS = [
         [("        _warn(", "        (lambda *a, **k: None)(")],
         "tests/test_core_moved_imports.py::test_the_old_package_warns_naming_the_new_import_and_every_old_module_is_the_new_code",
         "importing shardcore.layers gave the DeprecationWarnings []",
-        fast=True,
     ),
 ]

@@ -38,7 +38,6 @@ MUTANTS = [
         [("    for name, group in info.tied:  #", "    for name, group in info.tied[:0]:  #")],
         "plugins/shard-llama/tests/test_llama_pipeline.py::test_pipeline_trains_like_unsharded[gpipe]",
         "gradient of lm_head.weight (held, gathered over tp): relative error",
-        fast=True,
     ),
     m(
         "pipeline-activations-on-the-default-device",
@@ -62,6 +61,7 @@ MUTANTS = [
         [("(1 if s < extra else 0)", "(1 if s >= num_stages - extra else 0)")],
         "tests/test_core_pipeline.py::test_even_split_gives_the_first_stages_one_more",
         "5 blocks over 2 stages split as [2, 3]",
+        fast=True,
     ),
     m(
         "hole-zero-end-passes-input",

@@ -11,7 +11,6 @@ MUTANTS = [
         [("        if spec is not None and sum(a == axis for a in spec) > 1:", "        if False:")],
         "tests/test_core_plan.py::test_plan_syntax[plan0-splits more than one dimension]",
         "was read without an error (expected: splits more than one dimension)",
-        fast=True,
     ),
     m(
         "plan-returns-the-vocab-slice",
@@ -53,6 +52,7 @@ MUTANTS = [
         [("    if found is None:\n        raise PlanError(", "    if False:\n        raise PlanError(")],
         "tests/test_core_verify.py::test_derive_names_what_it_could_not_read",
         "cannot unpack non-iterable NoneType object",
+        fast=True,
     ),
     m(
         "zero-config-unknown-style-accepted",

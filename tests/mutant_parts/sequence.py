@@ -25,7 +25,6 @@ MUTANTS = [
         ],
         "plugins/shard-llama/tests/test_llama_sequence.py::test_split_gather_matches_unsharded[causal-tp2]",
         "gradient of model.layers.0.input_layernorm.weight (gathered): relative error",
-        fast=True,
     ),
     m(
         "ulysses-backward-swapped",
@@ -175,6 +174,7 @@ MUTANTS = [
         ],
         "tests/test_core_spec.py::test_a_sequence_spec_is_read_with_its_defaults",
         "not the declared [['blocks.0']]",
+        fast=True,
     ),
     m(
         "ring-bidirectional-split-zigzag",

@@ -25,7 +25,6 @@ MUTANTS = [
         [("    bound = Tolerance(rtol=rtol, atol=OUTPUT.atol).bound(scale)\n", "    bound = 1e-2\n")],
         "tests/test_core_kit_selftest.py::test_kit_fails_on_outputs_a_tenth_of_a_percent_off",
         "DID NOT RAISE",
-        fast=True,
     ),
     m(
         "kit-step-tolerance-loosened",
@@ -227,5 +226,6 @@ MUTANTS = [
         ],
         "tests/test_core_attach.py::test_the_kit_finds_a_shardcore_hook_outside_the_registry",
         "DID NOT RAISE",
+        fast=True,
     ),
 ]

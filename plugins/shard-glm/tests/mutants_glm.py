@@ -20,5 +20,6 @@ MUTANTS = [
         [("    register(MODELS)", "    register({})")],
         "tests/test_core_plugins.py::test_each_bundled_plugin_covers_its_models[glm]",
         "shard-glm's hook left",
+        fast=True,
     ),
 ]

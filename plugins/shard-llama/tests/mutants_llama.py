@@ -16,7 +16,6 @@ MUTANTS = [
         ],
         "plugins/shard-llama/tests/test_llama_tp.py::test_causal_lm[2]",
         "hold no parallel module: the policy left them whole",
-        fast=True,
     ),
     m(
         "smallest-gradient-sign-flip",
