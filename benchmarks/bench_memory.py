@@ -45,6 +45,8 @@ LAYOUTS = {
     "pp2-tp4-first": ({"tensor_parallel_size": 4, "pipeline_parallel_size": 2, "num_microbatches": 2}, 0, 2),
     "pp2-tp4-last": ({"tensor_parallel_size": 4, "pipeline_parallel_size": 2, "num_microbatches": 2}, 4, 2),
     "fsdp2-tp4": ({"tensor_parallel_size": 4, "data_parallel_size": 2, "data_parallel": "fsdp"}, 0, 2),
+    # over an 80 GiB device (with --layers 12 at 70b: 10.4 B parameters whole on one rank)
+    "tp1": ({"tensor_parallel_size": 1}, 0, 1),
 }
 
 
@@ -71,6 +73,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--seqs", type=int, nargs="+", default=[4096, 8192])
     parser.add_argument("--layouts", nargs="+", default=list(LAYOUTS), choices=list(LAYOUTS))
+    parser.add_argument("--cap", type=float, default=80.0, help="GiB a device holds: each peak said to fit or not")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "memory.json"))
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore")  # the simulated rank's warning that its data checks are off, once each
@@ -81,15 +84,17 @@ def main(argv: list[str]) -> int:
                 fields, rank, batch = LAYOUTS[name]
                 start = time.perf_counter()
                 check = memory_check(builder(shape, args.layers), shardcore.ShardConfig(**fields), seq=seq,
-                                     batch=batch, rank=rank)  # fmt: skip
+                                     batch=batch, rank=rank, cap_gb=args.cap)  # fmt: skip
                 row = {"shape": shape, "layers": args.layers, "seq": seq, "layout": name, "rank": rank, **check}
                 row["seconds"] = round(time.perf_counter() - start, 1)
                 rows.append(row)
                 cells = "  ".join(
                     f"{k} {v['predicted'] / 2**30:.2f}/{v['measured'] / 2**30:.2f} GiB ({v['error']:+.1%})"
                     for k, v in check.items()
-                    if v["error"] is not None
+                    if k != "fits" and v["error"] is not None
                 )
+                fits = check["fits"]
+                cells += f"  under {args.cap:g} GiB: explain {fits['predicted']}, tracked {fits['measured']}"
                 print(f"{shape} L={args.layers} seq {seq} {name}: {cells}  [{row['seconds']} s]", flush=True)
                 out = pathlib.Path(args.out)
                 out.parent.mkdir(parents=True, exist_ok=True)

@@ -62,9 +62,12 @@ def test_a_simulated_rank_holds_what_explain_predicts_for_it(checks, case):
         assert abs(found["parameters"]["measured"] - LLAMA_BYTES / share) <= 0.01 * LLAMA_BYTES, found["parameters"]
     assert found["optimizer"]["measured"] == 2 * found["parameters"]["measured"], "AdamW: 2 moments, the weights' dtype"
     assert found["activations"]["measured"] > 0 and found["activations"]["predicted"] > 0, found["activations"]
-    if IDS[case] == "tp2":  # the head's gathered logits and the loss's float32 copy are counted (cost.facts)
-        act = found["activations"]
-        assert abs(act["error"]) <= 0.2, f"explain's activations {act['predicted']} B, {act['measured']} B tracked"
+    # explain's activations and peak within 10% of the tracked (cost.facts: the head's gathered logits and the
+    # loss's float32 copy, a pipeline's last stage's full-vocabulary loss, the norms' float32 inputs, FSDP's
+    # gathered root unit and two blocks)
+    for key in ("activations", "total"):
+        row = found[key]
+        assert abs(row["error"]) <= 0.1, f"explain's {key} {row['predicted']} B, {row['measured']} B tracked"
     floor = found["parameters"]["measured"] + found["optimizer"]["measured"]
     assert found["total"]["measured"] > floor, f"the tracked peak {found['total']['measured']} B below {floor} B"
 

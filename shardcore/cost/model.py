@@ -39,7 +39,7 @@ import math
 from typing import Any
 
 from ..config import SHARDED_MODES
-from .facts import StageFacts, loss_bytes_per_token
+from .facts import StageFacts, gathered_bytes, loss_bytes_per_token
 
 DDP_BUCKET_BYTES = 25 * 2**20
 OPTIMIZER_STATES = {"adamw": 2, "sgd": 1, "none": 0}
@@ -273,7 +273,7 @@ def _data_parallel(profile: dict, layout: dict, stage: StageFacts) -> float:
 
 def memory_per_rank(facts: dict, layout: dict, optimizer: str = "adamw", index: int | None = None) -> dict[str, int]:
     """Bytes the largest stage's rank (or stage ``index``'s) holds: parameters, gradients, optimizer state,
-    activations, under ZeRO-2 the gathered weights (whole from a block's forward to its backward); the
+    activations, the weights data parallelism holds gathered (:func:`~.facts.gathered_bytes`); the
     peak: gradients or activations, not both (no gradient during a forward), but both in a pipeline."""
     dp, pp, sp, m = layout["dp"], layout["pp"], layout["sp"], layout["microbatches"]
     tokens_mb = facts["batch"] // dp // m * facts["seq"] // sp
@@ -281,17 +281,13 @@ def memory_per_rank(facts: dict, layout: dict, optimizer: str = "adamw", index: 
     for s, stage in enumerate(facts["stages"]):
         dense = stage.dense_bytes / dp_shard(layout)
         params = int(dense + stage.expert_bytes)
-        gathered = stage.dense_bytes if layout["data_parallel"] == "zero2" and dp > 1 else 0
+        gathered = gathered_bytes(stage, layout["data_parallel"], dp)
         in_flight = min(pp - s, m) if pp > 1 else 1
-        per_token = in_flight * stage.activation_elements * facts["itemsize"] + loss_bytes_per_token(facts, stage, sp)
+        loss = loss_bytes_per_token(facts, stage, sp, pipelined=pp > 1)  # the head's stage only: logits 0 elsewhere
+        per_token = in_flight * (stage.activation_elements * facts["itemsize"] + 4 * stage.norm_elements) + loss
         acts = int(tokens_mb * per_token)
-        row = {
-            "parameters": params,
-            "gathered": int(gathered),
-            "gradients": params,
-            "optimizer": OPTIMIZER_STATES[optimizer] * params,
-            "activations": acts,
-        }
+        row = {"parameters": params, "gathered": int(gathered), "gradients": params}
+        row |= {"optimizer": OPTIMIZER_STATES[optimizer] * params, "activations": acts}
         row["total"] = sum(row.values()) - (min(acts, params) if pp == 1 else 0)
         if s == index:
             return row

@@ -187,12 +187,14 @@ def memory_check(
     batch: int,
     rank: int = 0,
     optimizer: str = "adamw",
+    cap_gb: float | None = None,
 ) -> dict[str, dict]:
     """Per category (:data:`CATEGORIES`): ``{"predicted", "measured", "error"}`` for one rank, the
-    error relative to the measured bytes (positive: predicted above)."""
+    error relative to the measured bytes (positive: predicted above). With ``cap_gb`` (what a device
+    holds, GiB), ``"fits"``: ``{"cap", "predicted", "measured"}``, whether each peak is under the cap."""
     predicted = predicted_memory(build(), config, seq=seq, batch=batch, rank=rank, optimizer=optimizer)
     measured = tracked_memory(build, config, seq=seq, batch=batch, rank=rank, optimizer=optimizer)
-    return {
+    out = {
         key: {
             "predicted": predicted[key],
             "measured": measured[key],
@@ -200,3 +202,7 @@ def memory_check(
         }
         for key in CATEGORIES
     }
+    if cap_gb is not None:
+        cap = int(cap_gb * 2**30)
+        out["fits"] = {"cap": cap, "predicted": predicted["total"] <= cap, "measured": measured["total"] <= cap}
+    return out

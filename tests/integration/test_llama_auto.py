@@ -310,3 +310,23 @@ def test_the_cost_facts_split_a_llama_s_bytes_and_matmul_weights_by_stage_as_cou
     assert stages == [w[0] for w in want], f"explain --pp 2 says the stages hold {stages} bytes, not {want}"
     heads, dim, causal = attention_width(model, shardcore.resolve_policy(model, None), 2)
     assert (heads, dim, causal) == (2, model.config.hidden_size // 4, True), f"attention facts {(heads, dim, causal)}"
+
+
+def test_fsdp_holds_its_root_unit_and_two_blocks_gathered_at_the_peak():
+    """What explain counts as gathered beside the shards, against the parameters counted by name: under
+    FSDP and HSDP the root unit (embedding, final norm, head) and two blocks whole; ZeRO-2 every
+    weight; DDP and one data-parallel rank nothing."""
+    from shardcore.cost.facts import gathered_bytes, stage_facts
+
+    model = meta_llama(heads=4, kv=2, layers=4)
+    named = dict(model.named_parameters())
+
+    def held(*prefixes):
+        return sum(p.numel() * p.element_size() for n, p in named.items() if n.startswith(prefixes))
+
+    (stage,) = stage_facts(model, [f"model.layers.{i}" for i in range(4)], pp=1, ep=1)
+    ends, block = held("model.embed_tokens.", "model.norm.", "lm_head."), held("model.layers.0.")
+    assert stage.end_bytes == ends and stage.dense_bytes == held("")
+    assert gathered_bytes(stage, "fsdp", 2) == gathered_bytes(stage, "hsdp", 4) == ends + 2 * block
+    assert gathered_bytes(stage, "zero2", 2) == held("")
+    assert gathered_bytes(stage, "ddp", 2) == gathered_bytes(stage, "fsdp", 1) == 0

@@ -1,6 +1,6 @@
 """Mutants of cost: each a deliberate bug one declared check must catch (tests/mutant_kit.py)."""
 
-from mutant_kit import m
+from mutant_kit import Raised, m
 
 MUTANTS = [
     m(
@@ -173,8 +173,48 @@ MUTANTS = [
         "explain's activations leave out the loss's float32 logits and the gathered full logits",
         "shardcore/cost/model.py",
         "memory_per_rank",
-        [(" + loss_bytes_per_token(facts, stage, sp)\n", "\n")],
+        [
+            (
+                'stage.activation_elements * facts["itemsize"] + 4 * stage.norm_elements) + loss\n',
+                'stage.activation_elements * facts["itemsize"] + 4 * stage.norm_elements)\n',
+            )
+        ],
         "tests/test_core_tracked_memory.py::test_a_simulated_rank_holds_what_explain_predicts_for_it[tp2]",
+        "explain's activations",
+    ),
+    m(
+        "pipeline-last-stage-loss-counted-on-slices",
+        "explain counts a pipeline's last stage's loss as the vocab-parallel one on the rank's slice, not the model's own on the full logits",
+        "shardcore/cost/facts.py",
+        "loss_bytes_per_token",
+        [("    if pipelined:", "    if False:")],
+        "tests/test_core_tracked_memory.py::test_a_simulated_rank_holds_what_explain_predicts_for_it[pp2-tp2-last-stage]",
+        "explain's activations",
+    ),
+    m(
+        "fsdp-gathered-weights-left-out",
+        "explain leaves out the weights FSDP holds gathered at the peak (its root unit, two blocks)",
+        "shardcore/cost/facts.py",
+        "gathered_bytes",
+        [
+            (
+                "    return stage.end_bytes + 2 * (stage.dense_bytes - stage.end_bytes) / max(stage.blocks, 1)",
+                "    return 0",
+            )
+        ],
+        "tests/integration/test_llama_auto.py::test_fsdp_holds_its_root_unit_and_two_blocks_gathered_at_the_peak",
+        Raised(
+            "AssertionError",
+            "tests/integration/test_llama_auto.py::test_fsdp_holds_its_root_unit_and_two_blocks_gathered_at_the_peak",
+        ),
+    ),
+    m(
+        "norm-inputs-left-out",
+        "explain leaves out the float32 inputs the norms keep for the backward",
+        "shardcore/cost/facts.py",
+        "_add_param",
+        [('        acc["norm"] += p.numel()', '        acc["norm"] += 0')],
+        "tests/test_core_tracked_memory.py::test_a_simulated_rank_holds_what_explain_predicts_for_it[fsdp2-tp2]",
         "explain's activations",
     ),
 ]
