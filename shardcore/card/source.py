@@ -13,9 +13,7 @@ computes in float32 whatever the config's dtype.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import attrs
@@ -43,36 +41,13 @@ class ModelSource:
     pp: int = 1
 
     def config(self):
-        """The HuggingFace config the model is built from, and its class (``None, None`` for a callable)."""
+        """The HuggingFace config the model is built from and its class (``None, None`` for a callable;
+        ``None, target`` for a ``module:function``)."""
         if callable(self.spec):
             return None, None
-        path = Path(str(self.spec))
-        if path.is_dir():
-            import transformers
+        from ..explain.source import model_source
 
-            from ..inference import read_config
-
-            config, arch = read_config(path, who="check")
-            cls = getattr(transformers, arch, None)
-            if cls is None:
-                raise ValueError(
-                    f"check: config.json names {arch!r}, which transformers {transformers.__version__} lacks"
-                )
-            return config, cls
-        module_name, sep, attr = str(self.spec).partition(":")
-        if not sep or not attr:
-            raise ValueError(
-                f"check: {str(self.spec)!r} is neither a directory with a config.json nor 'module:Class' "
-                "(e.g. transformers:LlamaForCausalLM)"
-            )
-        try:
-            target = getattr(importlib.import_module(module_name), attr)
-        except (ImportError, AttributeError) as err:
-            raise ValueError(f"check: cannot import {self.spec!r}: {err}") from err
-        config_class = getattr(target, "config_class", None)
-        if config_class is None:
-            return None, target
-        return config_class(), target
+        return model_source(self.spec, "check")
 
     def plan(self) -> tuple[Any, Callable[[], nn.Module], dict[str, tuple[Any, Any]]]:
         """``(config, build, reduced)``: what is built, how, and each field reduced ``{field: (was, now)}``."""

@@ -11,7 +11,6 @@ same error ``optimize`` raises, with the tensor-parallel sizes the model accepts
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 from typing import Any
 
@@ -50,42 +49,18 @@ class ExplainError(ValueError):
 
 
 def load_for_explain(spec: str | Path, dtype: torch.dtype | None = None) -> nn.Module:
-    """Build the model ``spec`` names on the meta device: a directory with a HuggingFace
-    ``config.json`` (class from its ``architectures``), or ``module:Class`` / ``module:function``
-    (a HuggingFace class is built from its default config, anything else called without arguments)."""
+    """Build the model ``spec`` names on the meta device (:func:`~.source.model_source`: a directory
+    with a HuggingFace ``config.json``, or ``module:Class`` / ``module:function``); a directory's
+    config gives the dtype unless ``dtype`` does."""
+    from ..inference import config_dtype
     from ..meta import init_empty
+    from .source import from_directory, model_source
 
-    path = Path(spec)
-    if path.is_dir() or (path.suffix == ".json" and path.is_file()):
-        directory = path if path.is_dir() else path.parent
-        import transformers
-
-        from ..inference import config_dtype, read_config
-
-        config, arch = read_config(directory, who="explain")
-        cls = getattr(transformers, arch, None)
-        if cls is None:
-            raise ValueError(
-                f"explain: config.json names the architecture {arch!r}, which transformers "
-                f"{transformers.__version__} does not have"
-            )
+    config, target = model_source(spec, "explain")
+    if from_directory(spec):
         dtype = dtype or config_dtype(config)
-        with init_empty():
-            model = cls._from_config(config)
-    else:
-        module_name, sep, attr = str(spec).partition(":")
-        if not sep or not attr:
-            raise ValueError(
-                f"explain: {str(spec)!r} is neither a directory with a config.json nor 'module:Class' "
-                "(e.g. transformers:LlamaForCausalLM)"
-            )
-        try:
-            target = getattr(importlib.import_module(module_name), attr)
-        except (ImportError, AttributeError) as err:
-            raise ValueError(f"explain: cannot import {spec!r}: {err}") from err
-        config_class = getattr(target, "config_class", None)
-        with init_empty():
-            model = target._from_config(config_class()) if config_class is not None else target()
+    with init_empty():
+        model = target._from_config(config) if config is not None else target()
     if dtype is not None:
         from ..checkpoint.materialize import replace_tensors
 

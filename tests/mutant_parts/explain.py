@@ -62,10 +62,24 @@ MUTANTS = [
     m(
         "explain-import-error-escapes",
         "explain given a module that cannot be imported ends in a traceback instead of naming the spec",
-        "shardcore/explain/__init__.py",
-        "load_for_explain",
-        [("        except (ImportError, AttributeError) as err:", "        except AttributeError as err:")],
+        "shardcore/explain/source.py",
+        "model_source",
+        [("    except (ImportError, AttributeError) as err:", "    except AttributeError as err:")],
         "plugins/shard-llama/tests/test_llama_kernels.py::test_explain_table_and_bad_spec",
         "No module named 'no_such_module'",
+    ),
+    m(
+        "explain-builds-a-class-without-its-config",
+        "explain calls a HuggingFace class without the config its directory or its default gives",
+        "shardcore/explain/__init__.py",
+        "load_for_explain",
+        [
+            (
+                "        model = target._from_config(config) if config is not None else target()",
+                "        model = target()",
+            )
+        ],
+        "plugins/shard-llama/tests/test_llama_kernels.py::test_explain_table_and_bad_spec",
+        "missing 1 required positional argument",
     ),
 ]
