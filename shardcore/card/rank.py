@@ -20,6 +20,7 @@ from ..pipeline import pipeline_step
 from ..sharded_state import full_named_tensors
 from ..testing import count_c10d_calls, dp_part
 from ..testing.compare import snapshot
+from ..testing.steps import update_size
 from ..testing.varied import without_constant_parameters
 from .parts import parts_of
 from .source import ModelSource
@@ -80,7 +81,7 @@ def _parameter_errors(model: nn.Module, ref: nn.Module, before: Mapping[str, tor
     """``({name: max |p - p_ref|}, the update's size)``: every parameter this rank holds, gathered,
     against the unsharded model's after the steps; the size is the reference's largest move."""
     ref_params = dict(ref.named_parameters(remove_duplicate=False))
-    update = max(((p.detach() - before[n]).abs().max().item() for n, p in ref_params.items() if p.numel()), default=0)
+    update = update_size(ref_params, before)
     out = {}
     for name, tensor in full_named_tensors(model):
         want = ref_params.get(name)
