@@ -1,6 +1,8 @@
 """Tiny configs of the families people train in 2026 that no plugin covers (zero-config: the plan each
 config ships), built with random weights: Qwen3, Gemma 3 (sliding and full layers), OLMo-2, Phi-3,
-GPT-OSS, DeepSeek-V3 (MoE, grouped top-k, MLA attention) and LongCat-Flash (zero-computation experts)."""
+GPT-OSS, DeepSeek-V3 (MoE, grouped top-k, MLA attention), LongCat-Flash (zero-computation experts), the
+hybrids MiniMax, Qwen3-Next, Falcon-H1 and Nemotron-H (linear attention, Mamba-2 mixers), Ministral 3 and
+Beam (queries scaled per position)."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ COMMON = {
     "eos_token_id": 2,
 }
 LAYERS = ["sliding_attention", "full_attention"]
+MIXED = ["linear_attention", "full_attention"]  # a hybrid's: a linear-attention layer, then an attention layer
 #: each family's config class, model class, its own fields and attention implementation
 FAMILIES = {
     "Qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 16}, "sdpa"),
@@ -58,6 +61,90 @@ FAMILIES = {
         },
         "sdpa",
     ),
+    # hybrids: token mixers outside the attention, run over the whole sequence under Ulysses and the ring
+    "MiniMax": (
+        "MiniMaxConfig",
+        "MiniMaxForCausalLM",  # lightning (linear) attention in its first layer, no convolution
+        {"head_dim": 16, "num_local_experts": 4, "num_experts_per_tok": 2, "block_size": 4, "layer_types": MIXED},
+        "sdpa",
+    ),
+    "Qwen3Next": (
+        "Qwen3NextConfig",
+        "Qwen3NextForCausalLM",  # a Gated DeltaNet (a short convolution, then a gated delta rule) in its first
+        {
+            "head_dim": 16,
+            "layer_types": MIXED,
+            "linear_num_value_heads": 4,
+            "linear_num_key_heads": 2,
+            "linear_key_head_dim": 16,
+            "linear_value_head_dim": 16,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 32,
+            "shared_expert_intermediate_size": 32,
+            "initializer_range": 0.1,
+        },
+        "sdpa",
+    ),
+    "FalconH1": (
+        "FalconH1Config",
+        "FalconH1ForCausalLM",  # a Mamba-2 mixer beside the attention in every layer
+        {
+            "head_dim": 16,
+            "mamba_d_ssm": 64,
+            "mamba_d_state": 8,
+            "mamba_n_heads": 4,
+            "mamba_d_head": 16,
+            "mamba_n_groups": 1,
+            "mamba_d_conv": 4,
+            "mamba_chunk_size": 8,
+            "initializer_range": 0.1,
+        },
+        "sdpa",
+    ),
+    "NemotronH": (
+        "NemotronHConfig",
+        "NemotronHForCausalLM",  # one mixer a layer: Mamba-2, an MLP alone (no token mixing), attention
+        {
+            "head_dim": 16,
+            "layer_types": ["linear_attention", "mlp", "full_attention"],
+            "mamba_num_heads": 4,
+            "mamba_head_dim": 16,
+            "ssm_state_size": 8,
+            "n_groups": 1,
+            "chunk_size": 8,
+            "time_step_min": 0.05,
+            "time_step_max": 0.5,
+            "initializer_range": 0.1,
+        },
+        "sdpa",
+    ),
+    "Ministral3": (
+        "Ministral3Config",
+        "Ministral3ForCausalLM",  # its queries scaled by their positions (position_ids)
+        {
+            "head_dim": 16,
+            "rope_parameters": {
+                "rope_type": "default",
+                "rope_theta": 10000.0,
+                "llama_4_scaling_beta": 0.1,
+                "original_max_position_embeddings": 4,  # so that the scale differs along 16 tokens
+            },
+        },
+        "sdpa",
+    ),
+    "Beam": (
+        "BeamConfig",
+        "BeamForCausalLM",  # its full layers without rotary, their queries scaled per position (1, 1, sequence, 1)
+        {"head_dim": 16, "sliding_window": 4, "layer_types": LAYERS},
+        "sdpa",
+    ),
+    "Dory": (
+        "DoryConfig",
+        "DoryForCausalLM",  # a looped model: its middle layer runs twice a forward (and a cache is made in training)
+        {"head_dim": 16, "n_input_layers": 1, "n_output_layers": 1, "n_recurrent_loops": 2},
+        "sdpa",
+    ),
     "LongcatFlash": (
         "LongcatFlashConfig",
         "LongcatFlashForCausalLM",
@@ -90,8 +177,8 @@ def config(family: str, layers: int = 2):
     count = {"num_hidden_layers": layers}
     if "num_layers" in own:  # its own name for the layer count (LongCat-Flash: num_hidden_layers counts sublayers)
         count = {"num_layers": layers}
-    if "layer_types" in own:  # sliding and full layers in turn
-        own["layer_types"] = [LAYERS[i % 2] for i in range(layers)]
+    if own.get("layer_types") in (LAYERS, MIXED):  # the two kinds in turn
+        own["layer_types"] = [own["layer_types"][i % 2] for i in range(layers)]
     config = getattr(transformers, config_class)(
         **{k: v for k, v in COMMON.items() if k != "num_hidden_layers"} | own | count
     )

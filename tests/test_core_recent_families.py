@@ -225,6 +225,54 @@ def test_sequence_parallelism_through_the_attention_registry(family, mode):
         assert "max_abs_diff_after_steps" in report, report
 
 
+def _hybrid(family: str, mode: str) -> dict:
+    from shardcore.tensor_parallel import count_collectives
+
+    config = ShardConfig(
+        tensor_parallel_size=1,
+        sequence_parallel_size=2,
+        enable_sequence_parallelism=True,
+        sequence_parallelism_mode=mode,
+    )
+    layers = 3 if family == "NemotronH" else 2
+    with count_collectives() as counts:
+        report = assert_sharded_matches(lambda: build(family, layers), batch(seq=16), config)
+    return report | {"all_gather": counts.get("all_gather", 0), "reduce_scatter": counts.get("reduce_scatter", 0)}
+
+
+@pytest.mark.parametrize("mode", ["all_to_all", "ring_attn"])
+@pytest.mark.parametrize("family", ["MiniMax", "Qwen3Next", "FalconH1", "NemotronH", "Ministral3", "Beam"])
+def test_hybrids_and_per_position_scales_under_ulysses_and_the_ring(family, mode):
+    """SP=2: a hybrid's token mixers outside the attention (MiniMax's lightning attention, Qwen3-Next's
+    Gated DeltaNet, Falcon-H1's Mamba-2 beside the attention in one layer, Nemotron-H's Mamba-2 with a layer
+    of an MLP alone) run over the whole sequence (gathered, then cut back: the kit's comparison of every
+    gradient holds the reduce-scatter to account), the attention layers split; Ministral 3's
+    per-position query scale cut with the hidden states (its position_ids given whole to the attention
+    function), and Beam's, a ``(batch, 1, sequence, 1)`` tensor cut along its own sequence dimension."""
+    for report in run_on_ranks(2, _hybrid, family, mode):
+        assert "max_abs_diff_after_steps" in report, report
+        if family not in ("Ministral3", "Beam"):  # each mixer's input gathered in the forward, its gradient reduce-scattered
+            assert report["all_gather"] > 0 and report["reduce_scatter"] > 0, report
+
+
+def _looped(mode: str, use_cache: bool) -> str | dict:
+    config = ShardConfig(sequence_parallel_size=2, enable_sequence_parallelism=True, sequence_parallelism_mode=mode)
+    if use_cache:  # training with the cache the model makes: its looped layer would read a rank's part of its keys
+        return _refused_in_a_step(lambda: build("Dory", 3), config)
+    return assert_sharded_matches(lambda: build("Dory", 3), batch(seq=16) | {"use_cache": False}, config)
+
+
+@pytest.mark.parametrize("mode", ["all_to_all", "ring_attn"])
+def test_a_block_run_twice_with_a_cache_is_refused_and_exact_without(mode):
+    """Dory loops over its middle layer: run twice in one forward, with the KV cache transformers makes in
+    training it may read in its second run what its first wrote, under the split a rank's part of the keys.
+    Refused by name at the first step, the same on every rank; with ``use_cache=False`` exact."""
+    for said in run_on_ranks(2, _looped, mode, True):
+        assert "model.layers.1 runs twice in one forward with a KV cache" in said, said
+    for report in run_on_ranks(2, _looped, mode, False):
+        assert "max_abs_diff_after_steps" in report, report
+
+
 def _longcat() -> dict:
     mark = 5  # a token id whose embedding alone points along dimension 0, which the first router reads
 
@@ -328,30 +376,40 @@ def _gemma3n():
 
     own = {"head_dim": 16, "hidden_size_per_layer_input": 16, "vocab_size_per_layer_input": 128}
     own |= {"layer_types": LAYERS, "num_kv_shared_layers": 0, "activation_sparsity_pattern": [0.0, 0.0]}
-    return transformers.Gemma3nForCausalLM(transformers.Gemma3nTextConfig(**COMMON | own))
+    model = transformers.Gemma3nForCausalLM(transformers.Gemma3nTextConfig(**COMMON | own))
+    layer = type(model.model.layers[0])
 
+    class Unannotated(layer):  # its per-layer input unannotated: the streams stacked are what is seen first
+        def forward(self, hidden_states, per_layer_input=None, *args, **kwargs):
+            return super().forward(hidden_states, per_layer_input, *args, **kwargs)
 
-def _minimax():
-    import transformers
-
-    own = {"num_local_experts": 2, "num_experts_per_tok": 1, "head_dim": 16}
-    own |= {"layer_types": ["linear_attention", "full_attention"], "block_size": 4}
-    return transformers.MiniMaxForCausalLM(transformers.MiniMaxConfig(**COMMON | own))
-
-
-def _ministral3():
-    import transformers
-
-    own = {"head_dim": 16, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}
-    own["rope_parameters"] |= {"llama_4_scaling_beta": 0.1, "original_max_position_embeddings": 16}
-    return transformers.Ministral3ForCausalLM(transformers.Ministral3Config(**COMMON | own))
-
-
-def _qwen3_with_a_convolution():
-    """Qwen3 with a short convolution in its first block (as hybrid decoders hold one beside attention)."""
-    model = build("Qwen3")
-    model.model.layers[0].mlp.add_module("short_conv", torch.nn.Conv1d(64, 64, 3, groups=64, padding=2))
+    for block in model.model.layers:
+        block.__class__ = Unannotated
     return model
+
+
+def _qwen3_with_a_bare_convolution():
+    """Qwen3 with a short convolution as a child of its attention module itself: no module around it to run
+    over the whole sequence but the attention, which the split switches."""
+    model = build("Qwen3")
+    model.model.layers[0].self_attn.add_module("short_conv", torch.nn.Conv1d(64, 64, 3, groups=64, padding=2))
+    return model
+
+
+def _minimax_unrecognized():
+    """MiniMax whose linear-attention layer holds a mixer under a name shardcore does not read as one."""
+    model = build("MiniMax")
+    attention = model.model.layers[0].self_attn
+    renamed = type("MiniMaxLightningBlock", (type(attention),), {})
+    attention.__class__ = renamed
+    return model
+
+
+def _inkling():
+    import transformers
+
+    own = {"head_dim": 16, "layer_types": ["hybrid_sliding", "hybrid"], "num_experts": 2}
+    return transformers.InklingForCausalLM(transformers.InklingTextConfig(**COMMON | own))
 
 
 @pytest.mark.parametrize("mode", ["all_to_all", "ring_attn"])
@@ -363,27 +421,36 @@ def _qwen3_with_a_convolution():
             r"DogeAttention uses the attention mask besides handing it to the attention function "
             r"\(prepare_dynamic_mask\(\), line \d+",
         ),
-        (_gemma4, r"Gemma4TextConfig gives its layers their own attention shapes \('head_dim' is a per-layer"),
+        (_gemma4, r"Gemma4TextDecoderLayer takes 'per_layer_input' besides the hidden states"),
         (_gemma3n, r"the hidden states entering model.layers.0 have shape \(\d+, 2, 16, 64\), not \(batch, sequence"),
-        (_minimax, r"MiniMaxConfig has 'linear_attention' layers, which mix tokens outside transformers' attention"),
-        (_qwen3_with_a_convolution, r"model.layers.0.mlp.short_conv \(Conv1d\) mixes tokens outside the attention"),
-        (_ministral3, r"Ministral3Attention takes 'position_ids' besides the hidden states"),
+        (
+            _minimax_unrecognized,
+            r"MiniMaxConfig has 'linear_attention' layers, which mix tokens outside transformers' attention, and "
+            r"model.layers.0 holds no module shardcore recognizes as that mixer",
+        ),
+        (
+            _qwen3_with_a_bare_convolution,
+            r"model.layers.0.self_attn.short_conv \(Conv1d\) mixes tokens outside the attention, over a rank's part "
+            r"of them, with no module around it",
+        ),
+        (_inkling, r"InklingAttention hands the attention function a 'position_bias' computed over a rank's part"),
     ],
     ids=[
         "its-own-use-of-the-mask",
-        "per-layer-shapes",
+        "a-block-input-along-the-sequence",
         "stacked-streams",
-        "linear-attention",
-        "a-convolution",
-        "a-position-input",
+        "linear-attention-unrecognized",
+        "a-bare-convolution",
+        "a-position-bias",
     ],
 )
 def test_a_sequence_split_the_attention_cannot_follow_is_refused_by_name(make, message, mode):
     """Doge builds its own mask from the whole sequence's (as DeepSeek-V3.2's sparse-attention indexer
-    reads it), Gemma 4 gives each layer its own head width, Gemma 3n stacks its streams before the
-    sequence, MiniMax has linear-attention layers, a block holds a convolution over the tokens, Ministral 3
-    scales its queries by their positions (``position_ids``, which the split does not cut): each
-    refused by name under Ulysses and the ring, the same on every rank, not run wrong."""
+    reads it), Gemma 4's blocks take a per-layer input along the sequence, Gemma 3n stacks its streams
+    before the sequence, a linear-attention layer whose mixer shardcore does not recognize, a convolution
+    inside the attention module with nothing around it to gather, Inkling hands its attention function a
+    relative position bias over a rank's queries and every head: each refused by name under Ulysses and
+    the ring, the same on every rank, not run wrong."""
     import re
 
     config = ShardConfig(

@@ -24,13 +24,14 @@ from __future__ import annotations
 import attrs
 from torch import nn
 
-from ..integrations.hf.attention import mask_readers, tensor_inputs
-from ..integrations.hf.heads import attention_dims
+from ..integrations.hf.attention import bias_passers, mask_readers, tensor_inputs
+from ..integrations.hf.heads import sequence_heads
 from ..integrations.hf.stages import HFStages, StageFacts
 from ..kernels import attention_registry
 from ..policy import ModulePolicyDescription
 from ..policy import SubModuleReplacementDescription as Sub
 from ..spec import ExpertSpec, SequenceSpec
+from .mixers import token_mixers
 from .policy import PlanPolicy
 from .region import region_entries, region_problem
 from .syntax import _regex
@@ -77,21 +78,45 @@ def shipped_stage_facts(model: nn.Module, base: nn.Module, blocks: list[tuple[st
     return StageFacts(first_ends=tuple(names[:at]), last_ends=tuple(names[at + 1 :]), heads=("lm_head",))
 
 
+#: what a block may take besides the hidden states and the keywords split with them: built before the blocks
+#: for the whole sequence and read whole (the mask, the positions the attention function takes), no tensor, or
+#: the key/value states an earlier layer's attention computed over this rank's part (Gemma 4's shared_kv_states);
+#: and any mask (Falcon-H1's mamba_attention_mask: the padding of the whole sequence, what a gathered mixer reads)
+_BLOCK_KNOWS = {"self", "hidden_states", "attention_mask", "position_ids", "position_embeddings", "kwargs", "args"}
+_BLOCK_KNOWS |= {
+    "cache",
+    "past_key_values",
+    "past_key_value",
+    "cache_position",
+    "use_cache",
+    "output_attentions",
+    "shared_kv_states",
+}
+
+
+def _block_inputs(blocks: list, split: tuple[str, ...]) -> list[tuple[str, str]]:
+    """``(block class, parameter)`` for each tensor a block's forward takes (by its signature) that the
+    sequence split neither cuts nor knows to be whole (Gemma 4's ``per_layer_input``)."""
+    import inspect
+
+    found = []
+    for cls in dict.fromkeys(type(b) for _, b in blocks):
+        try:
+            params = inspect.signature(cls.forward).parameters
+        except (TypeError, ValueError):
+            continue
+        found += [
+            (cls.__name__, n)
+            for n, p in params.items()
+            if n not in _BLOCK_KNOWS and n not in split and not n.endswith("mask") and "Tensor" in str(p.annotation)
+        ]
+    return found
+
+
 def _residual_dropouts(blocks: list) -> tuple[str, ...]:
     """The dropout modules that are a block's own children (on the residual stream, split under
     ``split_gather``: each rank then drops its own tokens)."""
     return tuple(dict.fromkeys(n for _, b in blocks[:1] for n, m in b.named_children() if isinstance(m, nn.Dropout)))
-
-
-def _recurrent(kind: str) -> bool:
-    """A config's layer type that is no attention of the registry (linear attention, a state-space or
-    recurrent mixer, a convolution)."""
-    return any(word in kind for word in ("linear", "mamba", "conv", "recurrent", "delta", "rwkv", "ssm"))
-
-
-def _convolves(module: nn.Module) -> bool:
-    """A convolution (over the sequence, in a decoder's block: a short conv or a state-space mixer's)."""
-    return isinstance(module, nn.modules.conv._ConvNd)
 
 
 def _handed_on(cls: type, container: str) -> list[str]:
@@ -149,57 +174,67 @@ class ShippedPlanPolicy(HFStages, PlanPolicy):
         if getattr(config, "sub_configs", None):
             return SequenceSpec()
         why = self._not_split()
-        if why is None and getattr(config, "num_attention_heads", None) is None:
+        heads = None if why else sequence_heads(config)
+        if why is None and heads is None:
             return SequenceSpec()
+        mixers = token_mixers(config, self.blocks())
         return SequenceSpec(
             modes=("split_gather",) if why else ("split_gather", "all_to_all", "ring_attn"),
             refused={"all_to_all": why, "ring_attn": why} if why else {},
-            split_kwargs=("position_embeddings",),
-            heads=None if why else attention_dims(config)[:2],
+            split_kwargs=self._along(),
+            gathered=() if why else mixers.gathered,
+            unmixed=() if why else mixers.unmixed,
+            # transformers leaves _supports_attention_backend unset on a hybrid for its mixers, run gathered here;
+            # its attention modules read the registry (each forward counts their calls: never silently skipped)
+            routed=not why and bool(mixers.gathered),
+            heads=heads,
             per_head=("sinks", "s_aux") if _sinks(self.model) else (),  # one logit a head: a rank's heads' own
             dropouts=_residual_dropouts(self.blocks()),
             attention_problem=self._sequence_problem,
         )
+
+    def _along(self) -> tuple[str, ...]:
+        """The blocks' keywords split with the hidden states: the rotary embeddings, and what an attention module
+        takes along the sequence besides (Ministral 3's position_ids, Beam's attention_scaling: per-position
+        query scales)."""
+        return ("position_embeddings", *dict.fromkeys(name for _, name in tensor_inputs(self.model)))
 
     def _sequence_problem(self, mode: str) -> str | None:
         if mode == "split_gather":
             plans = getattr(self, "_plans", None)
             plans = plans if plans is not None else self._layers()
             return region_problem(self.blocks(), plans, self.tensor_parallel().grad_sum)
-        return attention_registry().sequence_problem(self.model, mode)
+        return attention_registry().sequence_problem(self.model, mode, routed=self.sequence().routed)
 
     def _not_split(self) -> str | None:
         """Why the model's attention cannot run with its sequence split (``None``: nothing seen)."""
         config = self.model.config
         try:
-            attention_dims(config)
-        except AttributeError:  # no heads (a composite): no split declared, see sequence()
-            pass
-        except RuntimeError as err:  # transformers' AmbiguousGlobalPerLayerAttributeError: heads or widths per layer
+            sequence_heads(config)  # a config with per-layer shapes: each layer's
+        except (AttributeError, RuntimeError) as err:
             said = str(err).split(".")[0]
+            return f"{type(config).__name__} gives its layers their own attention shapes ({said}), not read per layer"
+        why = token_mixers(config, self.blocks()).why
+        if why:
+            return why
+        taken = _block_inputs(self.blocks(), self._along())
+        if taken:
             return (
-                f"{type(config).__name__} gives its layers their own attention shapes ({said}), not followed per layer"
+                f"{taken[0][0]} takes {taken[0][1]!r} besides the hidden states, a tensor the sequence split neither "
+                "cuts nor knows to be whole"
             )
-        kinds = [k for k in dict.fromkeys(getattr(config, "layer_types", None) or []) if _recurrent(str(k))]
-        if kinds:
-            return f"{type(config).__name__} has {kinds[0]!r} layers, which mix tokens outside transformers' attention"
-        mixers = [(n, m) for b, block in self.blocks() for n, m in block.named_modules(prefix=b) if _convolves(m)]
-        if mixers:
-            name, module = mixers[0]
-            return f"{name} ({type(module).__name__}) mixes tokens outside the attention, over a rank's part of them"
+        biases = bias_passers(self.model)
+        if biases:
+            return (
+                f"{biases[0][0]} hands the attention function a {biases[0][1]!r} computed over a rank's part of the "
+                "queries and every head, which the split cuts neither along"
+            )
         readers = mask_readers(self.model)
         if readers:
             cls, what, line = readers[0]
             return (
                 f"{cls} uses the attention mask besides handing it to the attention function ({what}, line {line} of "
                 "its forward: a sparse-attention indexer or its own mask), where a rank holds part of the queries"
-            )
-        inputs = tensor_inputs(self.model)
-        if inputs:
-            cls, name = inputs[0]
-            return (
-                f"{cls} takes {name!r} besides the hidden states, their rotary embeddings and the mask: a tensor "
-                "along the sequence (a per-position scale of the queries) that the split does not cut with them"
             )
         return None
 

@@ -6,6 +6,7 @@ sets up ``"ring_attn"`` (:mod:`shardcore.sequence.ring`).
 from __future__ import annotations
 
 import functools
+import weakref
 
 import torch
 from torch import nn
@@ -15,6 +16,7 @@ from ..tensor_parallel.mappings import gather_from_tp, split_to_tp
 from ..tensor_parallel.regions import SequenceParallel
 from .check import _watch_forward, refuse_stacked
 from .declared import regions, set_attention
+from .gathered import install_gathered
 from .ring import _unzigzag, _zigzag
 from .split_gather import _per_rank_dropouts, _token_sums
 
@@ -35,11 +37,12 @@ def apply_ulysses(model: nn.Module, policy, state: SequenceParallel) -> None:
     blocks = []
     for region in regions(policy):
         names, run = zip(*region, strict=True)
-        hooks = _SplitHooks(state, spec.split_kwargs, model, list(names))
+        hooks = _SplitHooks(state, spec.split_kwargs, model, list(names), spec.unmixed)
         for i, block in enumerate(run):  # on a pipeline stage: the first and last block this stage holds
             block.register_forward_pre_hook(functools.partial(hooks.enter, i), with_kwargs=True)
             block.register_forward_hook(functools.partial(hooks.leave, i))
         blocks += run
+        _gather_mixers(spec, region, state)
     for block in blocks:
         owners = []
         for module in block.modules():
@@ -52,13 +55,25 @@ def apply_ulysses(model: nn.Module, policy, state: SequenceParallel) -> None:
     set_attention(policy, state)
 
 
+def _gather_mixers(spec, region: list, state: SequenceParallel) -> None:
+    """The spec's token mixers outside the attention (:attr:`SequenceSpec.gathered`) that this region's
+    blocks hold, run over the whole sequence (:mod:`shardcore.sequence.gathered`)."""
+    found = []
+    for name, block in region:
+        inside = [g for g in spec.gathered if g.startswith(f"{name}.")]
+        found += [(g, block.get_submodule(g[len(name) + 1 :])) for g in inside]
+    install_gathered(found, state, spec.split_kwargs)
+
+
 class _SplitHooks:
     """The hooks that split the hidden states (and ``split_kwargs``) at the first block's input and
     gather them at the last block's output; ``ring_attn`` splits in zigzag order, two chunks a rank
     (for causal balance), or a bidirectional model's in contiguous parts."""
 
-    def __init__(self, state: SequenceParallel, split_kwargs: tuple[str, ...], model: nn.Module, names: list) -> None:
+    def __init__(self, state: SequenceParallel, split_kwargs: tuple, model: nn.Module, names: list, unmixed=()) -> None:
         self.state, self.split_kwargs, self.model, self.names = state, split_kwargs, model, names
+        self.unmixed = frozenset(unmixed)  # blocks that mix no tokens: no attention call expected of them
+        self.cached_runs: tuple = (lambda: None, set())  # the KV cache of the forward running now, the blocks run with it
         self.zigzag = state.mode in ("ring_attn", "all_gather_kv") and state.zigzag  # zigzag chunks, 2 a rank
         self.parts = 2 * state.size if self.zigzag else state.size
         self.blocks = 0  # the blocks run since the split (a pipeline stage runs its own)
@@ -75,16 +90,36 @@ class _SplitHooks:
         if not self.held(index - 1):
             split = self.split_first(module, args, kwargs)
             args, kwargs = split if split is not None else (args, kwargs)
-        if self.state.active:
+        if self.state.active and self.names[index] not in self.unmixed:
             self.blocks += 1
+        if self.state.active and not self.state.checkpointing:  # (a recompute runs a block again, cache and all)
+            self.refuse_rerun(index, kwargs)
         return self.split_along(module, args, kwargs)
+
+    def refuse_rerun(self, index: int, kwargs) -> None:
+        """A block run twice in one forward with a KV cache (Dory's loops over its layers): its second run
+        reads the keys and values its first wrote, a rank's part of them under the split. Refused, the same
+        on every rank, before its attention's collectives."""
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))
+        if cache is None:
+            return
+        if self.cached_runs[0]() is not cache:  # a weak reference: the cache of an earlier step is not kept alive
+            self.cached_runs = (weakref.ref(cache), set())
+        if index in self.cached_runs[1]:
+            raise NotImplementedError(
+                f"sequence_parallelism_mode={self.state.mode!r}: {self.names[index]} runs twice in one forward with "
+                "a KV cache, where the second run may read the keys and values the first wrote (a rank's part of "
+                "them under the split); call the model with use_cache=False"
+            )
+        self.cached_runs[1].add(index)
 
     def leave(self, index: int, module, args, output):
         return None if self.held(index + 1) else self.gather_last(module, args, output)
 
-    def split(self, t: torch.Tensor) -> torch.Tensor:
+    def split(self, t: torch.Tensor, dim: int | None = None) -> torch.Tensor:
         state = self.state
-        return split_to_tp(_zigzag(t, state.size, state.dim) if self.zigzag else t, state.group, dim=state.dim)
+        dim = state.dim if dim is None else dim
+        return split_to_tp(_zigzag(t, state.size, dim) if self.zigzag else t, state.group, dim=dim)
 
     def gather(self, t: torch.Tensor) -> torch.Tensor:
         state = self.state
@@ -103,7 +138,7 @@ class _SplitHooks:
         state.active = length % self.parts == 0 and length >= self.parts and not cached
         if not state.active:
             return None
-        state.attention_calls, self.blocks = 0, 0
+        state.attention_calls, self.blocks, state.length, state.whole = 0, 0, length, {}
         x = self.split(x)
         return (args, {**kwargs, "hidden_states": x}) if in_kwargs else ((x, *args[1:]), kwargs)
 
@@ -114,9 +149,10 @@ class _SplitHooks:
         for key in self.split_kwargs:
             value = kwargs.get(key)
             if isinstance(value, torch.Tensor):
-                out[key] = self.split(value)
+                out[key] = self.split(value, _along(value, self.state, key))
+                self.state.whole[key] = value  # the attention function takes it whole, as it takes the keys
             elif isinstance(value, tuple) and all(isinstance(v, torch.Tensor) for v in value):
-                out[key] = tuple(self.split(v) for v in value)
+                out[key] = tuple(self.split(v, _along(v, self.state, key)) for v in value)
         return args, out
 
     def gather_last(self, module, args, output):
@@ -133,6 +169,22 @@ class _SplitHooks:
         if isinstance(output, tuple):
             return (self.gather(output[0]), *output[1:])
         return self.gather(output)
+
+
+def _along(t: torch.Tensor, state: SequenceParallel, key: str) -> int:
+    """The dimension of ``t`` (a block's keyword argument ``key``) that runs along the sequence: the hidden
+    states' own, or the one other dimension (not the batch's) as long as the sequence (Ministral 3's and
+    Beam's per-position query scales are ``(batch, 1, sequence, 1)``)."""
+    if t.dim() > state.dim and t.shape[state.dim] == state.length:
+        return state.dim
+    dims = [d for d in range(1, t.dim()) if t.shape[d] == state.length]
+    if len(dims) != 1:
+        raise RuntimeError(
+            f"sequence_parallelism_mode={state.mode!r}: the blocks' {key!r} {tuple(t.shape)} runs along the "
+            f"sequence of {state.length} tokens on {'no' if not dims else 'more than one'} dimension; leave "
+            "enable_sequence_parallelism=False"
+        )
+    return dims[0]
 
 
 class _AllToAll(torch.autograd.Function):
@@ -194,6 +246,7 @@ def ulysses_attention(base):
         group = state.group
         state.attention_calls += 1
         query, key, value = (_AllToAll.apply(t, group, 1, 2) for t in (query, key, value))
+        kwargs = {k: state.whole.get(k, v) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
         if state.per_head:
             module, kwargs = _heads_of(module, kwargs, state.per_head, group)
         out, _ = base(module, query, key, value, attention_mask, **kwargs)

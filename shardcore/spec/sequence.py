@@ -21,6 +21,12 @@ class SequenceSpec:
       (residual dropout): they then draw from the per-rank random stream.
     * ``split_kwargs``: keyword arguments of every block that run along the sequence with the hidden
       states (rotary ``position_embeddings``): under ``all_to_all`` / ``ring_attn`` each rank takes its slice.
+    * ``gathered``: modules of the blocks (full names, as :meth:`~shardcore.Policy.blocks` names the
+      blocks) that mix tokens outside the attention (a linear attention, a state-space or short-convolution
+      mixer): under ``all_to_all`` / ``ring_attn`` each runs over the whole sequence (its input gathered over
+      the group, its output cut back to this rank's part; :mod:`shardcore.sequence.gathered`).
+    * ``unmixed``: blocks (full names) that mix no tokens at all (a hybrid's feed-forward-only layers): the
+      check that every split block ran its attention (or a gathered mixer) passes them.
     * ``heads``: ``(attention heads, key/value heads)``; ``all_to_all`` gives each rank whole heads.
     * ``per_head``: names of attention-module attributes and keyword arguments of the attention
       function holding one value per query head (attention sinks); under ``all_to_all`` the attention
@@ -45,6 +51,8 @@ class SequenceSpec:
     refused: Mapping[str, str] = attrs.field(factory=dict, converter=dict)
     dropouts: tuple[str, ...] = attrs.field(default=(), converter=tuple)
     split_kwargs: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    gathered: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    unmixed: tuple[str, ...] = attrs.field(default=(), converter=tuple)
     heads: tuple[int, int] | None = None
     per_head: tuple[str, ...] = attrs.field(default=(), converter=tuple)
     regions: Sequence[Sequence[tuple[str, object]]] | None = None

@@ -68,6 +68,9 @@ class SequenceParallel:
     #: ``{storage key of gathered: (weakref to it, this rank's slice)}`` of the forward running now: autograd
     #: saves the slice instead of the gathered tensor and gathers again in the backward
     gathered: dict = attrs.field(factory=dict)
+    length: int = 0  # all_to_all / ring_attn: the whole sequence's length in the forward running now
+    #: all_to_all: the blocks' keyword arguments split along the sequence, whole (the attention function's)
+    whole: dict = attrs.field(factory=dict)
     attention_calls: int = 0  # all_to_all: the Ulysses attention calls of the forward running now
     #: ``enable_sequence_overlap``: row-parallel layers overlap their collectives with their matmuls
     #: (:func:`linear_leave_region`) and start gathering their region's saved input early in the backward

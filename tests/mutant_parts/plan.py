@@ -142,22 +142,35 @@ MUTANTS = [
     ),
     m(
         "shipped-linear-layers-unseen",
-        "a config with linear-attention layers (MiniMax) split under Ulysses: those layers mix a rank's tokens only",
-        "shardcore/plan/shipped.py",
-        "ShippedPlanPolicy._not_split",
-        [("if _recurrent(str(k))]", "if _recurrent(str(k)) and False]")],
+        "a linear-attention layer (MiniMax's) whose mixer shardcore does not recognize, split under Ulysses: it "
+        "mixes a rank's tokens only",
+        "shardcore/plan/mixers.py",
+        "token_mixers",
+        [("        if recurrent_kind(kind) and not seeds:", "        if False:")],
         "tests/test_core_recent_families.py::test_a_sequence_split_the_attention_cannot_follow_is_refused_by_name"
-        "[linear-attention-all_to_all]",
+        "[linear-attention-unrecognized-all_to_all]",
         "2 blocks ran but the split attention ran 1 times",
     ),
     m(
         "shipped-convolution-unseen",
-        "a block holding a convolution over the tokens split under the ring: it convolves a rank's tokens only",
-        "shardcore/plan/shipped.py",
-        "ShippedPlanPolicy._not_split",
-        [("if _convolves(m)]", "if _convolves(m) and False]")],
+        "Falcon-H1's Mamba-2 mixer (a convolution, in a layer whose type says 'hybrid') not gathered under the "
+        "ring: it convolves and scans a rank's tokens only",
+        "shardcore/plan/mixers.py",
+        "token_mixers",
+        [("            and (_convolves(m) or (", "            and (False or (")],
+        "tests/test_core_recent_families.py::test_hybrids_and_per_position_scales_under_ulysses_and_the_ring"
+        "[FalconH1-ring_attn]",
+        "differs",
+    ),
+    m(
+        "mixer-bare-convolution-gathered",
+        "a convolution inside the attention module with nothing around it but the attention taken for a mixer "
+        "itself (its input is (batch, channels, sequence))",
+        "shardcore/plan/mixers.py",
+        "_around",
+        [("    return None if best is None or _convolves(modules[best]) else best", "    return best")],
         "tests/test_core_recent_families.py::test_a_sequence_split_the_attention_cannot_follow_is_refused_by_name"
-        "[a-convolution-ring_attn]",
+        "[a-bare-convolution-all_to_all]",
         "not refused as expected",
     ),
     m(
@@ -194,22 +207,39 @@ MUTANTS = [
     m(
         "shipped-position-inputs-unseen",
         "a zero-config attention that scales its queries by a tensor of positions it takes besides the hidden "
-        "states (Ministral 3's position_ids) split all the same",
+        "states (Ministral 3's position_ids) left whole beside a rank's part of the queries",
         "shardcore/plan/shipped.py",
-        "ShippedPlanPolicy._not_split",
-        [("        inputs = tensor_inputs(self.model)", "        inputs = []")],
-        "tests/test_core_recent_families.py::test_a_sequence_split_the_attention_cannot_follow_is_refused_by_name"
-        "[a-position-input-all_to_all]",
+        "ShippedPlanPolicy._along",
+        [
+            (
+                '        return ("position_embeddings", *dict.fromkeys(name for _, name in tensor_inputs(self.model)))',
+                '        return ("position_embeddings",)',
+            )
+        ],
+        "tests/test_core_recent_families.py::test_hybrids_and_per_position_scales_under_ulysses_and_the_ring"
+        "[Ministral3-all_to_all]",
         Raised("RuntimeError", "transformers/models/ministral3/modeling_ministral3.py::forward"),  # the query scale
     ),
     m(
-        "shipped-per-layer-shapes-unseen",
-        "a config giving its layers their own attention shapes (Gemma 4) not refused by name",
+        "shipped-block-inputs-unseen",
+        "a block taking a tensor along the sequence besides the hidden states (Gemma 4's per_layer_input) split "
+        "all the same: the whole sequence's meets a rank's part",
         "shardcore/plan/shipped.py",
         "ShippedPlanPolicy._not_split",
-        [('            said = str(err).split(".")[0]', "            return None")],
+        [("        taken = _block_inputs(self.blocks(), self._along())", "        taken = []")],
         "tests/test_core_recent_families.py::test_a_sequence_split_the_attention_cannot_follow_is_refused_by_name"
-        "[per-layer-shapes-ring_attn]",
+        "[a-block-input-along-the-sequence-ring_attn]",
+        "must match the size of tensor",
+    ),
+    m(
+        "shipped-position-bias-unseen",
+        "Inkling's relative position bias, computed over a rank's queries and every head, handed to the attention "
+        "function under Ulysses all the same",
+        "shardcore/plan/shipped.py",
+        "ShippedPlanPolicy._not_split",
+        [("        biases = bias_passers(self.model)", "        biases = []")],
+        "tests/test_core_recent_families.py::test_a_sequence_split_the_attention_cannot_follow_is_refused_by_name"
+        "[a-position-bias-all_to_all]",
         "not refused as expected",
     ),
     m(

@@ -291,4 +291,67 @@ MUTANTS = [
         "tests/test_core_recent_families.py::test_split_gather_over_the_region_the_plan_gives[Qwen3]",
         "gradient of model.layers.0.self_attn.q_norm.weight (gathered): relative error 1",
     ),
+    m(
+        "gathered-mixer-run-on-a-part",
+        "Qwen3-Next's Gated DeltaNet run on a rank's part of the sequence under Ulysses (its input not gathered, "
+        "its output not cut)",
+        "shardcore/sequence/gathered.py",
+        "_enter",
+        [("    if not state.active:\n        return None\n    key =", "    if True:\n        return None\n    key =")],
+        "tests/test_core_recent_families.py::test_hybrids_and_per_position_scales_under_ulysses_and_the_ring"
+        "[Qwen3Next-all_to_all]",
+        "2 blocks ran but the split attention ran 1 times",
+    ),
+    m(
+        "gathered-input-gradient-dropped",
+        "a gathered mixer's input gradient not reduce-scattered back to the ranks' parts (dropped)",
+        "shardcore/sequence/gathered.py",
+        "_whole",
+        [("    full = gather_seq(t, state.group, dim)", "    full = gather_seq(t.detach(), state.group, dim)")],
+        "tests/test_core_recent_families.py::test_hybrids_and_per_position_scales_under_ulysses_and_the_ring"
+        "[Qwen3Next-all_to_all]",
+        "differs",
+    ),
+    m(
+        "gathered-output-cut-in-order-under-the-ring",
+        "a gathered mixer's output cut back in contiguous parts where the ring holds zigzag chunks",
+        "shardcore/sequence/gathered.py",
+        "_part",
+        [("    t = _zigzag(t, state.size, dim) if _zigzagged(state) else t", "    t = t")],
+        "tests/test_core_recent_families.py::test_hybrids_and_per_position_scales_under_ulysses_and_the_ring"
+        "[FalconH1-ring_attn]",
+        "differs",
+    ),
+    m(
+        "unmixed-blocks-expected-to-attend",
+        "Nemotron-H's MLP-only layer (no token mixing) expected to run a split attention: the model refused at "
+        "its first step",
+        "shardcore/sequence/ulysses.py",
+        "_SplitHooks.enter",
+        [("        if self.state.active and self.names[index] not in self.unmixed:", "        if self.state.active:")],
+        "tests/test_core_recent_families.py::test_hybrids_and_per_position_scales_under_ulysses_and_the_ring"
+        "[NemotronH-all_to_all]",
+        "3 blocks ran but the split attention ran 2 times",
+    ),
+    m(
+        "split-kwarg-along-the-hidden-states-dim",
+        "Beam's per-position query scale (batch, 1, sequence, 1) cut along the hidden states' dim 1",
+        "shardcore/sequence/ulysses.py",
+        "_along",
+        [("    return dims[0]\n", "    return state.dim\n")],
+        "tests/test_core_recent_families.py::test_hybrids_and_per_position_scales_under_ulysses_and_the_ring"
+        "[Beam-ring_attn]",
+        "differs",
+    ),
+    m(
+        "block-rerun-with-a-cache-unseen",
+        "Dory's looped layer run twice in one training forward with the KV cache under the split: its second run "
+        "may read a rank's part of the keys its first wrote",
+        "shardcore/sequence/ulysses.py",
+        "_SplitHooks.refuse_rerun",
+        [("        if index in self.cached_runs[1]:", "        if False:")],
+        "tests/test_core_recent_families.py::test_a_block_run_twice_with_a_cache_is_refused_and_exact_without"
+        "[all_to_all]",
+        "runs twice in one forward with a KV cache",
+    ),
 ]

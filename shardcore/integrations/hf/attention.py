@@ -22,10 +22,12 @@ from ...kernels import announce_attention, register_attention_registry
 __all__ = [
     "HF_SDPA",
     "REGISTRY",
+    "bias_passers",
     "hf_attention_switchable",
     "hf_sdpa_attention",
     "hf_sdpa_name",
     "mask_readers",
+    "reads_registry",
     "tensor_inputs",
     "ulysses_problem",
     "use_hf_attention",
@@ -169,6 +171,27 @@ def mask_readers(model: torch.nn.Module) -> list[tuple[str, str, int]]:
     mask covers the whole sequence while the module holds a rank's part of the queries. Read from the
     source, no forward run; a class whose source cannot be read is not listed."""
     return [use for cls in dict.fromkeys(type(m) for m in model.modules()) for use in _mask_uses(cls)]
+
+
+def bias_passers(model: torch.nn.Module) -> list[tuple[str, str]]:
+    """``(attention class, keyword)`` for each tensor an attention module of ``model`` hands the attention
+    function besides query, key, value and mask that is named a bias (Inkling's relative ``position_bias``,
+    computed over a rank's queries and every head): a sequence split cuts neither its rows nor its heads."""
+    return [use for cls in dict.fromkeys(type(m) for m in model.modules()) for use in _bias_passed(cls)]
+
+
+@functools.cache
+def _bias_passed(cls: type) -> tuple[tuple[str, str], ...]:
+    source = _registry_forward(cls)
+    calls = [n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Call)] if source else []
+    named = (k.arg for c in calls if getattr(c.func, "id", "") == "attention_interface" for k in c.keywords)
+    return tuple((cls.__name__, k) for k in dict.fromkeys(named) if k and "bias" in k)
+
+
+def reads_registry(cls: type) -> bool:
+    """Whether ``cls``'s own forward calls transformers' attention registry (an attention module a
+    sequence split switches)."""
+    return _registry_forward(cls) is not None
 
 
 def _registry_forward(cls: type) -> str | None:

@@ -1,0 +1,108 @@
+"""Token mixers outside the attention under Ulysses and the ring: a linear attention, a state-space
+mixer, a short convolution (:attr:`SequenceSpec.gathered <shardcore.spec.SequenceSpec>`).
+
+Such a module mixes every earlier token into each position by its own arithmetic (a recurrence or a
+convolution), not through the attention registry a sequence split switches: on a rank's part of the
+sequence it would compute something else. So it runs over the whole sequence: its input (and what
+runs along the sequence beside it) is all-gathered over the group, the module runs as it is, and its
+output is cut back to this rank's part. The backward of the gather is a reduce-scatter: each rank's
+gradient for the whole input comes from its own part of the output, and the sum over the group is
+the gradient of the unsharded model. The module's parameters see this rank's part of the output
+only; their gradients are summed over the group as every block parameter's are.
+
+The cost is the module's work and activations over the whole sequence on every rank of the group
+(the attention layers beside it still split theirs), and one all-gather and one reduce-scatter of
+the hidden states a module.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import nn
+
+from ..distributed.collectives import group_rank
+from ..tensor_parallel.regions import SequenceParallel, gather_seq
+from .ring import _unzigzag, _zigzag
+
+
+def install_gathered(modules: list[tuple[str, nn.Module]], state: SequenceParallel, along: tuple[str, ...]) -> None:
+    """Run each ``(name, module)`` over the whole sequence while the forward is split: ``along`` are the
+    keyword arguments that run along the sequence with the hidden states (gathered with them)."""
+    for name, module in modules:
+        module.register_forward_pre_hook(functools.partial(_enter, state, along, name), with_kwargs=True)
+        module.register_forward_hook(functools.partial(_leave, state, name))
+
+
+def _zigzagged(state: SequenceParallel) -> bool:
+    """Whether the split is in zigzag order (the causal ring's), as the block hooks split it."""
+    return state.mode in ("ring_attn", "all_gather_kv") and state.zigzag
+
+
+def _whole(t: torch.Tensor, state: SequenceParallel, dim: int) -> torch.Tensor:
+    full = gather_seq(t, state.group, dim)
+    return _unzigzag(full, state.size, dim) if _zigzagged(state) else full
+
+
+def _part(t: torch.Tensor, state: SequenceParallel, dim: int) -> torch.Tensor:
+    t = _zigzag(t, state.size, dim) if _zigzagged(state) else t
+    return t.chunk(state.size, dim=dim)[group_rank(state.group)]
+
+
+def _local(t, state: SequenceParallel) -> bool:
+    return isinstance(t, torch.Tensor) and t.dim() > state.dim and t.shape[state.dim] * state.size == state.length
+
+
+def _sequence_dim(y, state: SequenceParallel) -> int | None:
+    """The dimension of a mixer's output that runs along the whole sequence: the hidden states' own, or the
+    one other (not the batch's) as long as it (a key projection's ``(batch, heads, sequence, dim)``)."""
+    if not isinstance(y, torch.Tensor):
+        return None
+    if y.dim() > state.dim and y.shape[state.dim] == state.length:
+        return state.dim
+    dims = [d for d in range(1, y.dim()) if y.shape[d] == state.length]
+    return dims[0] if len(dims) == 1 else None
+
+
+def _enter(state: SequenceParallel, along: tuple[str, ...], name: str, module, args, kwargs):
+    if not state.active:
+        return None
+    key = "hidden_states" if "hidden_states" in kwargs else None
+    x = kwargs[key] if key else (args[0] if args else None)
+    if not _local(x, state):  # the same shapes on every rank: raised on all of them, before the gather
+        shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+        raise RuntimeError(
+            f"sequence_parallelism_mode={state.mode!r}: {name} ({type(module).__name__}) mixes tokens and runs "
+            f"over the whole sequence, but its input {shape} is not this rank's part of {state.length} tokens "
+            f"along dim {state.dim}; leave enable_sequence_parallelism=False"
+        )
+    state.attention_calls += 1  # a block's token mixing ran, over the whole sequence
+    dim = state.dim
+    kwargs = dict(kwargs)
+    for k in along:  # what runs along the sequence beside the hidden states (the rotary embeddings)
+        value = kwargs.get(k)
+        if _local(value, state):
+            kwargs[k] = _whole(value, state, dim)
+        elif isinstance(value, tuple) and value and all(_local(v, state) for v in value):
+            kwargs[k] = tuple(_whole(v, state, dim) for v in value)
+    x = _whole(x, state, dim)
+    if key:
+        return args, {**kwargs, key: x}
+    return (x, *args[1:]), kwargs
+
+
+def _leave(state: SequenceParallel, name: str, module, args, output):
+    if not state.active:
+        return None
+    y = output[0] if isinstance(output, tuple) else output
+    dim = _sequence_dim(y, state)
+    if dim is None:
+        shape = tuple(y.shape) if isinstance(y, torch.Tensor) else type(y).__name__
+        raise RuntimeError(
+            f"sequence_parallelism_mode={state.mode!r}: {name} ({type(module).__name__}) ran over the whole "
+            f"sequence of {state.length} tokens but returned {shape}; its output cannot be cut back to this "
+            "rank's part; leave enable_sequence_parallelism=False"
+        )
+    y = _part(y, state, dim)
+    return (y, *output[1:]) if isinstance(output, tuple) else y
