@@ -179,7 +179,7 @@ MUTANTS = [
         "under Ulysses / the ring the rotary embeddings of the whole sequence meet a rank's part of it",
         "shardcore/plan/shipped.py",
         "ShippedPlanPolicy._along",
-        [('        return ("position_embeddings", *dict.fromkeys(', "        return (*dict.fromkeys(")],
+        [('        return ("position_embeddings", *dict.fromkeys(', "        return tuple(dict.fromkeys(")],
         "tests/test_core_recent_families.py::test_sequence_parallelism_through_the_attention_registry[Qwen3-ring_attn]",
         "The size of tensor a (8) must match the size of tensor b (16) at non-singleton dimension 2",
     ),
