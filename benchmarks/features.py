@@ -7,9 +7,13 @@ against the unsharded model on 2 gloo ranks:
 * ``ulysses`` / ``ring``: ``sequence_parallel_size=2`` in ``all_to_all`` / ``ring_attn``, the model built
   with ``attn_implementation="sdpa"`` where it has it (:func:`shardcore.testing.assert_sharded_matches`);
 * ``split_gather``: Megatron's, ``tensor_parallel_size=2`` with the sequence split over it (the region
-  the TP plan gives).
+  the TP plan gives);
+* ``fsdp``: ``data_parallel="fsdp"`` over the 2 ranks, one row of the batch each
+  (:func:`shardcore.testing.assert_data_parallel_matches`: the loss of the whole batch, every gradient);
+* ``ep``: ``expert_parallel_size=2`` over DDP, for a mixture-of-experts family (a config with more
+  than one routed expert); ``n/a`` for a dense one.
 
-    python benchmarks/features.py [--only TYPE ...] [--features pp ulysses ring split_gather] [--out PATH] [--merge]
+    python benchmarks/features.py [--only TYPE ...] [--features pp ulysses ring split_gather fsdp ep] [--out PATH] [--merge]
 
 ``--merge`` keeps the cells of the features not run from the file already at ``--out``.
 
@@ -34,7 +38,7 @@ import sys
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-FEATURES = ("pp", "ulysses", "ring", "split_gather")
+FEATURES = ("pp", "ulysses", "ring", "split_gather", "fsdp", "ep")
 _SP = {"ulysses": "all_to_all", "ring": "ring_attn", "split_gather": "split_gather"}
 
 
@@ -59,6 +63,13 @@ def _batch(model, seq: int) -> dict:
     return {"input_ids": ids, "labels": ids.clone()}
 
 
+def _experts(config) -> int:
+    """How many routed experts the config has (0: a dense model), under the names the MoE configs use."""
+    names = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts", "num_routed_experts")
+    text = getattr(config, "get_text_config", lambda **_: config)()
+    return max([0] + [n for n in (getattr(text, k, None) for k in names) if isinstance(n, int) and n > 1])
+
+
 def one_cell(model_type: str, class_name: str, feature: str) -> dict:
     """One family under one feature on this rank (every rank of the pool calls it)."""
     import shardcore
@@ -81,8 +92,18 @@ def one_cell(model_type: str, class_name: str, feature: str) -> dict:
     except Exception as err:
         return done("cannot build", f"{type(err).__name__}: {err}")
     make = functools.partial(_build, model_type, class_name, feature)
+    if feature == "ep" and not _experts(model.config):
+        return done("n/a", "a dense model: no experts")
     try:
-        if feature == "pp":
+        if feature in ("fsdp", "ep"):
+            from shardcore.testing import assert_data_parallel_matches
+
+            config = shardcore.ShardConfig(
+                data_parallel="fsdp" if feature == "fsdp" else "ddp",
+                expert_parallel_size=2 if feature == "ep" else 1,
+            )
+            assert_data_parallel_matches(make, batch, config)
+        elif feature == "pp":
             assert_pipeline_matches(
                 make, batch, shardcore.ShardConfig(pipeline_parallel_size=2, tensor_parallel_size=1)
             )
@@ -127,12 +148,15 @@ def table(rows: list[dict], version: str, features: list[str]) -> str:
         "|---|" + "---|" * len(features),
     ]
     for r in swept:
-        cells = [r[f]["outcome"] + (f": {r[f]['reason'][:90]}" if r[f]["outcome"] != "exact" else "") for f in features]
+        cells = [
+            r[f]["outcome"] + (f": {r[f]['reason'][:90]}" if r[f]["outcome"] not in ("exact", "n/a") else "")
+            for f in features
+        ]
         lines.append(f"| {r['family']} | " + " | ".join(c.replace("|", "/").replace("\n", " ") for c in cells) + " |")
     return "\n".join(lines) + "\n"
 
 
-_OUTCOMES = ("exact", "refused", "wrong", "inconclusive", "error", "cannot build", "not run")
+_OUTCOMES = ("exact", "refused", "wrong", "inconclusive", "error", "cannot build", "n/a", "not run")
 
 
 def _last_line(err: Exception) -> str:

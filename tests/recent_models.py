@@ -141,7 +141,7 @@ FAMILIES = {
     ),
     "Dory": (
         "DoryConfig",
-        "DoryForCausalLM",  # a looped model: its middle layer runs twice a forward (and a cache is made in training)
+        "DoryForCausalLM",  # a looped model: input layer, a middle layer run twice a forward, output layer
         {"head_dim": 16, "n_input_layers": 1, "n_output_layers": 1, "n_recurrent_loops": 2},
         "sdpa",
     ),

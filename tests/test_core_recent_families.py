@@ -251,25 +251,32 @@ def test_hybrids_and_per_position_scales_under_ulysses_and_the_ring(family, mode
     function), and Beam's, a ``(batch, 1, sequence, 1)`` tensor cut along its own sequence dimension."""
     for report in run_on_ranks(2, _hybrid, family, mode):
         assert "max_abs_diff_after_steps" in report, report
-        if family not in ("Ministral3", "Beam"):  # each mixer's input gathered in the forward, its gradient reduce-scattered
+        if family not in (
+            "Ministral3",
+            "Beam",
+        ):  # each mixer's input gathered in the forward, its gradient reduce-scattered
             assert report["all_gather"] > 0 and report["reduce_scatter"] > 0, report
 
 
-def _looped(mode: str, use_cache: bool) -> str | dict:
+def _looped(mode: str, layers: int, use_cache: bool) -> str | dict:
     config = ShardConfig(sequence_parallel_size=2, enable_sequence_parallelism=True, sequence_parallelism_mode=mode)
-    if use_cache:  # training with the cache the model makes: its looped layer would read a rank's part of its keys
-        return _refused_in_a_step(lambda: build("Dory", 3), config)
-    return assert_sharded_matches(lambda: build("Dory", 3), batch(seq=16) | {"use_cache": False}, config)
+    if layers == 1 and use_cache:  # its one layer run twice, the second run reading the first's keys from the cache
+        return _refused_in_a_step(lambda: build("Dory", 1), config)
+    return assert_sharded_matches(lambda: build("Dory", layers), batch(seq=16) | {"use_cache": use_cache}, config)
 
 
 @pytest.mark.parametrize("mode", ["all_to_all", "ring_attn"])
-def test_a_block_run_twice_with_a_cache_is_refused_and_exact_without(mode):
-    """Dory loops over its middle layer: run twice in one forward, with the KV cache transformers makes in
-    training it may read in its second run what its first wrote, under the split a rank's part of the keys.
-    Refused by name at the first step, the same on every rank; with ``use_cache=False`` exact."""
-    for said in run_on_ranks(2, _looped, mode, True):
-        assert "model.layers.1 runs twice in one forward with a KV cache" in said, said
-    for report in run_on_ranks(2, _looped, mode, False):
+def test_layers_run_twice_in_a_forward_with_a_cache(mode):
+    """Dory loops over its layers, with the KV cache transformers makes in training. Its middle layer run
+    twice (3 layers: each loop writes its own copy of the cache) is exact under the split. A layer whose
+    second run reads the keys its first wrote (1 layer, run as the input and the output layer: its
+    attention sees 32 keys for 16 queries), a rank's part of them under the split, is refused by name at
+    the first step, the same on every rank; with ``use_cache=False`` exact."""
+    for report in run_on_ranks(2, _looped, mode, 3, True):
+        assert "max_abs_diff_after_steps" in report, report
+    for said in run_on_ranks(2, _looped, mode, 1, True):
+        assert "attends 8 queries of this rank to 16 keys: keys read from a KV cache" in said, said
+    for report in run_on_ranks(2, _looped, mode, 1, False):
         assert "max_abs_diff_after_steps" in report, report
 
 

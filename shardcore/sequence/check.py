@@ -121,6 +121,20 @@ def refuse_stacked(x, state, block: str) -> None:
         )
 
 
+def refuse_cached_keys(module, query, key, state) -> None:
+    """In the attention of a split forward, before its collectives (every rank alike): keys longer than
+    this rank's queries are keys of earlier tokens read from a KV cache (a layer run twice in one forward
+    with the cache transformers makes in training, its second run reading the first's), which the split
+    left a rank's part of. Refused, not attended to."""
+    if key.shape[2] != query.shape[2]:
+        raise NotImplementedError(
+            f"sequence_parallelism_mode={state.mode!r}: {type(module).__name__} attends {query.shape[2]} queries "
+            f"of this rank to {key.shape[2]} keys: keys read from a KV cache inside a split forward (a layer run "
+            "twice with the cache, its second run reading the first's), a rank's part of them; call the model "
+            "with use_cache=False"
+        )
+
+
 def _watch_forward(model: nn.Module, state) -> None:
     """At each forward, before any collective: refuse what the sequence split cannot honour yet,
     and note whether the blocks will be recomputed (activation checkpointing: what the recompute

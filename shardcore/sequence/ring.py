@@ -21,6 +21,7 @@ from ..distributed.ring import start_ring_shift
 from ..distributed.scope import backward_of
 from ..tensor_parallel.regions import gather_seq
 from .blocks import attend, attend_backward, merge, pieces
+from .check import refuse_cached_keys
 
 
 def _zigzag(t: torch.Tensor, size: int, dim: int) -> torch.Tensor:
@@ -143,6 +144,7 @@ def ring_attention(base, *, gather: bool = False):
         state = module.__dict__.get("_shardcore_sequence")
         if state is None or not state.active:
             return base(module, query, key, value, attention_mask, **kwargs)
+        refuse_cached_keys(module, query, key, state)
         state.attention_calls += 1
         group, size = state.group, state.size
         local = query.shape[2]

@@ -6,7 +6,6 @@ sets up ``"ring_attn"`` (:mod:`shardcore.sequence.ring`).
 from __future__ import annotations
 
 import functools
-import weakref
 
 import torch
 from torch import nn
@@ -14,7 +13,7 @@ from torch import nn
 from ..distributed.collectives import all_to_all_cat, group_rank, group_size
 from ..tensor_parallel.mappings import gather_from_tp, split_to_tp
 from ..tensor_parallel.regions import SequenceParallel
-from .check import _watch_forward, refuse_stacked
+from .check import _watch_forward, refuse_cached_keys, refuse_stacked
 from .declared import regions, set_attention
 from .gathered import install_gathered
 from .ring import _unzigzag, _zigzag
@@ -73,7 +72,6 @@ class _SplitHooks:
     def __init__(self, state: SequenceParallel, split_kwargs: tuple, model: nn.Module, names: list, unmixed=()) -> None:
         self.state, self.split_kwargs, self.model, self.names = state, split_kwargs, model, names
         self.unmixed = frozenset(unmixed)  # blocks that mix no tokens: no attention call expected of them
-        self.cached_runs: tuple = (lambda: None, set())  # the KV cache of the forward running now, the blocks run with it
         self.zigzag = state.mode in ("ring_attn", "all_gather_kv") and state.zigzag  # zigzag chunks, 2 a rank
         self.parts = 2 * state.size if self.zigzag else state.size
         self.blocks = 0  # the blocks run since the split (a pipeline stage runs its own)
@@ -92,26 +90,7 @@ class _SplitHooks:
             args, kwargs = split if split is not None else (args, kwargs)
         if self.state.active and self.names[index] not in self.unmixed:
             self.blocks += 1
-        if self.state.active and not self.state.checkpointing:  # (a recompute runs a block again, cache and all)
-            self.refuse_rerun(index, kwargs)
         return self.split_along(module, args, kwargs)
-
-    def refuse_rerun(self, index: int, kwargs) -> None:
-        """A block run twice in one forward with a KV cache (Dory's loops over its layers): its second run
-        reads the keys and values its first wrote, a rank's part of them under the split. Refused, the same
-        on every rank, before its attention's collectives."""
-        cache = kwargs.get("cache", kwargs.get("past_key_values"))
-        if cache is None:
-            return
-        if self.cached_runs[0]() is not cache:  # a weak reference: the cache of an earlier step is not kept alive
-            self.cached_runs = (weakref.ref(cache), set())
-        if index in self.cached_runs[1]:
-            raise NotImplementedError(
-                f"sequence_parallelism_mode={self.state.mode!r}: {self.names[index]} runs twice in one forward with "
-                "a KV cache, where the second run may read the keys and values the first wrote (a rank's part of "
-                "them under the split); call the model with use_cache=False"
-            )
-        self.cached_runs[1].add(index)
 
     def leave(self, index: int, module, args, output):
         return None if self.held(index + 1) else self.gather_last(module, args, output)
@@ -244,6 +223,7 @@ def ulysses_attention(base):
         if state is None or not state.active:
             return base(module, query, key, value, attention_mask, **kwargs)
         group = state.group
+        refuse_cached_keys(module, query, key, state)
         state.attention_calls += 1
         query, key, value = (_AllToAll.apply(t, group, 1, 2) for t in (query, key, value))
         kwargs = {k: state.whole.get(k, v) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}

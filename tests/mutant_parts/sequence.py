@@ -344,14 +344,13 @@ MUTANTS = [
         "tuple index out of range",  # its sequence dim of size 1 cut in two
     ),
     m(
-        "block-rerun-with-a-cache-unseen",
-        "Dory's looped layer run twice in one training forward with the KV cache under the split: its second run "
-        "may read a rank's part of the keys its first wrote",
-        "shardcore/sequence/ulysses.py",
-        "_SplitHooks.refuse_rerun",
-        [("        if index in self.cached_runs[1]:", "        if False:")],
-        "tests/test_core_recent_families.py::test_a_block_run_twice_with_a_cache_is_refused_and_exact_without"
-        "[all_to_all]",
-        "AssertionError: no error",  # run (on a rank's part of its own keys), not refused
+        "cached-keys-read-in-a-split-forward",
+        "Dory's layer run twice in one training forward, its second run reading the keys its first wrote to the "
+        "KV cache (a rank's part of them under the split), attended to all the same",
+        "shardcore/sequence/check.py",
+        "refuse_cached_keys",
+        [("    if key.shape[2] != query.shape[2]:", "    if False:")],
+        "tests/test_core_recent_families.py::test_layers_run_twice_in_a_forward_with_a_cache[all_to_all]",
+        "AssertionError: no error",  # attended to (a rank's part of the cached keys), not refused
     ),
 ]

@@ -62,11 +62,18 @@ class BloomPolicy(HFStages, Policy):
 
     def sequence(self):
         heads = self.model.config.n_head
+        own = (
+            "BLOOM's attention is its own, not transformers' registry: its scores start from the ALiBi bias of "
+            "every head (one slope a head) in one baddbmm over the whole key length"
+        )
         return SequenceSpec(
             # Megatron's split: the attention runs on the gathered sequence, so the ALiBi bias (whole keys) is
-            # the unsharded one. Ulysses and the ring are refused by name: BLOOM's attention is its own
-            # (ALiBi added in a baddbmm), not transformers' attention registry they run through.
-            modes=("split_gather", "all_to_all", "ring_attn"),
+            # the unsharded one. Ulysses and the ring are refused, with the model's reason.
+            modes=("split_gather",),
+            refused={
+                "all_to_all": f"{own}; cutting the slopes to a rank's heads after the all-to-all is not built",
+                "ring_attn": f"{own}; the bias per travelling key block (its key positions) is not built",
+            },
             dropouts=("",),  # dropout_add on the residuals, inside the block: this rank's tokens when split
             heads=(heads, heads),
         )

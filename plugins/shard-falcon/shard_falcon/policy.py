@@ -71,11 +71,20 @@ class FalconPolicy(HFStages, Policy):
 
     def sequence(self):
         heads, kv, _ = self._dims()
+        own = (
+            "Falcon's attention is its own, not transformers' registry: it calls torch's "
+            "scaled_dot_product_attention itself (or, with ALiBi, adds the bias of every head to its scores)"
+        )
         return SequenceSpec(
             # Megatron's split: the attention runs on the gathered sequence (rotary cos / sin and the ALiBi
-            # bias whole). Ulysses and the ring are refused by name: Falcon's attention is its own, not
-            # transformers' attention registry they run through.
-            modes=("split_gather", "all_to_all", "ring_attn"),
+            # bias whole). Ulysses and the ring are refused, with the model's reason.
+            modes=("split_gather",),
+            refused={
+                "all_to_all": f"{own}; routing that call (and the ALiBi slopes of a rank's heads) through the "
+                "all-to-all is not built",
+                "ring_attn": f"{own}; routing that call (and the ALiBi bias per travelling key block) around the "
+                "ring is not built",
+            },
             dropouts=("",),  # dropout_add on the residuals, in the decoder layer: this rank's tokens when split
             heads=(heads, kv),
         )
