@@ -99,10 +99,16 @@ def one_cell(model_type: str, class_name: str, feature: str) -> dict:
             from shardcore.testing import assert_data_parallel_matches
 
             config = shardcore.ShardConfig(
+                tensor_parallel_size=1,
                 data_parallel="fsdp" if feature == "fsdp" else "ddp",
                 expert_parallel_size=2 if feature == "ep" else 1,
             )
-            assert_data_parallel_matches(make, batch, config)
+            from shardcore.tensor_parallel import count_collectives
+
+            with count_collectives() as counts:
+                assert_data_parallel_matches(make, batch, config)
+            if feature == "ep" and not counts.get("all_to_all"):  # the tokens never went to another rank's experts
+                raise AssertionError("expert parallelism ran no all-to-all")
         elif feature == "pp":
             assert_pipeline_matches(
                 make, batch, shardcore.ShardConfig(pipeline_parallel_size=2, tensor_parallel_size=1)

@@ -23,6 +23,23 @@ COMMON = {
 }
 LAYERS = ["sliding_attention", "full_attention"]
 MIXED = ["linear_attention", "full_attention"]  # a hybrid's: a linear-attention layer, then an attention layer
+#: DeepSeek-V3's own fields (MoE with a dense first layer, grouped top-k, MLA attention)
+FAMILIES_V3 = {
+    "moe_intermediate_size": 32,
+    "n_routed_experts": 4,
+    "num_experts_per_tok": 2,
+    "n_shared_experts": 1,
+    "n_group": 2,
+    "topk_group": 1,
+    "first_k_dense_replace": 1,  # layer 0 dense, layer 1 MoE
+    "num_key_value_heads": 4,  # MLA expands its latent to every head (transformers' sdpa repeats K/V by
+    # heads // kv_heads after that expansion whenever a mask is built: as many as the heads, as the real model)
+    "q_lora_rank": 32,
+    "kv_lora_rank": 16,
+    "qk_rope_head_dim": 8,
+    "qk_nope_head_dim": 8,
+    "v_head_dim": 8,  # narrower than the keys' 16 (8 + 8), as the real model's 128 against 192
+}
 #: each family's config class, model class, its own fields and attention implementation
 FAMILIES = {
     "Qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 16}, "sdpa"),
@@ -43,22 +60,7 @@ FAMILIES = {
     "DeepseekV3": (
         "DeepseekV3Config",
         "DeepseekV3ForCausalLM",
-        {
-            "moe_intermediate_size": 32,
-            "n_routed_experts": 4,
-            "num_experts_per_tok": 2,
-            "n_shared_experts": 1,
-            "n_group": 2,
-            "topk_group": 1,
-            "first_k_dense_replace": 1,  # layer 0 dense, layer 1 MoE
-            "num_key_value_heads": 4,  # MLA expands its latent to every head (transformers' sdpa repeats K/V by
-            # heads // kv_heads after that expansion whenever a mask is built: as many as the heads, as the real model)
-            "q_lora_rank": 32,
-            "kv_lora_rank": 16,
-            "qk_rope_head_dim": 8,
-            "qk_nope_head_dim": 8,
-            "v_head_dim": 8,  # narrower than the keys' 16 (8 + 8), as the real model's 128 against 192
-        },
+        FAMILIES_V3,
         "sdpa",
     ),
     # hybrids: token mixers outside the attention, run over the whole sequence under Ulysses and the ring
@@ -143,6 +145,12 @@ FAMILIES = {
         "DoryConfig",
         "DoryForCausalLM",  # a looped model: input layer, a middle layer run twice a forward, output layer
         {"head_dim": 16, "n_input_layers": 1, "n_output_layers": 1, "n_recurrent_loops": 2},
+        "sdpa",
+    ),
+    "DeepseekV32": (
+        "DeepseekV32Config",
+        "DeepseekV32ForCausalLM",  # DeepSeek-V3's shapes with a sparse-attention indexer, which gets no gradient
+        {**FAMILIES_V3, "index_n_heads": 2, "index_head_dim": 16, "index_topk": 8},
         "sdpa",
     ),
     "LongcatFlash": (

@@ -496,6 +496,24 @@ def _expert_parallel(family: str, tp: int) -> dict:
     return report | {"all_to_all": counts.get("all_to_all", 0)}
 
 
+def _indexed(ep: int) -> dict:
+    from shardcore.testing import assert_data_parallel_matches
+
+    config = ShardConfig(tensor_parallel_size=1, expert_parallel_size=ep, data_parallel="ddp")
+    return assert_data_parallel_matches(lambda: build("DeepseekV32"), batch(rows=4, seq=16), config, rtol_loss=2e-6)
+
+
+@pytest.mark.parametrize("ep", [1, 2], ids=["ddp", "ep2-ddp"])
+def test_data_parallel_over_parameters_a_step_leaves_without_gradient(ep):
+    """DeepSeek-V3.2's sparse-attention indexer gets no gradient from the model's loss (it is trained by a
+    loss of its own): DDP over the zero-config model finds it each step (``DataParallelSpec.find_unused``),
+    where it would otherwise never reduce the bucket holding it and leave the gradients beside it each
+    rank's own (the embedding's among them). Loss, every gradient and 3 AdamW steps equal to the
+    unsharded model's, under DDP and EP=2 over DDP."""
+    for report in run_on_ranks(2, _indexed, ep):
+        assert "max_abs_diff_after_steps" in report, report
+
+
 @pytest.mark.parametrize("tp", [1, 2], ids=["ep2-ddp", "ep2-tp2"])
 @pytest.mark.parametrize("family", ["GptOss", "DeepseekV3"])
 def test_expert_parallelism_from_the_shipped_expert_plan(family, tp):

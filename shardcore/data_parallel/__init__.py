@@ -253,8 +253,10 @@ def apply_data_parallel(model: nn.Module, policy, config, layout, pipeline=None)
     else:
         from torch.distributed._composable.replicate import replicate
 
-        static = policy.data_parallel().static_graph  # the same parameters every step, some never: declared
-        replicate(model, process_group=mesh.get_group(), ignored_modules=experts or None, static_graph=static)
+        spec = policy.data_parallel()  # static_graph: the same parameters every step, some never; find_unused:
+        # some a step leaves without a gradient, not known which (a model shardcore did not write)
+        kwargs = {"static_graph": spec.static_graph, "find_unused_parameters": spec.find_unused}
+        replicate(model, process_group=mesh.get_group(), ignored_modules=experts or None, **kwargs)
     if pipeline is None:  # a rank whose batch lacks an input some modules need still runs them (.idle)
         install_idle_runs(model, policy.data_parallel().idle_runs)
     log.info("shardcore: %s over %d data-parallel ranks", mode, layout.dp)

@@ -198,8 +198,8 @@ class PlanPolicy(Policy):
         return ChecksSpec(blocks=self._planned_blocks())
 
     def data_parallel(self) -> DataParallelSpec:
-        """The dimension FSDP splits each parameter the plan gives a ``dp`` entry along."""
-        return DataParallelSpec(shard_dims=getattr(self, "_dp_dims", {}))
+        """FSDP's split dims from the plan's ``dp`` entries; DDP finds what a step leaves without a gradient."""
+        return DataParallelSpec(shard_dims=getattr(self, "_dp_dims", {}), find_unused=True)
 
     def blocks(self):
         """The first repeated container's blocks holding a planned module, else a parameter (GPT-OSS's

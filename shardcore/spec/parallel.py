@@ -107,12 +107,19 @@ class DataParallelSpec:
       pooled-output norm Llava does not read): DDP is told (``static_graph=True``), so it reduces the
       used ones and does not wait for the others, where it would otherwise fail the second step.
 
+    * ``find_unused``: a step may leave some parameters without a gradient, which ones not known
+      beforehand (a model shardcore did not write: DeepSeek-V3.2's sparse-attention indexer, trained by
+      a loss of its own, gets none from the model's): DDP finds them each step
+      (``find_unused_parameters=True``). Without it, the bucket holding such a parameter is never
+      reduced, and the gradients beside it stay each rank's own.
+
     Composite: the parts' ``shard_dims`` under their paths, the composite's own ``idle_runs`` (they
-    name the model's inputs and its modules) and ``static_graph``."""
+    name the model's inputs and its modules), ``static_graph`` and ``find_unused``."""
 
     shard_dims: Mapping[str, int] = attrs.field(factory=dict, converter=dict)
     idle_runs: Mapping[str, IdleRun] = attrs.field(factory=dict, converter=dict)
     static_graph: bool = False
+    find_unused: bool = False
 
     @classmethod
     def merge(cls, own: DataParallelSpec | None, parts: Mapping[str, DataParallelSpec]) -> DataParallelSpec:
@@ -120,4 +127,4 @@ class DataParallelSpec:
         dims = dict(own.shard_dims)
         for path, p in parts.items():
             dims.update({under(path, n): d for n, d in p.shard_dims.items()})
-        return cls(shard_dims=dims, idle_runs=own.idle_runs, static_graph=own.static_graph)
+        return cls(shard_dims=dims, idle_runs=own.idle_runs, static_graph=own.static_graph, find_unused=own.find_unused)

@@ -287,4 +287,14 @@ MUTANTS = [
         "tests/test_core_recent_families.py::test_expert_parallelism_from_the_shipped_expert_plan[DeepseekV3-ep2-ddp]",
         "'all_to_all': 0",
     ),
+    m(
+        "plan-ddp-unused-not-found",
+        "DDP over a zero-config model not told that a step may leave parameters without a gradient (DeepSeek-V3.2's "
+        "indexer): their bucket never reduced, the gradients beside them each rank's own",
+        "shardcore/plan/policy.py",
+        "PlanPolicy.data_parallel",
+        [(", find_unused=True)", ")")],
+        "tests/test_core_recent_families.py::test_data_parallel_over_parameters_a_step_leaves_without_gradient[ddp]",
+        "(gathered over dp and tp): relative error",
+    ),
 ]
