@@ -390,8 +390,9 @@ def families(session: nox.Session) -> None:
 @nox.session(default=False)
 def features(session: nox.Session) -> None:
     """Not a test: every causal-LM family the plan its config ships shards (no plugin), at PP=2, Ulysses SP=2,
-    ring SP=2 and split_gather TP=2 against the unsharded model; writes benchmarks/results/features.json and
-    .md, the totals per feature (``-- --only qwen3 olmo2 --features pp --merge`` for some)."""
+    ring SP=2, split_gather TP=2, FSDP=2 and EP=2 over DDP against the unsharded model; writes
+    benchmarks/results/features.json and .md, the totals per feature (``-- --only qwen3 olmo2 --features pp
+    --merge`` for some)."""
     bin_dir = _install(session)
     _run(session, bin_dir, "python", "benchmarks/features.py", *session.posargs)
 
