@@ -174,9 +174,8 @@ def mask_readers(model: torch.nn.Module) -> list[tuple[str, str, int]]:
 
 
 def bias_passers(model: torch.nn.Module) -> list[tuple[str, str]]:
-    """``(attention class, keyword)`` for each tensor an attention module of ``model`` hands the attention
-    function besides query, key, value and mask that is named a bias (Inkling's relative ``position_bias``,
-    computed over a rank's queries and every head): a sequence split cuts neither its rows nor its heads."""
+    """``(attention class, keyword)`` for each ``...bias...`` keyword an attention module hands the attention
+    function (Inkling's relative ``position_bias``, over a rank's queries and every head)."""
     return [use for cls in dict.fromkeys(type(m) for m in model.modules()) for use in _bias_passed(cls)]
 
 
@@ -189,8 +188,7 @@ def _bias_passed(cls: type) -> tuple[tuple[str, str], ...]:
 
 
 def reads_registry(cls: type) -> bool:
-    """Whether ``cls``'s own forward calls transformers' attention registry (an attention module a
-    sequence split switches)."""
+    """Whether ``cls``'s own forward calls transformers' attention registry (what a sequence split switches)."""
     return _registry_forward(cls) is not None
 
 
@@ -230,10 +228,9 @@ _SPLIT_KNOWS |= {"cache", "past_key_values", "past_key_value", "layer_past", "ca
 
 
 def tensor_inputs(model: torch.nn.Module) -> list[tuple[str, str]]:
-    """``(attention class, parameter)`` for each tensor the forward of an attention module of ``model``
-    (a class whose forward calls transformers' attention registry) takes besides what a sequence split
-    hands it as it should: a tensor along the sequence (Ministral 3's ``position_ids``, Beam's
-    ``attention_scaling``, each scaling the queries per position) that the split does not cut with the
+    """``(attention class, parameter)`` for each tensor an attention module of ``model`` (its forward calls
+    the registry) takes besides what the split knows: one along the sequence (Ministral 3's
+    ``position_ids``, Beam's ``attention_scaling``: per-position query scales) that the split cuts with the
     hidden states. Read from the signature (a parameter annotated as a tensor), no forward run."""
     return [use for cls in dict.fromkeys(type(m) for m in model.modules()) for use in _tensor_inputs(cls)]
 
