@@ -173,11 +173,11 @@ class ShippedPlanPolicy(HFStages, PlanPolicy):
         config = self.model.config
         if getattr(config, "sub_configs", None):
             return SequenceSpec()
-        why = self._not_split()
+        mixers = token_mixers(config, self.blocks())
+        why = self._not_split(mixers.why)
         heads = None if why else sequence_heads(config)
         if why is None and heads is None:
             return SequenceSpec()
-        mixers = token_mixers(config, self.blocks())
         return SequenceSpec(
             modes=("split_gather",) if why else ("split_gather", "all_to_all", "ring_attn"),
             refused={"all_to_all": why, "ring_attn": why} if why else {},
@@ -206,17 +206,17 @@ class ShippedPlanPolicy(HFStages, PlanPolicy):
             return region_problem(self.blocks(), plans, self.tensor_parallel().grad_sum)
         return attention_registry().sequence_problem(self.model, mode, routed=self.sequence().routed)
 
-    def _not_split(self) -> str | None:
-        """Why the model's attention cannot run with its sequence split (``None``: nothing seen)."""
+    def _not_split(self, mixers_problem: str | None) -> str | None:
+        """Why the model's attention cannot run with its sequence split (``None``: nothing seen);
+        ``mixers_problem``: why its token mixers outside the attention cannot (:func:`token_mixers`)."""
         config = self.model.config
         try:
             sequence_heads(config)  # a config with per-layer shapes: each layer's
         except (AttributeError, RuntimeError) as err:
             said = str(err).split(".")[0]
             return f"{type(config).__name__} gives its layers their own attention shapes ({said}), not read per layer"
-        why = token_mixers(config, self.blocks()).why
-        if why:
-            return why
+        if mixers_problem:
+            return mixers_problem
         taken = _block_inputs(self.blocks(), self._along())
         if taken:
             return (

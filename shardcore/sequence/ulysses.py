@@ -57,8 +57,12 @@ def apply_ulysses(model: nn.Module, policy, state: SequenceParallel) -> None:
 def _gather_mixers(spec, region: list, state: SequenceParallel) -> None:
     """The spec's token mixers outside the attention (:attr:`SequenceSpec.gathered`) that this region's
     blocks hold, run over the whole sequence (:mod:`shardcore.sequence.gathered`)."""
+    from ..pipeline import PipelineHole
+
     found = []
     for name, block in region:
+        if isinstance(block, PipelineHole):  # on a pipeline stage: another stage's block
+            continue
         inside = [g for g in spec.gathered if g.startswith(f"{name}.")]
         found += [(g, block.get_submodule(g[len(name) + 1 :])) for g in inside]
     install_gathered(found, state, spec.split_kwargs)
