@@ -280,6 +280,17 @@ def test_layers_run_twice_in_a_forward_with_a_cache(mode):
         assert "max_abs_diff_after_steps" in report, report
 
 
+@pytest.mark.parametrize("mode", ["all_to_all", "ring_attn"])
+def test_a_hybrid_in_pipeline_stages_with_its_sequence_split(mode):
+    """Qwen3-Next at PP=2 x SP=2 (4 ranks): its Gated DeltaNet layer on the first stage runs over the whole
+    sequence there, the attention layer on the second splits it; each stage hooks only the mixers of the
+    blocks it holds (the other stage's are holes)."""
+    config = {"pipeline_parallel_size": 2, "tensor_parallel_size": 1, "sequence_parallel_size": 2}
+    config |= {"enable_sequence_parallelism": True, "sequence_parallelism_mode": mode}
+    for report in run_on_ranks(4, _pipeline, "Qwen3Next", config, 2):
+        assert "max_abs_diff_after_steps" in report, report
+
+
 def _longcat() -> dict:
     mark = 5  # a token id whose embedding alone points along dimension 0, which the first router reads
 

@@ -86,7 +86,7 @@ MUTANTS = [
         "DDP not told that every step uses the same parameters: it waits for Llava's post_layernorm, never used, and fails",
         "shardcore/data_parallel/__init__.py",
         "apply_data_parallel",
-        [("        static = policy.data_parallel().static_graph", "        static = False")],
+        [('        kwargs = {"static_graph": spec.static_graph,', '        kwargs = {"static_graph": False,')],
         "plugins/shard-llava/tests/test_llava_card.py::test_the_card_passes_with_images_on_every_rank_under_ddp",
         "Expected to have finished reduction in the prior iteration",
     ),
