@@ -203,14 +203,18 @@ def test_a_pipeline_the_shipped_plan_cannot_give_is_refused_by_name(make, messag
         assert "does not support pipeline parallelism" in said, said
 
 
-def _sequence(family: str, mode: str) -> dict:
-    config = ShardConfig(
+def _sp2(mode: str) -> ShardConfig:
+    """SP=2 in ``mode`` over the 2 ranks."""
+    return ShardConfig(
         tensor_parallel_size=1,
         sequence_parallel_size=2,
         enable_sequence_parallelism=True,
         sequence_parallelism_mode=mode,
     )
-    return assert_sharded_matches(lambda: build(family), batch(seq=16), config)
+
+
+def _sequence(family: str, mode: str) -> dict:
+    return assert_sharded_matches(lambda: build(family), batch(seq=16), _sp2(mode))
 
 
 @pytest.mark.parametrize("mode", ["all_to_all", "ring_attn"])
@@ -228,15 +232,9 @@ def test_sequence_parallelism_through_the_attention_registry(family, mode):
 def _hybrid(family: str, mode: str) -> dict:
     from shardcore.tensor_parallel import count_collectives
 
-    config = ShardConfig(
-        tensor_parallel_size=1,
-        sequence_parallel_size=2,
-        enable_sequence_parallelism=True,
-        sequence_parallelism_mode=mode,
-    )
     layers = 3 if family == "NemotronH" else 2
     with count_collectives() as counts:
-        report = assert_sharded_matches(lambda: build(family, layers), batch(seq=16), config)
+        report = assert_sharded_matches(lambda: build(family, layers), batch(seq=16), _sp2(mode))
     return report | {"all_gather": counts.get("all_gather", 0), "reduce_scatter": counts.get("reduce_scatter", 0)}
 
 
