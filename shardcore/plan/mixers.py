@@ -72,17 +72,16 @@ def token_mixers(config, blocks: list[tuple[str, nn.Module]]) -> Mixers:
     unmixed: list[str] = []
     for i, (b, block) in enumerate(blocks):
         kind = kinds[i] if i < len(kinds) else ""
+        recurrent = recurrent_kind(kind)
         modules = dict(block.named_modules(prefix=b))
         registry = {n for n, m in modules.items() if reads_registry(type(m))}
         seeds = [
             n
             for n, m in modules.items()
             if n != b
-            and (
-                _convolves(m) or (recurrent_kind(kind) and n not in registry and type(m).__name__.endswith(_MIXER_ENDS))
-            )
+            and (_convolves(m) or (recurrent and n not in registry and type(m).__name__.endswith(_MIXER_ENDS)))
         ]
-        if recurrent_kind(kind) and not seeds:
+        if recurrent and not seeds:
             return Mixers(
                 [],
                 [],

@@ -35,18 +35,18 @@ def install_gathered(modules: list[tuple[str, nn.Module]], state: SequenceParall
         module.register_forward_hook(functools.partial(_leave, state, name))
 
 
-def _zigzagged(state: SequenceParallel) -> bool:
-    """Whether the split is in zigzag order (the causal ring's), as the block hooks split it."""
+def zigzagged(state: SequenceParallel) -> bool:
+    """Whether the split is in zigzag order: the causal ring's (and ``all_gather_kv``'s), two chunks a rank."""
     return state.mode in ("ring_attn", "all_gather_kv") and state.zigzag
 
 
 def _whole(t: torch.Tensor, state: SequenceParallel, dim: int) -> torch.Tensor:
     full = gather_seq(t, state.group, dim)
-    return _unzigzag(full, state.size, dim) if _zigzagged(state) else full
+    return _unzigzag(full, state.size, dim) if zigzagged(state) else full
 
 
 def _part(t: torch.Tensor, state: SequenceParallel, dim: int) -> torch.Tensor:
-    t = _zigzag(t, state.size, dim) if _zigzagged(state) else t
+    t = _zigzag(t, state.size, dim) if zigzagged(state) else t
     return t.chunk(state.size, dim=dim)[group_rank(state.group)]
 
 
@@ -54,14 +54,15 @@ def _local(t, state: SequenceParallel) -> bool:
     return isinstance(t, torch.Tensor) and t.dim() > state.dim and t.shape[state.dim] * state.size == state.length
 
 
-def _sequence_dim(y, state: SequenceParallel) -> int | None:
-    """The dimension of a mixer's output that runs along the whole sequence: the hidden states' own, or the
-    one other (not the batch's) as long as it (a key projection's ``(batch, heads, sequence, dim)``)."""
-    if not isinstance(y, torch.Tensor):
+def sequence_dim(t, state: SequenceParallel) -> int | None:
+    """The dimension of ``t`` that runs along the whole sequence: the hidden states' own, or the one other
+    (not the batch's) as long as it (a per-position scale's ``(batch, 1, sequence, 1)``, a key projection's
+    ``(batch, heads, sequence, dim)``); ``None`` when there is no such one dimension."""
+    if not isinstance(t, torch.Tensor):
         return None
-    if y.dim() > state.dim and y.shape[state.dim] == state.length:
+    if t.dim() > state.dim and t.shape[state.dim] == state.length:
         return state.dim
-    dims = [d for d in range(1, y.dim()) if y.shape[d] == state.length]
+    dims = [d for d in range(1, t.dim()) if t.shape[d] == state.length]
     return dims[0] if len(dims) == 1 else None
 
 
@@ -96,7 +97,7 @@ def _leave(state: SequenceParallel, name: str, module, args, output):
     if not state.active:
         return None
     y = output[0] if isinstance(output, tuple) else output
-    dim = _sequence_dim(y, state)
+    dim = sequence_dim(y, state)
     if dim is None:
         shape = tuple(y.shape) if isinstance(y, torch.Tensor) else type(y).__name__
         raise RuntimeError(

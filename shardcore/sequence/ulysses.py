@@ -15,7 +15,7 @@ from ..tensor_parallel.mappings import gather_from_tp, split_to_tp
 from ..tensor_parallel.regions import SequenceParallel
 from .check import _watch_forward, refuse_cached_keys, refuse_stacked
 from .declared import regions, set_attention
-from .gathered import install_gathered
+from .gathered import install_gathered, sequence_dim, zigzagged
 from .ring import _unzigzag, _zigzag
 from .split_gather import _per_rank_dropouts, _token_sums
 
@@ -76,7 +76,7 @@ class _SplitHooks:
     def __init__(self, state: SequenceParallel, split_kwargs: tuple, model: nn.Module, names: list, unmixed=()) -> None:
         self.state, self.split_kwargs, self.model, self.names = state, split_kwargs, model, names
         self.unmixed = frozenset(unmixed)  # blocks that mix no tokens: no attention call expected of them
-        self.zigzag = state.mode in ("ring_attn", "all_gather_kv") and state.zigzag  # zigzag chunks, 2 a rank
+        self.zigzag = zigzagged(state)  # zigzag chunks, 2 a rank
         self.parts = 2 * state.size if self.zigzag else state.size
         self.blocks = 0  # the blocks run since the split (a pipeline stage runs its own)
 
@@ -155,19 +155,16 @@ class _SplitHooks:
 
 
 def _along(t: torch.Tensor, state: SequenceParallel, key: str) -> int:
-    """The dimension of ``t`` (a block's keyword argument ``key``) that runs along the sequence: the hidden
-    states' own, or the one other dimension (not the batch's) as long as the sequence (Ministral 3's and
-    Beam's per-position query scales are ``(batch, 1, sequence, 1)``)."""
-    if t.dim() > state.dim and t.shape[state.dim] == state.length:
-        return state.dim
-    dims = [d for d in range(1, t.dim()) if t.shape[d] == state.length]
-    if len(dims) != 1:
+    """The dimension of ``t`` (a block's keyword argument ``key``) that runs along the sequence
+    (:func:`~shardcore.sequence.gathered.sequence_dim`); refused where there is no such one dimension."""
+    dim = sequence_dim(t, state)
+    if dim is None:
         raise RuntimeError(
             f"sequence_parallelism_mode={state.mode!r}: the blocks' {key!r} {tuple(t.shape)} runs along the "
-            f"sequence of {state.length} tokens on {'no' if not dims else 'more than one'} dimension; leave "
+            f"sequence of {state.length} tokens on no one dimension (none, or several as long); leave "
             "enable_sequence_parallelism=False"
         )
-    return dims[0]
+    return dim
 
 
 class _AllToAll(torch.autograd.Function):

@@ -146,7 +146,7 @@ MUTANTS = [
         "mixes a rank's tokens only",
         "shardcore/plan/mixers.py",
         "token_mixers",
-        [("        if recurrent_kind(kind) and not seeds:", "        if False:")],
+        [("        if recurrent and not seeds:", "        if False:")],
         "tests/test_core_recent_families.py::test_a_sequence_split_the_attention_cannot_follow_is_refused_by_name"
         "[linear-attention-unrecognized-all_to_all]",
         "2 blocks ran but the split attention ran 1 times",
@@ -157,7 +157,7 @@ MUTANTS = [
         "ring: it convolves and scans a rank's tokens only",
         "shardcore/plan/mixers.py",
         "token_mixers",
-        [("                _convolves(m) or (recurrent_kind(kind)", "                False or (recurrent_kind(kind)")],
+        [("            and (_convolves(m) or (recurrent and", "            and (False or (recurrent and")],
         "tests/test_core_recent_families.py::test_hybrids_and_per_position_scales_under_ulysses_and_the_ring"
         "[FalconH1-ring_attn]",
         # no mixer found, nothing vouches for its attention: transformers' own word (not through the registry) refuses

@@ -317,7 +317,7 @@ MUTANTS = [
         "a gathered mixer's output cut back in contiguous parts where the ring holds zigzag chunks",
         "shardcore/sequence/gathered.py",
         "_part",
-        [("    t = _zigzag(t, state.size, dim) if _zigzagged(state) else t", "    t = t")],
+        [("    t = _zigzag(t, state.size, dim) if zigzagged(state) else t", "    t = t")],
         "tests/test_core_recent_families.py::test_hybrids_and_per_position_scales_under_ulysses_and_the_ring"
         "[FalconH1-ring_attn]",
         "output 'logits': max abs diff",
@@ -336,9 +336,9 @@ MUTANTS = [
     m(
         "split-kwarg-along-the-hidden-states-dim",
         "Beam's per-position query scale (batch, 1, sequence, 1) cut along the hidden states' dim 1",
-        "shardcore/sequence/ulysses.py",
-        "_along",
-        [("    return dims[0]\n", "    return state.dim\n")],
+        "shardcore/sequence/gathered.py",
+        "sequence_dim",
+        [("    return dims[0] if len(dims) == 1 else None", "    return state.dim")],
         "tests/test_core_recent_families.py::test_hybrids_and_per_position_scales_under_ulysses_and_the_ring"
         "[Beam-ring_attn]",
         "tuple index out of range",  # its sequence dim of size 1 cut in two
