@@ -99,9 +99,39 @@ TINY = {
     "ffn_hidden_size": 128,
     "entity_vocab_size": 64,
     "entity_emb_size": 32,
+    "num_experts_per_token": 2,
+    "num_expert_group": 1,
+    "linear_num_heads": 4,
+    "linear_head_dim": 16,
+    # Mamba-2 mixers: heads x head size = 2 x hidden; time steps large enough that the decay A_log gets a
+    # gradient above the fp32 noise floor in 16 tokens
+    "mamba_n_heads": 4,
+    "mamba_d_head": 32,
+    "mamba_d_ssm": 128,
+    "mamba_num_heads": 4,
+    "mamba_head_dim": 32,
+    "mamba_d_state": 16,
+    "ssm_state_size": 16,
+    "mamba_n_groups": 1,
+    "n_groups": 1,
+    "mamba_chunk_size": 8,
+    "time_step_min": 0.05,
+    "time_step_max": 0.5,
+}
+#: per family, where the common sizes leave its tiny model without a kind of layer it has (a hybrid with no
+#: attention layer among its two), or at a size no other family has (each family's own names)
+LAYOUT = {
+    "bamba": {"attn_layer_indices": [1]},
+    "granitemoehybrid": {"layer_types": ["linear_attention", "attention"]},
+    "jamba": {"attn_layer_period": 2, "attn_layer_offset": 1, "expert_layer_period": 2, "expert_layer_offset": 1},
+    "lfm2_moe": {"layer_types": ["conv", "full_attention"], "num_dense_layers": 1},
+    "zaya": {"num_experts_per_tok": 1},  # its only routing
+    # its full-attention heads (512 wide by default, scaled by 1.0: logits up to 512, where the ring's blockwise
+    # softmax rounds 30x more than at 16) as small as its sliding ones
+    "gemma4_text": {"global_head_dim": 16},
 }
 #: a list per layer, made one entry per tiny layer (its first entries)
-PER_LAYER = ("layer_types", "activation_sparsity_pattern", "mlp_layer_types")
+PER_LAYER = ("layer_types", "activation_sparsity_pattern", "mlp_layer_types", "attention_layers", "block_types")
 ZERO = ("dropout", "dropout_rate", "attention_dropout", "hidden_dropout", "hidden_dropout_prob",
         "attention_probs_dropout_prob", "resid_pdrop", "embd_pdrop", "attn_pdrop", "activation_dropout")  # fmt: skip
 MAX_PARAMS = 40_000_000  # parameters of one tiny model (each of 2 ranks holds it twice, and its gradients)
@@ -129,9 +159,10 @@ def _overrides(defaults: dict, sub_configs: dict, mrope: bool = False) -> dict:
     if "kv_lora_rank" in defaults and "num_key_value_heads" in out:  # MLA: as many key/value heads as queries
         out["num_key_value_heads"] = out.get("num_attention_heads", 4)
     if (
-        isinstance(defaults.get("rope_parameters"), dict) and "num_attention_heads" in defaults
+        mrope and isinstance(defaults.get("rope_parameters"), dict) and "num_attention_heads" in defaults
     ):  # multimodal rotary sections: over the tiny head_dim / 2
-        out["rope_parameters"] = {**defaults["rope_parameters"], "mrope_section": [2, 2, 4]}
+        given = defaults["rope_parameters"] or {"rope_type": "default", "rope_theta": 10000.0}
+        out["rope_parameters"] = {**given, "mrope_section": [2, 2, 4]}
     layers = out.get("num_hidden_layers", out.get("num_layers"))
     for k in PER_LAYER:
         if layers and isinstance(defaults.get(k), list | tuple) and len(defaults[k]) > layers:
@@ -165,7 +196,8 @@ def tiny_config(model_type: str):
 
     cls = CONFIG_MAPPING[model_type]
     defaults = cls().to_dict()
-    config = cls(**_overrides(defaults, getattr(cls, "sub_configs", None) or {}, _mrope(cls)))
+    overrides = _overrides(defaults, getattr(cls, "sub_configs", None) or {}, _mrope(cls))
+    config = cls(**{**overrides, **LAYOUT.get(model_type, {})})
     config._attn_implementation = "eager"
     return config
 

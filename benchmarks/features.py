@@ -227,7 +227,7 @@ def main(argv: list[str]) -> int:
                         "reason": said,
                         "seconds": None,
                     }
-                if row[feature]["outcome"] in ("not swept", "cannot build"):
+                if row[feature]["outcome"] == "not swept":  # (one that cannot build may with sdpa: the next)
                     break
             for feature in args.features:
                 row.setdefault(feature, row[args.features[0]])

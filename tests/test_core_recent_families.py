@@ -381,10 +381,32 @@ def _doge():
 
 
 def _gemma4():
+    """Gemma 4 with its per-layer input (an embedding of the token ids a layer, handed to each block by
+    position); its full-attention heads as small as the sliding ones (512 by default, scaled by 1.0)."""
     import transformers
 
-    own = {"head_dim": 16, "hidden_size_per_layer_input": 16, "vocab_size_per_layer_input": 128}
+    own = {"head_dim": 16, "global_head_dim": 16, "hidden_size_per_layer_input": 16, "vocab_size_per_layer_input": 128}
     return transformers.Gemma4ForCausalLM(transformers.Gemma4TextConfig(**COMMON | own))
+
+
+def _per_layer_inputs(mode: str) -> dict:
+    return assert_sharded_matches(_gemma4, batch(seq=16), _sp2(mode))
+
+
+@pytest.mark.parametrize("mode", ["all_to_all", "ring_attn"])
+def test_a_blocks_own_input_along_the_sequence_is_cut_with_it(mode):
+    """Gemma 4 hands each block its per-layer input, ``(batch, sequence, width)``, by position besides the
+    hidden states: cut with them (zigzag under the ring), each block reads its tokens' rows."""
+    for report in run_on_ranks(2, _per_layer_inputs, mode):
+        assert "max_abs_diff_after_steps" in report, report
+
+
+def _gemma4_pooled():
+    """Gemma 4 whose per-layer input is one row a sequence (a summary of it), broadcast over the tokens."""
+    model = _gemma4()
+    project = model.model.project_per_layer_inputs
+    model.model.project_per_layer_inputs = lambda *args, **kwargs: project(*args, **kwargs).mean(1, keepdim=True)
+    return model
 
 
 def _gemma3n():
@@ -392,16 +414,7 @@ def _gemma3n():
 
     own = {"head_dim": 16, "hidden_size_per_layer_input": 16, "vocab_size_per_layer_input": 128}
     own |= {"layer_types": LAYERS, "num_kv_shared_layers": 0, "activation_sparsity_pattern": [0.0, 0.0]}
-    model = transformers.Gemma3nForCausalLM(transformers.Gemma3nTextConfig(**COMMON | own))
-    layer = type(model.model.layers[0])
-
-    class Unannotated(layer):  # its per-layer input unannotated: the streams stacked are what is seen first
-        def forward(self, hidden_states, per_layer_input=None, *args, **kwargs):
-            return super().forward(hidden_states, per_layer_input, *args, **kwargs)
-
-    for block in model.model.layers:
-        block.__class__ = Unannotated
-    return model
+    return transformers.Gemma3nForCausalLM(transformers.Gemma3nTextConfig(**COMMON | own))
 
 
 def _qwen3_with_a_bare_convolution():
@@ -437,7 +450,10 @@ def _inkling():
             r"DogeAttention uses the attention mask besides handing it to the attention function "
             r"\(prepare_dynamic_mask\(\), line \d+",
         ),
-        (_gemma4, r"Gemma4TextDecoderLayer takes 'per_layer_input' besides the hidden states"),
+        (
+            _gemma4_pooled,
+            r"the blocks' 'per_layer_input' \(2, 1, 16\) does not run along the sequence of 16 tokens on dim 1",
+        ),
         (_gemma3n, r"the hidden states entering model.layers.0 have shape \(\d+, 2, 16, 64\), not \(batch, sequence"),
         (
             _minimax_unrecognized,
@@ -453,7 +469,7 @@ def _inkling():
     ],
     ids=[
         "its-own-use-of-the-mask",
-        "a-block-input-along-the-sequence",
+        "a-block-input-not-along-the-sequence",
         "stacked-streams",
         "linear-attention-unrecognized",
         "a-bare-convolution",
@@ -462,7 +478,8 @@ def _inkling():
 )
 def test_a_sequence_split_the_attention_cannot_follow_is_refused_by_name(make, message, mode):
     """Doge builds its own mask from the whole sequence's (as DeepSeek-V3.2's sparse-attention indexer
-    reads it), Gemma 4's blocks take a per-layer input along the sequence, Gemma 3n stacks its streams
+    reads it), a block input with no dimension along the sequence (Gemma 4's per-layer input pooled), Gemma 3n
+    stacks its streams
     before the sequence, a linear-attention layer whose mixer shardcore does not recognize, a convolution
     inside the attention module with nothing around it to gather, Inkling hands its attention function a
     relative position bias over a rank's queries and every head: each refused by name under Ulysses and

@@ -94,9 +94,9 @@ _BLOCK_KNOWS |= {
 }
 
 
-def _block_inputs(blocks: list, split: tuple[str, ...]) -> list[tuple[str, str]]:
-    """``(block class, parameter)`` for each tensor a block's forward takes (by its signature) that the
-    sequence split neither cuts nor knows to be whole (Gemma 4's ``per_layer_input``)."""
+def _block_inputs(blocks: list, split: tuple[str, ...]) -> tuple[str, ...]:
+    """The tensors a block's forward takes (by its signature) besides what it is known to take and the
+    keywords ``split`` cuts (Gemma 4's ``per_layer_input``), by parameter name."""
     import inspect
 
     found = []
@@ -106,11 +106,11 @@ def _block_inputs(blocks: list, split: tuple[str, ...]) -> list[tuple[str, str]]
         except (TypeError, ValueError):
             continue
         found += [
-            (cls.__name__, n)
+            n
             for n, p in params.items()
             if n not in _BLOCK_KNOWS and n not in split and not n.endswith("mask") and "Tensor" in str(p.annotation)
         ]
-    return found
+    return tuple(dict.fromkeys(found))
 
 
 def _residual_dropouts(blocks: list) -> tuple[str, ...]:
@@ -182,6 +182,8 @@ class ShippedPlanPolicy(HFStages, PlanPolicy):
             modes=("split_gather",) if why else ("split_gather", "all_to_all", "ring_attn"),
             refused={"all_to_all": why, "ring_attn": why} if why else {},
             split_kwargs=self._along(),
+            # per position, read per position as the hidden states are (DeepSeek-V4's input_ids: its hash routing)
+            block_inputs=_block_inputs(self.blocks(), self._along()),
             gathered=() if why else mixers.gathered,
             unmixed=() if why else mixers.unmixed,
             # transformers leaves _supports_attention_backend unset on a hybrid for its mixers, run gathered here;
@@ -217,12 +219,6 @@ class ShippedPlanPolicy(HFStages, PlanPolicy):
             return f"{type(config).__name__} gives its layers their own attention shapes ({said}), not read per layer"
         if mixers_problem:
             return mixers_problem
-        taken = _block_inputs(self.blocks(), self._along())
-        if taken:
-            return (
-                f"{taken[0][0]} takes {taken[0][1]!r} besides the hidden states, a tensor the sequence split neither "
-                "cuts nor knows to be whole"
-            )
         biases = bias_passers(self.model)
         if biases:
             return (

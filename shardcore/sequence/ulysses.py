@@ -36,7 +36,7 @@ def apply_ulysses(model: nn.Module, policy, state: SequenceParallel) -> None:
     blocks = []
     for region in regions(policy):
         names, run = zip(*region, strict=True)
-        hooks = _SplitHooks(state, spec.split_kwargs, model, list(names), spec.unmixed)
+        hooks = _SplitHooks(state, spec, model, list(names))
         for i, block in enumerate(run):  # on a pipeline stage: the first and last block this stage holds
             block.register_forward_pre_hook(functools.partial(hooks.enter, i), with_kwargs=True)
             block.register_forward_hook(functools.partial(hooks.leave, i))
@@ -73,9 +73,10 @@ class _SplitHooks:
     gather them at the last block's output; ``ring_attn`` splits in zigzag order, two chunks a rank
     (for causal balance), or a bidirectional model's in contiguous parts."""
 
-    def __init__(self, state: SequenceParallel, split_kwargs: tuple, model: nn.Module, names: list, unmixed=()) -> None:
-        self.state, self.split_kwargs, self.model, self.names = state, split_kwargs, model, names
-        self.unmixed = frozenset(unmixed)  # blocks that mix no tokens: no attention call expected of them
+    def __init__(self, state: SequenceParallel, spec, model: nn.Module, names: list) -> None:
+        self.state, self.model, self.names = state, model, names
+        self.split_kwargs, self.block_inputs = spec.split_kwargs, spec.block_inputs
+        self.unmixed = frozenset(spec.unmixed)  # blocks that mix no tokens: no attention call expected of them
         self.zigzag = zigzagged(state)  # zigzag chunks, 2 a rank
         self.parts = 2 * state.size if self.zigzag else state.size
         self.blocks = 0  # the blocks run since the split (a pipeline stage runs its own)
@@ -128,15 +129,23 @@ class _SplitHooks:
     def split_along(self, module, args, kwargs):
         if not self.state.active:
             return args, kwargs
-        out = dict(kwargs)
-        for key in self.split_kwargs:
-            value = kwargs.get(key)
+        out, args = dict(kwargs), list(args)
+        named = _positional(module, len(args))  # Gemma 4 hands its per_layer_input by position
+        for key in (*self.split_kwargs, *self.block_inputs):
+            at = named.get(key)
+            value = kwargs.get(key) if at is None else args[at]
             if isinstance(value, torch.Tensor):
-                out[key] = self.split(value, _along(value, self.state, key))
-                self.state.whole[key] = value  # the attention function takes it whole, as it takes the keys
+                dim = _laid_out(value, self.state, key) if key in self.block_inputs else _along(value, self.state, key)
+                value, self.state.whole[key] = self.split(value, dim), value
             elif isinstance(value, tuple) and all(isinstance(v, torch.Tensor) for v in value):
-                out[key] = tuple(self.split(v, _along(v, self.state, key)) for v in value)
-        return args, out
+                value = tuple(self.split(v, _along(v, self.state, key)) for v in value)
+            else:
+                continue
+            if at is None:
+                out[key] = value
+            else:
+                args[at] = value
+        return tuple(args), out
 
     def gather_last(self, module, args, output):
         state = self.state
@@ -154,12 +163,41 @@ class _SplitHooks:
         return self.gather(output)
 
 
+@functools.cache
+def _parameters(cls: type) -> tuple[str, ...]:
+    import inspect
+
+    try:
+        return tuple(inspect.signature(cls.forward).parameters)[1:]  # after self
+    except (TypeError, ValueError):
+        return ()
+
+
+def _positional(module: nn.Module, count: int) -> dict[str, int]:
+    """The parameter names of a block's first ``count`` positional arguments, to their positions (the
+    hidden states', the first, left out)."""
+    names = _parameters(type(module))
+    return {names[i]: i for i in range(1, min(count, len(names)))}
+
+
+def _laid_out(t: torch.Tensor, state: SequenceParallel, key: str) -> int:
+    """The hidden states' dimension, along which a block's own input ``key`` runs (refused where it does not:
+    a dimension elsewhere as long as the sequence may be a width that happens to be)."""
+    if t.dim() > state.dim and t.shape[state.dim] == state.length:
+        return state.dim
+    raise NotImplementedError(  # the same on every rank, before any collective of the step
+        f"sequence_parallelism_mode={state.mode!r}: the blocks' {key!r} {tuple(t.shape)} does not run along the "
+        f"sequence of {state.length} tokens on dim {state.dim}, as the hidden states do; leave "
+        "enable_sequence_parallelism=False"
+    )
+
+
 def _along(t: torch.Tensor, state: SequenceParallel, key: str) -> int:
-    """The dimension of ``t`` (a block's keyword argument ``key``) that runs along the sequence
+    """The dimension of ``t`` (a block's argument ``key``) that runs along the sequence
     (:func:`~shardcore.sequence.gathered.sequence_dim`); refused where there is no such one dimension."""
     dim = sequence_dim(t, state)
-    if dim is None:
-        raise RuntimeError(
+    if dim is None:  # the same on every rank, before any collective of the step
+        raise NotImplementedError(
             f"sequence_parallelism_mode={state.mode!r}: the blocks' {key!r} {tuple(t.shape)} runs along the "
             f"sequence of {state.length} tokens on no one dimension (none, or several as long); leave "
             "enable_sequence_parallelism=False"

@@ -21,6 +21,9 @@ class SequenceSpec:
       (residual dropout): they then draw from the per-rank random stream.
     * ``split_kwargs``: keyword arguments of every block that run along the sequence with the hidden
       states (rotary ``position_embeddings``): under ``all_to_all`` / ``ring_attn`` each rank takes its slice.
+    * ``block_inputs``: a block's own tensor arguments besides the hidden states, laid out as they are,
+      ``(batch, sequence, ...)`` (Gemma 4's per-layer input): under ``all_to_all`` / ``ring_attn`` each rank takes
+      its slice along the hidden states' dimension; one that does not run along it is refused at the step.
     * ``gathered``: modules of the blocks (full names, as :meth:`~shardcore.Policy.blocks` names the
       blocks) that mix tokens outside the attention (a linear attention, a state-space or short-convolution
       mixer): under ``all_to_all`` / ``ring_attn`` each runs over the whole sequence (its input gathered over
@@ -51,6 +54,7 @@ class SequenceSpec:
     refused: Mapping[str, str] = attrs.field(factory=dict, converter=dict)
     dropouts: tuple[str, ...] = attrs.field(default=(), converter=tuple)
     split_kwargs: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    block_inputs: tuple[str, ...] = attrs.field(default=(), converter=tuple)
     gathered: tuple[str, ...] = attrs.field(default=(), converter=tuple)
     unmixed: tuple[str, ...] = attrs.field(default=(), converter=tuple)
     heads: tuple[int, int] | None = None

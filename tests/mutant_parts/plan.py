@@ -218,13 +218,17 @@ MUTANTS = [
     ),
     m(
         "shipped-block-inputs-unseen",
-        "a block taking a tensor along the sequence besides the hidden states (Gemma 4's per_layer_input) split "
-        "all the same: the whole sequence's meets a rank's part",
+        "a block's own input along the sequence (Gemma 4's per_layer_input) left whole while the hidden states are "
+        "split: the whole sequence's meets a rank's part",
         "shardcore/plan/shipped.py",
-        "ShippedPlanPolicy._not_split",
-        [("        taken = _block_inputs(self.blocks(), self._along())", "        taken = []")],
-        "tests/test_core_recent_families.py::test_a_sequence_split_the_attention_cannot_follow_is_refused_by_name"
-        "[a-block-input-along-the-sequence-ring_attn]",
+        "ShippedPlanPolicy.sequence",
+        [
+            (
+                "            block_inputs=_block_inputs(self.blocks(), self._along()),",
+                "            block_inputs=(),",
+            )
+        ],
+        "tests/test_core_recent_families.py::test_a_blocks_own_input_along_the_sequence_is_cut_with_it[ring_attn]",
         "must match the size of tensor",
     ),
     m(

@@ -13,6 +13,32 @@ MUTANTS = [
         "not every block's two regions ran sequence-split",
     ),
     m(
+        "sequence-block-input-by-position-whole",
+        "a block input handed by position (Gemma 4's per_layer_input) not cut with the hidden states: only "
+        "keyword arguments are",
+        "shardcore/sequence/ulysses.py",
+        "_SplitHooks.split_along",
+        [("_positional(module, len(args))", "{}")],
+        "tests/test_core_recent_families.py::test_a_blocks_own_input_along_the_sequence_is_cut_with_it[all_to_all]",
+        "must match the size of tensor",
+    ),
+    m(
+        "sequence-block-input-any-dimension",
+        "a block's own input cut along whichever dimension is as long as the sequence, a width among them, not "
+        "refused where it does not run along the hidden states' one",
+        "shardcore/sequence/ulysses.py",
+        "_laid_out",
+        [
+            (
+                "    if t.dim() > state.dim and t.shape[state.dim] == state.length:\n        return state.dim",
+                "    return _along(t, state, key)",
+            )
+        ],
+        "tests/test_core_recent_families.py::test_a_sequence_split_the_attention_cannot_follow_is_refused_by_name"
+        "[a-block-input-not-along-the-sequence-all_to_all]",
+        "The size of tensor a (16) must match the size of tensor b (8)",  # the width cut as if the sequence
+    ),
+    m(
         "sp-replicated-grads-not-summed",
         "split_gather: replicated parameters' gradients (norms) not summed over the sequence split",
         "shardcore/sequence/split_gather.py",
