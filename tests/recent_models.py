@@ -1,6 +1,6 @@
 """Tiny configs of the families people train in 2026 that no plugin covers (zero-config: the plan each
 config ships), built with random weights: Qwen3, Gemma 3 (sliding and full layers), OLMo-2, Phi-3,
-GPT-OSS, DeepSeek-V3 (MoE, grouped top-k, MLA attention), LongCat-Flash (zero-computation experts), the
+GPT-OSS, DeepSeek-V3 (MoE, grouped top-k, MLA attention), Qwen3-MoE, LongCat-Flash (zero-computation experts), the
 hybrids MiniMax, Qwen3-Next, Falcon-H1 and Nemotron-H (linear attention, Mamba-2 mixers), Ministral 3 and
 Beam (queries scaled per position)."""
 
@@ -61,6 +61,18 @@ FAMILIES = {
         "DeepseekV3Config",
         "DeepseekV3ForCausalLM",
         FAMILIES_V3,
+        "sdpa",
+    ),
+    "Qwen3Moe": (
+        "Qwen3MoeConfig",
+        "Qwen3MoeForCausalLM",  # every layer MoE, no shared expert
+        {
+            "head_dim": 16,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 32,
+            "initializer_range": 0.1,
+        },
         "sdpa",
     ),
     # hybrids: token mixers outside the attention, run over the whole sequence under Ulysses and the ring

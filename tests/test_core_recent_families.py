@@ -68,18 +68,26 @@ def _lazy(family: str, checkpoint: str) -> dict:
     return {"worst": worst, "expert_bytes": sum(n for key, n in read if ".experts." in key)}
 
 
-def test_a_hub_layout_moe_checkpoint_is_read_on_shard(tmp_path):
-    """DeepSeek-V3 as save_pretrained writes it (and the Hub holds it): each expert's gate, up and down
-    projections apart, fused by transformers' own conversion mapping on reading. At TP=2 (its plan splits
-    the fused gate_up packed by columns, down_proj by rows) each rank reads half of every expert's bytes:
-    a slice of the gate's rows and of the up projection's, half of down_proj's columns."""
+@pytest.mark.parametrize("family", ["DeepseekV3", "Qwen3Moe"])
+def test_a_hub_layout_moe_checkpoint_is_read_on_shard(family, tmp_path):
+    """DeepSeek-V3 and Qwen3-MoE as save_pretrained writes them (and the Hub holds them): each expert's
+    gate, up and down projections apart, fused by transformers' own conversion mapping on reading. At TP=2
+    (the plan splits the fused gate_up packed by columns, down_proj by rows) each rank reads half of every
+    expert's bytes: a slice of the gate's rows and of the up projection's, half of down_proj's columns."""
     import torch
 
     torch.manual_seed(0)
-    model = build("DeepseekV3")
+    model = build(family)
     model.save_pretrained(tmp_path)
+    written = set()
+    for path in tmp_path.glob("*.safetensors"):
+        from safetensors import safe_open
+
+        with safe_open(str(path), "pt") as f:
+            written |= set(f.keys())
+    assert any(".experts.0.gate_proj.weight" in k for k in written), sorted(written)[:8]  # the per-expert layout
     total = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if ".experts." in n)
-    for report in run_on_ranks(2, _lazy, "DeepseekV3", str(tmp_path)):
+    for report in run_on_ranks(2, _lazy, family, str(tmp_path)):
         assert report["expert_bytes"] == total // 2, (report, total)
 
 
