@@ -133,6 +133,20 @@ FAMILIES = {
         },
         "sdpa",
     ),
+    "NemotronHMoe": (
+        "NemotronHConfig",
+        "NemotronHForCausalLM",  # its MoE layer: experts with an up projection and no gate, a shared expert
+        {
+            "head_dim": 16,
+            "layer_types": ["moe", "full_attention"],
+            "n_routed_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 32,
+            "moe_shared_expert_intermediate_size": 32,
+            "initializer_range": 0.1,
+        },
+        "sdpa",
+    ),
     "Ministral3": (
         "Ministral3Config",
         "Ministral3ForCausalLM",  # its queries scaled by their positions (position_ids)

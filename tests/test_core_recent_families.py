@@ -549,12 +549,12 @@ def test_data_parallel_over_parameters_a_step_leaves_without_gradient(ep):
 
 
 @pytest.mark.parametrize("tp", [1, 2], ids=["ep2-ddp", "ep2-tp2"])
-@pytest.mark.parametrize("family", ["GptOss", "DeepseekV3"])
+@pytest.mark.parametrize("family", ["GptOss", "DeepseekV3", "NemotronHMoe"])
 def test_expert_parallelism_from_the_shipped_expert_plan(family, tp):
     """EP=2 over DDP (2 ranks) and EP=2 x TP=2 (4 ranks): the experts modules the config's
     base_model_ep_plan dispatches to hold whole experts over the ep x tp ranks (GPT-OSS's biases with
-    them), tokens travel by all-to-all (counted); loss, every gradient and 3 AdamW steps equal to the
-    unsharded model's."""
+    them, Nemotron-H's up projection without a gate), tokens travel by all-to-all (counted); loss, every
+    gradient and 3 AdamW steps equal to the unsharded model's."""
     for report in run_on_ranks(2 * tp, _expert_parallel, family, tp):
         assert "max_abs_diff_after_steps" in report, report
         assert report["all_to_all"] > 0, report

@@ -78,7 +78,7 @@ class ExpertsTP(ParallelModule):
         return {"forward": ["all_reduce"], "backward": ["all_reduce", "all_reduce"]}
 
     def collective_bytes(self, tokens: int, itemsize: int) -> dict[str, list[int]]:
-        hidden = tokens * self.gate_up_proj.shape[-1] * itemsize
+        hidden = tokens * self.config.hidden_size * itemsize
         top_k = self.config.num_experts_per_tok
         return {"forward": [hidden], "backward": [hidden, tokens * top_k * itemsize]}  # the routing weights' too
 
@@ -145,7 +145,7 @@ class ExpertsEP(ParallelModule):
         """Bytes one forward / backward of this layer sends from a rank, for ``tokens`` tokens on its
         data-parallel rank, the choices spread evenly: of this tensor-parallel rank's share of the
         ``tokens x top_k`` choices, ``(ep - 1) / ep`` leave, and as many come back."""
-        hidden, ep = self.gate_up_proj.shape[-1], group_size(self.ep_group)
+        hidden, ep = self.config.hidden_size, group_size(self.ep_group)
         rows = tokens * self.config.num_experts_per_tok // self.inner_tp * (ep - 1) // ep
         counts = ep * self.num_experts * 8
         return {"forward": 2 * rows * hidden * itemsize + counts, "backward": 2 * rows * hidden * itemsize}
@@ -165,8 +165,9 @@ class ExpertsEP(ParallelModule):
         received, expert, back = route(x, key, per, self.ep_group, fanout=top_k)
         ones = received.new_ones((received.shape[0], 1))
         out = self.native.forward(self, received, expert[:, None], ones, **kwargs)
-        # a rank none of whose experts was chosen still has (zero) gradients, as the fused unsharded weights do
-        out = out + sum(p.reshape(-1)[:0].sum() for p in (self.gate_up_proj, self.down_proj))
+        # a rank none of whose experts was chosen still has (zero) gradients, as the fused unsharded weights do (every
+        # weight of the experts: Nemotron-H's up_proj without a gate, GPT-OSS's biases)
+        out = out + sum(p.reshape(-1)[:0].sum() for p in self.parameters(recurse=False))
         mixed = back(out) * weights.reshape(-1, 1).to(out.dtype)
         y = mixed.view(-1, top_k, mixed.shape[-1]).sum(1).to(hidden_states.dtype)
         return reduce_from_tp(y, group)

@@ -97,4 +97,14 @@ MUTANTS = [
         "tests/test_core_recent_families.py::test_expert_parallelism_from_the_shipped_expert_plan[GptOss-ep2-ddp]",
         "parameter names differ from the unsharded model's: missing ['model.layers.0.mlp.experts.down_proj_bias'",
     ),
+    m(
+        "experts-zero-gradients-of-named-weights",
+        "the zero gradient a rank none of whose experts was chosen keeps, taken of gate_up_proj and down_proj by "
+        "name: an experts module with an up projection and no gate (Nemotron-H's) fails",
+        "shardcore/expert_parallel/experts.py",
+        "ExpertsEP.forward",
+        [("self.parameters(recurse=False)", "(self.gate_up_proj, self.down_proj)")],
+        "tests/test_core_recent_families.py::test_expert_parallelism_from_the_shipped_expert_plan[NemotronHMoe-ep2-ddp]",
+        "object has no attribute 'gate_up_proj'",
+    ),
 ]
