@@ -297,30 +297,37 @@ def test_a_hybrid_in_pipeline_stages_with_its_sequence_split(mode):
         assert "max_abs_diff_after_steps" in report, report
 
 
-def _longcat() -> dict:
-    mark = 5  # a token id whose embedding alone points along dimension 0, which the first router reads
+_MARK = 5  # a token id whose embedding alone points along dimension 0, which the first router reads
 
-    def built():
-        model = build("LongcatFlash")
-        with torch.no_grad():
-            model.model.embed_tokens.weight[:, 0] = 0.0
-            model.model.embed_tokens.weight[mark, 0] = 10.0
-            first = model.model.layers[0].mlp.router  # the first layer's routed expert 0: the marked tokens only
-            first.classifier.weight[:4] = 0.0
-            first.classifier.weight[0, 0] = 5.0
-            first.e_score_correction_bias[:4] = -0.9
-            # the last layer's routed experts below every zero-computation one (scores are softmax
-            # probabilities): no token reaches them, their gradient is None, as unsharded
-            model.model.layers[-1].mlp.router.e_score_correction_bias[:4] = -1.0
-        return model
 
+def _longcat_built():
+    model = build("LongcatFlash")
+    with torch.no_grad():
+        model.model.embed_tokens.weight[:, 0] = 0.0
+        model.model.embed_tokens.weight[_MARK, 0] = 10.0
+        first = model.model.layers[0].mlp.router  # the first layer's routed expert 0: the marked tokens only
+        first.classifier.weight[:4] = 0.0
+        first.classifier.weight[0, 0] = 5.0
+        first.e_score_correction_bias[:4] = -0.9
+        # the last layer's routed experts below every zero-computation one (scores are softmax
+        # probabilities): no token reaches them, their gradient is None, as unsharded
+        model.model.layers[-1].mlp.router.e_score_correction_bias[:4] = -1.0
+    return model
+
+
+def _longcat_ids() -> torch.Tensor:
     ids = batch(seq=16)["input_ids"]
-    ids[ids == mark] = mark + 1
-    ids[:, 2] = mark  # in the first half of the sequence: rank 0's tokens under Ulysses, none of rank 1's
+    ids[ids == _MARK] = _MARK + 1
+    return ids
+
+
+def _longcat() -> dict:
+    ids = _longcat_ids()
+    ids[:, 2] = _MARK  # in the first half of the sequence: rank 0's tokens under Ulysses, none of rank 1's
     config = ShardConfig(
         sequence_parallel_size=2, enable_sequence_parallelism=True, sequence_parallelism_mode="all_to_all"
     )
-    return assert_sharded_matches(built, {"input_ids": ids, "labels": ids}, config)
+    return assert_sharded_matches(_longcat_built, {"input_ids": ids, "labels": ids}, config)
 
 
 def test_a_parent_reading_a_childs_weight_and_experts_a_rank_may_not_reach_under_ulysses():
@@ -333,6 +340,38 @@ def test_a_parent_reading_a_childs_weight_and_experts_a_rank_may_not_reach_under
     reached keep no gradient: exact over 3 AdamW steps."""
     for report in run_on_ranks(2, _longcat):
         assert "max_abs_diff_after_steps" in report, report
+
+
+def _longcat_data_parallel(mode: str):
+    from shardcore.testing import assert_data_parallel_matches
+    from shardcore.testing.refusals import refusal_message
+
+    ids = _longcat_ids()
+    ids[0, 2] = _MARK  # in row 0 only: rank 0's under data parallelism, none of rank 1's
+    config = ShardConfig(tensor_parallel_size=1, data_parallel=mode)
+    if mode == "fsdp":
+        return refusal_message(_longcat_built, config)
+    import shardcore
+
+    torch.manual_seed(0)  # the same weights on every rank
+    declared = shardcore.optimize(_longcat_built(), config).shardcore.policy.data_parallel().sharded_refusal
+    report = assert_data_parallel_matches(_longcat_built, {"input_ids": ids, "labels": ids}, config)
+    return report | {"sharded_refusal": declared}
+
+
+def test_experts_beside_zero_computation_ones_under_data_parallelism():
+    """LongCat-Flash's routed experts beside zero-computation ones: row 0's marked token reaches the first
+    layer's expert 0, no token of row 1 any routed expert. DDP (a row a rank) finds each step that rank 1
+    left the experts without a gradient: loss, every gradient and 3 AdamW steps equal the unsharded
+    model's. FSDP, which would reduce-scatter the experts' gradients on rank 0 and not on rank 1 (a crash
+    on gloo, a hang on NCCL), is refused by name before any collective."""
+    for report in run_on_ranks(2, _longcat_data_parallel, "ddp"):
+        assert "max_abs_diff_after_steps" in report, report
+        why = report["sharded_refusal"] or ""
+        assert "identity_expert (moe_identity_expert)" in why, f"the plan's policy declares no FSDP refusal: {why!r}"
+    for said in run_on_ranks(2, _longcat_data_parallel, "fsdp"):
+        refused = "is a zero-computation expert" in said and "use data_parallel='ddp'" in said
+        assert refused, f"FSDP not refused beside zero-computation experts: {said}"
 
 
 def _split_gather(family: str) -> dict:

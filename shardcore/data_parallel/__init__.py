@@ -131,6 +131,12 @@ def check_data_parallel(model: nn.Module, policy, config, layout) -> None:
             ) from None
         if not blocks:
             raise ValueError(f"ShardConfig(data_parallel={mode!r}): {type(policy).__name__}.blocks() is empty")
+        why = policy.data_parallel().sharded_refusal
+        if why:
+            raise NotImplementedError(
+                f"ShardConfig(data_parallel={mode!r}): {type(model).__name__}: {why}; use data_parallel='ddp', "
+                "which finds each step the parameters a rank left without a gradient"
+            )
         scalars = [n for n, p in model.named_parameters() if p.dim() == 0]
         if scalars:  # torch's fully_shard refuses them when it is called: said here, before any collective
             raise NotImplementedError(

@@ -19,7 +19,7 @@ from ..tensor_parallel import InPlace, Linear1D_Col
 from .flow import check_activations, leaving, repeated, roles
 from .layers import Layers, splits_heads
 from .registry import Site
-from .styles import config_of, linear_spec, module_layer, param_split
+from .styles import config_of, linear_spec, module_layer, param_split, unchosen_experts
 from .syntax import _HEAD_ATTRS, _INDEX, GRAD_SUM, PlanError, _Plan, _regex, load_plan
 
 log = logging.getLogger("shardcore")
@@ -117,9 +117,8 @@ class PlanPolicy(Policy):
         return by_module, in_place
 
     def _heads(self, by_module: dict[str, dict], modules: dict) -> set[str]:
-        """The column-split linears whose output leaves the model (the output embedding, one tied to an
-        input embedding, any other the model returns: :mod:`shardcore.plan.flow`): split over the
-        vocabulary (padded), gathered unless ``parallel_output``."""
+        """The column-split linears whose output leaves the model (the output embedding, one tied to an input
+        embedding, any other it returns: :mod:`.flow`): split over the vocabulary (padded), gathered unless ``parallel_output``."""
         get_head = getattr(self.model, "get_output_embeddings", None)
         head = get_head() if callable(get_head) else None
         embeddings = {id(m.weight) for m in modules.values() if isinstance(m, nn.Embedding)}
@@ -199,7 +198,8 @@ class PlanPolicy(Policy):
 
     def data_parallel(self) -> DataParallelSpec:
         """FSDP's split dims from the plan's ``dp`` entries; DDP finds what a step leaves without a gradient."""
-        return DataParallelSpec(shard_dims=getattr(self, "_dp_dims", {}), find_unused=True)
+        why = unchosen_experts(getattr(self, "_styles", {}))  # FSDP refused beside zero-computation experts
+        return DataParallelSpec(shard_dims=getattr(self, "_dp_dims", {}), find_unused=True, sharded_refusal=why)
 
     def blocks(self):
         """The first repeated container's blocks holding a planned module, else a parameter (GPT-OSS's

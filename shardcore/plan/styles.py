@@ -196,3 +196,16 @@ def config_of(path: str, modules: dict[str, nn.Module], model: nn.Module):
         if config is not None or not path:
             return config if config is not None else getattr(model, "config", None)
         path = path.rpartition(".")[0]
+
+
+def unchosen_experts(styles: dict[str, tuple[str, str]]) -> str | None:
+    """Why FSDP cannot run a plan's model (``DataParallelSpec.sharded_refusal``), from its modules' styles
+    ``{path: (key, style)}``: experts beside zero-computation ones, which a rank's tokens may all choose."""
+    paths = [p for p, (_, style) in styles.items() if style == "moe_identity_expert"]
+    if not paths:
+        return None
+    return (
+        f"{paths[0]} (moe_identity_expert) is a zero-computation expert: a rank whose tokens all choose such experts "
+        "leaves the experts' weights beside it without a gradient while another rank's have one, and FSDP "
+        "reduce-scatters only the gradients there are (the ranks' collectives would differ)"
+    )

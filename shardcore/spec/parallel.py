@@ -113,13 +113,19 @@ class DataParallelSpec:
       (``find_unused_parameters=True``). Without it, the bucket holding such a parameter is never
       reduced, and the gradients beside it stay each rank's own.
 
+    * ``sharded_refusal``: why FSDP (``fsdp``, ``zero2``, ``hsdp``) cannot run the model, which DDP can: a
+      step may leave parameters with a gradient on some ranks and none on others (LongCat-Flash's experts,
+      beside zero-computation ones a rank's tokens may all choose), and FSDP reduce-scatters only the
+      gradients there are, so the ranks' collectives would differ. ``optimize`` refuses those modes with it.
+
     Composite: the parts' ``shard_dims`` under their paths, the composite's own ``idle_runs`` (they
-    name the model's inputs and its modules), ``static_graph`` and ``find_unused``."""
+    name the model's inputs and its modules), ``static_graph``, ``find_unused`` and ``sharded_refusal``."""
 
     shard_dims: Mapping[str, int] = attrs.field(factory=dict, converter=dict)
     idle_runs: Mapping[str, IdleRun] = attrs.field(factory=dict, converter=dict)
     static_graph: bool = False
     find_unused: bool = False
+    sharded_refusal: str | None = None
 
     @classmethod
     def merge(cls, own: DataParallelSpec | None, parts: Mapping[str, DataParallelSpec]) -> DataParallelSpec:
@@ -127,4 +133,4 @@ class DataParallelSpec:
         dims = dict(own.shard_dims)
         for path, p in parts.items():
             dims.update({under(path, n): d for n, d in p.shard_dims.items()})
-        return cls(shard_dims=dims, idle_runs=own.idle_runs, static_graph=own.static_graph, find_unused=own.find_unused)
+        return attrs.evolve(own, shard_dims=dims)

@@ -90,4 +90,14 @@ MUTANTS = [
         "plugins/shard-llava/tests/test_llava_card.py::test_the_card_passes_with_images_on_every_rank_under_ddp",
         "Expected to have finished reduction in the prior iteration",
     ),
+    m(
+        "fsdp-sharded-refusal-ignored",
+        "FSDP run where the policy says it cannot be (experts beside zero-computation ones): the ranks' "
+        "reduce-scatters differ",
+        "shardcore/data_parallel/__init__.py",
+        "check_data_parallel",
+        [("policy.data_parallel().sharded_refusal", "None")],
+        "tests/test_core_recent_families.py::test_experts_beside_zero_computation_ones_under_data_parallelism",
+        "FSDP not refused beside zero-computation experts: no error",
+    ),
 ]

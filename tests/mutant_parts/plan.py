@@ -297,8 +297,17 @@ MUTANTS = [
         "indexer): their bucket never reduced, the gradients beside them each rank's own",
         "shardcore/plan/policy.py",
         "PlanPolicy.data_parallel",
-        [(", find_unused=True)", ")")],
+        [(", find_unused=True, ", ", ")],
         "tests/test_core_recent_families.py::test_data_parallel_over_parameters_a_step_leaves_without_gradient[ddp]",
         "(gathered over dp and tp): relative error",
+    ),
+    m(
+        "plan-zero-computation-experts-undeclared",
+        "a plan's zero-computation experts (moe_identity_expert) not read as a reason FSDP cannot run the model",
+        "shardcore/plan/styles.py",
+        "unchosen_experts",
+        [('== "moe_identity_expert"', '== "moe_identity_experts"')],
+        "tests/test_core_recent_families.py::test_experts_beside_zero_computation_ones_under_data_parallelism",
+        "the plan's policy declares no FSDP refusal: ''",
     ),
 ]
