@@ -159,10 +159,9 @@ def _overrides(defaults: dict, sub_configs: dict, mrope: bool = False) -> dict:
     if "kv_lora_rank" in defaults and "num_key_value_heads" in out:  # MLA: as many key/value heads as queries
         out["num_key_value_heads"] = out.get("num_attention_heads", 4)
     if (
-        mrope and isinstance(defaults.get("rope_parameters"), dict) and "num_attention_heads" in defaults
+        mrope and defaults.get("rope_parameters") and "num_attention_heads" in defaults
     ):  # multimodal rotary sections: over the tiny head_dim / 2
-        given = defaults["rope_parameters"] or {"rope_type": "default", "rope_theta": 10000.0}
-        out["rope_parameters"] = {**given, "mrope_section": [2, 2, 4]}
+        out["rope_parameters"] = {**defaults["rope_parameters"], "mrope_section": [2, 2, 4]}
     layers = out.get("num_hidden_layers", out.get("num_layers"))
     for k in PER_LAYER:
         if layers and isinstance(defaults.get(k), list | tuple) and len(defaults[k]) > layers:

@@ -436,15 +436,39 @@ def _gemma4():
     return transformers.Gemma4ForCausalLM(transformers.Gemma4TextConfig(**COMMON | own))
 
 
-def _per_layer_inputs(mode: str) -> dict:
-    return assert_sharded_matches(_gemma4, batch(seq=16), _sp2(mode))
+def _per_layer_inputs(family: str, mode: str) -> dict:
+    return assert_sharded_matches(_gemma4 if family == "Gemma4" else _gemma3n, batch(seq=16), _sp2(mode))
 
 
 @pytest.mark.parametrize("mode", ["all_to_all", "ring_attn"])
-def test_a_blocks_own_input_along_the_sequence_is_cut_with_it(mode):
-    """Gemma 4 hands each block its per-layer input, ``(batch, sequence, width)``, by position besides the
-    hidden states: cut with them (zigzag under the ring), each block reads its tokens' rows."""
-    for report in run_on_ranks(2, _per_layer_inputs, mode):
+@pytest.mark.parametrize("family", ["Gemma4", "Gemma3n"])
+def test_a_blocks_own_input_along_the_sequence_is_cut_with_it(family, mode):
+    """Gemma 4 and Gemma 3n hand each block its per-layer input, ``(batch, sequence, width)``, by position
+    besides the hidden states: cut with them (zigzag under the ring), each block reads its tokens' rows.
+    Gemma 3n's hidden states are 4 streams stacked before the sequence, ``(4, batch, sequence, hidden)``:
+    split and gathered along dim 2, as long as its rotary embeddings say the sequence is; its AltUp reads
+    a weight of its own (``correct_output_scale``) in a method, not its forward, whose gradient the split
+    sums over the ranks all the same."""
+    for report in run_on_ranks(2, _per_layer_inputs, family, mode):
+        assert "max_abs_diff_after_steps" in report, report
+
+
+def _gemma3n_checkpointed(reentrant: bool) -> dict:
+    def built():
+        model = _gemma3n()
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+        return model
+
+    return assert_sharded_matches(built, batch(seq=16), _sp2("all_to_all"))
+
+
+@pytest.mark.parametrize("reentrant", [False, True], ids=["non-reentrant", "reentrant"])
+def test_a_weight_a_block_reads_in_a_method_under_checkpointing(reentrant):
+    """Gemma 3n under Ulysses with HuggingFace's gradient checkpointing: the layer's ``forward`` is recomputed
+    in the backward without the layer's hooks, which shadow AltUp's ``correct_output_scale`` (read in a
+    method of the layer's, no child's forward) so its gradient is summed over the ranks; they run around the
+    recompute too (under the reentrant checkpoint the recompute's graph is the one the backward runs)."""
+    for report in run_on_ranks(2, _gemma3n_checkpointed, reentrant):
         assert "max_abs_diff_after_steps" in report, report
 
 
@@ -456,12 +480,18 @@ def _gemma4_pooled():
     return model
 
 
-def _gemma3n():
+def _gemma3n(streams: int = 4):
     import transformers
 
     own = {"head_dim": 16, "hidden_size_per_layer_input": 16, "vocab_size_per_layer_input": 128}
     own |= {"layer_types": LAYERS, "num_kv_shared_layers": 0, "activation_sparsity_pattern": [0.0, 0.0]}
+    own |= {"altup_num_inputs": streams, "initializer_range": 0.1}
     return transformers.Gemma3nForCausalLM(transformers.Gemma3nTextConfig(**COMMON | own))
+
+
+def _gemma3n_as_many_streams_as_tokens():
+    """Gemma 3n with 16 streams over 16 tokens: which stacked dimension is the sequence is not one answer."""
+    return _gemma3n(16)
 
 
 def _qwen3_with_a_bare_convolution():
@@ -501,7 +531,10 @@ def _inkling():
             _gemma4_pooled,
             r"the blocks' 'per_layer_input' \(2, 1, 16\) does not run along the sequence of 16 tokens on dim 1",
         ),
-        (_gemma3n, r"the hidden states entering model.layers.0 have shape \(\d+, 2, 16, 64\), not \(batch, sequence"),
+        (
+            _gemma3n_as_many_streams_as_tokens,
+            r"the hidden states entering model.layers.0 have shape \(16, 2, 16, 64\), not \(batch, sequence",
+        ),
         (
             _minimax_unrecognized,
             r"MiniMaxConfig has 'linear_attention' layers, which mix tokens outside transformers' attention, and "
@@ -526,8 +559,8 @@ def _inkling():
 def test_a_sequence_split_the_attention_cannot_follow_is_refused_by_name(make, message, mode):
     """Doge builds its own mask from the whole sequence's (as DeepSeek-V3.2's sparse-attention indexer
     reads it), a block input with no dimension along the sequence (Gemma 4's per-layer input pooled), Gemma 3n
-    stacks its streams
-    before the sequence, a linear-attention layer whose mixer shardcore does not recognize, a convolution
+    with as many streams stacked before the sequence as tokens (which dimension is the sequence: not one
+    answer), a linear-attention layer whose mixer shardcore does not recognize, a convolution
     inside the attention module with nothing around it to gather, Inkling hands its attention function a
     relative position bias over a rank's queries and every head: each refused by name under Ulysses and
     the ring, the same on every rank, not run wrong."""

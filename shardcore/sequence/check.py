@@ -121,6 +121,20 @@ def refuse_stacked(x, state, block: str) -> None:
         )
 
 
+def stacked_dim(x, state, block: str, length: int | None) -> int:
+    """At the split, before its first collective (every rank alike): the dimension of the hidden states entering
+    ``block`` that runs along the sequence. ``(batch, sequence, hidden)``'s own; where several streams are stacked
+    before the sequence (Gemma 3n's ``(streams, batch, sequence, hidden)``), the one dimension before the hidden
+    one as long as the positions handed to the block say the sequence is (``length``); refused otherwise."""
+    if x.dim() == 3:
+        return state.dim
+    dims = [d for d in range(x.dim() - 1) if length is not None and x.shape[d] == length]
+    if x.dim() == 4 and dims == [2]:
+        return 2
+    refuse_stacked(x, state, block)
+    return state.dim
+
+
 def refuse_cached_keys(module, query, key, state) -> None:
     """In the attention of a split forward, before its collectives (every rank alike): keys longer than
     this rank's queries are keys of earlier tokens read from a KV cache (a layer run twice in one forward

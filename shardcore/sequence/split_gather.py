@@ -215,18 +215,19 @@ def _token_sums(block: nn.Module, owners: list[tuple[nn.Module, list[str]]], sta
     block that holds one of them, or whose children do, shadows them on entry
     (:func:`_sum_grads_when_split`), those of its whole subtree not shadowed yet. A parent may read a
     child's parameter without calling the child (LongCat-Flash's router runs
-    ``F.linear(x, self.classifier.weight)``); a recompute of any part of the block (HuggingFace
-    checkpoints a layer's ``forward``, inside its hooks) shadows that part again, with the same ops.
-    The block itself shadows only its own parameters: its hooks run outside such a recompute."""
+    ``F.linear(x, self.classifier.weight)``), or the block a child's in a method of its own (Gemma 3n's AltUp
+    ``correct_output_scale``); a recompute of any part of the block shadows that part again, with the same ops
+    (HuggingFace checkpoints a layer's ``forward``, inside its hooks: the block's run around it there,
+    :func:`~shardcore.tensor_parallel.recompute.carry_into_recompute`)."""
     for module in block.modules():
-        inside = {id(m) for m in module.modules()} if module is not block else {id(block)}
+        inside = {id(m) for m in module.modules()}
         mine = [(m, names) for m, names in owners if id(m) in inside]
         if mine:
-            _sum_grads_when_split(module, mine, state)
+            _sum_grads_when_split(module, mine, state, recomputed=module is block)
 
 
 def _sum_grads_when_split(
-    module: nn.Module, owners: list[tuple[nn.Module, list[str]]], state: SequenceParallel
+    module: nn.Module, owners: list[tuple[nn.Module, list[str]]], state: SequenceParallel, recomputed: bool = False
 ) -> None:
     """While a split forward runs ``module``, the parameters of ``owners`` (``(module, names)`` in its
     subtree) not shadowed yet enter it through :class:`_TokenSum`, anchored to its output.
@@ -254,6 +255,8 @@ def _sum_grads_when_split(
 
     module.register_forward_pre_hook(enter)
     module.register_forward_hook(leave, always_call=True)
+    if recomputed:  # the block: its hooks run around a recompute of its forward too
+        module.__dict__["_shardcore_recompute"] = (enter, leave)
 
 
 def _per_rank_dropouts(blocks: list[nn.Module], suffixes, state: SequenceParallel) -> None:

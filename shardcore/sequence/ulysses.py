@@ -13,7 +13,7 @@ from torch import nn
 from ..distributed.collectives import all_to_all_cat, group_rank, group_size
 from ..tensor_parallel.mappings import gather_from_tp, split_to_tp
 from ..tensor_parallel.regions import SequenceParallel
-from .check import _watch_forward, refuse_cached_keys, refuse_stacked
+from .check import _watch_forward, refuse_cached_keys, stacked_dim
 from .declared import regions, set_attention
 from .gathered import install_gathered, sequence_dim, zigzagged
 from .ring import _unzigzag, _zigzag
@@ -80,6 +80,7 @@ class _SplitHooks:
         self.zigzag = zigzagged(state)  # zigzag chunks, 2 a rank
         self.parts = 2 * state.size if self.zigzag else state.size
         self.blocks = 0  # the blocks run since the split (a pipeline stage runs its own)
+        self.hidden_dim = state.dim  # the hidden states' sequence dimension (2 where streams are stacked before)
 
     def held(self, index: int) -> bool:
         """Whether block ``index`` runs here: on a pipeline stage the others are holes, and the split (the
@@ -106,16 +107,16 @@ class _SplitHooks:
         return split_to_tp(_zigzag(t, state.size, dim) if self.zigzag else t, state.group, dim=dim)
 
     def gather(self, t: torch.Tensor) -> torch.Tensor:
-        state = self.state
-        t = gather_from_tp(t, state.group, dim=state.dim)
-        return _unzigzag(t, state.size, state.dim) if self.zigzag else t
+        state, dim = self.state, self.hidden_dim
+        t = gather_from_tp(t, state.group, dim=dim)
+        return _unzigzag(t, state.size, dim) if self.zigzag else t
 
     def split_first(self, module, args, kwargs):
         state = self.state
         in_kwargs = "hidden_states" in kwargs
         x = kwargs["hidden_states"] if in_kwargs else args[0]
-        refuse_stacked(x, state, self.names[0])
-        length = x.shape[state.dim]
+        self.hidden_dim = stacked_dim(x, state, self.names[0], _positions(module, args, kwargs))
+        length = x.shape[self.hidden_dim]
         cache = kwargs.get("cache", kwargs.get("past_key_values"))  # transformers >= 5.24 names it ``cache``
         cached = cache is not None and not module.training
         # a KV cache would keep only this rank's part of the sequence: inference with one runs unsplit
@@ -123,7 +124,7 @@ class _SplitHooks:
         if not state.active:
             return None
         state.attention_calls, self.blocks, state.length, state.whole = 0, 0, length, {}
-        x = self.split(x)
+        x = self.split(x, self.hidden_dim)
         return (args, {**kwargs, "hidden_states": x}) if in_kwargs else ((x, *args[1:]), kwargs)
 
     def split_along(self, module, args, kwargs):
@@ -171,6 +172,18 @@ def _parameters(cls: type) -> tuple[str, ...]:
         return tuple(inspect.signature(cls.forward).parameters)[1:]  # after self
     except (TypeError, ValueError):
         return ()
+
+
+def _positions(module: nn.Module, args: tuple, kwargs: dict) -> int | None:
+    """The sequence's length as the positions handed to a block say it (its rotary embeddings' or position ids'),
+    ``None`` where it takes neither."""
+    at = _positional(module, len(args))
+    for key in ("position_embeddings", "position_ids"):
+        value = args[at[key]] if key in at else kwargs.get(key)
+        value = value[0] if isinstance(value, tuple) and value else value
+        if isinstance(value, torch.Tensor) and value.dim() >= 1:
+            return value.shape[-2] if key == "position_embeddings" and value.dim() >= 2 else value.shape[-1]
+    return None
 
 
 def _positional(module: nn.Module, count: int) -> dict[str, int]:

@@ -47,9 +47,27 @@ def carry_into_recompute(function: Callable, carried: Sequence[Carried]) -> Call
         with contextlib.ExitStack() as stack:
             for state, token in zip(carried, tokens, strict=True):
                 stack.enter_context(state.restore(token))
-            return function(*args, **kwargs)
+            return _rerun(function, args, kwargs)
 
     return run
+
+
+def _rerun(function: Callable, args: tuple, kwargs: dict):
+    """A recompute of ``function``; where it is a block's ``forward`` (HuggingFace's ``partial(forward, block)``,
+    the block's hooks outside the checkpoint), between the hooks the block keeps for its recomputes
+    (``block._shardcore_recompute``: ``(pre-hook, hook)``, a sequence split's sums of its weights' gradients)."""
+    owner = function.args[0] if isinstance(function, functools.partial) and function.args else None
+    hooks = getattr(owner, "__dict__", {}).get("_shardcore_recompute")
+    if hooks is None:
+        return function(*args, **kwargs)
+    enter, leave = hooks
+    enter(owner, ())
+    output = None
+    try:
+        output = function(*args, **kwargs)
+    finally:
+        changed = leave(owner, (), output)
+    return output if changed is None else changed
 
 
 def checkpointing(model: nn.Module) -> bool:

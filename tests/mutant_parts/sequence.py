@@ -101,7 +101,7 @@ MUTANTS = [
         "_token_sums",
         [
             (
-                "        inside = {id(m) for m in module.modules()} if module is not block else {id(block)}",
+                "        inside = {id(m) for m in module.modules()}",
                 "        inside = {id(module)}",
             )
         ],
@@ -378,5 +378,36 @@ MUTANTS = [
         [("    if key.shape[2] != query.shape[2]:", "    if False:")],
         "tests/test_core_recent_families.py::test_layers_run_twice_in_a_forward_with_a_cache[all_to_all]",
         "AssertionError: no error",  # attended to (a rank's part of the cached keys), not refused
+    ),
+    m(
+        "sequence-stacked-streams-cut-along-the-batch",
+        "Gemma 3n's hidden states, 4 streams stacked before the sequence, split along dim 1 (the batch) as a "
+        "(batch, sequence, hidden) tensor would be",
+        "shardcore/sequence/check.py",
+        "stacked_dim",
+        [("        return 2\n", "        return state.dim\n")],
+        "tests/test_core_recent_families.py::test_a_blocks_own_input_along_the_sequence_is_cut_with_it[Gemma3n-all_to_all]",
+        "runs along the sequence of 2 tokens on no one dimension",  # the batch of 2 read as the sequence
+    ),
+    m(
+        "sequence-block-shadows-nothing",
+        "the block's own hooks shadow none of its subtree's weights: one a method of a child reads (Gemma 3n's AltUp "
+        "correct_output_scale), not through the child's forward, keeps each rank's own tokens' gradient",
+        "shardcore/sequence/split_gather.py",
+        "_token_sums",
+        [("        if mine:\n", "        if mine and module is not block:\n")],
+        "tests/test_core_recent_families.py::test_a_blocks_own_input_along_the_sequence_is_cut_with_it[Gemma3n-ring_attn]",
+        "gradient of model.layers.0.altup.correct_output_scale (gathered): relative error",
+    ),
+    m(
+        "recompute-without-the-blocks-hooks",
+        "a block's forward recomputed by a checkpoint without the hooks the block keeps for it: a weight the block "
+        "reads in a method (Gemma 3n's AltUp correct_output_scale) keeps each rank's tokens' gradient under the "
+        "reentrant checkpoint",
+        "shardcore/tensor_parallel/recompute.py",
+        "_rerun",
+        [('getattr(owner, "__dict__", {}).get("_shardcore_recompute")', "None")],
+        "tests/test_core_recent_families.py::test_a_weight_a_block_reads_in_a_method_under_checkpointing[reentrant]",
+        "gradient of model.layers.0.altup.correct_output_scale (gathered): relative error",
     ),
 ]
