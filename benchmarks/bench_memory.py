@@ -28,6 +28,16 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 SHAPES = {
     "8b": {"hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32, "num_key_value_heads": 8},
     "70b": {"hidden_size": 8192, "intermediate_size": 28672, "num_attention_heads": 64, "num_key_value_heads": 8},
+    # Mixtral-8x7B: 8 experts, 2 a token, vocabulary 32000
+    "mixtral": {
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "num_local_experts": 8,
+        "num_experts_per_tok": 2,
+        "vocab_size": 32000,
+    },
 }
 #: name: (ShardConfig fields, the rank played, sequences in the global batch)
 LAYOUTS = {
@@ -45,6 +55,16 @@ LAYOUTS = {
     "pp2-tp4-first": ({"tensor_parallel_size": 4, "pipeline_parallel_size": 2, "num_microbatches": 2}, 0, 2),
     "pp2-tp4-last": ({"tensor_parallel_size": 4, "pipeline_parallel_size": 2, "num_microbatches": 2}, 4, 2),
     "fsdp2-tp4": ({"tensor_parallel_size": 4, "data_parallel_size": 2, "data_parallel": "fsdp"}, 0, 2),
+    "hsdp4-tp2": (
+        {"tensor_parallel_size": 2, "data_parallel_size": 4, "data_parallel": "hsdp", "data_parallel_shard_size": 2},
+        0,
+        4,
+    ),
+    "ep8-ddp": (
+        {"tensor_parallel_size": 1, "expert_parallel_size": 8, "data_parallel_size": 8, "data_parallel": "ddp"},
+        0,
+        8,
+    ),
     # over an 80 GiB device (with --layers 12 at 70b: 10.4 B parameters whole on one rank)
     "tp1": ({"tensor_parallel_size": 1}, 0, 1),
 }
@@ -52,14 +72,16 @@ LAYOUTS = {
 
 def builder(shape: str, layers: int):
     def build():
-        from transformers import LlamaConfig, LlamaForCausalLM
+        import transformers
 
         import shardcore
 
-        cfg = LlamaConfig(**SHAPES[shape], num_hidden_layers=layers, vocab_size=128256, max_position_embeddings=8192)
+        kind = "Mixtral" if "num_local_experts" in SHAPES[shape] else "Llama"
+        fields = {"vocab_size": 128256, **SHAPES[shape], "num_hidden_layers": layers, "max_position_embeddings": 8192}
+        cfg = getattr(transformers, f"{kind}Config")(**fields)
         cfg._attn_implementation = "sdpa"
         with shardcore.init_empty():
-            return LlamaForCausalLM(cfg).to(torch.bfloat16)
+            return getattr(transformers, f"{kind}ForCausalLM")(cfg).to(torch.bfloat16)
 
     return build
 

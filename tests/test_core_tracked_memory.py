@@ -15,26 +15,31 @@ SCRIPT = """
 import json, warnings
 warnings.filterwarnings("ignore")
 import torch, shardcore
-from transformers import LlamaConfig, LlamaForCausalLM
+import transformers
 from shardcore.cost.tracked import memory_check
 
-def build():
-    cfg = LlamaConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=8,
-                      num_key_value_heads=4, vocab_size=1024)
-    cfg._attn_implementation = "sdpa"
-    with shardcore.init_empty():
-        return LlamaForCausalLM(cfg).to(torch.bfloat16)
+def builder(kind):
+    def build():
+        own = {{"num_local_experts": 8, "num_experts_per_tok": 2}} if kind == "Mixtral" else {{}}
+        cfg = getattr(transformers, kind + "Config")(hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                                                   num_attention_heads=8, num_key_value_heads=4, vocab_size=1024, **own)
+        cfg._attn_implementation = "sdpa"
+        with shardcore.init_empty():
+            return getattr(transformers, kind + "ForCausalLM")(cfg).to(torch.bfloat16)
+    return build
 
-for config, batch, rank in {cases}:  # one process: each check leaves torch.distributed as it found it
-    print(json.dumps(memory_check(build, shardcore.ShardConfig(**config), seq=512, batch=batch, rank=rank)))
+for config, batch, rank, kind in {cases}:  # one process: each check leaves torch.distributed as it found it
+    print(json.dumps(memory_check(builder(kind), shardcore.ShardConfig(**config), seq=512, batch=batch, rank=rank)))
 """
 CASES = [
-    ({"tensor_parallel_size": 2}, 1, 0),
-    ({"tensor_parallel_size": 2, "data_parallel_size": 2, "data_parallel": "fsdp"}, 2, 0),
-    ({"tensor_parallel_size": 2, "pipeline_parallel_size": 2, "num_microbatches": 2}, 2, 2),
+    ({"tensor_parallel_size": 2}, 1, 0, "Llama"),
+    ({"tensor_parallel_size": 2, "data_parallel_size": 2, "data_parallel": "fsdp"}, 2, 0, "Llama"),
+    ({"tensor_parallel_size": 2, "pipeline_parallel_size": 2, "num_microbatches": 2}, 2, 2, "Llama"),
+    # transformers' batched experts keep a row per choice of every token on each rank, its experts or not
+    ({"tensor_parallel_size": 2}, 1, 0, "Mixtral"),
 ]
-SHARES = [2, 4, None]  # of the whole model's bytes the rank holds (a last stage: its own part)
-IDS = ["tp2", "fsdp2-tp2", "pp2-tp2-last-stage"]
+SHARES = [2, 4, None, None]  # of the whole (Llama) model's bytes the rank holds (a last stage: its own part)
+IDS = ["tp2", "fsdp2-tp2", "pp2-tp2-last-stage", "mixtral-tp2"]
 
 
 @pytest.fixture(scope="module")

@@ -56,6 +56,17 @@ def _expert_share(model: nn.Module, ep: int) -> float:
     return min(1.0, top_k * ep / experts)
 
 
+def _expert_rows(model: nn.Module) -> float | None:
+    """Rows a token leaves in each fused expert matmul's activations on every rank, where transformers 5 runs its
+    experts batched (``grouped_mm``, its default: every choice of the rank's tokens sorted into one tensor,
+    another rank's experts' too, skipped by the kernel but allocated): ``top_k``. ``None`` for its per-expert
+    loop (``eager``), which gathers only the rows its experts serve (the share a token uses)."""
+    cfg = getattr(model, "config", None)
+    if getattr(cfg, "_experts_implementation", None) in (None, "eager"):
+        return None
+    return getattr(cfg, "num_experts_per_tok", None) or 1
+
+
 def stage_facts(model: nn.Module, blocks: list[str], pp: int, ep: int, walk: list | None = None) -> list[StageFacts]:
     """``blocks`` split as explain's stage bytes split them (earlier stages take the remainder;
     what precedes the first block on the first stage, the rest on the last). ``walk``:
@@ -67,7 +78,7 @@ def stage_facts(model: nn.Module, blocks: list[str], pp: int, ep: int, walk: lis
         for b in blocks[i : i + n]:
             stage_of[b] = s
         i += n
-    share = _expert_share(model, ep)
+    share, rows = _expert_share(model, ep), _expert_rows(model)
     acc = [
         dict(mm=0.0, act=0.0, dense=0, expert=0, tensors=0, tail=0.0, logits=0, sizes=([], []), ends=0, norm=0.0)
         for _ in range(pp)
@@ -75,7 +86,7 @@ def stage_facts(model: nn.Module, blocks: list[str], pp: int, ep: int, walk: lis
     for owner, tail, p, module, expert, seen in parameter_walk(model, blocks) if walk is None else walk:
         stage = stage_of[owner] if owner is not None else (pp - 1 if tail else 0)
         before, dense = acc[stage]["mm"], acc[stage]["dense"]
-        _add_param(acc[stage], p, module, expert, seen, share)
+        _add_param(acc[stage], p, module, expert, seen, share, rows)
         acc[stage]["ends"] += acc[stage]["dense"] - dense if owner is None else 0
         if tail and acc[stage]["mm"] > before:
             acc[stage]["tail"] += acc[stage]["mm"] - before
@@ -125,7 +136,7 @@ def _owner(name: str, blocks: set[str]) -> str | None:
     return None
 
 
-def _add_param(acc: dict, p, module: nn.Module, expert: bool, seen: bool, share: float) -> None:
+def _add_param(acc: dict, p, module: nn.Module, expert: bool, seen: bool, share: float, rows: float | None) -> None:
     """One parameter's part: held bytes once (tied ones count once), matmul work per use."""
     if not seen:
         acc["expert" if expert else "dense"] += p.numel() * p.element_size()
@@ -137,7 +148,11 @@ def _add_param(acc: dict, p, module: nn.Module, expert: bool, seen: bool, share:
         return
     if expert or p.dim() > 2:  # fused experts [experts here, out, in]: a token visits top_k of them
         acc["mm"] += p.numel() * share
-        acc["act"] += (p.shape[-1] + p.shape[-2]) * p.shape[0] * share
+        per = p.shape[0] * share if rows is None else rows
+        acc["act"] += (p.shape[-1] + p.shape[-2]) * per
+        if rows is not None and p is getattr(module, "gate_up_proj", None) and getattr(module, "has_gate", True):
+            out = p.shape[-1] if getattr(module, "is_transposed", False) else p.shape[-2]
+            acc["act"] += out // 2 * per  # the gate's activation, kept beside gate and up for the product's backward
     elif p.dim() == 2:
         acc["mm"] += p.numel()
         acc["act"] += p.shape[0] + p.shape[1]

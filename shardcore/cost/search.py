@@ -88,6 +88,7 @@ def _layout_fields(layout: dict) -> dict[str, Any]:
         data_parallel_size=layout["dp"],
         expert_parallel_size=layout["ep"],
         data_parallel=layout["data_parallel"],
+        data_parallel_shard_size=None,  # a base config's HSDP shard size left out where the layout is not HSDP
     )
     if layout["data_parallel"] == "hsdp":
         fields.update(data_parallel_shard_size=layout.get("shard", layout["dp"]))
