@@ -37,9 +37,20 @@ CASES = [
     ({"tensor_parallel_size": 2, "pipeline_parallel_size": 2, "num_microbatches": 2}, 2, 2, "Llama"),
     # transformers' batched experts keep a row per choice of every token on each rank, its experts or not
     ({"tensor_parallel_size": 2}, 1, 0, "Mixtral"),
+    # the simulated rank routes its tokens' choices evenly over every expert (no data to count them by)
+    (
+        {"tensor_parallel_size": 1, "expert_parallel_size": 2, "data_parallel_size": 2, "data_parallel": "fsdp"},
+        2,
+        0,
+        "Mixtral",
+    ),
 ]
-SHARES = [2, 4, None, None]  # of the whole (Llama) model's bytes the rank holds (a last stage: its own part)
-IDS = ["tp2", "fsdp2-tp2", "pp2-tp2-last-stage", "mixtral-tp2"]
+SHARES = [2, 4, None, None, None]  # of the whole (Llama) model's bytes the rank holds (a last stage: its own part)
+IDS = ["tp2", "fsdp2-tp2", "pp2-tp2-last-stage", "mixtral-tp2", "mixtral-ep2-fsdp2"]
+#: layouts whose activations explain does not model yet, and how far under the tracked it may be: expert
+#: parallelism's dispatch buffers (the rows sent, received, sent back and laid out again, about ten rows
+#: of the hidden width a choice at the peak; 21% under here, 24% for Mixtral-8x7B's shapes at EP=8)
+NOT_MODELLED = {"mixtral-ep2-fsdp2": 0.25}
 
 
 @pytest.fixture(scope="module")
@@ -72,6 +83,11 @@ def test_a_simulated_rank_holds_what_explain_predicts_for_it(checks, case):
     # gathered root unit and two blocks)
     for key in ("activations", "total"):
         row = found[key]
+        if IDS[case] in NOT_MODELLED:  # measured, and the miss held to what it is now: never silently worse
+            assert -NOT_MODELLED[IDS[case]] <= row["error"] <= 0.1, (
+                f"explain's {key} {row['predicted']} B, {row['measured']} B"
+            )
+            continue
         assert abs(row["error"]) <= 0.1, f"explain's {key} {row['predicted']} B, {row['measured']} B tracked"
     floor = found["parameters"]["measured"] + found["optimizer"]["measured"]
     assert found["total"]["measured"] > floor, f"the tracked peak {found['total']['measured']} B below {floor} B"

@@ -97,10 +97,15 @@ def route(rows: torch.Tensor, key: torch.Tensor, experts_per_rank: int, group, *
     world, per = group_size(group), experts_per_rank
     slots = world * per
     order = torch.argsort(key, stable=True)
-    counts = torch.bincount(key.clamp(max=slots), minlength=slots + 1)[:slots]
+    if _simulated(key):  # a simulated rank (no data): the choices spread evenly over every expert
+        counts = torch.full((slots,), key.numel() // slots, dtype=torch.long, device=key.device)
+    else:
+        counts = torch.bincount(key.clamp(max=slots), minlength=slots + 1)[:slots]
     got = all_to_all_cat(counts.view(world, per), group, 0, 0, where=_WHERE).reshape(-1)  # rank i's, my experts
-    sizes = torch.stack([counts.view(world, per).sum(1), got.view(world, per).sum(1)]).tolist()
-    send, recv = sizes
+    if _simulated(key):
+        send = recv = [key.numel() // slots * per] * world
+    else:
+        send, recv = torch.stack([counts.view(world, per).sum(1), got.view(world, per).sum(1)]).tolist()
     sent = order[: sum(send)]
     received = _AllToAllV.apply(rows[sent // fanout], group, send, recv, _WHERE)
     expert = torch.arange(per, device=key.device).repeat(world).repeat_interleave(got, output_size=sum(recv))
@@ -111,6 +116,13 @@ def route(rows: torch.Tensor, key: torch.Tensor, experts_per_rank: int, group, *
         return whole.index_copy(0, sent, returned)
 
     return received, expert, back
+
+
+def _simulated(t: torch.Tensor) -> bool:
+    """Whether ``t`` holds no data (``FakeTensorMode``: :mod:`shardcore.cost.tracked`'s simulated rank)."""
+    from torch._subclasses.fake_tensor import is_fake
+
+    return is_fake(t)
 
 
 class _GatherOver(torch.autograd.Function):

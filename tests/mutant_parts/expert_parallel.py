@@ -107,4 +107,14 @@ MUTANTS = [
         "tests/test_core_recent_families.py::test_expert_parallelism_from_the_shipped_expert_plan[NemotronHMoe-ep2-ddp]",
         "object has no attribute 'gate_up_proj'",
     ),
+    m(
+        "route-counts-on-a-simulated-rank",
+        "a simulated rank (no data) counts its tokens' choices per expert to size the all-to-all: FakeTensorMode "
+        "cannot give bincount a shape, and explain's tracked memory of an expert-parallel layout fails",
+        "shardcore/expert_parallel/__init__.py",
+        "_simulated",
+        [("    return is_fake(t)", "    return False")],
+        "tests/test_core_tracked_memory.py::test_a_simulated_rank_holds_what_explain_predicts_for_it[mixtral-ep2-fsdp2]",
+        "DynamicOutputShapeException: aten.bincount.default",
+    ),
 ]
