@@ -454,12 +454,18 @@ def test_a_blocks_own_input_along_the_sequence_is_cut_with_it(family, mode):
 
 
 def _gemma3n_checkpointed(reentrant: bool) -> dict:
+    from shardcore.tensor_parallel import count_collectives
+
     def built():
         model = _gemma3n()
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
         return model
 
-    return assert_sharded_matches(built, batch(seq=16), _sp2("all_to_all"))
+    with count_collectives() as plain:
+        assert_sharded_matches(_gemma3n, batch(seq=16), _sp2("all_to_all"))
+    with count_collectives() as counts:
+        report = assert_sharded_matches(built, batch(seq=16), _sp2("all_to_all"))
+    return report | {"all_reduce": counts.get("all_reduce", 0), "plain": plain.get("all_reduce", 0)}
 
 
 @pytest.mark.parametrize("reentrant", [False, True], ids=["non-reentrant", "reentrant"])
@@ -467,9 +473,14 @@ def test_a_weight_a_block_reads_in_a_method_under_checkpointing(reentrant):
     """Gemma 3n under Ulysses with HuggingFace's gradient checkpointing: the layer's ``forward`` is recomputed
     in the backward without the layer's hooks, which shadow AltUp's ``correct_output_scale`` (read in a
     method of the layer's, no child's forward) so its gradient is summed over the ranks; they run around the
-    recompute too (under the reentrant checkpoint the recompute's graph is the one the backward runs)."""
+    recompute too (under the reentrant checkpoint the recompute's graph is the one the backward runs). As many
+    all-reduces as without checkpointing: a reentrant checkpoint's forward builds no graph, and the copies the
+    layer's hook made before it are dropped (each would otherwise add a sum of zeros)."""
     for report in run_on_ranks(2, _gemma3n_checkpointed, reentrant):
         assert "max_abs_diff_after_steps" in report, report
+        assert report["all_reduce"] == report["plain"], (
+            f"{report['all_reduce']} all-reduces, {report['plain']} unchecked"
+        )
 
 
 def _gemma4_pooled():
@@ -492,6 +503,21 @@ def _gemma3n(streams: int = 4):
 def _gemma3n_as_many_streams_as_tokens():
     """Gemma 3n with 16 streams over 16 tokens: which stacked dimension is the sequence is not one answer."""
     return _gemma3n(16)
+
+
+def _qwen3_with_an_encoder_input():
+    """Qwen3 whose layers take an ``encoder_hidden_states`` tensor besides the hidden states (a cross-attention's
+    keys, another sequence's): never cut as if it were the hidden states, whatever its length."""
+    model = build("Qwen3")
+    layer = type(model.model.layers[0])
+
+    class Crossing(layer):
+        def forward(self, hidden_states, encoder_hidden_states: torch.Tensor | None = None, **kwargs):
+            return super().forward(hidden_states, **kwargs)
+
+    for block in model.model.layers:
+        block.__class__ = Crossing
+    return model
 
 
 def _qwen3_with_a_bare_convolution():
@@ -541,6 +567,10 @@ def _inkling():
             r"model.layers.0 holds no module shardcore recognizes as that mixer",
         ),
         (
+            _qwen3_with_an_encoder_input,
+            r"its blocks take 'encoder_hidden_states' besides the hidden states, named as another sequence's states",
+        ),
+        (
             _qwen3_with_a_bare_convolution,
             r"model.layers.0.self_attn.short_conv \(Conv1d\) mixes tokens outside the attention, over a rank's part "
             r"of them, with no module around it",
@@ -552,6 +582,7 @@ def _inkling():
         "a-block-input-not-along-the-sequence",
         "stacked-streams",
         "linear-attention-unrecognized",
+        "an-encoder-input",
         "a-bare-convolution",
         "a-position-bias",
     ],
@@ -630,3 +661,25 @@ def test_expert_parallelism_from_the_shipped_expert_plan(family, tp):
     for report in run_on_ranks(2 * tp, _expert_parallel, family, tp):
         assert "max_abs_diff_after_steps" in report, report
         assert report["all_to_all"] > 0, report
+
+
+def test_a_blocks_positional_arguments_are_named_up_to_its_star_args():
+    """The split reads a block's positional arguments by its forward's parameter names, up to ``*args``: an
+    argument caught by ``*args`` is not the keyword-only parameter of the same name after it."""
+    from shardcore.sequence.ulysses import _positional
+
+    class Block(torch.nn.Module):
+        def forward(self, hidden_states, per_layer_input, *args, position_embeddings=None, **kwargs):
+            return hidden_states
+
+    found = _positional(Block(), 4)
+    assert found == {"per_layer_input": 1}, f"named past *args: {found}"
+
+
+def test_a_composite_keeps_a_parts_fsdp_refusal():
+    """A composite's data-parallel spec keeps a part's reason FSDP cannot run it, under the part's path."""
+    from shardcore.spec import DataParallelSpec
+
+    merged = DataParallelSpec.merge(None, {"language_model": DataParallelSpec(sharded_refusal="zero experts")})
+    assert merged.sharded_refusal == "language_model: zero experts", f"the part's FSDP refusal lost: {merged}"
+    assert DataParallelSpec.merge(None, {"vision": DataParallelSpec()}).sharded_refusal is None

@@ -64,7 +64,8 @@ def _expert_rows(model: nn.Module) -> float | None:
     cfg = getattr(model, "config", None)
     if getattr(cfg, "_experts_implementation", None) in (None, "eager"):
         return None
-    return getattr(cfg, "num_experts_per_tok", None) or 1
+    text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    return getattr(text, "num_experts_per_tok", None) or getattr(cfg, "num_experts_per_tok", None) or 1
 
 
 def stage_facts(model: nn.Module, blocks: list[str], pp: int, ep: int, walk: list | None = None) -> list[StageFacts]:
@@ -148,9 +149,10 @@ def _add_param(acc: dict, p, module: nn.Module, expert: bool, seen: bool, share:
         return
     if expert or p.dim() > 2:  # fused experts [experts here, out, in]: a token visits top_k of them
         acc["mm"] += p.numel() * share
-        per = p.shape[0] * share if rows is None else rows
+        batched = rows is not None and p.dim() == 3 and p.shape[0] == getattr(module, "num_experts", None)
+        per = rows if batched else p.shape[0] * share
         acc["act"] += (p.shape[-1] + p.shape[-2]) * per
-        if rows is not None and p is getattr(module, "gate_up_proj", None) and getattr(module, "has_gate", True):
+        if batched and p is getattr(module, "gate_up_proj", None) and getattr(module, "has_gate", True):
             out = p.shape[-1] if getattr(module, "is_transposed", False) else p.shape[-2]
             acc["act"] += out // 2 * per  # the gate's activation, kept beside gate and up for the product's backward
     elif p.dim() == 2:

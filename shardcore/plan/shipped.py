@@ -94,6 +94,10 @@ _BLOCK_KNOWS |= {
 }
 
 
+#: a block input named as another sequence's states or a whole-sequence summary: never cut as the hidden states are
+_OTHER_SEQUENCE = ("encoder", "cross", "context", "global")
+
+
 def _block_inputs(blocks: list, split: tuple[str, ...]) -> tuple[str, ...]:
     """The tensors a block's forward takes (by its signature) besides what it is known to take and the
     keywords ``split`` cuts (Gemma 4's ``per_layer_input``), by parameter name."""
@@ -219,6 +223,12 @@ class ShippedPlanPolicy(HFStages, PlanPolicy):
             return f"{type(config).__name__} gives its layers their own attention shapes ({said}), not read per layer"
         if mixers_problem:
             return mixers_problem
+        other = [n for n in _block_inputs(self.blocks(), self._along()) if any(w in n for w in _OTHER_SEQUENCE)]
+        if other:
+            return (
+                f"its blocks take {other[0]!r} besides the hidden states, named as another sequence's states or the "
+                "whole one's, which the split neither cuts nor knows to be whole"
+            )
         biases = bias_passers(self.model)
         if biases:
             return (

@@ -216,9 +216,11 @@ def _token_sums(block: nn.Module, owners: list[tuple[nn.Module, list[str]]], sta
     (:func:`_sum_grads_when_split`), those of its whole subtree not shadowed yet. A parent may read a
     child's parameter without calling the child (LongCat-Flash's router runs
     ``F.linear(x, self.classifier.weight)``), or the block a child's in a method of its own (Gemma 3n's AltUp
-    ``correct_output_scale``); a recompute of any part of the block shadows that part again, with the same ops
-    (HuggingFace checkpoints a layer's ``forward``, inside its hooks: the block's run around it there,
-    :func:`~shardcore.tensor_parallel.recompute.carry_into_recompute`)."""
+    ``correct_output_scale``). HuggingFace checkpoints a layer's ``forward``, inside its hooks: a checkpointed
+    block makes its copies inside the checkpoint instead, in the forward and in the recompute alike
+    (:func:`~shardcore.tensor_parallel.recompute.carry_into_recompute`), so both run the same ops (selective
+    checkpointing matches them one by one) and a reentrant checkpoint's backward, which runs the recompute's
+    graph, sums them."""
     for module in block.modules():
         inside = {id(m) for m in module.modules()}
         mine = [(m, names) for m, names in owners if id(m) in inside]
@@ -253,9 +255,12 @@ def _sum_grads_when_split(
         copies = [owner.__dict__.pop(n) for owner, n in made if n in owner.__dict__]
         return _anchored(output, copies)
 
-    module.register_forward_pre_hook(enter)
+    def outside(mod, args):  # a checkpointed block's copies are made inside the checkpoint, in every pass
+        _ = calls.append([]) if getattr(mod, "gradient_checkpointing", False) and mod.training else enter(mod, args)
+
+    module.register_forward_pre_hook(outside if recomputed else enter)
     module.register_forward_hook(leave, always_call=True)
-    if recomputed:  # the block: its hooks run around a recompute of its forward too
+    if recomputed:  # the block: HuggingFace checkpoints its forward inside its hooks
         module.__dict__["_shardcore_recompute"] = (enter, leave)
 
 

@@ -6,6 +6,7 @@ sets up ``"ring_attn"`` (:mod:`shardcore.sequence.ring`).
 from __future__ import annotations
 
 import functools
+import itertools
 
 import torch
 from torch import nn
@@ -169,9 +170,11 @@ def _parameters(cls: type) -> tuple[str, ...]:
     import inspect
 
     try:
-        return tuple(inspect.signature(cls.forward).parameters)[1:]  # after self
+        params = list(inspect.signature(cls.forward).parameters.values())[1:]  # after self
     except (TypeError, ValueError):
         return ()
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return tuple(p.name for p in itertools.takewhile(lambda p: p.kind in positional, params))  # up to *args
 
 
 def _positions(module: nn.Module, args: tuple, kwargs: dict) -> int | None:

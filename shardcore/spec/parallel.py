@@ -119,7 +119,8 @@ class DataParallelSpec:
       gradients there are, so the ranks' collectives would differ. ``optimize`` refuses those modes with it.
 
     Composite: the parts' ``shard_dims`` under their paths, the composite's own ``idle_runs`` (they
-    name the model's inputs and its modules), ``static_graph``, ``find_unused`` and ``sharded_refusal``."""
+    name the model's inputs and its modules), ``static_graph`` and ``find_unused``; its own ``sharded_refusal``, or
+    a part's under its path."""
 
     shard_dims: Mapping[str, int] = attrs.field(factory=dict, converter=dict)
     idle_runs: Mapping[str, IdleRun] = attrs.field(factory=dict, converter=dict)
@@ -133,4 +134,7 @@ class DataParallelSpec:
         dims = dict(own.shard_dims)
         for path, p in parts.items():
             dims.update({under(path, n): d for n, d in p.shard_dims.items()})
-        return attrs.evolve(own, shard_dims=dims)
+        refusals = [own.sharded_refusal] + [
+            f"{path}: {p.sharded_refusal}" for path, p in parts.items() if p.sharded_refusal
+        ]
+        return attrs.evolve(own, shard_dims=dims, sharded_refusal=next((r for r in refusals if r), None))

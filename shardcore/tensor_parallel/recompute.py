@@ -43,7 +43,7 @@ def carry_into_recompute(function: Callable, carried: Sequence[Carried]) -> Call
         nonlocal tokens
         if tokens is None:
             tokens = [state.capture() for state in carried]
-            return function(*args, **kwargs)
+            return _rerun(function, args, kwargs)
         with contextlib.ExitStack() as stack:
             for state, token in zip(carried, tokens, strict=True):
                 stack.enter_context(state.restore(token))
@@ -53,9 +53,9 @@ def carry_into_recompute(function: Callable, carried: Sequence[Carried]) -> Call
 
 
 def _rerun(function: Callable, args: tuple, kwargs: dict):
-    """A recompute of ``function``; where it is a block's ``forward`` (HuggingFace's ``partial(forward, block)``,
-    the block's hooks outside the checkpoint), between the hooks the block keeps for its recomputes
-    (``block._shardcore_recompute``: ``(pre-hook, hook)``, a sequence split's sums of its weights' gradients)."""
+    """``function`` (the forward, or a recompute), between the hooks the block it is the ``forward`` of keeps
+    for its checkpoint (HuggingFace's ``partial(forward, block)``, the block's own hooks outside the checkpoint;
+    ``block._shardcore_recompute``: ``(pre-hook, hook)``, a sequence split's sums of its weights' gradients)."""
     owner = function.args[0] if isinstance(function, functools.partial) and function.args else None
     hooks = getattr(owner, "__dict__", {}).get("_shardcore_recompute")
     if hooks is None:

@@ -228,7 +228,7 @@ MUTANTS = [
                 "            block_inputs=(),",
             )
         ],
-        "tests/test_core_recent_families.py::test_a_blocks_own_input_along_the_sequence_is_cut_with_it[ring_attn]",
+        "tests/test_core_recent_families.py::test_a_blocks_own_input_along_the_sequence_is_cut_with_it[Gemma4-ring_attn]",
         "must match the size of tensor",
     ),
     m(
@@ -309,5 +309,15 @@ MUTANTS = [
         [('== "moe_identity_expert"', '== "moe_identity_experts"')],
         "tests/test_core_recent_families.py::test_experts_beside_zero_computation_ones_under_data_parallelism",
         "the plan's policy declares no FSDP refusal: ''",
+    ),
+    m(
+        "shipped-other-sequence-input-cut",
+        "a block input named as another sequence's states (a cross-attention's encoder_hidden_states) cut as if it "
+        "ran along the hidden states' sequence",
+        "shardcore/plan/shipped.py",
+        "ShippedPlanPolicy._not_split",
+        [("for w in _OTHER_SEQUENCE", "for w in ()")],
+        "tests/test_core_recent_families.py::test_a_sequence_split_the_attention_cannot_follow_is_refused_by_name[an-encoder-input-all_to_all]",
+        "not refused as expected",
     ),
 ]

@@ -19,7 +19,7 @@ MUTANTS = [
         "shardcore/sequence/ulysses.py",
         "_SplitHooks.split_along",
         [("_positional(module, len(args))", "{}")],
-        "tests/test_core_recent_families.py::test_a_blocks_own_input_along_the_sequence_is_cut_with_it[all_to_all]",
+        "tests/test_core_recent_families.py::test_a_blocks_own_input_along_the_sequence_is_cut_with_it[Gemma4-all_to_all]",
         "must match the size of tensor",
     ),
     m(
@@ -299,13 +299,14 @@ MUTANTS = [
     ),
     m(
         "sequence-split-stacked-streams",
-        "hidden states with streams stacked before the sequence (Gemma 3n) split along dim 1 all the same",
+        "hidden states with as many streams stacked before the sequence as tokens (which dimension is the "
+        "sequence: not one answer) split along dim 1 all the same",
         "shardcore/sequence/check.py",
         "refuse_stacked",
         [("    if x.dim() != 3:", "    if False:")],
         "tests/test_core_recent_families.py::test_a_sequence_split_the_attention_cannot_follow_is_refused_by_name"
         "[stacked-streams-all_to_all]",
-        "match the broadcast shape",
+        "runs along the sequence of 2 tokens on no one dimension",
     ),
     m(
         "split-sums-summed-again",
@@ -409,5 +410,15 @@ MUTANTS = [
         [('getattr(owner, "__dict__", {}).get("_shardcore_recompute")', "None")],
         "tests/test_core_recent_families.py::test_a_weight_a_block_reads_in_a_method_under_checkpointing[reentrant]",
         "gradient of model.layers.0.altup.correct_output_scale (gathered): relative error",
+    ),
+    m(
+        "positional-past-star-args",
+        "a block's positional arguments named past its *args: one caught by *args taken for the keyword-only "
+        "parameter of that name",
+        "shardcore/sequence/ulysses.py",
+        "_parameters",
+        [("itertools.takewhile(lambda p: p.kind in positional, params)", "params")],
+        "tests/test_core_recent_families.py::test_a_blocks_positional_arguments_are_named_up_to_its_star_args",
+        "named past *args",
     ),
 ]

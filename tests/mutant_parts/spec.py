@@ -77,4 +77,14 @@ MUTANTS = [
         "tests/test_core_spec.py::test_a_sequence_spec_is_read_with_its_defaults",
         "no model library's attention registry is registered",
     ),
+    m(
+        "composite-drops-a-parts-fsdp-refusal",
+        "a composite's data-parallel spec keeps only its own FSDP refusal: a part's experts beside zero-computation "
+        "ones sharded by FSDP all the same",
+        "shardcore/spec/parallel.py",
+        "DataParallelSpec.merge",
+        [("sharded_refusal=next((r for r in refusals if r), None)", "sharded_refusal=own.sharded_refusal")],
+        "tests/test_core_recent_families.py::test_a_composite_keeps_a_parts_fsdp_refusal",
+        "the part's FSDP refusal lost",
+    ),
 ]

@@ -421,4 +421,20 @@ MUTANTS = [
         "tests/test_core_zero_config.py::test_explain_predicts_a_zero_config_step",
         "explain says rank 0 holds",
     ),
+    m(
+        "block-copies-outside-the-checkpoint",
+        "a checkpointed block makes its weights' copies in its hook, outside the checkpoint: the recompute makes "
+        "them inside, another op sequence than the forward's, which selective checkpointing refuses",
+        "shardcore/sequence/split_gather.py",
+        "_sum_grads_when_split",
+        [
+            (
+                "module.register_forward_pre_hook(outside if recomputed else enter)",
+                "module.register_forward_pre_hook(enter)",
+            )
+        ],
+        "tests/integration/test_llama_selective_checkpoint.py::test_selective_checkpointing_matches_unsharded"
+        "[tp2-split_gather]",
+        "encountered during backward but not found in storage",
+    ),
 ]
