@@ -201,7 +201,7 @@ def _laid_out(t: torch.Tensor, state: SequenceParallel, key: str) -> int:
     a dimension elsewhere as long as the sequence may be a width that happens to be)."""
     if t.dim() > state.dim and t.shape[state.dim] == state.length:
         return state.dim
-    raise NotImplementedError(  # the same on every rank, before any collective of the step
+    raise NotImplementedError(  # the same on every rank, at the same block: none left waiting
         f"sequence_parallelism_mode={state.mode!r}: the blocks' {key!r} {tuple(t.shape)} does not run along the "
         f"sequence of {state.length} tokens on dim {state.dim}, as the hidden states do; leave "
         "enable_sequence_parallelism=False"
@@ -212,7 +212,7 @@ def _along(t: torch.Tensor, state: SequenceParallel, key: str) -> int:
     """The dimension of ``t`` (a block's argument ``key``) that runs along the sequence
     (:func:`~shardcore.sequence.gathered.sequence_dim`); refused where there is no such one dimension."""
     dim = sequence_dim(t, state)
-    if dim is None:  # the same on every rank, before any collective of the step
+    if dim is None:  # the same on every rank, at the same block: none left waiting
         raise NotImplementedError(
             f"sequence_parallelism_mode={state.mode!r}: the blocks' {key!r} {tuple(t.shape)} runs along the "
             f"sequence of {state.length} tokens on no one dimension (none, or several as long); leave "
