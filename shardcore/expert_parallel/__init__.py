@@ -96,14 +96,14 @@ def route(rows: torch.Tensor, key: torch.Tensor, experts_per_rank: int, group, *
     reverses both."""
     world, per = group_size(group), experts_per_rank
     slots = world * per
-    order = torch.argsort(key, stable=True)
-    if _simulated(key):  # a simulated rank (no data): its choices spread evenly over the ranks, then their experts
+    order, simulated = torch.argsort(key, stable=True), _simulated(key)
+    if simulated:  # a simulated rank (no data): its choices spread evenly over the ranks, then their experts
         each = key.numel() // world
         counts = torch.tensor([each // per + (j < each % per) for j in range(per)] * world, device=key.device)
     else:
         counts = torch.bincount(key.clamp(max=slots), minlength=slots + 1)[:slots]
     got = all_to_all_cat(counts.view(world, per), group, 0, 0, where=_WHERE).reshape(-1)  # rank i's, my experts
-    if _simulated(key):
+    if simulated:
         send = recv = [key.numel() // world] * world
     else:
         send, recv = torch.stack([counts.view(world, per).sum(1), got.view(world, per).sum(1)]).tolist()

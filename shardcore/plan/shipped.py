@@ -177,8 +177,8 @@ class ShippedPlanPolicy(HFStages, PlanPolicy):
         config = self.model.config
         if getattr(config, "sub_configs", None):
             return SequenceSpec()
-        mixers = token_mixers(config, self.blocks())
-        why = self._not_split(mixers.why)
+        mixers, inputs = token_mixers(config, self.blocks()), _block_inputs(self.blocks(), self._along())
+        why = self._not_split(mixers.why, inputs)
         heads = None if why else sequence_heads(config)
         if why is None and heads is None:
             return SequenceSpec()
@@ -187,7 +187,7 @@ class ShippedPlanPolicy(HFStages, PlanPolicy):
             refused={"all_to_all": why, "ring_attn": why} if why else {},
             split_kwargs=self._along(),
             # per position, read per position as the hidden states are (DeepSeek-V4's input_ids: its hash routing)
-            block_inputs=_block_inputs(self.blocks(), self._along()),
+            block_inputs=inputs,
             gathered=() if why else mixers.gathered,
             unmixed=() if why else mixers.unmixed,
             # transformers leaves _supports_attention_backend unset on a hybrid for its mixers, run gathered here;
@@ -212,9 +212,10 @@ class ShippedPlanPolicy(HFStages, PlanPolicy):
             return region_problem(self.blocks(), plans, self.tensor_parallel().grad_sum)
         return attention_registry().sequence_problem(self.model, mode, routed=self.sequence().routed)
 
-    def _not_split(self, mixers_problem: str | None) -> str | None:
+    def _not_split(self, mixers_problem: str | None, inputs: tuple[str, ...]) -> str | None:
         """Why the model's attention cannot run with its sequence split (``None``: nothing seen);
-        ``mixers_problem``: why its token mixers outside the attention cannot (:func:`token_mixers`)."""
+        ``mixers_problem``: why its token mixers outside the attention cannot (:func:`token_mixers`); ``inputs``:
+        the blocks' own tensor inputs (:func:`_block_inputs`)."""
         config = self.model.config
         try:
             sequence_heads(config)  # a config with per-layer shapes: each layer's
@@ -223,7 +224,7 @@ class ShippedPlanPolicy(HFStages, PlanPolicy):
             return f"{type(config).__name__} gives its layers their own attention shapes ({said}), not read per layer"
         if mixers_problem:
             return mixers_problem
-        other = [n for n in _block_inputs(self.blocks(), self._along()) if any(w in n for w in _OTHER_SEQUENCE)]
+        other = [n for n in inputs if any(w in n for w in _OTHER_SEQUENCE)]
         if other:
             return (
                 f"its blocks take {other[0]!r} besides the hidden states, named as another sequence's states or the "

@@ -224,7 +224,7 @@ MUTANTS = [
         "ShippedPlanPolicy.sequence",
         [
             (
-                "            block_inputs=_block_inputs(self.blocks(), self._along()),",
+                "            block_inputs=inputs,",
                 "            block_inputs=(),",
             )
         ],
