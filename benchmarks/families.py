@@ -129,6 +129,16 @@ LAYOUT = {
     # its full-attention heads (512 wide by default, scaled by 1.0: logits up to 512, where the ring's blockwise
     # softmax rounds 30x more than at 16) as small as its sliding ones
     "gemma4_text": {"global_head_dim": 16},
+    # an input, a recurrent (looped) and an output layer: the common sizes gave it 1 layer and -7 recurrent ones
+    # (its default 8 input and 8 output layers kept), the one layer then run as the loop and as the output layer
+    # (reading in its second run the keys its first wrote to the cache)
+    "dory": {
+        "num_hidden_layers": 3,
+        "n_input_layers": 1,
+        "n_recurrent_layers": 1,
+        "n_output_layers": 1,
+        "layer_types": ["sliding_attention", "sliding_attention", "full_attention"],
+    },
 }
 #: a list per layer, made one entry per tiny layer (its first entries)
 PER_LAYER = ("layer_types", "activation_sparsity_pattern", "mlp_layer_types", "attention_layers", "block_types")

@@ -422,9 +422,34 @@ def test_split_gather_a_plan_gives_no_region_for_is_refused_by_name(family, mess
 
 
 def _doge():
+    """Doge, its dynamic mask kept to the 6 keys of largest bias a query (of 16 tokens: the top-k acts); its
+    bias's scales ``A`` drawn (zeros at init leave their gradient at the fp32 noise floor)."""
     import transformers
 
-    return transformers.DogeForCausalLM(transformers.DogeConfig(**COMMON | {"keep_window_size": 16}))
+    model = transformers.DogeForCausalLM(transformers.DogeConfig(**COMMON | {"keep_window_size": 6}))
+    for layer in model.model.layers:
+        torch.nn.init.normal_(layer.self_attn.A, std=1.0)
+    return model
+
+
+def _dynamic_mask(mode: str) -> dict:
+    from shardcore.tensor_parallel import count_collectives
+
+    with count_collectives() as counts:
+        report = assert_sharded_matches(_doge, batch(seq=16), _sp2(mode))
+    return report | {"all_gather": counts.get("all_gather", 0), "reduce_scatter": counts.get("reduce_scatter", 0)}
+
+
+@pytest.mark.parametrize("mode", ["all_to_all", "ring_attn"])
+def test_a_mask_the_attention_module_builds_itself_is_built_over_the_whole_sequence(mode):
+    """Doge's attention builds its mask in a method of its own (``prepare_dynamic_mask``): a learned bias a
+    key and key/value head from its value states, then each query's 6 keys of largest bias kept. Under the
+    split the method runs over the whole sequence (its value states gathered: the top-k chooses among every
+    key), and the attention function takes the whole mask at the rank's heads (Ulysses) or its queries (the
+    ring, over gathered keys: the mask has a gradient, for the bias's weights ``A`` and ``dt_proj``)."""
+    for report in run_on_ranks(2, _dynamic_mask, mode):
+        assert "max_abs_diff_after_steps" in report, report
+        assert report["all_gather"] > 0 and report["reduce_scatter"] > 0, report
 
 
 def _gemma4():
@@ -549,9 +574,9 @@ def _inkling():
     "make, message",
     [
         (
-            _doge,
-            r"DogeAttention uses the attention mask besides handing it to the attention function "
-            r"\(prepare_dynamic_mask\(\), line \d+",
+            _glm_moe_dsa,
+            r"GlmMoeDsaAttention uses the attention mask besides handing it to the attention function "
+            r"\(indexer\(\), line \d+",
         ),
         (
             _gemma4_pooled,
@@ -588,8 +613,8 @@ def _inkling():
     ],
 )
 def test_a_sequence_split_the_attention_cannot_follow_is_refused_by_name(make, message, mode):
-    """Doge builds its own mask from the whole sequence's (as DeepSeek-V3.2's sparse-attention indexer
-    reads it), a block input with no dimension along the sequence (Gemma 4's per-layer input pooled), Gemma 3n
+    """GLM-MoE-DSA's sparse-attention indexer reads the whole sequence's mask beside a rank's queries and keys
+    (the module then builds its mask over a rank's keys), a block input with no dimension along the sequence (Gemma 4's per-layer input pooled), Gemma 3n
     with as many streams stacked before the sequence as tokens (which dimension is the sequence: not one
     answer), a linear-attention layer whose mixer shardcore does not recognize, a convolution
     inside the attention module with nothing around it to gather, Inkling hands its attention function a

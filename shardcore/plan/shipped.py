@@ -26,6 +26,7 @@ from torch import nn
 
 from ..integrations.hf.attention import bias_passers, mask_readers, tensor_inputs
 from ..integrations.hf.heads import sequence_heads
+from ..integrations.hf.masks import mask_builders
 from ..integrations.hf.stages import HFStages, StageFacts
 from ..kernels import attention_registry
 from ..policy import ModulePolicyDescription
@@ -189,6 +190,7 @@ class ShippedPlanPolicy(HFStages, PlanPolicy):
             # per position, read per position as the hidden states are (DeepSeek-V4's input_ids: its hash routing)
             block_inputs=inputs,
             gathered=() if why else mixers.gathered,
+            mask_builders=() if why else tuple(f"{n}.{m}" for n, m in mask_builders(self.model)),
             unmixed=() if why else mixers.unmixed,
             # transformers leaves _supports_attention_backend unset on a hybrid for its mixers, run gathered here;
             # its attention modules read the registry (each forward counts their calls: never silently skipped)
@@ -236,7 +238,8 @@ class ShippedPlanPolicy(HFStages, PlanPolicy):
                 f"{biases[0][0]} hands the attention function a {biases[0][1]!r} computed over a rank's part of the "
                 "queries and every head, which the split cuts neither along"
             )
-        readers = mask_readers(self.model)
+        built = {(type(self.model.get_submodule(n)).__name__, f"{m}()") for n, m in mask_builders(self.model)}
+        readers = [r for r in mask_readers(self.model) if r[:2] not in built]  # a mask builder runs whole
         if readers:
             cls, what, line = readers[0]
             return (

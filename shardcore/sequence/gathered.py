@@ -35,6 +35,43 @@ def install_gathered(modules: list[tuple[str, nn.Module]], state: SequenceParall
         module.register_forward_hook(functools.partial(_leave, state, name))
 
 
+def install_whole_masks(methods: list[tuple[str, nn.Module, str]], state: SequenceParallel) -> None:
+    """Run each ``(name, module, method)``, an attention module's own mask builder
+    (:attr:`SequenceSpec.mask_builders <shardcore.spec.SequenceSpec>`), over the whole sequence while the
+    forward is split: set on the module itself (its class untouched), it goes with the model."""
+    for name, module, method in methods:
+        bound = getattr(module, method)
+        module.__dict__[method] = functools.partial(_whole_mask, state, f"{name}.{method}", bound)
+
+
+def _whole_mask(state: SequenceParallel, name: str, bound, *args, **kwargs):
+    """The mask ``bound`` builds over the whole sequence: each tensor argument with one dimension (after the
+    batch's) as long as the rank's part of the sequence all-gathered along it (the backward reduce-scatters),
+    the model's mask (already whole) and the rest as they are."""
+    if not state.active:
+        return bound(*args, **kwargs)
+    local = state.length // state.size
+
+    def whole(t):
+        dims = [d for d in range(1, t.dim()) if t.shape[d] == local] if isinstance(t, torch.Tensor) else []
+        if len(dims) > 1:  # the same shapes on every rank: raised on all of them, before the gather
+            raise RuntimeError(
+                f"sequence_parallelism_mode={state.mode!r}: {name} takes {tuple(t.shape)}, with more than one "
+                f"dimension as long as this rank's {local} tokens; leave enable_sequence_parallelism=False"
+            )
+        return _whole(t, state, dims[0]) if dims else t
+
+    mask = bound(*map(whole, args), **{k: whole(v) for k, v in kwargs.items()})
+    if not (isinstance(mask, torch.Tensor) and mask.dim() == 4 and mask.shape[-2:] == (state.length,) * 2):
+        shape = tuple(mask.shape) if isinstance(mask, torch.Tensor) else type(mask).__name__
+        raise RuntimeError(
+            f"sequence_parallelism_mode={state.mode!r}: {name} ran over the whole sequence of {state.length} "
+            f"tokens but returned {shape}, not a (batch, heads, queries, keys) mask over it; leave "
+            "enable_sequence_parallelism=False"
+        )
+    return mask
+
+
 def zigzagged(state: SequenceParallel) -> bool:
     """Whether the split is in zigzag order: the causal ring's (and ``all_gather_kv``'s), two chunks a rank."""
     return state.mode in ("ring_attn", "all_gather_kv") and state.zigzag

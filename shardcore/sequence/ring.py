@@ -123,7 +123,8 @@ def _mask_at(module, mask, mine: torch.Tensor, theirs: torch.Tensor):
 
 
 def _gathered(base, module, query, key, value, mask, state, mine, positions, kwargs):
-    """What the ring does not compute (attention dropout, sliding windows, soft-capping, sinks):
+    """What the ring does not compute (attention dropout, sliding windows, soft-capping, sinks, a mask with a
+    gradient):
     the model's own attention over every rank's keys and values, all-gathered along the sequence
     (the backward reduce-scatters their gradients), the mask at global positions."""
     key, value = (gather_seq(t, state.group, 2) for t in (key, value))  # zigzag order, every rank's
@@ -135,7 +136,8 @@ def ring_attention(base, *, gather: bool = False):
     context parallelism: this rank's queries (two zigzag chunks of the sequence) attend to every
     rank's keys and values passed around the ring (:class:`_RingAttention`), with the model's
     mask taken at the queries' and keys' global positions (causal and padding). What the ring does
-    not compute (attention dropout in training, sliding windows, soft-capping, sinks) runs
+    not compute (attention dropout in training, sliding windows, soft-capping, sinks, a mask with a
+    gradient: its kernel holds the mask constant) runs
     ``base`` over all-gathered keys and values instead, logged once. ``gather=True``
     (``all_gather_kv``): always that way. Outside an active split ``base`` runs as is."""
 
@@ -153,6 +155,8 @@ def ring_attention(base, *, gather: bool = False):
         used = [name for name in GATHERED_FOR if kwargs.get(name) is not None]
         if module.training and kwargs.get("dropout"):
             used.append("attention dropout")
+        if isinstance(attention_mask, torch.Tensor) and attention_mask.requires_grad:  # Doge's dynamic mask
+            used.append("a mask with a gradient")
         if used and not gather:
             reason = f"{type(module).__name__} uses {', '.join(used)}"
             if reason not in _TOLD:

@@ -16,7 +16,7 @@ from ..tensor_parallel.mappings import gather_from_tp, split_to_tp
 from ..tensor_parallel.regions import SequenceParallel
 from .check import _watch_forward, refuse_cached_keys, stacked_dim
 from .declared import regions, set_attention
-from .gathered import install_gathered, sequence_dim, zigzagged
+from .gathered import install_gathered, install_whole_masks, sequence_dim, zigzagged
 from .ring import _unzigzag, _zigzag
 from .split_gather import _per_rank_dropouts, _token_sums
 
@@ -56,17 +56,21 @@ def apply_ulysses(model: nn.Module, policy, state: SequenceParallel) -> None:
 
 
 def _gather_mixers(spec, region: list, state: SequenceParallel) -> None:
-    """The spec's token mixers outside the attention (:attr:`SequenceSpec.gathered`) that this region's
-    blocks hold, run over the whole sequence (:mod:`shardcore.sequence.gathered`)."""
+    """The spec's token mixers outside the attention (:attr:`SequenceSpec.gathered`) and the attention modules'
+    own mask builders (:attr:`SequenceSpec.mask_builders`) that this region's blocks hold, run over the whole
+    sequence (:mod:`shardcore.sequence.gathered`)."""
     from ..pipeline import PipelineHole
 
-    found = []
+    found, masks = [], []
     for name, block in region:
         if isinstance(block, PipelineHole):  # on a pipeline stage: another stage's block
             continue
         inside = [g for g in spec.gathered if g.startswith(f"{name}.")]
         found += [(g, block.get_submodule(g[len(name) + 1 :])) for g in inside]
+        builders = [b.rpartition(".") for b in spec.mask_builders if b.startswith(f"{name}.")]
+        masks += [(m, block.get_submodule(m[len(name) + 1 :]), method) for m, _, method in builders]
     install_gathered(found, state, spec.split_kwargs)
+    install_whole_masks(masks, state)
 
 
 class _SplitHooks:
@@ -282,6 +286,8 @@ def ulysses_attention(base):
         state.attention_calls += 1
         query, key, value = (_AllToAll.apply(t, group, 1, 2) for t in (query, key, value))
         kwargs = {k: state.whole.get(k, v) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+        if isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 4 and attention_mask.shape[1] > 1:
+            attention_mask = attention_mask.chunk(state.size, dim=1)[group_rank(group)]  # one a head: the rank's
         if state.per_head:
             module, kwargs = _heads_of(module, kwargs, state.per_head, group)
         out, _ = base(module, query, key, value, attention_mask, **kwargs)

@@ -28,6 +28,11 @@ class SequenceSpec:
       blocks) that mix tokens outside the attention (a linear attention, a state-space or short-convolution
       mixer): under ``all_to_all`` / ``ring_attn`` each runs over the whole sequence (its input gathered over
       the group, its output cut back to this rank's part; :mod:`shardcore.sequence.gathered`).
+    * ``mask_builders``: methods of the blocks' attention modules (full names, ``<module>.<method>``) that
+      build the mask the module hands the attention function from what runs along the sequence (Doge's
+      dynamic mask from its value states): under ``all_to_all`` / ``ring_attn`` each runs over the whole
+      sequence (its tensor arguments gathered over the group) and returns the whole sequence's mask, which
+      the attention function cuts to the rank's heads (Ulysses) or takes at its queries (the ring).
     * ``unmixed``: blocks (full names) that mix no tokens at all (a hybrid's feed-forward-only layers): the
       check that every split block ran its attention (or a gathered mixer) passes them.
     * ``heads``: ``(attention heads, key/value heads)``; ``all_to_all`` gives each rank whole heads.
@@ -56,6 +61,7 @@ class SequenceSpec:
     split_kwargs: tuple[str, ...] = attrs.field(default=(), converter=tuple)
     block_inputs: tuple[str, ...] = attrs.field(default=(), converter=tuple)
     gathered: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    mask_builders: tuple[str, ...] = attrs.field(default=(), converter=tuple)
     unmixed: tuple[str, ...] = attrs.field(default=(), converter=tuple)
     heads: tuple[int, int] | None = None
     per_head: tuple[str, ...] = attrs.field(default=(), converter=tuple)

@@ -421,4 +421,46 @@ MUTANTS = [
         "tests/test_core_recent_families.py::test_a_blocks_positional_arguments_are_named_up_to_its_star_args",
         "named past *args",
     ),
+    m(
+        "ring-mask-gradient-dropped",
+        "the ring's own kernel runs a mask with a gradient (Doge's dynamic mask), which it holds constant: the "
+        "weights that make the mask get none from the attention",
+        "shardcore/sequence/ring.py",
+        "ring_attention",
+        [("and attention_mask.requires_grad:", "and attention_mask.requires_grad and False:")],
+        "tests/test_core_recent_families.py::"
+        "test_a_mask_the_attention_module_builds_itself_is_built_over_the_whole_sequence[ring_attn]",
+        "gradient of model.embed_tokens.weight (gathered): relative error",
+    ),
+    m(
+        "ulysses-mask-heads-whole",
+        "Ulysses hands the attention function a mask with one slice a head for every head, not the rank's",
+        "shardcore/sequence/ulysses.py",
+        "ulysses_attention",
+        [("attention_mask.dim() == 4 and attention_mask.shape[1] > 1:", "attention_mask.dim() == 4 and False:")],
+        "tests/test_core_recent_families.py::"
+        "test_a_mask_the_attention_module_builds_itself_is_built_over_the_whole_sequence[all_to_all]",
+        "The size of tensor a (2) must match the size of tensor b (4) at non-singleton dimension 1",
+    ),
+    m(
+        "whole-mask-on-a-ranks-keys",
+        "an attention module's own mask builder runs on a rank's part of the sequence beside the whole mask",
+        "shardcore/sequence/gathered.py",
+        "_whole_mask",
+        [("return _whole(t, state, dims[0]) if dims else t", "return t")],
+        "tests/test_core_recent_families.py::"
+        "test_a_mask_the_attention_module_builds_itself_is_built_over_the_whole_sequence[all_to_all]",
+        "The size of tensor a (16) must match the size of tensor b (8) at non-singleton dimension 2",
+    ),
+    m(
+        "mask-builder-unseen",
+        "an attention module's own mask builder (Doge's prepare_dynamic_mask) not read from its forward: the "
+        "model refused as if it read the whole mask beside a rank's queries",
+        "shardcore/integrations/hf/masks.py",
+        "_builder",
+        [("    method = built.get(handed) if handed else None", "    method = None")],
+        "tests/test_core_recent_families.py::"
+        "test_a_mask_the_attention_module_builds_itself_is_built_over_the_whole_sequence[all_to_all]",
+        "DogeAttention uses the attention mask besides handing it to the attention function",
+    ),
 ]
