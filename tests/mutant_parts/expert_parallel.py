@@ -117,4 +117,14 @@ MUTANTS = [
         "tests/test_core_tracked_memory.py::test_a_simulated_rank_holds_what_explain_predicts_for_it[mixtral-ep2-fsdp2]",
         "DynamicOutputShapeException: aten.bincount.default",
     ),
+    m(
+        "ep-expert-dispatched-to-wrong-rank",
+        "expert parallelism: a token's choice sent to the next expert rank, whose expert of the same local index "
+        "computes it",
+        "shardcore/expert_parallel/experts.py",
+        "ExpertsEP.forward",
+        [("ep_rank * per + top_k_index", "(ep_rank + 1) % group_size(self.ep_group) * per + top_k_index")],
+        "tests/test_core_recent_families.py::test_expert_parallelism_from_the_shipped_expert_plan[GptOss-ep2-ddp]",
+        "mean loss over the data-parallel ranks",
+    ),
 ]

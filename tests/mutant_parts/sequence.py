@@ -463,4 +463,14 @@ MUTANTS = [
         "test_a_mask_the_attention_module_builds_itself_is_built_over_the_whole_sequence[all_to_all]",
         "DogeAttention uses the attention mask besides handing it to the attention function",
     ),
+    m(
+        "ring-ignores-sliding-window",
+        "the ring takes the causal rule at the queries' and keys' positions in place of the model's mask: a "
+        "sliding layer sees every earlier key",
+        "shardcore/sequence/ring.py",
+        "_mask_at",
+        [('    if mask is None and getattr(module, "is_causal", True):', '    if getattr(module, "is_causal", True):')],
+        "tests/test_core_recent_families.py::test_sequence_parallelism_through_the_attention_registry[Gemma3-ring_attn]",
+        "output 'logits': max abs diff",
+    ),
 ]
