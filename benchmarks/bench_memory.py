@@ -1,6 +1,7 @@
 """Benchmark (not a test): ``explain``'s predicted memory for one rank against the memory a tracked
 rank holds (:mod:`shardcore.cost.tracked`: the fake process-group backend, ``FakeTensorMode``,
-PyTorch's ``MemTracker``, two AdamW steps), per category, for Llama-3-8B- and -70B-shaped models.
+PyTorch's ``MemTracker``, two AdamW steps), per category, for Llama-3-8B- and -70B-, Mixtral-8x7B- and
+DeepSeek-V3-shaped models.
 
     python benchmarks/bench_memory.py [--shapes 8b 70b] [--layers 4] [--seqs 4096 8192] [--layouts ...]
 
@@ -38,7 +39,32 @@ SHAPES = {
         "num_experts_per_tok": 2,
         "vocab_size": 32000,
     },
+    # DeepSeek-V3: MLA attention (query and key/value low-rank projections), 256 routed experts, 8 a token, a
+    # shared one, its first layer dense (3 in the model; 1 of --layers here)
+    "deepseek": {
+        "hidden_size": 7168,
+        "intermediate_size": 18432,
+        "moe_intermediate_size": 2048,
+        "num_attention_heads": 128,
+        "num_key_value_heads": 128,
+        "n_routed_experts": 256,
+        "num_experts_per_tok": 8,
+        "n_shared_experts": 1,
+        "n_group": 8,
+        "topk_group": 4,
+        "first_k_dense_replace": 1,
+        "q_lora_rank": 1536,
+        "kv_lora_rank": 512,
+        "qk_nope_head_dim": 128,
+        "qk_rope_head_dim": 64,
+        "v_head_dim": 128,
+        "vocab_size": 129280,
+    },
 }
+# the same with value heads as wide as the queries' (192): this CPU's SDPA runs its fused kernel only for equal
+# widths, and for MLA's 192/128 the math path, which keeps each head's whole attention matrix for the backward
+# (9.4 of 10.4 GiB a layer at TP=8, 4096 tokens); a GPU's memory-efficient kernel keeps no such matrix
+SHAPES["deepseek-fused"] = {**SHAPES["deepseek"], "v_head_dim": 192}
 #: name: (ShardConfig fields, the rank played, sequences in the global batch)
 LAYOUTS = {
     "tp8": ({"tensor_parallel_size": 8}, 0, 1),
@@ -52,8 +78,28 @@ LAYOUTS = {
         0,
         1,
     ),
+    "tp4-sp2-ring": (
+        {
+            "tensor_parallel_size": 4,
+            "sequence_parallel_size": 2,
+            "enable_sequence_parallelism": True,
+            "sequence_parallelism_mode": "ring_attn",
+        },
+        0,
+        1,
+    ),
+    # Megatron's split runs over the TP group itself
+    "tp8-split_gather": (
+        {"tensor_parallel_size": 8, "enable_sequence_parallelism": True, "sequence_parallelism_mode": "split_gather"},
+        0,
+        1,
+    ),
     "pp2-tp4-first": ({"tensor_parallel_size": 4, "pipeline_parallel_size": 2, "num_microbatches": 2}, 0, 2),
     "pp2-tp4-last": ({"tensor_parallel_size": 4, "pipeline_parallel_size": 2, "num_microbatches": 2}, 4, 2),
+    # four stages of one layer each (--layers 4), four microbatches: the first, a middle and the last stage
+    "pp4-tp2-first": ({"tensor_parallel_size": 2, "pipeline_parallel_size": 4, "num_microbatches": 4}, 0, 4),
+    "pp4-tp2-middle": ({"tensor_parallel_size": 2, "pipeline_parallel_size": 4, "num_microbatches": 4}, 2, 4),
+    "pp4-tp2-last": ({"tensor_parallel_size": 2, "pipeline_parallel_size": 4, "num_microbatches": 4}, 6, 4),
     "fsdp2-tp4": ({"tensor_parallel_size": 4, "data_parallel_size": 2, "data_parallel": "fsdp"}, 0, 2),
     "hsdp4-tp2": (
         {"tensor_parallel_size": 2, "data_parallel_size": 4, "data_parallel": "hsdp", "data_parallel_shard_size": 2},
@@ -77,11 +123,14 @@ def builder(shape: str, layers: int):
 
         import shardcore
 
-        kind = "Mixtral" if "num_local_experts" in SHAPES[shape] else "Llama"
+        kinds = {"num_local_experts": "Mixtral", "n_routed_experts": "DeepseekV3"}
+        kind = next((k for f, k in kinds.items() if f in SHAPES[shape]), "Llama")
         fields = {"vocab_size": 128256, **SHAPES[shape], "num_hidden_layers": layers, "max_position_embeddings": 8192}
         cfg = getattr(transformers, f"{kind}Config")(**fields)
         cfg._attn_implementation = "sdpa"
-        with shardcore.init_empty():
+        # DeepSeek-V3's experts: one 256-expert tensor of a layer is 30 GB in float32, which init_empty
+        # allocates before moving it to meta; the tracker fakes every tensor, buffers too, so meta is enough
+        with torch.device("meta") if kind == "DeepseekV3" else shardcore.init_empty():
             return getattr(transformers, f"{kind}ForCausalLM")(cfg).to(torch.bfloat16)
 
     return build

@@ -10,6 +10,7 @@ from torch import nn
 
 from ..expert_parallel import expert_modules
 from ..sequence import heads_of
+from ..tensor_parallel.linear import Linear1D_Col, Linear1D_Row
 
 
 @attrs.frozen
@@ -40,6 +41,9 @@ class StageFacts:
     end_bytes: int = 0
     #: elements a token's norms keep in float32 for the backward (each norm's input, its weight's size)
     norm_elements: float = 0.0
+    #: of ``activation_elements``, the blocks' tensor-parallel matmul sides outside the region (a column-parallel
+    #: layer's input, a row-parallel one's output): kept as the rank's part of the sequence under ``split_gather``
+    wide_elements: float = 0.0
 
 
 def _is_embedding(module: nn.Module) -> bool:
@@ -81,7 +85,9 @@ def stage_facts(model: nn.Module, blocks: list[str], pp: int, ep: int, walk: lis
         i += n
     share, rows = _expert_share(model, ep), _expert_rows(model)
     acc = [
-        dict(mm=0.0, act=0.0, dense=0, expert=0, tensors=0, tail=0.0, logits=0, sizes=([], []), ends=0, norm=0.0)
+        dict(
+            mm=0.0, act=0.0, dense=0, expert=0, tensors=0, tail=0.0, logits=0, sizes=([], []), ends=0, norm=0.0, wide=0
+        )
         for _ in range(pp)
     ]
     for owner, tail, p, module, expert, seen in parameter_walk(model, blocks) if walk is None else walk:
@@ -89,6 +95,8 @@ def stage_facts(model: nn.Module, blocks: list[str], pp: int, ep: int, walk: lis
         before, dense = acc[stage]["mm"], acc[stage]["dense"]
         _add_param(acc[stage], p, module, expert, seen, share, rows)
         acc[stage]["ends"] += acc[stage]["dense"] - dense if owner is None else 0
+        if owner is not None and p is getattr(module, "weight", None):  # a region's entry (its input), exit (output)
+            acc[stage]["wide"] += _region_edge(module)
         if tail and acc[stage]["mm"] > before:
             acc[stage]["tail"] += acc[stage]["mm"] - before
             acc[stage]["logits"] = max(acc[stage]["logits"], p.shape[0])
@@ -107,9 +115,18 @@ def stage_facts(model: nn.Module, blocks: list[str], pp: int, ep: int, walk: lis
             tuple(a["sizes"][1]),
             a["ends"],
             a["norm"],
+            a["wide"],
         )
         for s, a in enumerate(acc)
     ]
+
+
+def _region_edge(module: nn.Module) -> int:
+    """The features of a tensor-parallel layer's side outside the region: a column-parallel layer's input, a
+    row-parallel one's output (0 for any other module)."""
+    if isinstance(module, Linear1D_Col):
+        return module.in_features
+    return module.out_features if isinstance(module, Linear1D_Row) else 0
 
 
 def parameter_walk(model: nn.Module, blocks: list[str]) -> list[tuple]:

@@ -279,13 +279,17 @@ def memory_per_rank(facts: dict, layout: dict, optimizer: str = "adamw", index: 
     tokens_mb = facts["batch"] // dp // m * facts["seq"] // sp
     worst = {}
     for s, stage in enumerate(facts["stages"]):
-        dense = stage.dense_bytes / dp_shard(layout)
-        params = int(dense + stage.expert_bytes)
+        params = int(stage.dense_bytes / dp_shard(layout) + stage.expert_bytes)
         gathered = gathered_bytes(stage, layout["data_parallel"], dp)
         in_flight = min(pp - s, m) if pp > 1 else 1
+        # torch's stage holds a receive buffer a microbatch, from its setup on, for its input (all but the first)
+        # and its output's gradient (all but the last)
+        buffers = ((s > 0) + (s < pp - 1)) * m * facts["hidden"] * facts["itemsize"] if pp > 1 else 0
         loss = loss_bytes_per_token(facts, stage, sp, pipelined=pp > 1)  # the head's stage only: logits 0 elsewhere
-        per_token = in_flight * (stage.activation_elements * facts["itemsize"] + 4 * stage.norm_elements) + loss
-        acts = int(tokens_mb * per_token)
+        split = layout["tp"] if layout.get("mode") == "split_gather" else 1  # Megatron's: the region's edges split
+        kept = stage.activation_elements - stage.wide_elements * (1 - 1 / split)
+        per_token = in_flight * (kept * facts["itemsize"] + 4 * stage.norm_elements / split) + loss
+        acts = int(tokens_mb * (per_token + buffers))
         row = {"parameters": params, "gathered": int(gathered), "gradients": params}
         row |= {"optimizer": OPTIMIZER_STATES[optimizer] * params, "activations": acts}
         row["total"] = sum(row.values()) - (min(acts, params) if pp == 1 else 0)

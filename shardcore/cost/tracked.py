@@ -50,7 +50,7 @@ def cost_layout(config: ShardConfig) -> dict:
         sp=config.sequence_parallel_size,
         tp=config.tensor_parallel_size,
         ep=config.expert_parallel_size,
-        mode=config.sequence_parallelism_mode if config.sequence_parallel_size > 1 else None,
+        mode=(config.sequence_parallelism_mode or "split_gather") if config.enable_sequence_parallelism else None,
         data_parallel=config.data_parallel if dp > 1 else None,
         microbatches=config.num_microbatches or 1 if config.pipeline_parallel_size > 1 else 1,
         **({"shard": config.data_parallel_shard_size} if dp > 1 and config.data_parallel == "hsdp" else {}),

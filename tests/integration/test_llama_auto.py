@@ -330,3 +330,53 @@ def test_fsdp_holds_its_root_unit_and_two_blocks_gathered_at_the_peak():
     assert gathered_bytes(stage, "fsdp", 2) == gathered_bytes(stage, "hsdp", 4) == ends + 2 * block
     assert gathered_bytes(stage, "zero2", 2) == held("")
     assert gathered_bytes(stage, "ddp", 2) == gathered_bytes(stage, "fsdp", 1) == 0
+
+
+def test_split_gather_keeps_the_regions_edges_and_the_norms_inputs_split():
+    """Under Megatron's split explain counts a block's tensor-parallel matmul sides outside the region (the
+    column-parallel layers' input, the row-parallel ones' output: kept as the rank's part of the sequence,
+    gathered again in the backward) and the norms' float32 inputs at 1/tp of tensor parallelism's; the
+    rest (the head's, the split sides, whatever their width: this model's MLP is 128 wide, 64 a rank, as
+    wide as its hidden states) as TP=2 alone counts it."""
+    from shardcore.cost.facts import stage_facts
+    from shardcore.cost.tracked import predicted_memory
+
+    model = meta_llama(heads=4, kv=2, layers=2)
+    hidden, blocks = model.config.hidden_size, ["model.layers.0", "model.layers.1"]
+    matmuls = [p for n, p in model.named_parameters() if n.startswith("model.layers.") and p.dim() == 2]
+    assert model.config.intermediate_size == 2 * hidden, "the MLP's rank share is as wide as the hidden states"
+    (stage,) = stage_facts(model, blocks, pp=1, ep=1)
+    assert stage.wide_elements == 0, "unsharded: no region"
+    seq, tp = 64, 2
+    plain = predicted_memory(model, ShardConfig(tensor_parallel_size=tp), seq=seq, batch=1)
+    split = ShardConfig(tensor_parallel_size=tp, enable_sequence_parallelism=True)
+    split = predicted_memory(model, split, seq=seq, batch=1)
+    # at TP=2 each block matmul has one side as wide as the hidden states (q and o_proj lose their other one)
+    itemsize = next(model.parameters()).element_size()
+    kept = seq * (hidden * len(matmuls) * itemsize + 4 * stage.norm_elements) * (1 - 1 / tp)
+    fewer = plain["activations"] - split["activations"]
+    assert abs(fewer - kept) <= 1, f"split_gather keeps {fewer} B fewer activations than TP alone, not {kept:.0f} B"
+    assert {k: v for k, v in plain.items() if k not in ("activations", "total")} == {
+        k: v for k, v in split.items() if k not in ("activations", "total")
+    }
+
+
+def test_a_pipeline_stage_holds_a_receive_buffer_a_microbatch_for_each_neighbour():
+    """torch's pipeline stage allocates, at its setup, a buffer a microbatch for what it receives: the
+    previous stage's hidden states (every stage but the first) and the next stage's gradient of them (every
+    stage but the last). explain counts them beside each stage's microbatches in flight under 1F1B (the
+    first stage ``P``, the last 1): three stages of one layer each, three microbatches."""
+    from shardcore.cost.facts import stage_facts
+    from shardcore.cost.tracked import predicted_memory
+
+    model = meta_llama(heads=4, kv=2, layers=3)
+    seq, m, hidden = 32, 3, model.config.hidden_size
+    itemsize = next(model.parameters()).element_size()
+    config = ShardConfig(tensor_parallel_size=1, pipeline_parallel_size=3, num_microbatches=m)
+    blocks = [f"model.layers.{i}" for i in range(3)]
+    middle = stage_facts(model, blocks, pp=3, ep=1)[1]
+    per_token = middle.activation_elements * itemsize + 4 * middle.norm_elements
+    buffers = 2 * m * seq * hidden * itemsize  # its input's and its output's gradient's, each microbatch's
+    found = predicted_memory(model, config, seq=seq, batch=m, rank=1)["activations"]
+    want = int(seq * (2 * per_token + 2 * m * hidden * itemsize))  # 2 microbatches in flight on the middle stage
+    assert found == want, f"the middle stage's activations {found} B, not {want} B ({buffers} B of receive buffers)"

@@ -227,4 +227,41 @@ MUTANTS = [
         "tests/test_core_tracked_memory.py::test_a_simulated_rank_holds_what_explain_predicts_for_it[mixtral-tp2]",
         "explain's activations",
     ),
+    m(
+        "split-gather-edges-counted-whole",
+        "explain counts a split_gather layout's activations as tensor parallelism alone's: the region's edges and "
+        "the norms' inputs whole, not the rank's part of the sequence",
+        "shardcore/cost/model.py",
+        "memory_per_rank",
+        [('split = layout["tp"] if layout.get("mode") == "split_gather" else 1', "split = 1")],
+        "tests/integration/test_llama_auto.py::test_split_gather_keeps_the_regions_edges_and_the_norms_inputs_split",
+        "split_gather keeps 0 B fewer activations than TP alone",
+    ),
+    m(
+        "split-gather-edges-any-hidden-wide-side",
+        "explain takes every block matmul side as wide as the hidden states for a region's edge (an MLP's rank "
+        "share that happens to be as wide counted split too)",
+        "shardcore/cost/facts.py",
+        "_region_edge",
+        [
+            (
+                "        return module.in_features\n    return module.out_features if isinstance(module, Linear1D_Row) else 0",
+                "        return module.in_features * (1 + (module.weight.shape[0] == module.in_features))\n"
+                "    return module.out_features if isinstance(module, Linear1D_Row) else 0",
+            )
+        ],
+        "tests/integration/test_llama_auto.py::test_split_gather_keeps_the_regions_edges_and_the_norms_inputs_split",
+        "fewer activations than TP alone, not",
+    ),
+    m(
+        "pipeline-receive-buffers-left-out",
+        "explain leaves out the receive buffers torch's pipeline stage allocates a microbatch for its input and its "
+        "output's gradient",
+        "shardcore/cost/model.py",
+        "memory_per_rank",
+        [("buffers = ((s > 0) + (s < pp - 1)) * m", "buffers = 0 * m")],
+        "tests/integration/test_llama_auto.py::"
+        "test_a_pipeline_stage_holds_a_receive_buffer_a_microbatch_for_each_neighbour",
+        "the middle stage's activations",
+    ),
 ]
