@@ -227,3 +227,16 @@ def loss_bytes_per_token(facts: dict, stage: StageFacts, sp: int = 1, *, pipelin
         return sp * stage.logits * ranks * (facts["itemsize"] + 3 * 4)
     loss = stage.logits * 4 + (2 * ranks * stage.logits * facts["itemsize"] if ranks > 1 else 0)
     return sp * loss + (sp - 1) * stage.logits * facts["itemsize"]
+
+
+#: the optimizer step's own temporaries, in tensors the size of the largest the rank updates: torch's AdamW tensor
+#: by tensor (its CPU path; measured on the tracked rank: the second moment's square root, its quotient and the
+#: update beside each other), SGD's weight-decayed gradient. CUDA's default, ``foreach``, keeps a group's worth
+OPTIMIZER_TEMPS = {"adamw": 3, "sgd": 1, "none": 0}
+
+
+def step_temporaries(stage: StageFacts, optimizer: str, shard: int) -> int:
+    """Bytes the optimizer's step holds beside the parameters, gradients and its state on a rank of ``stage``
+    (``shard``: the data-parallel ranks a dense tensor is split over)."""
+    largest = max((*(d / shard for d in stage.dense_sizes), *stage.expert_sizes), default=0)
+    return int(OPTIMIZER_TEMPS[optimizer] * largest)

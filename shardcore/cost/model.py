@@ -1,35 +1,31 @@
-"""The cost model: a layout's predicted step time and memory per rank, from what ``explain``
-counts on paper (:mod:`shardcore.cost.facts`) and this machine's profile (``shardcore calibrate``).
+"""The cost model: a layout's predicted step time and memory per rank, from what ``explain`` counts on paper
+(:mod:`shardcore.cost.facts`) and this machine's profile (``shardcore calibrate``).
 
-A training step on ``batch`` sequences of ``seq`` tokens (the global batch) costs, on the slowest
-rank (the largest pipeline stage):
+A training step on ``batch`` sequences of ``seq`` tokens (the global batch) costs, on the slowest rank (the largest
+pipeline stage):
 
-* **compute**: ``3 x`` the forward FLOPs (the backward does twice the forward's) of the stage's
-  tokens (``batch / dp`` sequences, ``seq / sp`` tokens each): 2 per matmul weight per token, 4 x
-  ``seq x heads x head_dim`` per attention layer (half for a causal model), over the profile's
-  per-rank ``block_flops`` (a reference block's FLOP/s, its norms and softmax included) scaled by
-  ``block_shapes`` to the rank's microbatch (its tokens, its share of the heads and MLP under TP:
-  small matmuls run slower); plus the loss's passes over the float32 logits at the profile's copy
-  bandwidth;
-* **pipeline bubble**: 1F1B over ``M`` microbatches of one sequence each: the first microbatch
-  through every stage and back, then the largest stage's other ``M - 1`` slots (uniform stages:
-  ``M + P - 1`` slots instead of ``M``; a heavy last stage, the head and the loss, waits on the
-  others' single slots only); where ranks share a device (a CPU's cores) an idle stage's share
-  goes to the others: that path at the unshared speed, never less than the average stage at the
-  shared speed;
-* **optimizer step**: each parameter tensor the rank updates (FSDP: its shard) at the profile's
-  rate for that tensor's size (:func:`optimizer_seconds`);
-* **communication**, never assumed overlapped: per kind and group, ``count x latency + bytes /
-  bandwidth`` from the profile's line fits (:func:`collective_seconds`), for the tensor-parallel
-  collectives (explain's counts and bytes, per microbatch), the sequence-parallel attention
-  traffic and gradient all-reduce, the data-parallel gradient sync (DDP: all-reduce in 25 MB
-  buckets; FSDP: each block's parameters all-gathered forward and backward, gradients
-  reduce-scattered), the pipeline boundaries (one swap per microbatch each way), the experts'
-  dispatch.
+* **compute**: ``3 x`` the forward FLOPs (the backward does twice the forward's) of the stage's tokens (``batch /
+  dp`` sequences, ``seq / sp`` tokens each): 2 per matmul weight per token, 4 x ``seq x heads x head_dim`` per
+  attention layer (half for a causal model), over the profile's per-rank ``block_flops`` (a reference block's
+  FLOP/s, its norms and softmax included) scaled by ``block_shapes`` to the rank's microbatch (its tokens, its share
+  of the heads and MLP under TP: small matmuls run slower); plus the loss's passes over the float32 logits at the
+  profile's copy bandwidth;
+* **pipeline bubble**: 1F1B over ``M`` microbatches of one sequence each: the first microbatch through every stage
+  and back, then the largest stage's other ``M - 1`` slots (uniform stages: ``M + P - 1`` slots instead of ``M``; a
+  heavy last stage, the head and the loss, waits on the others' single slots only); where ranks share a device (a
+  CPU's cores) an idle stage's share goes to the others: that path at the unshared speed, never less than the
+  average stage at the shared speed;
+* **optimizer step**: each parameter tensor the rank updates (FSDP: its shard) at the profile's rate for that
+  tensor's size (:func:`optimizer_seconds`);
+* **communication**, never assumed overlapped: per kind and group, ``count x latency + bytes / bandwidth`` from the
+  profile's line fits (:func:`collective_seconds`), for the tensor-parallel collectives (explain's counts and bytes,
+  per microbatch), the sequence-parallel attention traffic and gradient all-reduce, the data-parallel gradient sync
+  (DDP: all-reduce in 25 MB buckets; FSDP: each block's parameters all-gathered forward and backward, gradients
+  reduce-scattered), the pipeline boundaries (one swap per microbatch each way), the experts' dispatch.
 
-Memory per rank: parameters, gradients (same bytes), optimizer state (AdamW: two per parameter,
-SGD with momentum: one), activations (each matmul's input and output per token, the tokens in
-flight: ``min(P, M)`` microbatches on the first stage under 1F1B).
+Memory per rank: parameters, gradients (same bytes), optimizer state (AdamW: two per parameter, SGD with momentum:
+one), activations (each matmul's input and output per token, the tokens in flight: ``min(P, M)`` microbatches on the
+first stage under 1F1B); the peak, the backward's or the optimizer step's (its temporaries beside the state).
 """
 
 from __future__ import annotations
@@ -39,7 +35,7 @@ import math
 from typing import Any
 
 from ..config import SHARDED_MODES
-from .facts import StageFacts, gathered_bytes, loss_bytes_per_token
+from .facts import StageFacts, gathered_bytes, loss_bytes_per_token, step_temporaries
 
 DDP_BUCKET_BYTES = 25 * 2**20
 OPTIMIZER_STATES = {"adamw": 2, "sgd": 1, "none": 0}
@@ -272,15 +268,14 @@ def _data_parallel(profile: dict, layout: dict, stage: StageFacts) -> float:
 
 
 def memory_per_rank(facts: dict, layout: dict, optimizer: str = "adamw", index: int | None = None) -> dict[str, int]:
-    """Bytes the largest stage's rank (or stage ``index``'s) holds: parameters, gradients, optimizer state,
-    activations, the weights data parallelism holds gathered (:func:`~.facts.gathered_bytes`); the
-    peak: gradients or activations, not both (no gradient during a forward), but both in a pipeline."""
+    """Bytes the largest stage's rank (or stage ``index``'s) holds: parameters, gradients, optimizer state, activations,
+    the weights data parallelism holds gathered (:func:`~.facts.gathered_bytes`); the peak: gradients or activations,
+    not both (no gradient during a forward), but both in a pipeline; or the step's (:func:`~.facts.step_temporaries`)."""
     dp, pp, sp, m = layout["dp"], layout["pp"], layout["sp"], layout["microbatches"]
     tokens_mb = facts["batch"] // dp // m * facts["seq"] // sp
     worst = {}
     for s, stage in enumerate(facts["stages"]):
         params = int(stage.dense_bytes / dp_shard(layout) + stage.expert_bytes)
-        gathered = gathered_bytes(stage, layout["data_parallel"], dp)
         in_flight = min(pp - s, m) if pp > 1 else 1
         # torch's stage holds a receive buffer a microbatch, from its setup on, for its input (all but the first)
         # and its output's gradient (all but the last)
@@ -290,9 +285,14 @@ def memory_per_rank(facts: dict, layout: dict, optimizer: str = "adamw", index: 
         kept = stage.activation_elements - stage.wide_elements * (1 - 1 / split)
         per_token = in_flight * (kept * facts["itemsize"] + 4 * stage.norm_elements / split) + loss
         acts = int(tokens_mb * (per_token + buffers))
-        row = {"parameters": params, "gathered": int(gathered), "gradients": params}
+        row = {
+            "parameters": params,
+            "gathered": int(gathered_bytes(stage, layout["data_parallel"], dp)),
+            "gradients": params,
+        }
         row |= {"optimizer": OPTIMIZER_STATES[optimizer] * params, "activations": acts}
-        row["total"] = sum(row.values()) - (min(acts, params) if pp == 1 else 0)
+        step = 2 * params + row["optimizer"] + row["gathered"] + step_temporaries(stage, optimizer, dp_shard(layout))
+        row["total"] = max(sum(row.values()) - (min(acts, params) if pp == 1 else 0), step)  # the step's own peak
         if s == index:
             return row
         if not worst or row["total"] > worst["total"]:

@@ -380,3 +380,17 @@ def test_a_pipeline_stage_holds_a_receive_buffer_a_microbatch_for_each_neighbour
     found = predicted_memory(model, config, seq=seq, batch=m, rank=1)["activations"]
     want = int(seq * (2 * per_token + 2 * m * hidden * itemsize))  # 2 microbatches in flight on the middle stage
     assert found == want, f"the middle stage's activations {found} B, not {want} B ({buffers} B of receive buffers)"
+
+
+def test_the_optimizers_step_is_a_peak_of_its_own():
+    """A rank whose activations are small peaks in AdamW's step: the parameters, their gradients and the two
+    moments, and beside them torch's temporaries for one tensor at a time (the second moment's square root,
+    its quotient, the update), three tensors the size of the largest (here the embedding or the head)."""
+    from shardcore.cost.tracked import predicted_memory
+
+    model = meta_llama(heads=4, kv=2, layers=2)
+    held = {id(p): p.numel() * p.element_size() for p in model.parameters()}
+    params, largest = sum(held.values()), max(held.values())
+    found = predicted_memory(model, ShardConfig(tensor_parallel_size=1), seq=8, batch=1)
+    want = 4 * params + 3 * largest
+    assert found["total"] == want, f"the optimizer step's peak {found['total']} B, not {want} B ({found})"

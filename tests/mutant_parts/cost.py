@@ -264,4 +264,28 @@ MUTANTS = [
         "test_a_pipeline_stage_holds_a_receive_buffer_a_microbatch_for_each_neighbour",
         "the middle stage's activations",
     ),
+    m(
+        "optimizer-step-peak-left-out",
+        "explain's peak is the backward's alone: the optimizer step's temporaries beside the parameters, gradients "
+        "and state left out",
+        "shardcore/cost/model.py",
+        "memory_per_rank",
+        [
+            (
+                '        row["total"] = max(sum(row.values()) - (min(acts, params) if pp == 1 else 0), step)',
+                '        row["total"] = sum(row.values()) - (min(acts, params) if pp == 1 else 0)',
+            )
+        ],
+        "tests/integration/test_llama_auto.py::test_the_optimizers_step_is_a_peak_of_its_own",
+        "the optimizer step's peak 1446912 B",
+    ),
+    m(
+        "optimizer-step-temporaries-of-the-smallest-tensor",
+        "the optimizer step's temporaries sized by the rank's smallest tensor, not its largest",
+        "shardcore/cost/facts.py",
+        "step_temporaries",
+        [("    largest = max(", "    largest = min(")],
+        "tests/integration/test_llama_auto.py::test_the_optimizers_step_is_a_peak_of_its_own",
+        "the optimizer step's peak 1447680 B",
+    ),
 ]
