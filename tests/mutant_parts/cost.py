@@ -175,8 +175,8 @@ MUTANTS = [
         "memory_per_rank",
         [
             (
-                'stage.activation_elements * facts["itemsize"] + 4 * stage.norm_elements) + loss\n',
-                'stage.activation_elements * facts["itemsize"] + 4 * stage.norm_elements)\n',
+                '(kept * facts["itemsize"] + 4 * stage.norm_elements / split) + loss\n',
+                '(kept * facts["itemsize"] + 4 * stage.norm_elements / split)\n',
             )
         ],
         "tests/test_core_tracked_memory.py::test_a_simulated_rank_holds_what_explain_predicts_for_it[tp2]",
