@@ -300,3 +300,34 @@ def test_a_dataclass_output_a_returned_split_and_a_transposed_slice():
         assert any("blocks.0.mlp.up, blocks.1.mlp.up feed row-parallel layers" in m for m in result["log"]), result
         assert "use shardcore.vocab_parallel_cross_entropy" in result["transposed"], result
         assert result["copied"] == "Tensor", result
+
+
+def nano_lm() -> torch.nn.Module:
+    """The example's model (module-level: every rank ``shardcore.check`` starts imports it)."""
+    return _example()["NanoLM"]()
+
+
+def nano_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """The user's own loss on the whole logits the sharded model returns."""
+    return F.cross_entropy(logits.flatten(0, 1), labels.flatten())
+
+
+def test_check_takes_the_users_own_loss_for_a_plain_module():
+    """``shardcore.check`` on a plain ``nn.Module`` whose output has no loss: ``loss_fn(output, labels)``, the
+    model called with the batch but its labels, on every rank and on the unsharded model alike; the card
+    compares that loss, every gradient and the parameters after the steps. With a pipeline (whose last stage
+    computes the model's own loss) refused before any process starts."""
+    import shardcore
+
+    ids, targets = _example()["batch"](212)
+    batch = {"input_ids": ids, "labels": targets}
+    config = ShardConfig(tensor_parallel_size=2, plan=str(_example()["PLAN"]))
+    card = shardcore.check(nano_lm, config, batch=batch, loss_fn=nano_loss)
+    assert card.passed and card.world == 2, card.format()
+    assert any(r.what.startswith("loss, step") for r in card.rows) and sum(r.what.startswith("gradients") for r in card.rows) > 1, (
+        card.format()
+    )
+    with pytest.raises(ValueError, match="loss_fn= with pipeline_parallel_size=2"):
+        shardcore.check(
+            nano_lm, ShardConfig(tensor_parallel_size=1, pipeline_parallel_size=2), batch=batch, loss_fn=nano_loss
+        )

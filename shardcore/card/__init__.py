@@ -91,6 +91,7 @@ def check(
     seed: int = 0,
     reduce: bool | None = None,
     layers: int | None = None,
+    loss_fn: Callable[[Any, Any], Any] | None = None,
 ) -> Card:
     """Run ``config``'s layout of ``model`` against the unsharded model on local gloo processes
     and return the card (see the module). ``model``: a directory with a HuggingFace ``config.json``,
@@ -98,12 +99,19 @@ def check(
     cut evenly over the data-parallel ranks, or a list of one batch per data-parallel rank (uneven
     parts: an image on one rank only), default a token batch; ``reduce``: check a smaller model keeping what the layout depends on
     (default: only a HuggingFace model above :data:`~.source.REDUCE_ABOVE` parameters), ``layers``
-    its layer count."""
+    its layer count; ``loss_fn``: for a model whose output has no loss (a plain ``nn.Module``), ``loss_fn(output,
+    labels)``, the model called with the batch but its ``labels`` (a module-level function: every rank imports it;
+    not with a pipeline, whose last stage computes the model's own loss)."""
     world = world_of(config)
     if world > MAX_WORLD:
         raise ValueError(
             f"check: the layout takes {world} ranks; this check runs at most {MAX_WORLD} processes on one "
             "machine: check each dimension at 2 (e.g. --tp 2 --pp 2) or a smaller world"
+        )
+    if loss_fn is not None and config.pipeline_parallel_size > 1:
+        raise ValueError(
+            f"check: loss_fn= with pipeline_parallel_size={config.pipeline_parallel_size}: a pipeline's last stage "
+            "computes the model's own loss; give a model whose output has a loss, or check without a pipeline"
         )
     if steps < 1:
         raise ValueError(f"check: steps={steps}; at least 1 (the gradients are compared after the first)")
@@ -125,7 +133,7 @@ def check(
         batch = default_batch(hf_config, config)
     ranks = run_on_ranks(
         world, rank_numbers, source, config, batch if isinstance(batch, list) else dict(batch), steps=steps,
-        max_norm=max_norm, seed=seed, lr=lr, floor=GRAD_FLOOR,
+        max_norm=max_norm, seed=seed, lr=lr, floor=GRAD_FLOOR, loss_fn=loss_fn,
     )  # fmt: skip
     refusals = {r["refused"] for r in ranks if "refused" in r}
     if refusals:

@@ -28,6 +28,15 @@ from .source import ModelSource
 __all__ = ["rank_numbers"]
 
 
+def _step_loss(model: nn.Module, batch: dict, loss_fn) -> torch.Tensor:
+    """The loss of ``model`` on ``batch``: its own (the output's ``loss``), or with ``loss_fn`` (a model without
+    one) ``loss_fn(model(**inputs), labels)``, the batch's ``labels`` kept out of the model's inputs."""
+    if loss_fn is None:
+        return _loss(model(**batch))
+    inputs = {k: v for k, v in batch.items() if k != "labels"}
+    return loss_fn(model(**inputs), batch.get("labels"))
+
+
 def _loss(output: Any) -> torch.Tensor:
     loss = output.get("loss") if isinstance(output, Mapping) else getattr(output, "loss", None)
     if loss is None:
@@ -53,9 +62,9 @@ def _mine(model: nn.Module, batch: Mapping[str, Any] | list) -> tuple[dict, list
     return parts[info.layout.coordinates(dist.get_rank())["dp"] if dp > 1 else 0], parts
 
 
-def _reference_loss(ref: nn.Module, parts: list[dict]) -> torch.Tensor:
+def _reference_loss(ref: nn.Module, parts: list[dict], loss_fn=None) -> torch.Tensor:
     """The unsharded model's loss as data parallelism averages it: the mean of its parts' losses."""
-    loss = sum(_loss(ref(**part)) for part in parts) / len(parts)
+    loss = sum(_step_loss(ref, part, loss_fn) for part in parts) / len(parts)
     loss.backward()
     return loss
 
@@ -104,8 +113,9 @@ def _counted(out: dict) -> Iterator[None]:
 
 
 def rank_numbers(source: ModelSource, config, batch: dict | list, *, steps: int, max_norm: float,
-                 seed: int, lr: float, floor: float) -> dict[str, Any]:  # fmt: skip
-    """One rank's numbers for the card (run on every rank by :func:`shardcore.check`)."""
+                 seed: int, lr: float, floor: float, loss_fn=None) -> dict[str, Any]:  # fmt: skip
+    """One rank's numbers for the card (run on every rank by :func:`shardcore.check`); ``loss_fn``: the loss of a
+    model without one (:func:`_step_loss`; no pipeline: ``check`` refuses the two together)."""
     _, build, _ = source.plan()
     torch.manual_seed(seed)
     ref = without_constant_parameters(build(), seed)
@@ -123,8 +133,12 @@ def rank_numbers(source: ModelSource, config, batch: dict | list, *, steps: int,
         with _counted(out):
             opt.zero_grad()
             opt_ref.zero_grad()
-            loss = pipeline_step(model, mine)
-            loss_ref = _reference_loss(ref, parts)
+            if loss_fn is None:
+                loss = pipeline_step(model, mine)
+            else:
+                loss = _step_loss(model, mine, loss_fn)
+                loss.backward()
+            loss_ref = _reference_loss(ref, parts, loss_fn)
         out["losses"].append((loss.item(), loss_ref.item()))
         if step == 0:  # the check's own gathers, not counted
             out["gradients"] = _gradient_errors(model, ref, floor)

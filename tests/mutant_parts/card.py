@@ -85,4 +85,29 @@ MUTANTS = [
             "tests/integration/test_llama_card.py::test_bad_input_is_refused_before_any_process_starts",
         ),
     ),
+    m(
+        "check-loss-fn-on-the-reference-only",
+        "shardcore check hands loss_fn to the unsharded model only: the sharded one is called as a model with a loss",
+        "shardcore/card/rank.py",
+        "rank_numbers",
+        [
+            (
+                "                loss = _step_loss(model, mine, loss_fn)",
+                "                loss = _step_loss(model, mine, None)",
+            )
+        ],
+        "tests/test_core_own_model.py::test_check_takes_the_users_own_loss_for_a_plain_module",
+        "NanoLM.forward() got an unexpected keyword argument 'labels'",
+    ),
+    m(
+        "check-loss-fn-with-a-pipeline",
+        "shardcore check lets loss_fn through with a pipeline, whose last stage computes the model's own loss",
+        "shardcore/card/__init__.py",
+        "check",
+        [("    if loss_fn is not None and config.pipeline_parallel_size > 1:", "    if False:")],
+        "tests/test_core_own_model.py::test_check_takes_the_users_own_loss_for_a_plain_module",
+        Raised(
+            "AssertionError", "tests/test_core_own_model.py::test_check_takes_the_users_own_loss_for_a_plain_module"
+        ),
+    ),
 ]
