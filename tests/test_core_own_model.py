@@ -324,9 +324,10 @@ def test_check_takes_the_users_own_loss_for_a_plain_module():
     config = ShardConfig(tensor_parallel_size=2, plan=str(_example()["PLAN"]))
     card = shardcore.check(nano_lm, config, batch=batch, loss_fn=nano_loss)
     assert card.passed and card.world == 2, card.format()
-    assert any(r.what.startswith("loss, step") for r in card.rows) and sum(r.what.startswith("gradients") for r in card.rows) > 1, (
-        card.format()
-    )
+    assert (
+        any(r.what.startswith("loss, step") for r in card.rows)
+        and sum(r.what.startswith("gradients") for r in card.rows) > 1
+    ), card.format()
     with pytest.raises(ValueError, match="loss_fn= with pipeline_parallel_size=2"):
         shardcore.check(
             nano_lm, ShardConfig(tensor_parallel_size=1, pipeline_parallel_size=2), batch=batch, loss_fn=nano_loss

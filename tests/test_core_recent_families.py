@@ -433,23 +433,38 @@ def _doge():
 
 
 def _dynamic_mask(mode: str) -> dict:
+    import shardcore
     from shardcore.tensor_parallel import count_collectives
 
     with count_collectives() as counts:
         report = assert_sharded_matches(_doge, batch(seq=16), _sp2(mode))
-    return report | {"all_gather": counts.get("all_gather", 0), "reduce_scatter": counts.get("reduce_scatter", 0)}
+    torch.manual_seed(0)
+    model = shardcore.optimize(_doge(), _sp2(mode))
+    with count_collectives() as one:  # the first forward: the builder's gathers a layer, and the output's
+        model(**batch(seq=16))
+    return report | {
+        "all_gather": counts.get("all_gather", 0),
+        "reduce_scatter": counts.get("reduce_scatter", 0),
+        "forward_all_gather": one.get("all_gather", 0),
+    }
 
 
 @pytest.mark.parametrize("mode", ["all_to_all", "ring_attn"])
 def test_a_mask_the_attention_module_builds_itself_is_built_over_the_whole_sequence(mode):
     """Doge's attention builds its mask in a method of its own (``prepare_dynamic_mask``): a learned bias a
     key and key/value head from its value states, then each query's 6 keys of largest bias kept. Under the
-    split the method runs over the whole sequence (its value states gathered: the top-k chooses among every
-    key), and the attention function takes the whole mask at the rank's heads (Ulysses) or its queries (the
+    split the method runs over the whole sequence (its value states' bias gathered: the top-k chooses among every
+    key; its hidden states, read for their length and dtype alone, viewed at the whole length), and the attention function takes the whole mask at the rank's heads (Ulysses) or its queries (the
     ring, over gathered keys: the mask has a gradient, for the bias's weights ``A`` and ``dt_proj``)."""
     for report in run_on_ranks(2, _dynamic_mask, mode):
         assert "max_abs_diff_after_steps" in report, report
         assert report["all_gather"] > 0 and report["reduce_scatter"] > 0, report
+        if mode == "all_to_all":  # per layer one gather, of the value states' bias (the hidden states, read for
+            # their length and dtype alone, viewed, not gathered: 6 if they were); the last block's output gathered
+            # once; the first forward's rank-consistency check once
+            assert report["forward_all_gather"] == 2 + 1 + 1, (
+                f"all-gathers in a forward: {report['forward_all_gather']}"
+            )
 
 
 def _gemma4():
@@ -708,3 +723,16 @@ def test_a_composite_keeps_a_parts_fsdp_refusal():
     merged = DataParallelSpec.merge(None, {"language_model": DataParallelSpec(sharded_refusal="zero experts")})
     assert merged.sharded_refusal == "language_model: zero experts", f"the part's FSDP refusal lost: {merged}"
     assert DataParallelSpec.merge(None, {"vision": DataParallelSpec()}).sharded_refusal is None
+
+
+def test_a_mask_with_a_slice_a_head_is_cut_only_where_its_slices_are_the_heads():
+    """Ulysses cuts a 4-D mask with more than one slice along dim 1 to the rank's heads only where those slices
+    are the query or the key/value heads; any other count is refused by name (never cut by chance)."""
+    from types import SimpleNamespace
+
+    from shardcore.sequence.check import mask_heads
+
+    state = SimpleNamespace(mode="all_to_all", group=None)
+    said = r"has 3 slices along dim 1, neither the 4 query heads nor the 2 key/value heads"
+    with pytest.raises(NotImplementedError, match=said):
+        mask_heads(torch.zeros(1, 3, 8, 8), 4, 2, state)

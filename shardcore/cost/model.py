@@ -284,14 +284,14 @@ def memory_per_rank(facts: dict, layout: dict, optimizer: str = "adamw", index: 
         split = layout["tp"] if layout.get("mode") == "split_gather" else 1  # Megatron's: the region's edges split
         kept = stage.activation_elements - stage.wide_elements * (1 - 1 / split)
         per_token = in_flight * (kept * facts["itemsize"] + 4 * stage.norm_elements / split) + loss
-        acts = int(tokens_mb * (per_token + buffers))
+        acts = int(tokens_mb * (per_token + sp * buffers))  # stages hand on the whole sequence
         row = {
             "parameters": params,
             "gathered": int(gathered_bytes(stage, layout["data_parallel"], dp)),
             "gradients": params,
         }
         row |= {"optimizer": OPTIMIZER_STATES[optimizer] * params, "activations": acts}
-        step = 2 * params + row["optimizer"] + row["gathered"] + step_temporaries(stage, optimizer, dp_shard(layout))
+        step = 2 * params + row["optimizer"] + step_temporaries(stage, optimizer, dp_shard(layout))  # FSDP: resharded
         row["total"] = max(sum(row.values()) - (min(acts, params) if pp == 1 else 0), step)  # the step's own peak
         if s == index:
             return row

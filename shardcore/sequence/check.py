@@ -167,3 +167,17 @@ def _watch_forward(model: nn.Module, state) -> None:
     attached(model).before_forward(
         model, "watch_sequence", watch, with_kwargs=True, what="what the sequence split cannot honour, refused"
     )
+
+
+def mask_heads(mask, query_heads: int, kv_heads: int, state):
+    """A mask with one slice a head (Doge's dynamic mask) cut to this rank's heads under Ulysses; refused where
+    its head count is neither the queries' nor the keys' (the same on every rank: their shapes are alike)."""
+    from ..tensor_parallel.mappings import _local_chunk
+
+    if mask.shape[1] not in (query_heads, kv_heads):
+        raise NotImplementedError(
+            f"sequence_parallelism_mode={state.mode!r}: the attention mask {tuple(mask.shape)} has {mask.shape[1]} "
+            f"slices along dim 1, neither the {query_heads} query heads nor the {kv_heads} key/value heads the split "
+            "cuts; leave enable_sequence_parallelism=False"
+        )
+    return _local_chunk(mask, state.group, 1)

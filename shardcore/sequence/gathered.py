@@ -41,27 +41,60 @@ def install_whole_masks(methods: list[tuple[str, nn.Module, str]], state: Sequen
     forward is split: set on the module itself (its class untouched), it goes with the model."""
     for name, module, method in methods:
         bound = getattr(module, method)
-        module.__dict__[method] = functools.partial(_whole_mask, state, f"{name}.{method}", bound)
+        shaped = _read_for_shape(type(module), method)
+        module.__dict__[method] = functools.partial(_whole_mask, state, f"{name}.{method}", bound, shaped)
 
 
-def _whole_mask(state: SequenceParallel, name: str, bound, *args, **kwargs):
+@functools.cache
+def _read_for_shape(cls: type, method: str) -> frozenset[str]:
+    """The parameters of ``cls.method`` it reads only for their shape, dtype or device (Doge's mask builder reads
+    its hidden states' length and dtype): handed a view as long as the whole sequence, not gathered. Read from
+    the source; none where it cannot be read."""
+    import ast
+    import inspect
+    import textwrap
+
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(getattr(cls, method))))
+    except (OSError, TypeError, SyntaxError):
+        return frozenset()
+    fn = tree.body[0]
+    names = {a.arg for a in (*fn.args.args, *fn.args.kwonlyargs)}
+    parents = {child: node for node in ast.walk(fn) for child in ast.iter_child_nodes(node)}
+    uses: dict[str, list[bool]] = {}
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Name) and node.id in names:
+            up = parents.get(node)
+            read = isinstance(up, ast.Attribute) and up.attr in ("shape", "dtype", "device", "ndim")
+            uses.setdefault(node.id, []).append(read)
+    return frozenset(n for n, read in uses.items() if all(read))
+
+
+def _whole_mask(state: SequenceParallel, name: str, bound, shaped: frozenset[str], *args, **kwargs):
     """The mask ``bound`` builds over the whole sequence: each tensor argument with one dimension (after the
-    batch's) as long as the rank's part of the sequence all-gathered along it (the backward reduce-scatters),
-    the model's mask (already whole) and the rest as they are."""
+    batch's) as long as the rank's part of the sequence all-gathered along it (the backward reduce-scatters), or
+    one it reads only for its shape (``shaped``) viewed at the whole length; the model's mask (already whole) and
+    the rest as they are."""
     if not state.active:
         return bound(*args, **kwargs)
     local = state.length // state.size
 
-    def whole(t):
+    def whole(key, t):
         dims = [d for d in range(1, t.dim()) if t.shape[d] == local] if isinstance(t, torch.Tensor) else []
         if len(dims) > 1:  # the same shapes on every rank: raised on all of them, before the gather
             raise RuntimeError(
                 f"sequence_parallelism_mode={state.mode!r}: {name} takes {tuple(t.shape)}, with more than one "
                 f"dimension as long as this rank's {local} tokens; leave enable_sequence_parallelism=False"
             )
-        return _whole(t, state, dims[0]) if dims else t
+        if not dims:
+            return t
+        if key in shaped:  # its length and dtype alone: no gather
+            return t.narrow(dims[0], 0, 1).expand(*(state.length if d == dims[0] else -1 for d in range(t.dim())))
+        return _whole(t, state, dims[0])
 
-    mask = bound(*map(whole, args), **{k: whole(v) for k, v in kwargs.items()})
+    given = _bind(bound, args, kwargs)
+    given.arguments.update({k: whole(k, v) for k, v in given.arguments.items()})
+    mask = bound(*given.args, **given.kwargs)
     if not (isinstance(mask, torch.Tensor) and mask.dim() == 4 and mask.shape[-2:] == (state.length,) * 2):
         shape = tuple(mask.shape) if isinstance(mask, torch.Tensor) else type(mask).__name__
         raise RuntimeError(
@@ -70,6 +103,13 @@ def _whole_mask(state: SequenceParallel, name: str, bound, *args, **kwargs):
             "enable_sequence_parallelism=False"
         )
     return mask
+
+
+def _bind(bound, args: tuple, kwargs: dict):
+    """``bound``'s arguments by name (its positional ones named by its signature)."""
+    import inspect
+
+    return inspect.signature(bound).bind(*args, **kwargs)
 
 
 def zigzagged(state: SequenceParallel) -> bool:

@@ -14,7 +14,7 @@ from torch import nn
 from ..distributed.collectives import all_to_all_cat, group_rank, group_size
 from ..tensor_parallel.mappings import gather_from_tp, split_to_tp
 from ..tensor_parallel.regions import SequenceParallel
-from .check import _watch_forward, refuse_cached_keys, stacked_dim
+from .check import _watch_forward, mask_heads, refuse_cached_keys, stacked_dim
 from .declared import regions, set_attention
 from .gathered import install_gathered, install_whole_masks, sequence_dim, zigzagged
 from .ring import _unzigzag, _zigzag
@@ -287,7 +287,7 @@ def ulysses_attention(base):
         query, key, value = (_AllToAll.apply(t, group, 1, 2) for t in (query, key, value))
         kwargs = {k: state.whole.get(k, v) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
         if isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 4 and attention_mask.shape[1] > 1:
-            attention_mask = attention_mask.chunk(state.size, dim=1)[group_rank(group)]  # one a head: the rank's
+            attention_mask = mask_heads(attention_mask, query.shape[1] * state.size, key.shape[1] * state.size, state)
         if state.per_head:
             module, kwargs = _heads_of(module, kwargs, state.per_head, group)
         out, _ = base(module, query, key, value, attention_mask, **kwargs)

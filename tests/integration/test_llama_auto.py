@@ -365,7 +365,8 @@ def test_a_pipeline_stage_holds_a_receive_buffer_a_microbatch_for_each_neighbour
     """torch's pipeline stage allocates, at its setup, a buffer a microbatch for what it receives: the
     previous stage's hidden states (every stage but the first) and the next stage's gradient of them (every
     stage but the last). explain counts them beside each stage's microbatches in flight under 1F1B (the
-    first stage ``P``, the last 1): three stages of one layer each, three microbatches."""
+    first stage ``P``, the last 1): three stages of one layer each, three microbatches; the first stage and the
+    middle one (the last's loss is counted apart)."""
     from shardcore.cost.facts import stage_facts
     from shardcore.cost.tracked import predicted_memory
 
@@ -374,12 +375,14 @@ def test_a_pipeline_stage_holds_a_receive_buffer_a_microbatch_for_each_neighbour
     itemsize = next(model.parameters()).element_size()
     config = ShardConfig(tensor_parallel_size=1, pipeline_parallel_size=3, num_microbatches=m)
     blocks = [f"model.layers.{i}" for i in range(3)]
-    middle = stage_facts(model, blocks, pp=3, ep=1)[1]
-    per_token = middle.activation_elements * itemsize + 4 * middle.norm_elements
-    buffers = 2 * m * seq * hidden * itemsize  # its input's and its output's gradient's, each microbatch's
-    found = predicted_memory(model, config, seq=seq, batch=m, rank=1)["activations"]
-    want = int(seq * (2 * per_token + 2 * m * hidden * itemsize))  # 2 microbatches in flight on the middle stage
-    assert found == want, f"the middle stage's activations {found} B, not {want} B ({buffers} B of receive buffers)"
+    stages = stage_facts(model, blocks, pp=3, ep=1)
+    for rank, (stage, in_flight, neighbours) in enumerate(zip(stages[:2], (3, 2), (1, 2), strict=False)):
+        per_token = stage.activation_elements * itemsize + 4 * stage.norm_elements
+        buffers = neighbours * m * seq * hidden * itemsize  # its input's and its output's gradient's, a microbatch
+        found = predicted_memory(model, config, seq=seq, batch=m, rank=rank)["activations"]
+        want = int(seq * in_flight * per_token + buffers)  # microbatches in flight under 1F1B: 3 first, 2 middle
+        what = ("first", "middle")[rank]
+        assert found == want, f"the {what} stage's activations {found} B, not {want} B ({buffers} B of buffers)"
 
 
 def test_the_optimizers_step_is_a_peak_of_its_own():

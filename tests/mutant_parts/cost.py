@@ -262,7 +262,7 @@ MUTANTS = [
         [("buffers = ((s > 0) + (s < pp - 1)) * m", "buffers = 0 * m")],
         "tests/integration/test_llama_auto.py::"
         "test_a_pipeline_stage_holds_a_receive_buffer_a_microbatch_for_each_neighbour",
-        "the middle stage's activations",
+        "the first stage's activations 442368 B",
     ),
     m(
         "optimizer-step-peak-left-out",
@@ -287,5 +287,16 @@ MUTANTS = [
         [("    largest = max(", "    largest = min(")],
         "tests/integration/test_llama_auto.py::test_the_optimizers_step_is_a_peak_of_its_own",
         "the optimizer step's peak 1447680 B",
+    ),
+    m(
+        "pipeline-receive-buffers-on-both-sides-of-every-stage",
+        "explain gives every pipeline stage both receive buffers, the first stage its input's and the last its "
+        "output's gradient too",
+        "shardcore/cost/model.py",
+        "memory_per_rank",
+        [("buffers = ((s > 0) + (s < pp - 1)) * m", "buffers = 2 * m")],
+        "tests/integration/test_llama_auto.py::"
+        "test_a_pipeline_stage_holds_a_receive_buffer_a_microbatch_for_each_neighbour",
+        "the first stage's activations 491520 B",
     ),
 ]

@@ -473,4 +473,25 @@ MUTANTS = [
         "tests/test_core_recent_families.py::test_sequence_parallelism_through_the_attention_registry[Gemma3-ring_attn]",
         "output 'logits': max abs diff",
     ),
+    m(
+        "ulysses-mask-heads-cut-whatever-their-count",
+        "Ulysses cuts a mask's dim 1 into the rank's part whatever it holds, not only the query or key/value heads",
+        "shardcore/sequence/check.py",
+        "mask_heads",
+        [("    if mask.shape[1] not in (query_heads, kv_heads):", "    if False:")],
+        "tests/test_core_recent_families.py::"
+        "test_a_mask_with_a_slice_a_head_is_cut_only_where_its_slices_are_the_heads",
+        "DID NOT RAISE NotImplementedError",
+    ),
+    m(
+        "mask-builder-gathers-what-it-reads-for-shape",
+        "an attention module's mask builder gets every argument along the sequence gathered, those it reads only for "
+        "their length and dtype too (Doge's hidden states: an all-gather a layer for nothing)",
+        "shardcore/sequence/gathered.py",
+        "_whole_mask",
+        [("        if key in shaped:", "        if False:")],
+        "tests/test_core_recent_families.py::"
+        "test_a_mask_the_attention_module_builds_itself_is_built_over_the_whole_sequence[all_to_all]",
+        "all-gathers in a forward: 6",
+    ),
 ]
