@@ -28,8 +28,8 @@ MUTANTS = [
         "_reference_loss",
         [
             (
-                "    loss = sum(_loss(ref(**part)) for part in parts) / len(parts)",
-                "    loss = _loss(ref(**{k: (torch.cat([p[k] for p in parts]) if isinstance(parts[0][k], torch.Tensor) else parts[0][k]) for k in parts[0]}))",
+                "    loss = sum(_step_loss(ref, part, loss_fn) for part in parts) / len(parts)",
+                "    loss = _step_loss(ref, {k: (torch.cat([p[k] for p in parts]) if isinstance(parts[0][k], torch.Tensor) else parts[0][k]) for k in parts[0]}, loss_fn)",
             )
         ],
         "tests/integration/test_llama_card.py::test_the_card_of_a_right_layout_passes_with_every_part_compared[ulysses2-fsdp2]",

@@ -447,7 +447,7 @@ MUTANTS = [
         "an attention module's own mask builder runs on a rank's part of the sequence beside the whole mask",
         "shardcore/sequence/gathered.py",
         "_whole_mask",
-        [("return _whole(t, state, dims[0]) if dims else t", "return t")],
+        [("        if not dims:\n            return t", "        if True:\n            return t")],
         "tests/test_core_recent_families.py::"
         "test_a_mask_the_attention_module_builds_itself_is_built_over_the_whole_sequence[all_to_all]",
         "The size of tensor a (16) must match the size of tensor b (8) at non-singleton dimension 2",
