@@ -446,6 +446,7 @@ def _dynamic_mask(mode: str) -> dict:
         "all_gather": counts.get("all_gather", 0),
         "reduce_scatter": counts.get("reduce_scatter", 0),
         "forward_all_gather": one.get("all_gather", 0),
+        "listed": model.shardcore.attached.describe(),
     }
 
 
@@ -465,6 +466,9 @@ def test_a_mask_the_attention_module_builds_itself_is_built_over_the_whole_seque
             assert report["forward_all_gather"] == 2 + 1 + 1, (
                 f"all-gathers in a forward: {report['forward_all_gather']}"
             )
+        # what optimize set on the attention modules is listed with the model's attachments
+        listed = report["listed"]
+        assert "prepare_dynamic_mask shardcore.sequence.gathered._whole_mask: 2 modules" in listed, listed
 
 
 def _gemma4():

@@ -59,4 +59,20 @@ MUTANTS = [
         "tests/test_core_attach.py::test_the_listing_names_the_hooks_found_inside_the_model_by_function",
         "the hook on lin not listed",
     ),
+    m(
+        "listing-sees-only-replaced-forwards",
+        "describe() lists a module's replaced forward but no other method optimize set on it (an attention's mask "
+        "builder run over the whole sequence)",
+        "shardcore/attach/listing.py",
+        "inside",
+        [
+            (
+                "            if callable(value) and not isinstance",
+                '            if name == "forward" and callable(value) and not isinstance',
+            )
+        ],
+        "tests/test_core_recent_families.py::"
+        "test_a_mask_the_attention_module_builds_itself_is_built_over_the_whole_sequence[ring_attn]",
+        "prepare_dynamic_mask shardcore.sequence.gathered._whole_mask: 2 modules",
+    ),
 ]
