@@ -80,6 +80,8 @@ def _whole_mask(state: SequenceParallel, name: str, bound, shaped: frozenset[str
     local = state.length // state.size
 
     def whole(key, t):
+        if isinstance(t, tuple):  # (cos, sin)
+            return tuple(whole(key, v) for v in t)
         dims = [d for d in range(1, t.dim()) if t.shape[d] == local] if isinstance(t, torch.Tensor) else []
         if len(dims) > 1:  # the same shapes on every rank: raised on all of them, before the gather
             raise RuntimeError(
