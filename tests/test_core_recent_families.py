@@ -468,7 +468,8 @@ def test_a_mask_the_attention_module_builds_itself_is_built_over_the_whole_seque
             )
         # what optimize set on the attention modules is listed with the model's attachments
         listed = report["listed"]
-        assert "prepare_dynamic_mask shardcore.sequence.gathered._whole_mask: 2 modules" in listed, listed
+        found = "prepare_dynamic_mask shardcore.sequence.gathered._whole_mask: 2 modules" in listed
+        assert found, f"describe() does not list the mask builder set on the attention modules: {listed}"
 
 
 def _gemma4():

@@ -73,6 +73,6 @@ MUTANTS = [
         ],
         "tests/test_core_recent_families.py::"
         "test_a_mask_the_attention_module_builds_itself_is_built_over_the_whole_sequence[ring_attn]",
-        "prepare_dynamic_mask shardcore.sequence.gathered._whole_mask: 2 modules",
+        "describe() does not list the mask builder set on the attention modules",
     ),
 ]
