@@ -172,7 +172,7 @@ def _watch_forward(model: nn.Module, state) -> None:
 def mask_heads(mask, query_heads: int, kv_heads: int, state):
     """A mask with one slice a head (Doge's dynamic mask) cut to this rank's heads under Ulysses; refused where
     its head count is neither the queries' nor the keys' (the same on every rank: their shapes are alike)."""
-    from ..tensor_parallel.mappings import _local_chunk
+    from ..distributed.collectives import group_rank, group_size
 
     if mask.shape[1] not in (query_heads, kv_heads):
         raise NotImplementedError(
@@ -180,4 +180,4 @@ def mask_heads(mask, query_heads: int, kv_heads: int, state):
             f"slices along dim 1, neither the {query_heads} query heads nor the {kv_heads} key/value heads the split "
             "cuts; leave enable_sequence_parallelism=False"
         )
-    return _local_chunk(mask, state.group, 1)
+    return mask.chunk(group_size(state.group), dim=1)[group_rank(state.group)]  # the heads divide by sp (optimize)
