@@ -39,10 +39,12 @@ def install_whole_masks(methods: list[tuple[str, nn.Module, str]], state: Sequen
     """Run each ``(name, module, method)``, an attention module's own mask builder
     (:attr:`SequenceSpec.mask_builders <shardcore.spec.SequenceSpec>`), over the whole sequence while the
     forward is split: set on the module itself (its class untouched), it goes with the model."""
+    import inspect
+
     for name, module, method in methods:
         bound = getattr(module, method)
-        shaped = _read_for_shape(type(module), method)
-        module.__dict__[method] = functools.partial(_whole_mask, state, f"{name}.{method}", bound, shaped)
+        how = (inspect.signature(bound), _read_for_shape(type(module), method))  # read once, not every forward
+        module.__dict__[method] = functools.partial(_whole_mask, state, f"{name}.{method}", bound, how)
 
 
 @functools.cache
@@ -70,13 +72,14 @@ def _read_for_shape(cls: type, method: str) -> frozenset[str]:
     return frozenset(n for n, read in uses.items() if all(read))
 
 
-def _whole_mask(state: SequenceParallel, name: str, bound, shaped: frozenset[str], *args, **kwargs):
+def _whole_mask(state: SequenceParallel, name: str, bound, how: tuple, *args, **kwargs):
     """The mask ``bound`` builds over the whole sequence: each tensor argument with one dimension (after the
     batch's) as long as the rank's part of the sequence all-gathered along it (the backward reduce-scatters), or
-    one it reads only for its shape (``shaped``) viewed at the whole length; the model's mask (already whole) and
-    the rest as they are."""
+    one it reads only for its shape viewed at the whole length; the model's mask (already whole) and the rest as
+    they are. ``how``: ``bound``'s signature and the parameters it reads for their shape (:func:`_read_for_shape`)."""
     if not state.active:
         return bound(*args, **kwargs)
+    signature, shaped = how
     local = state.length // state.size
 
     def whole(key, t):
@@ -94,7 +97,7 @@ def _whole_mask(state: SequenceParallel, name: str, bound, shaped: frozenset[str
             return t.narrow(dims[0], 0, 1).expand(*(state.length if d == dims[0] else -1 for d in range(t.dim())))
         return _whole(t, state, dims[0])
 
-    given = _bind(bound, args, kwargs)
+    given = signature.bind(*args, **kwargs)
     given.arguments.update({k: whole(k, v) for k, v in given.arguments.items()})
     mask = bound(*given.args, **given.kwargs)
     if not (isinstance(mask, torch.Tensor) and mask.dim() == 4 and mask.shape[-2:] == (state.length,) * 2):
@@ -105,13 +108,6 @@ def _whole_mask(state: SequenceParallel, name: str, bound, shaped: frozenset[str
             "enable_sequence_parallelism=False"
         )
     return mask
-
-
-def _bind(bound, args: tuple, kwargs: dict):
-    """``bound``'s arguments by name (its positional ones named by its signature)."""
-    import inspect
-
-    return inspect.signature(bound).bind(*args, **kwargs)
 
 
 def zigzagged(state: SequenceParallel) -> bool:

@@ -458,7 +458,7 @@ MUTANTS = [
         "model refused as if it read the whole mask beside a rank's queries",
         "shardcore/integrations/hf/masks.py",
         "_builder",
-        [("    method = built.get(handed) if handed else None", "    method = None")],
+        [("    return built.get(handed) if handed else None", "    return None")],
         "tests/test_core_recent_families.py::"
         "test_a_mask_the_attention_module_builds_itself_is_built_over_the_whole_sequence[all_to_all]",
         "DogeAttention uses the attention mask besides handing it to the attention function",

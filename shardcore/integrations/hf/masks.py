@@ -45,8 +45,7 @@ def _builder(cls: type) -> str | None:
             if method is not None:
                 built[node.targets[0].id] = method
     handed = _handed_mask(tree)
-    method = built.get(handed) if handed else None
-    return method
+    return built.get(handed) if handed else None
 
 
 def _own_call(cls: type, node: ast.AST) -> str | None:
