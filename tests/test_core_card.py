@@ -5,10 +5,13 @@ fails the card naming its part, its parameter and its number)."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import transformers
 
 import shardcore
+from shardcore import ShardConfig
 from shardcore.card import ModelSource, parts_of, reduce_config
 from shardcore.card.rows import card_from_ranks
 
@@ -122,3 +125,49 @@ def test_a_wrong_number_fails_the_card_naming_its_part_parameter_and_size():
     lost = _rank(1e-7)
     lost["all"] = [["a.attn.w"], ["a.mlp.w"], ["b.w", "c.w"]]
     assert [r.where for r in card_from_ranks([lost], model="m", layout="tp1", reduced={}).failures] == ["b.w"]
+
+
+def test_a_world_above_the_machine_runs_each_dimension_at_two_every_pair_together():
+    from shardcore.card.large import MAX_WORLD, scaled_layouts
+
+    three = ShardConfig(tensor_parallel_size=8, pipeline_parallel_size=4, num_microbatches=8,
+                        pipeline_layers=(2, 2, 2, 2), data_parallel="fsdp", data_parallel_size=4,
+                        expert_parallel_size=4)  # fmt: skip
+    (one,) = scaled_layouts(three)
+    assert (one.tensor_parallel_size, one.pipeline_parallel_size, one.data_parallel_size) == (2, 2, 2)
+    assert (one.expert_parallel_size, one.pipeline_layers, one.num_microbatches) == (2, None, None)
+    four = ShardConfig(tensor_parallel_size=4, pipeline_parallel_size=2, sequence_parallel_size=4,
+                       enable_sequence_parallelism=True, sequence_parallelism_mode="all_to_all",
+                       data_parallel="hsdp", data_parallel_size=4, data_parallel_shard_size=2)  # fmt: skip
+    runs = scaled_layouts(four)  # 2 ** 4 = 16 ranks do not fit: each dimension left out once
+    sizes = {(c.tensor_parallel_size, c.pipeline_parallel_size, c.sequence_parallel_size, c.data_parallel_size or 1)
+             for c in runs}  # fmt: skip
+    assert sizes == {(1, 2, 2, 2), (2, 1, 2, 2), (2, 2, 1, 2), (2, 2, 2, 1)}, sizes
+    for c in runs:
+        dims = (c.tensor_parallel_size, c.pipeline_parallel_size, c.sequence_parallel_size, c.data_parallel_size or 1)
+        assert math.prod(dims) <= MAX_WORLD
+        assert (c.sequence_parallelism_mode is None) == (c.sequence_parallel_size == 1), c
+        assert c.data_parallel == (None if (c.data_parallel_size or 1) == 1 else "hsdp"), c
+
+
+def test_the_built_ranks_take_every_coordinate_of_every_dimension():
+    from shardcore.card.large import sampled_ranks
+    from shardcore.distributed.layout import ParallelLayout
+
+    config = ShardConfig(tensor_parallel_size=4, pipeline_parallel_size=4, data_parallel="ddp", data_parallel_size=2)
+    layout = ParallelLayout.from_config(config, world_size=32)
+    ranks = sampled_ranks(config, 32)
+    for dim, size in (("tp", 4), ("pp", 4), ("dp", 2)):
+        assert {layout.coordinates(r)[dim] for r in ranks} == set(range(size)), (dim, ranks)
+    assert len(ranks) == 1 + 3 + 3 + 1 + 1  # rank 0, the other coordinates of each dimension, the last rank
+
+
+def test_a_parameter_no_built_rank_holds_fails_the_whole_world_s_row():
+    from shardcore.card.large import world_rows
+
+    names = [["model.embed_tokens.weight", "lm_head.weight"], ["model.layers.0.mlp.up_proj.weight"]]
+    ranks = [{"rank": 0, "held": {"lm_head.weight": 8}}, {"rank": 3, "held": {"model.layers.0.mlp.up_proj.weight": 4}}]
+    build, held = world_rows({"names": names, "ranks": ranks}, 16)
+    assert build.passed and held.passed and held.where == "4-8 per rank", held
+    build, held = world_rows({"names": names, "ranks": ranks[:1]}, 16)
+    assert not held.passed and held.where == "model.layers.0.mlp.up_proj.weight", held

@@ -17,7 +17,8 @@ and lists the collectives that ran; each row with its worst relative error again
 tolerance (:mod:`shardcore.testing.tolerance`), pass or fail, and where. A model too large for this
 machine is checked reduced (:mod:`.source`); the card says what was reduced.
 
-The layout's world runs for real (``tp x pp x sp x dp`` processes): at most :data:`MAX_WORLD` here.
+The layout's world runs for real (``tp x pp x sp x dp`` processes) up to :data:`MAX_WORLD` ranks; a larger
+one is checked at each of its dimensions at 2 for real and built whole on the fake backend (:mod:`.large`).
 """
 
 from __future__ import annotations
@@ -30,15 +31,13 @@ import attrs
 from ..config import ShardConfig
 from ..distributed.launcher import run_on_ranks
 from ..testing.tolerance import GRAD_FLOOR
+from .large import MAX_WORLD, build_world, merge_cards, scaled_layouts, world_rows
 from .parts import PARTS, parts_of
 from .rank import rank_numbers
 from .rows import Card, Row, card_from_ranks
 from .source import ModelSource, reduce_config
 
 __all__ = ["MAX_WORLD", "PARTS", "Card", "LayoutRefused", "ModelSource", "Row", "check", "parts_of", "reduce_config"]
-
-#: the most processes the check starts on one machine
-MAX_WORLD = 8
 
 
 class LayoutRefused(ValueError):
@@ -103,11 +102,6 @@ def check(
     labels)``, the model called with the batch but its ``labels`` (a module-level function: every rank imports it;
     not with a pipeline, whose last stage computes the model's own loss)."""
     world = world_of(config)
-    if world > MAX_WORLD:
-        raise ValueError(
-            f"check: the layout takes {world} ranks; this check runs at most {MAX_WORLD} processes on one "
-            "machine: check each dimension at 2 (e.g. --tp 2 --pp 2) or a smaller world"
-        )
     if loss_fn is not None and config.pipeline_parallel_size > 1:
         raise ValueError(
             f"check: loss_fn= with pipeline_parallel_size={config.pipeline_parallel_size}: a pipeline's last stage "
@@ -116,6 +110,9 @@ def check(
     if steps < 1:
         raise ValueError(f"check: steps={steps}; at least 1 (the gradients are compared after the first)")
     source = ModelSource(model, reduce=reduce, layers=layers, pp=config.pipeline_parallel_size)
+    if world > MAX_WORLD:
+        return _check_large(source, config, world, batch=batch, steps=steps, max_norm=max_norm, lr=lr, seed=seed,
+                            loss_fn=loss_fn)  # fmt: skip
     hf_config, _, reduced = source.plan()
     source = attrs.evolve(source, reduce=bool(reduced))  # decided once, here: every rank builds the same
     if callable(batch):
@@ -140,3 +137,40 @@ def check(
         raise LayoutRefused(f"shardcore.optimize refused the layout: {' / '.join(sorted(refusals))}")
     name = model if isinstance(model, str) else getattr(model, "__qualname__", type(model).__name__)
     return card_from_ranks(ranks, model=str(name), layout=layout_name(config), reduced=reduced)
+
+
+def _check_large(source: ModelSource, config: ShardConfig, world: int, **kwargs) -> Card:
+    """A world above :data:`MAX_WORLD` (:mod:`.large`): built whole on the fake backend, its numbers
+    checked for real at every dimension at 2 (a list of per-rank batches cannot follow the smaller
+    data-parallel size: refused)."""
+    if isinstance(kwargs.get("batch"), list | tuple):
+        raise ValueError(
+            f"check: the layout takes {world} ranks, more than the {MAX_WORLD} this machine runs, so its numbers are "
+            "checked at each dimension at 2: give one batch (cut evenly), not one per data-parallel rank"
+        )
+    hf_config, _, reduced = source.plan()
+    source = attrs.evolve(source, reduce=bool(reduced))
+    built = build_world(source, _with_stage_shapes(config, kwargs.get("batch"), hf_config), world)
+    refused = [b["refused"] for b in built["ranks"] if "refused" in b]
+    if refused:
+        raise LayoutRefused(f"shardcore.optimize refused the layout at {world} ranks: {refused[0]}")
+    cards = [
+        check(source.spec, small, reduce=source.reduce, layers=source.layers, **kwargs)
+        for small in scaled_layouts(config)
+    ]
+    return merge_cards(cards, world_rows(built, world), layout=layout_name(config), world=world)
+
+
+def _with_stage_shapes(config: ShardConfig, batch: Any, hf_config: Any) -> ShardConfig:
+    """``config`` with a pipeline's ``example_inputs`` (a simulated stage cannot receive its shapes): a
+    data-parallel rank's part of ``batch`` (callable: called; ``None``: the default token batch)."""
+    if config.pipeline_parallel_size == 1 or config.example_inputs is not None:
+        return config
+    from ..testing import dp_part
+
+    batch = batch() if callable(batch) else batch
+    if batch is None:
+        if hf_config is None:
+            raise ValueError("check: a model given as a callable needs batch= (its inputs, with labels)")
+        batch = default_batch(hf_config, config)
+    return attrs.evolve(config, example_inputs=dp_part(dict(batch), 0, config.data_parallel_size or 1))

@@ -34,12 +34,12 @@ def stage_shapes(spec, config, num_stages: int, group) -> tuple[dict[int, dict],
         )
     args, _ = spec.inputs(dict(example))
     size = args[0].shape[0]
-    if size % config.num_microbatches:
+    micro = config.num_microbatches or num_stages  # the schedule's default (pipeline.stage): one per stage
+    if size % micro:
         raise ValueError(
-            f"ShardConfig(example_inputs=...): batch size {size} is not divisible by "
-            f"num_microbatches={config.num_microbatches}"
+            f"ShardConfig(example_inputs=...): batch size {size} is not divisible by num_microbatches={micro}"
         )
-    x = tuple(a[: size // config.num_microbatches] for a in args)  # one microbatch, as the schedule cuts it
+    x = tuple(a[: size // micro] for a in args)  # one microbatch, as the schedule cuts it
     shapes = {}
     with torch.no_grad():
         for s in range(num_stages):

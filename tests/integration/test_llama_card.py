@@ -73,10 +73,25 @@ def test_a_refused_layout_ends_with_optimize_s_message(tmp_path, capsys):
         shardcore.check(three_heads, ShardConfig(tensor_parallel_size=2))
 
 
+def test_a_world_larger_than_the_machine_is_built_whole_and_checked_at_two_per_dimension(tmp_path):
+    """PP=4 x TP=4 (16 ranks): every rank's coordinates built on the fake backend, the numbers at PP=2 x TP=2;
+    PP=8 over 4 layers is refused by the whole world's build, before any real rank runs."""
+    four_kv = _config_dir(tmp_path, num_key_value_heads=4, num_hidden_layers=4)
+    card = shardcore.check(four_kv, ShardConfig(tensor_parallel_size=4, pipeline_parallel_size=4))
+    print("\n" + card.format())
+    assert card.passed and card.world == 16 and card.layout == "pp4 x tp4, its numbers checked at pp2 x tp2"
+    build, held = card.rows[:2]
+    assert build.what == "build at 16 ranks" and build.where == "8 of 16 ranks built on the fake backend", build
+    assert held.what == "parameters held at 16 ranks" and held.passed, held
+    assert "gradients: attention" in [r.what for r in card.rows] and card.collectives["all_reduce"]
+    with pytest.raises(LayoutRefused, match="at 32 ranks"):
+        shardcore.check(four_kv, ShardConfig(tensor_parallel_size=4, pipeline_parallel_size=8))
+
+
 def test_bad_input_is_refused_before_any_process_starts(tmp_path, capsys):
     big = ShardConfig(tensor_parallel_size=4, pipeline_parallel_size=4)
-    with pytest.raises(ValueError, match="at most 8 processes"):
-        shardcore.check(tiny_llama, big, batch=lm_batch(1001))
+    with pytest.raises(ValueError, match="give one batch"):
+        shardcore.check(tiny_llama, big, batch=[lm_batch(1001)])
     with pytest.raises(ValueError, match="one per data-parallel rank"):
         shardcore.check(tiny_llama, ShardConfig(tensor_parallel_size=2), batch=[lm_batch(1001)] * 2)
     with pytest.raises(ValueError, match="needs batch="):

@@ -110,4 +110,73 @@ MUTANTS = [
             "AssertionError", "tests/test_core_own_model.py::test_check_takes_the_users_own_loss_for_a_plain_module"
         ),
     ),
+    m(
+        "large-world-build-skipped",
+        "a world above the machine is checked at 2 per dimension only: its own build (heads, layers, stages) never runs",
+        "shardcore/card/__init__.py",
+        "_check_large",
+        [
+            (
+                '    built = build_world(source, _with_stage_shapes(config, kwargs.get("batch"), hf_config), world)',
+                '    built = {"names": [], "ranks": []}',
+            )
+        ],
+        "tests/integration/test_llama_card.py::test_a_world_larger_than_the_machine_is_built_whole_and_checked_at_two_per_dimension",
+        Raised(
+            "AssertionError",
+            "tests/integration/test_llama_card.py::test_a_world_larger_than_the_machine_is_built_whole_and_checked_at_two_per_dimension",
+        ),
+    ),
+    m(
+        "large-world-builds-rank-zero-only",
+        "the whole world's build plays rank 0 alone: a later stage's layers, another tensor-parallel rank's shard unbuilt",
+        "shardcore/card/large.py",
+        "sampled_ranks",
+        [("    return sorted(seen)", "    return [0]")],
+        "tests/test_core_card.py::test_the_built_ranks_take_every_coordinate_of_every_dimension",
+        Raised(
+            "AssertionError", "tests/test_core_card.py::test_the_built_ranks_take_every_coordinate_of_every_dimension"
+        ),
+        fast=True,
+    ),
+    m(
+        "large-world-held-row-blind",
+        "the whole world's row passes whatever the built ranks hold: a parameter no rank holds goes unseen",
+        "shardcore/card/large.py",
+        "world_rows",
+        [("    if missing:", "    if False:")],
+        "tests/test_core_card.py::test_a_parameter_no_built_rank_holds_fails_the_whole_world_s_row",
+        Raised(
+            "AssertionError",
+            "tests/test_core_card.py::test_a_parameter_no_built_rank_holds_fails_the_whole_world_s_row",
+        ),
+        fast=True,
+    ),
+    m(
+        "large-world-dimensions-run-alone",
+        "a world above the machine is checked one dimension at a time: no two dimensions ever run together",
+        "shardcore/card/large.py",
+        "scaled_layouts",
+        [
+            (
+                "    groups = [active] if 2 ** len(active) <= MAX_WORLD else list(itertools.combinations(active, len(active) - 1))",
+                "    groups = [[d] for d in active]",
+            )
+        ],
+        "tests/test_core_card.py::test_a_world_above_the_machine_runs_each_dimension_at_two_every_pair_together",
+        Raised(
+            "ValueError",
+            "tests/test_core_card.py::test_a_world_above_the_machine_runs_each_dimension_at_two_every_pair_together",
+        ),
+        fast=True,
+    ),
+    m(
+        "simulated-stage-microbatches-unset",
+        "a simulated pipeline rank reads num_microbatches as given: its default (None) breaks the stage shapes",
+        "shardcore/pipeline/simulated.py",
+        "stage_shapes",
+        [("    micro = config.num_microbatches or num_stages", "    micro = config.num_microbatches")],
+        "tests/integration/test_llama_card.py::test_a_world_larger_than_the_machine_is_built_whole_and_checked_at_two_per_dimension",
+        "at 16 ranks: TypeError",
+    ),
 ]
