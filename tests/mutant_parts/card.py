@@ -111,14 +111,14 @@ MUTANTS = [
         ),
     ),
     m(
-        "large-world-build-skipped",
-        "a world above the machine is checked at 2 per dimension only: its own build (heads, layers, stages) never runs",
+        "large-world-built-at-the-small-world",
+        "a world above the machine is built at 2 per dimension, as its numbers are checked: the whole world's divisibility and stages never built",
         "shardcore/card/__init__.py",
         "_check_large",
         [
             (
                 '    built = build_world(source, _with_stage_shapes(config, kwargs.get("batch"), hf_config), world)',
-                '    built = {"names": [], "ranks": []}',
+                '    small = scaled_layouts(config)[0]\n    built = build_world(source, _with_stage_shapes(small, kwargs.get("batch"), hf_config), world_of(small))',
             )
         ],
         "tests/integration/test_llama_card.py::test_a_world_larger_than_the_machine_is_built_whole_and_checked_at_two_per_dimension",
