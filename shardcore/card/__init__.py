@@ -48,8 +48,8 @@ class LayoutRefused(ValueError):
 
 def world_of(config: ShardConfig) -> int:
     """The ranks ``config``'s layout takes: data x pipeline x sequence x tensor parallel sizes."""
-    dp = config.data_parallel_size or 1
-    return dp * config.pipeline_parallel_size * config.sequence_parallel_size * config.tensor_parallel_size
+    dp, tp = config.data_parallel_size or 1, config.tensor_parallel_size or 1  # tp None: the ranks left, none here
+    return dp * config.pipeline_parallel_size * config.sequence_parallel_size * tp
 
 
 def layout_name(config: ShardConfig) -> str:
@@ -60,7 +60,7 @@ def layout_name(config: ShardConfig) -> str:
         if config.sequence_parallel_size > 1
         else "",
         f"ep{config.expert_parallel_size}" if config.expert_parallel_size > 1 else "",
-        f"tp{config.tensor_parallel_size}",
+        f"tp{config.tensor_parallel_size or 1}",
     ]
     return " x ".join(p for p in parts if p)
 

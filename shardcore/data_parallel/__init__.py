@@ -265,5 +265,7 @@ def apply_data_parallel(model: nn.Module, policy, config, layout, pipeline=None)
         replicate(model, process_group=mesh.get_group(), ignored_modules=experts or None, **kwargs)
     if pipeline is None:  # a rank whose batch lacks an input some modules need still runs them (.idle)
         install_idle_runs(model, policy.data_parallel().idle_runs)
+    elif 0 in pipeline.submods:  # the first stage takes the inputs and holds their modules
+        install_idle_runs(model, policy.data_parallel().idle_runs, first_stage=pipeline.submods[0])
     log.info("shardcore: %s over %d data-parallel ranks", mode, layout.dp)
     return mode

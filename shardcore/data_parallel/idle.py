@@ -11,6 +11,11 @@ forward (where the real input's modules would have run, so every rank issues the
 in the same order) and adds zero times its result to ``at``'s output. The rank's gradient there is
 then exactly zero: the unsharded model's for the part without images. Its backward also comes in the
 real run's order: the stand-in's nodes are older than ``at``'s, as the real tower's are.
+
+Under pipeline parallelism the first stage holds such modules (it takes the input) and calls the model
+part that reads the input (Llava's ``LlavaModel``), not the whole model: the inputs are then noted at
+each module above ``at`` whose forward takes the input by name, and only while the rank's first stage
+runs (a later stage of the same rank, an interleaved schedule's, calls that part without the input too).
 """
 
 from __future__ import annotations
@@ -54,16 +59,31 @@ def _with_zero(output: Any, zero: torch.Tensor) -> Any:
     )
 
 
-def install_idle_runs(model: nn.Module, runs: Mapping[str, Any]) -> None:
+def _takers(model: nn.Module, runs: Mapping[str, Any]) -> list[nn.Module]:
+    """The modules above some run's ``at`` (``model`` excluded) whose forward takes that run's input by name."""
+    out = []
+    for name, idle in runs.items():
+        parts = idle.at.split(".")
+        for depth in range(1, len(parts)):
+            module = model.get_submodule(".".join(parts[:depth]))
+            if name in inspect.signature(type(module).forward).parameters and module not in out:
+                out.append(module)
+    return out
+
+
+def install_idle_runs(model: nn.Module, runs: Mapping[str, Any], first_stage: nn.Module | None = None) -> None:
     """Hook ``model`` so that a training forward lacking an input of ``runs`` (``{name: IdleRun}``)
-    runs that input's modules on their stand-in before the forward of ``at`` (see the module)."""
+    runs that input's modules on their stand-in before the forward of ``at`` (see the module);
+    ``first_stage``: under pipeline parallelism, this rank's first stage (the inputs noted while it runs)."""
     if not runs:
         return
     lacking: list[str] = []
     pending: list[torch.Tensor] = []
+    running = [first_stage is None]  # whether the stage that takes the inputs runs
 
     def note(module: nn.Module, args: tuple, kwargs: dict) -> None:
-        lacking[:] = _missing(module, list(runs), args, kwargs) if torch.is_grad_enabled() and module.training else []
+        wanted = running[0] and torch.is_grad_enabled() and module.training
+        lacking[:] = _missing(module, list(runs), args, kwargs) if wanted else []
         pending.clear()
 
     def run(name: str):
@@ -81,9 +101,14 @@ def install_idle_runs(model: nn.Module, runs: Mapping[str, Any]) -> None:
         pending.clear()
         return _with_zero(output, zero)
 
-    attached(model).before_forward(
-        model, "idle_runs", note, with_kwargs=True, what=f"a batch without {sorted(runs)}: their modules run idle"
-    )
+    what = f"a batch without {sorted(runs)}: their modules run idle"
+    if first_stage is None:
+        attached(model).before_forward(model, "idle_runs", note, with_kwargs=True, what=what)
+    else:
+        first_stage.register_forward_pre_hook(lambda *_: running.__setitem__(0, True))
+        first_stage.register_forward_hook(lambda *_: running.__setitem__(0, False))
+        for module in _takers(model, runs):
+            attached(module).before_forward(module, "idle_runs", note, with_kwargs=True, what=what)
     for name, idle in runs.items():
         at = model.get_submodule(idle.at)
         at.register_forward_pre_hook(run(name))

@@ -100,4 +100,41 @@ MUTANTS = [
         "tests/test_core_recent_families.py::test_experts_beside_zero_computation_ones_under_data_parallelism",
         "FSDP not refused beside zero-computation experts: no error",
     ),
+    m(
+        "idle-run-not-on-pipeline-stages",
+        "under pipeline x data parallelism the first stage of a rank without an image skips the vision tower",
+        "shardcore/data_parallel/__init__.py",
+        "apply_data_parallel",
+        [
+            (
+                "    elif 0 in pipeline.submods:  # the first stage takes the inputs and holds their modules",
+                "    elif False:",
+            )
+        ],
+        "plugins/shard-llava/tests/test_llava_card.py::test_pipeline_stages_over_data_parallel_ranks_with_an_image_on_one_rank_only[fsdp-1F1B]",
+        "rank_numbers failed on",
+    ),
+    m(
+        "idle-run-noted-at-the-whole-model-on-stages",
+        "on a pipeline stage the inputs are noted at the whole model's forward, which the stage never calls",
+        "shardcore/data_parallel/idle.py",
+        "install_idle_runs",
+        [("        for module in _takers(model, runs):", "        for module in [model]:")],
+        "plugins/shard-llava/tests/test_llava_card.py::test_pipeline_stages_over_data_parallel_ranks_with_an_image_on_one_rank_only[ddp-1F1B]",
+        "rank_numbers failed on",
+    ),
+    m(
+        "idle-run-on-every-stage-of-the-rank",
+        "the inputs noted whichever stage runs: an interleaved rank's later stage runs the tower idle through its holes",
+        "shardcore/data_parallel/idle.py",
+        "install_idle_runs.note",
+        [
+            (
+                "        wanted = running[0] and torch.is_grad_enabled() and module.training",
+                "        wanted = torch.is_grad_enabled() and module.training",
+            )
+        ],
+        "plugins/shard-llava/tests/test_llava_card.py::test_pipeline_stages_over_data_parallel_ranks_with_an_image_on_one_rank_only[fsdp-Interleaved1F1B]",
+        "rank_numbers failed on",
+    ),
 ]

@@ -30,6 +30,22 @@ def test_the_card_passes_with_an_image_on_one_data_parallel_rank_only(mode):
     assert vision.passed and card.passed, card.format()
 
 
+def four_layers():
+    return build(num_hidden_layers=4)  # an interleaved schedule's 4 stages
+
+
+@pytest.mark.parametrize(("mode", "schedule"), [("ddp", "1F1B"), ("fsdp", "1F1B"), ("fsdp", "Interleaved1F1B")])
+def test_pipeline_stages_over_data_parallel_ranks_with_an_image_on_one_rank_only(mode, schedule):
+    """PP=2 x DP=2: the text-only rank's first stage runs the tower idle, its other stages never do (an
+    interleaved schedule's rank 0 runs stages 0 and 2 on the same model)."""
+    config = ShardConfig(pipeline_parallel_size=2, pipeline_schedule=schedule, num_microbatches=2, data_parallel=mode,
+                         data_parallel_size=2)  # fmt: skip
+    card = shardcore.check(four_layers, config, batch=[batch_for(rows=2), text_only()])
+    print("\n" + card.format())
+    vision = next(r for r in card.rows if r.what == "gradients: vision tower or projector")
+    assert vision.passed and card.passed, card.format()
+
+
 def test_the_card_passes_with_images_on_every_rank_under_ddp():
     config = ShardConfig(tensor_parallel_size=2, data_parallel="ddp", data_parallel_size=2)
     card = shardcore.check(build, config, batch=batch_for(rows=4))
