@@ -171,3 +171,21 @@ def test_a_parameter_no_built_rank_holds_fails_the_whole_world_s_row():
     assert build.passed and held.passed and held.where == "4-8 per rank", held
     build, held = world_rows({"names": names, "ranks": ranks[:1]}, 16)
     assert not held.passed and held.where == "model.layers.0.mlp.up_proj.weight", held
+
+
+def test_the_reference_norm_is_summed_in_float64():
+    """torch's float32 norm of one large tensor misses by more than the card's tolerance on some CPUs (AVX2:
+    2.5e-4 at 8M entries); the card's reference norm, and the clipping by it, are exact to float64."""
+    import torch
+
+    from shardcore.card.rank import _reference_clip
+
+    torch.manual_seed(0)
+    ref = torch.nn.Linear(2048, 4096, bias=False)  # 8M entries: a large head's
+    ref.weight.grad = torch.randn_like(ref.weight) * 1e-3
+    exact = ref.weight.grad.double().pow(2).sum().sqrt()
+    before = ref.weight.grad.clone()
+    total = _reference_clip(ref, max_norm=0.5)
+    assert abs(total.item() / exact.item() - 1) < 1e-9, (total.item(), exact.item())
+    scale = 0.5 / (exact.item() + 1e-6)  # clip_grads_with_norm_'s factor
+    assert torch.allclose(ref.weight.grad, before * scale, rtol=1e-6, atol=0), "not clipped by the exact norm"

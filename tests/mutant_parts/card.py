@@ -179,4 +179,19 @@ MUTANTS = [
         "tests/integration/test_llama_card.py::test_a_world_larger_than_the_machine_is_built_whole_and_checked_at_two_per_dimension",
         "at 16 ranks: TypeError",
     ),
+    m(
+        "card-reference-norm-in-float32",
+        "the card's unsharded norm summed in float32: on an AVX2 CPU a large head's norm misses by 2.5e-4, failing a right layout",
+        "shardcore/card/rank.py",
+        "_reference_clip",
+        [
+            (
+                "    norms = [torch.linalg.vector_norm(p.grad, dtype=torch.float64) for p in params]",
+                "    norms = [torch.linalg.vector_norm(p.grad) for p in params]",
+            )
+        ],
+        "tests/test_core_card.py::test_the_reference_norm_is_summed_in_float64",
+        Raised("AssertionError", "tests/test_core_card.py::test_the_reference_norm_is_summed_in_float64"),
+        fast=True,
+    ),
 ]
