@@ -150,7 +150,6 @@ MUTANTS = [
             "AssertionError",
             "tests/test_core_card.py::test_a_parameter_no_built_rank_holds_fails_the_whole_world_s_row",
         ),
-        fast=True,
     ),
     m(
         "large-world-dimensions-run-alone",
@@ -168,7 +167,6 @@ MUTANTS = [
             "ValueError",
             "tests/test_core_card.py::test_a_world_above_the_machine_runs_each_dimension_at_two_every_pair_together",
         ),
-        fast=True,
     ),
     m(
         "simulated-stage-microbatches-unset",
