@@ -31,7 +31,7 @@ import attrs
 from ..config import ShardConfig
 from ..distributed.launcher import run_on_ranks
 from ..testing.tolerance import GRAD_FLOOR
-from .large import MAX_WORLD, build_world, merge_cards, scaled_layouts, world_rows
+from .large import MAX_WORLD, build_world, merge_cards, say, scaled_layouts, world_rows
 from .parts import PARTS, parts_of
 from .rank import rank_numbers
 from .rows import Card, Row, card_from_ranks
@@ -91,6 +91,7 @@ def check(
     reduce: bool | None = None,
     layers: int | None = None,
     loss_fn: Callable[[Any, Any], Any] | None = None,
+    progress: bool = False,
 ) -> Card:
     """Run ``config``'s layout of ``model`` against the unsharded model on local gloo processes
     and return the card (see the module). ``model``: a directory with a HuggingFace ``config.json``,
@@ -100,7 +101,8 @@ def check(
     (default: only a HuggingFace model above :data:`~.source.REDUCE_ABOVE` parameters), ``layers``
     its layer count; ``loss_fn``: for a model whose output has no loss (a plain ``nn.Module``), ``loss_fn(output,
     labels)``, the model called with the batch but its ``labels`` (a module-level function: every rank imports it;
-    not with a pipeline, whose last stage computes the model's own loss)."""
+    not with a pipeline, whose last stage computes the model's own loss); ``progress``: a line on stderr as each
+    part starts (the command's)."""
     world = world_of(config)
     if loss_fn is not None and config.pipeline_parallel_size > 1:
         raise ValueError(
@@ -112,24 +114,13 @@ def check(
     source = ModelSource(model, reduce=reduce, layers=layers, pp=config.pipeline_parallel_size)
     if world > MAX_WORLD:
         return _check_large(source, config, world, batch=batch, steps=steps, max_norm=max_norm, lr=lr, seed=seed,
-                            loss_fn=loss_fn)  # fmt: skip
+                            loss_fn=loss_fn, progress=progress)  # fmt: skip
     hf_config, _, reduced = source.plan()
     source = attrs.evolve(source, reduce=bool(reduced))  # decided once, here: every rank builds the same
-    if callable(batch):
-        batch = batch()
-    if isinstance(batch, list | tuple):
-        if len(batch) != (config.data_parallel_size or 1):
-            raise ValueError(
-                f"check: {len(batch)} batches given, one per data-parallel rank, but data_parallel_size is "
-                f"{config.data_parallel_size or 1}; give one batch (cut evenly) or one per data-parallel rank"
-            )
-        batch = [dict(b) for b in batch]
-    elif batch is None:
-        if hf_config is None:
-            raise ValueError("check: a model given as a callable needs batch= (its inputs, with labels)")
-        batch = default_batch(hf_config, config)
+    batch = _batch_of(batch, config, hf_config)
+    say(progress, f"{layout_name(config)} on {world} local processes beside the unsharded model, {steps} steps")
     ranks = run_on_ranks(
-        world, rank_numbers, source, config, batch if isinstance(batch, list) else dict(batch), steps=steps,
+        world, rank_numbers, source, config, batch, steps=steps,
         max_norm=max_norm, seed=seed, lr=lr, floor=GRAD_FLOOR, loss_fn=loss_fn,
     )  # fmt: skip
     refusals = {r["refused"] for r in ranks if "refused" in r}
@@ -150,7 +141,8 @@ def _check_large(source: ModelSource, config: ShardConfig, world: int, **kwargs)
         )
     hf_config, _, reduced = source.plan()
     source = attrs.evolve(source, reduce=bool(reduced))
-    built = build_world(source, _with_stage_shapes(config, kwargs.get("batch"), hf_config), world)
+    say(kwargs["progress"], f"{layout_name(config)}: its {world} ranks built on the fake backend, rank after rank")
+    built = build_world(source, _with_stage_shapes(config, kwargs.get("batch"), hf_config), world, kwargs["progress"])
     refused = [b["refused"] for b in built["ranks"] if "refused" in b]
     if refused:
         raise LayoutRefused(f"shardcore.optimize refused the layout at {world} ranks: {refused[0]}")
@@ -168,9 +160,24 @@ def _with_stage_shapes(config: ShardConfig, batch: Any, hf_config: Any) -> Shard
         return config
     from ..testing import dp_part
 
-    batch = batch() if callable(batch) else batch
+    batch = _batch_of(batch, config, hf_config)
+    return attrs.evolve(config, example_inputs=dp_part(batch, 0, config.data_parallel_size or 1))
+
+
+def _batch_of(batch: Any, config: ShardConfig, hf_config: Any) -> dict | list[dict]:
+    """The check's inputs: ``batch`` (callable: called), a list of one per data-parallel rank checked against
+    the layout's data-parallel size, or (``None``) the default token batch of ``hf_config``."""
+    if callable(batch):
+        batch = batch()
+    if isinstance(batch, list | tuple):
+        if len(batch) != (config.data_parallel_size or 1):
+            raise ValueError(
+                f"check: {len(batch)} batches given, one per data-parallel rank, but data_parallel_size is "
+                f"{config.data_parallel_size or 1}; give one batch (cut evenly) or one per data-parallel rank"
+            )
+        return [dict(b) for b in batch]
     if batch is None:
         if hf_config is None:
             raise ValueError("check: a model given as a callable needs batch= (its inputs, with labels)")
         batch = default_batch(hf_config, config)
-    return attrs.evolve(config, example_inputs=dp_part(dict(batch), 0, config.data_parallel_size or 1))
+    return dict(batch)

@@ -62,7 +62,8 @@ def run(args) -> int:
     from . import check
 
     try:
-        card = check(args.model, _config(args), steps=args.steps, reduce=args.reduce, layers=args.layers)
+        config = _config(args)
+        card = check(args.model, config, steps=args.steps, reduce=args.reduce, layers=args.layers, progress=True)
     except (ValueError, TypeError, NotImplementedError, FileNotFoundError, LookupError) as err:
         print(f"shardcore check: {err}", file=sys.stderr)  # bad input, or the layout refused by name
         return 2

@@ -16,20 +16,28 @@ from __future__ import annotations
 import concurrent.futures
 import itertools
 import multiprocessing
+import sys
 from typing import Any
 
 import attrs
 
 from ..config import ShardConfig
-from .rows import Card, Row
+from .parts import name_groups
+from .rows import Card, Row, unheld
 from .source import ModelSource
 
-__all__ = ["MAX_WORLD", "build_world", "merge_cards", "sampled_ranks", "scaled_layouts", "world_rows"]
+__all__ = ["MAX_WORLD", "build_world", "merge_cards", "sampled_ranks", "say", "scaled_layouts", "world_rows"]
 
 #: the most processes the check starts on one machine
 MAX_WORLD = 8
 
 _DIMS = ("tensor_parallel_size", "pipeline_parallel_size", "sequence_parallel_size", "data_parallel_size")
+
+
+def say(on: bool, text: str) -> None:
+    """One progress line on stderr (``shardcore check``'s, as each part starts)."""
+    if on:
+        print(f"shardcore check: {text}", file=sys.stderr, flush=True)
 
 
 def scaled_layouts(config: ShardConfig) -> list[ShardConfig]:
@@ -74,7 +82,7 @@ def sampled_ranks(config: ShardConfig, world: int) -> list[int]:
     return sorted(seen)
 
 
-def _build_ranks(source: ModelSource, config: ShardConfig, world: int, ranks: list[int]) -> dict:
+def _build_ranks(source: ModelSource, config: ShardConfig, world: int, ranks: list[int], progress: bool) -> dict:
     """In a process of its own: each of ``ranks`` of ``world`` on the fake backend, ``optimize`` as that
     rank; ``{"names": every parameter under all its names, "ranks": what each built rank holds}``."""
     import warnings
@@ -83,37 +91,32 @@ def _build_ranks(source: ModelSource, config: ShardConfig, world: int, ranks: li
     import torch.distributed as dist
 
     from ..cost.auto import optimize
+    from ..data_parallel import dp_local
     from ..distributed.simulate import init_simulated_world
 
-    aliases: dict[int, list[str]] = {}
-    for name, param in source.build().named_parameters(remove_duplicate=False):
-        aliases.setdefault(id(param), []).append(name)
     out = []
-    for rank in ranks:
+    for k, rank in enumerate(ranks):
+        say(progress, f"building rank {rank} of {world} ({k + 1} of the {len(ranks)} built)")
         init_simulated_world(rank, world)
         try:
             torch.manual_seed(0)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # the simulated rank's data checks are off: said on the card
                 model = optimize(source.build(), config)
-            held = {n: _local(p).numel() for n, p in model.named_parameters()}
+            held = {n: dp_local(p).numel() for n, p in model.named_parameters()}
             out.append({"rank": rank, "coordinates": model.shardcore.layout.coordinates(rank), "held": held})
         except (ValueError, TypeError, NotImplementedError, LookupError) as err:
             out.append({"rank": rank, "refused": f"{type(err).__name__}: {err}"})
         finally:
             dist.destroy_process_group()
-    return {"names": list(aliases.values()), "ranks": out}
+    return {"names": name_groups(source.build()), "ranks": out}
 
 
-def _local(param):
-    return param.to_local() if hasattr(param, "to_local") else param
-
-
-def build_world(source: ModelSource, config: ShardConfig, world: int) -> dict:
+def build_world(source: ModelSource, config: ShardConfig, world: int, progress: bool = False) -> dict:
     """:func:`_build_ranks` of the :func:`sampled_ranks` in a fresh process (this one keeps its groups)."""
     context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
-        return pool.submit(_build_ranks, source, config, world, sampled_ranks(config, world)).result()
+        return pool.submit(_build_ranks, source, config, world, sampled_ranks(config, world), progress).result()
 
 
 def world_rows(build: dict, world: int) -> list[Row]:
@@ -121,8 +124,7 @@ def world_rows(build: dict, world: int) -> list[Row]:
     built rank; every parameter of the model (under any of its names) held by some built rank."""
     built, names = build["ranks"], build["names"]
     rows = [Row(f"build at {world} ranks", 0.0, 0.0, True, f"{len(built)} of {world} ranks built on the fake backend")]
-    held = set().union(*(b["held"] for b in built))
-    missing = [group[0] for group in names if not held & set(group)]
+    missing = unheld(names, [b["held"] for b in built])
     if missing:
         rows.append(Row(f"parameters held at {world} ranks", float("inf"), 0.0, False, ", ".join(missing[:4])))
     else:

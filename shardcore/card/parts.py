@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from torch import nn
 
-__all__ = ["PARTS", "parts_of"]
+__all__ = ["PARTS", "name_groups", "parts_of"]
 
 PARTS = ("embeddings", "attention", "mlp", "experts and router", "norms", "vision tower or projector", "head", "other")
 
@@ -60,3 +60,11 @@ def parts_of(model: nn.Module) -> dict[str, str]:
         else:
             out[name] = "other"
     return out
+
+
+def name_groups(model: nn.Module) -> list[list[str]]:
+    """Each parameter of ``model`` under all its names (a tied weight's several), in module order."""
+    aliases: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        aliases.setdefault(id(param), []).append(name)
+    return list(aliases.values())

@@ -22,7 +22,7 @@ from ..testing import count_c10d_calls, dp_part
 from ..testing.compare import snapshot
 from ..testing.steps import update_size
 from ..testing.varied import without_constant_parameters
-from .parts import parts_of
+from .parts import name_groups, parts_of
 from .source import ModelSource
 
 __all__ = ["rank_numbers"]
@@ -162,8 +162,5 @@ def rank_numbers(source: ModelSource, config, batch: dict | list, *, steps: int,
     out["parameters"], out["update"] = _parameter_errors(model, ref, before)
     out["coordinates"] = model.shardcore.layout.coordinates(dist.get_rank())
     out["held"] = sorted({n for n, _ in model.named_parameters()})
-    aliases: dict[int, list[str]] = {}
-    for name, param in ref.named_parameters(remove_duplicate=False):
-        aliases.setdefault(id(param), []).append(name)
-    out["all"] = list(aliases.values())  # each parameter under all its names (a tied weight's several)
+    out["all"] = name_groups(ref)
     return out

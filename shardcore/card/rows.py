@@ -12,7 +12,7 @@ from ..testing.steps import step_bound
 from ..testing.tolerance import GRAD, LOSS, LOSS_LATER, STEP
 from .parts import PARTS
 
-__all__ = ["Card", "Row", "card_from_ranks"]
+__all__ = ["Card", "Row", "card_from_ranks", "unheld"]
 
 
 @attrs.frozen
@@ -103,10 +103,15 @@ def _loss_rows(ranks: list[dict]) -> list[Row]:
     return rows
 
 
+def unheld(groups: list[list[str]], held: list) -> list[str]:
+    """The first name of each parameter (``groups``: each under all its names) that no rank's ``held`` names."""
+    every = set().union(*held)
+    return [group[0] for group in groups if not every & set(group)]
+
+
 def _held_row(ranks: list[dict]) -> Row | None:
     """Every parameter of the unsharded model held by some rank (a tied weight under any of its names)."""
-    held = set().union(*(r["held"] for r in ranks))
-    missing = [group[0] for group in ranks[0]["all"] if not held & set(group)]
+    missing = unheld(ranks[0]["all"], [r["held"] for r in ranks])
     if not missing:
         return None
     return Row("parameters held by some rank", float("inf"), 0.0, False, ", ".join(missing[:4]))

@@ -58,7 +58,9 @@ def _config_dir(tmp_path, **overrides):
 
 def test_the_command_prints_the_card_as_json_and_says_what_it_reduced(tmp_path, capsys):
     assert main(["check", _config_dir(tmp_path), "--tp", "2", "--reduce", "--json"]) == 0
-    card = json.loads(capsys.readouterr().out)
+    said = capsys.readouterr()
+    card = json.loads(said.out)
+    assert "shardcore check: tp2 on 2 local processes beside the unsharded model, 2 steps" in said.err, said.err
     assert card["passed"] and card["layout"] == "tp2" and card["world"] == 2
     assert card["reduced"] == {"head_dim": [16, 8], "hidden_size": [64, 32], "intermediate_size": [128, 64]}
     assert {r["what"] for r in card["rows"]} >= {"gradients: attention", "clip_grad_norm_'s norm"}

@@ -117,8 +117,8 @@ MUTANTS = [
         "_check_large",
         [
             (
-                '    built = build_world(source, _with_stage_shapes(config, kwargs.get("batch"), hf_config), world)',
-                '    small = scaled_layouts(config)[0]\n    built = build_world(source, _with_stage_shapes(small, kwargs.get("batch"), hf_config), world_of(small))',
+                '    built = build_world(source, _with_stage_shapes(config, kwargs.get("batch"), hf_config), world, kwargs["progress"])',
+                '    small = scaled_layouts(config)[0]\n    built = build_world(source, _with_stage_shapes(small, kwargs.get("batch"), hf_config), world_of(small), kwargs["progress"])',
             )
         ],
         "tests/integration/test_llama_card.py::test_a_world_larger_than_the_machine_is_built_whole_and_checked_at_two_per_dimension",
