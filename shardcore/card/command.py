@@ -16,7 +16,8 @@ def add_parser(sub) -> None:
         "by part, the clipped norm, the parameters after the steps",
         description="Build MODEL, shard it with the layout given on tp x pp x sp x dp local gloo processes beside the "
         "unsharded model, train both a few steps as a user does, and print each comparison's worst relative error "
-        "against its tolerance, pass or fail. A model too large for this machine is checked reduced (the card says how).",
+        "against its tolerance, pass or fail. A model too large for this machine is checked reduced (the card says how); "
+        "a layout above 8 ranks is built whole on the fake backend and its numbers checked at 2 per dimension.",
     )
     c.add_argument("model", help="a directory with a HuggingFace config.json, or module:Class")
     c.add_argument("--tp", type=int, default=1, help="tensor_parallel_size")
