@@ -18,7 +18,7 @@ from ..cost.auto import optimize
 from ..distributed.collectives import count_collectives
 from ..pipeline import pipeline_step
 from ..sharded_state import full_named_tensors
-from ..testing import count_c10d_calls, dp_part
+from ..testing import count_c10d_calls, dp_part, exact_norm
 from ..testing.compare import snapshot
 from ..testing.steps import update_size
 from ..testing.varied import without_constant_parameters
@@ -67,8 +67,7 @@ def _reference_clip(ref: nn.Module, max_norm: float) -> torch.Tensor:
     torch's float32 norm of one large tensor is off by more than the card's tolerance on some CPUs (AVX2:
     2.5e-4 of the norm at 8M entries, a 32000-row head's), where the sharded norm sums slices accurately."""
     params = [p for p in ref.parameters() if p.grad is not None]
-    norms = [torch.linalg.vector_norm(p.grad, dtype=torch.float64) for p in params]
-    total = torch.linalg.vector_norm(torch.stack(norms)) if norms else torch.zeros((), dtype=torch.float64)
+    total = exact_norm([p.grad for p in params])
     torch.nn.utils.clip_grads_with_norm_(params, max_norm, total.float())
     return total
 

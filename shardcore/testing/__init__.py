@@ -51,7 +51,7 @@ from .checkpoints import (
     rows_read,
     train_and_save,
 )
-from .clipping import CLIP_CALLS, assert_clipping_matches
+from .clipping import CLIP_CALLS, assert_clipping_matches, exact_norm
 from .compare import output_close as assert_outputs_close
 from .conformance import (
     SWITCHES,
@@ -105,6 +105,7 @@ __all__ = [
     "device_strict",
     "dp_part",
     "dropout_patterns",
+    "exact_norm",
     "example_main",
     "flash_refused_here",
     "hidden_state_loss",

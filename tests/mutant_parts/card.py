@@ -179,13 +179,13 @@ MUTANTS = [
     ),
     m(
         "card-reference-norm-in-float32",
-        "the card's unsharded norm summed in float32: on an AVX2 CPU a large head's norm misses by 2.5e-4, failing a right layout",
-        "shardcore/card/rank.py",
-        "_reference_clip",
+        "the unsharded reference norm (the card's, the clipping kit's) summed in float32: on an AVX2 CPU a large head's norm misses by 2.5e-4, failing a right layout",
+        "shardcore/testing/clipping.py",
+        "exact_norm",
         [
             (
-                "    norms = [torch.linalg.vector_norm(p.grad, dtype=torch.float64) for p in params]",
-                "    norms = [torch.linalg.vector_norm(p.grad) for p in params]",
+                "    norms = [torch.linalg.vector_norm(g, norm_type, dtype=torch.float64) for g in grads]",
+                "    norms = [torch.linalg.vector_norm(g, norm_type) for g in grads]",
             )
         ],
         "tests/test_core_card.py::test_the_reference_norm_is_summed_in_float64",
