@@ -189,3 +189,31 @@ def test_the_reference_norm_is_summed_in_float64():
     assert abs(total.item() / exact.item() - 1) < 1e-9, (total.item(), exact.item())
     scale = 0.5 / (exact.item() + 1e-6)  # clip_grads_with_norm_'s factor
     assert torch.allclose(ref.weight.grad, before * scale, rtol=1e-6, atol=0), "not clipped by the exact norm"
+
+
+def test_odd_sizes_run_at_their_smallest_factor_and_mixed_precision_leaves_with_data_parallelism():
+    from shardcore.card.large import scaled_layouts
+
+    config = ShardConfig(
+        tensor_parallel_size=3,
+        pipeline_parallel_size=2,
+        data_parallel="fsdp",
+        data_parallel_size=2,
+        mixed_precision="bf16",
+    )  # fmt: skip  (12 ranks: 3 x 2 x 2 does not fit 8)
+    runs = scaled_layouts(config)
+    sizes = [(c.tensor_parallel_size, c.pipeline_parallel_size, c.data_parallel_size or 1) for c in runs]
+    assert sizes == [(3, 2, 1), (3, 1, 2), (1, 2, 2)], sizes  # every pair together, tp at 3 (heads split 3 ways)
+    assert [c.mixed_precision for c in runs] == [None, "bf16", "bf16"]  # FSDP's own setting, off without it
+
+
+def test_the_default_batch_cuts_into_the_layout_s_microbatches():
+    import transformers
+
+    from shardcore.card import default_batch
+
+    text = transformers.LlamaConfig(vocab_size=64)
+    batch = default_batch(text, ShardConfig(pipeline_parallel_size=2, num_microbatches=8, data_parallel="ddp",
+                                            data_parallel_size=2))  # fmt: skip
+    assert batch["input_ids"].shape == (16, 16), batch["input_ids"].shape  # 8 rows per data-parallel part
+    assert default_batch(text, ShardConfig(pipeline_parallel_size=2))["input_ids"].shape[0] == 4

@@ -23,6 +23,7 @@ one is checked at each of its dimensions at 2 for real and built whole on the fa
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -66,8 +67,8 @@ def layout_name(config: ShardConfig) -> str:
 
 
 def default_batch(config: Any, shard: ShardConfig) -> dict:
-    """Token ids, a mask with one row left-padded and causal-LM labels: 2 rows per pipeline stage's
-    microbatch and data-parallel part, 16 tokens per sequence-parallel rank."""
+    """Token ids, a mask with one row left-padded and causal-LM labels: 2 rows per pipeline stage and
+    data-parallel part (a multiple of the microbatch count), 16 tokens per sequence-parallel rank."""
     from ..testing import token_batch
 
     text = getattr(config, "text_config", None) or config
@@ -75,7 +76,9 @@ def default_batch(config: Any, shard: ShardConfig) -> dict:
     if not isinstance(vocab, int):
         raise ValueError("check: the model's config has no vocab_size, so no token batch can be made; give batch=")
     dp = shard.data_parallel_size or 1
-    rows = max(2, 2 * shard.pipeline_parallel_size) * dp
+    pp = shard.pipeline_parallel_size
+    micro = shard.num_microbatches or pp * (shard.pipeline_stages_per_rank or 2) if pp > 1 else 1
+    rows = math.lcm(max(2, 2 * pp), micro) * dp
     return token_batch(vocab, rows, 16 * shard.sequence_parallel_size)
 
 
@@ -134,7 +137,9 @@ def _check_large(source: ModelSource, config: ShardConfig, world: int, **kwargs)
     """A world above :data:`MAX_WORLD` (:mod:`.large`): built whole on the fake backend, its numbers
     checked for real at every dimension at 2 (a list of per-rank batches cannot follow the smaller
     data-parallel size: refused)."""
-    if isinstance(kwargs.get("batch"), list | tuple):
+    if callable(kwargs["batch"]):
+        kwargs["batch"] = kwargs["batch"]()
+    if isinstance(kwargs["batch"], list | tuple):
         raise ValueError(
             f"check: the layout takes {world} ranks, more than the {MAX_WORLD} this machine runs, so its numbers are "
             "checked at each dimension at 2: give one batch (cut evenly), not one per data-parallel rank"
@@ -143,9 +148,9 @@ def _check_large(source: ModelSource, config: ShardConfig, world: int, **kwargs)
     source = attrs.evolve(source, reduce=bool(reduced))
     say(kwargs["progress"], f"{layout_name(config)}: its {world} ranks built on the fake backend, rank after rank")
     built = build_world(source, _with_stage_shapes(config, kwargs.get("batch"), hf_config), world, kwargs["progress"])
-    refused = [b["refused"] for b in built["ranks"] if "refused" in b]
+    refused = sorted({b["refused"] for b in built["ranks"] if "refused" in b})
     if refused:
-        raise LayoutRefused(f"shardcore.optimize refused the layout at {world} ranks: {refused[0]}")
+        raise LayoutRefused(f"shardcore.optimize refused the layout at {world} ranks: {' / '.join(refused)}")
     cards = [
         check(source.spec, small, reduce=source.reduce, layers=source.layers, **kwargs)
         for small in scaled_layouts(config)

@@ -1,8 +1,9 @@
 """``shardcore check`` of a layout larger than one machine runs (more than :data:`MAX_WORLD` ranks).
 
 Its numbers are checked for real at a smaller world: each of its dimensions above 1 (tensor, pipeline,
-sequence, data parallel) at 2, all of them together where that fits :data:`MAX_WORLD` processes, else
-one run per dimension left out, so that every two dimensions still run together (:func:`scaled_layouts`).
+sequence, data parallel) at its smallest prime factor (2 for even sizes), all of them together where that
+fits :data:`MAX_WORLD` processes, else the largest groups of dimensions that fit (four dimensions at 2: one
+run per dimension left out, so that every two still run together) (:func:`scaled_layouts`).
 What only the whole world decides (the divisibility of heads, key/value heads, experts, layers and
 vocabulary by its sizes, each stage's layers, what each rank holds) is checked by building it: one
 process plays rank after rank of the whole world on the fake process-group backend
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import itertools
+import math
 import multiprocessing
 import sys
 from typing import Any
@@ -41,27 +43,39 @@ def say(on: bool, text: str) -> None:
 
 
 def scaled_layouts(config: ShardConfig) -> list[ShardConfig]:
-    """The layouts run for real in place of ``config``'s: every dimension above 1 at 2 (expert parallel
-    at 2 with it, a pipeline's explicit split and microbatch count left to their defaults), together
-    where ``2 ** dims <= MAX_WORLD``, else one layout per dimension left out (at 1)."""
+    """The layouts run for real in place of ``config``'s: every dimension above 1 at its smallest prime factor
+    (2 for even sizes; expert parallelism the largest divisor of its size the data-parallel one allows; a
+    pipeline's explicit split and microbatch count back to their defaults where its size changes; mixed
+    precision off where data parallelism is), together where that fits :data:`MAX_WORLD` ranks, else the
+    largest groups of dimensions that fit, every dimension in one at least."""
     active = [d for d in _DIMS if (getattr(config, d) or 1) > 1]
-    groups = [active] if 2 ** len(active) <= MAX_WORLD else list(itertools.combinations(active, len(active) - 1))
-    out = []
-    for group in groups:
-        sizes = {d: (2 if d in group else 1) for d in _DIMS}
-        dp = sizes["data_parallel_size"]
-        changes: dict[str, Any] = dict(sizes)
-        changes["expert_parallel_size"] = min(config.expert_parallel_size, dp)
-        if config.data_parallel == "hsdp":
-            changes["data_parallel_shard_size"] = None if dp == 1 else 2
-        if dp == 1:
-            changes |= {"data_parallel": None, "data_parallel_size": None}
-        if sizes["pipeline_parallel_size"] != config.pipeline_parallel_size:
-            changes |= {"pipeline_layers": None, "num_microbatches": None}
-        if sizes["sequence_parallel_size"] == 1 and (config.sequence_parallel_size or 1) > 1:
-            changes |= {"enable_sequence_parallelism": False, "sequence_parallelism_mode": None}
-        out.append(attrs.evolve(config, **changes))
-    return out
+    small = {d: _smallest_factor(getattr(config, d) or 1) for d in _DIMS}
+    fits = lambda group: math.prod(small[d] for d in group) <= MAX_WORLD  # noqa: E731
+    groups = next(
+        g
+        for r in range(len(active), 0, -1)
+        if (g := [c for c in itertools.combinations(active, r) if fits(c)]) and set().union(*g) == set(active)
+    )
+    return [_scaled(config, {d: (small[d] if d in group else 1) for d in _DIMS}) for group in groups]
+
+
+def _smallest_factor(n: int) -> int:
+    return next(f for f in range(2, n + 1) if n % f == 0) if n > 1 else 1
+
+
+def _scaled(config: ShardConfig, sizes: dict[str, int]) -> ShardConfig:
+    dp = sizes["data_parallel_size"]
+    changes: dict[str, Any] = dict(sizes)
+    changes["expert_parallel_size"] = math.gcd(config.expert_parallel_size, dp)
+    if config.data_parallel == "hsdp":
+        changes["data_parallel_shard_size"] = None if dp == 1 else dp  # one shard group: no replication to check
+    if dp == 1:
+        changes |= {"data_parallel": None, "data_parallel_size": None, "mixed_precision": None}
+    if sizes["pipeline_parallel_size"] != config.pipeline_parallel_size:
+        changes |= {"pipeline_layers": None, "num_microbatches": None}
+    if sizes["sequence_parallel_size"] == 1 and (config.sequence_parallel_size or 1) > 1:
+        changes |= {"enable_sequence_parallelism": False, "sequence_parallelism_mode": None}
+    return attrs.evolve(config, **changes)
 
 
 def sampled_ranks(config: ShardConfig, world: int) -> list[int]:

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from ..config import SHARDED_MODES
-from .idle import install_idle_runs
+from .idle import install_idle_runs, stage_takers
 
 __all__ = [
     "apply_data_parallel",
@@ -38,6 +38,7 @@ __all__ = [
     "local_nbytes",
     "native_class",
     "reshard",
+    "stage_takers",
 ]
 
 log = logging.getLogger("shardcore")
@@ -265,7 +266,9 @@ def apply_data_parallel(model: nn.Module, policy, config, layout, pipeline=None)
         replicate(model, process_group=mesh.get_group(), ignored_modules=experts or None, **kwargs)
     if pipeline is None:  # a rank whose batch lacks an input some modules need still runs them (.idle)
         install_idle_runs(model, policy.data_parallel().idle_runs)
-    elif 0 in pipeline.submods:  # the first stage takes the inputs and holds their modules
-        install_idle_runs(model, policy.data_parallel().idle_runs, first_stage=pipeline.submods[0])
+    elif policy.data_parallel().idle_runs:
+        stage_takers(model, policy.data_parallel().idle_runs)  # every rank: refused alike where it cannot run
+        if 0 in pipeline.submods:  # the first stage takes the inputs and holds their modules
+            install_idle_runs(model, policy.data_parallel().idle_runs, first_stage=pipeline.submods[0])
     log.info("shardcore: %s over %d data-parallel ranks", mode, layout.dp)
     return mode

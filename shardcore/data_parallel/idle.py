@@ -29,7 +29,7 @@ from torch import nn
 
 from ..attach import attached
 
-__all__ = ["install_idle_runs"]
+__all__ = ["install_idle_runs", "stage_takers"]
 
 
 def _missing(model: nn.Module, names: list[str], args: tuple, kwargs: dict) -> list[str]:
@@ -59,15 +59,23 @@ def _with_zero(output: Any, zero: torch.Tensor) -> Any:
     )
 
 
-def _takers(model: nn.Module, runs: Mapping[str, Any]) -> list[nn.Module]:
-    """The modules above some run's ``at`` (``model`` excluded) whose forward takes that run's input by name."""
+def stage_takers(model: nn.Module, runs: Mapping[str, Any]) -> list[nn.Module]:
+    """The modules above each run's ``at`` (``model`` excluded) whose forward takes that run's input by name:
+    where a pipeline's first stage hands the input on. Refused by name where a run has none (its idle run
+    could not tell a batch without the input; the mismatch it exists for would come back): every rank holds
+    the model's structure, so every rank refuses alike, before any stage runs."""
     out = []
     for name, idle in runs.items():
         parts = idle.at.split(".")
-        for depth in range(1, len(parts)):
-            module = model.get_submodule(".".join(parts[:depth]))
-            if name in inspect.signature(type(module).forward).parameters and module not in out:
-                out.append(module)
+        found = [model.get_submodule(".".join(parts[:depth])) for depth in range(1, len(parts))]
+        found = [m for m in found if name in inspect.signature(type(m).forward).parameters]
+        if not found:
+            raise NotImplementedError(
+                f"{type(model).__name__}: pipeline stages with data parallelism and the idle run of {name!r} "
+                f"(IdleRun(at={idle.at!r})): no module above {idle.at!r} takes {name!r} by name, so a first stage "
+                f"cannot tell a batch without it; give every data-parallel rank {name!r}, or no pipeline"
+            )
+        out += [m for m in found if m not in out]
     return out
 
 
@@ -106,8 +114,8 @@ def install_idle_runs(model: nn.Module, runs: Mapping[str, Any], first_stage: nn
         attached(model).before_forward(model, "idle_runs", note, with_kwargs=True, what=what)
     else:
         first_stage.register_forward_pre_hook(lambda *_: running.__setitem__(0, True))
-        first_stage.register_forward_hook(lambda *_: running.__setitem__(0, False))
-        for module in _takers(model, runs):
+        first_stage.register_forward_hook(lambda *_: running.__setitem__(0, False), always_call=True)
+        for module in stage_takers(model, runs):
             attached(module).before_forward(module, "idle_runs", note, with_kwargs=True, what=what)
     for name, idle in runs.items():
         at = model.get_submodule(idle.at)

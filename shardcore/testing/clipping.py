@@ -70,7 +70,8 @@ def assert_clipping_matches(
     rtol_step: float = STEP.rtol,
 ) -> dict[str, Any]:
     """Clip a sharded model's gradients the user's way (``how``, one of :data:`CLIP_CALLS`) and
-    compare with torch's ``clip_grad_norm_`` on the unsharded model; run on every rank.
+    compare with the unsharded model clipped by its norm summed in float64 (:func:`exact_norm`; torch's
+    ``clip_grad_norm_`` sums in float32); run on every rank.
 
     ``build()`` is called twice after ``torch.manual_seed(seed)``; one copy is optimized with
     ``config``. Both run one backward on ``batch`` (the sharded one as its layout runs: its

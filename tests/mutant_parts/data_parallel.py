@@ -107,8 +107,8 @@ MUTANTS = [
         "apply_data_parallel",
         [
             (
-                "    elif 0 in pipeline.submods:  # the first stage takes the inputs and holds their modules",
-                "    elif False:",
+                "        if 0 in pipeline.submods:  # the first stage takes the inputs and holds their modules",
+                "        if False:",
             )
         ],
         "plugins/shard-llava/tests/test_llava_card.py::test_pipeline_stages_over_data_parallel_ranks_with_an_image_on_one_rank_only[fsdp-1F1B]",
@@ -119,7 +119,7 @@ MUTANTS = [
         "on a pipeline stage the inputs are noted at the whole model's forward, which the stage never calls",
         "shardcore/data_parallel/idle.py",
         "install_idle_runs",
-        [("        for module in _takers(model, runs):", "        for module in [model]:")],
+        [("        for module in stage_takers(model, runs):", "        for module in [model]:")],
         "plugins/shard-llava/tests/test_llava_card.py::test_pipeline_stages_over_data_parallel_ranks_with_an_image_on_one_rank_only[ddp-1F1B]",
         "rank_numbers failed on",
     ),
@@ -136,5 +136,14 @@ MUTANTS = [
         ],
         "plugins/shard-llava/tests/test_llava_card.py::test_pipeline_stages_over_data_parallel_ranks_with_an_image_on_one_rank_only[fsdp-Interleaved1F1B]",
         "rank_numbers failed on",
+    ),
+    m(
+        "idle-run-stage-without-takers-unrefused",
+        "pipeline stages whose idle run has no module taking the input by name go on silently: the mismatch returns",
+        "shardcore/data_parallel/idle.py",
+        "stage_takers",
+        [("        if not found:", "        if False:")],
+        "tests/test_core_idle_stages.py::test_the_stage_notes_the_input_where_a_module_takes_it_by_name",
+        "DID NOT RAISE",
     ),
 ]
