@@ -137,7 +137,6 @@ MUTANTS = [
         Raised(
             "AssertionError", "tests/test_core_card.py::test_the_built_ranks_take_every_coordinate_of_every_dimension"
         ),
-        fast=True,
     ),
     m(
         "large-world-held-row-blind",
@@ -185,6 +184,5 @@ MUTANTS = [
         ],
         "tests/test_core_card.py::test_the_reference_norm_is_summed_in_float64",
         Raised("AssertionError", "tests/test_core_card.py::test_the_reference_norm_is_summed_in_float64"),
-        fast=True,
     ),
 ]
