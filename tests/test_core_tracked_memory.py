@@ -18,35 +18,40 @@ import torch, shardcore
 import transformers
 from shardcore.cost.tracked import memory_check
 
-def builder(kind):
+def builder(kind, layers):
     def build():
         own = {{"num_local_experts": 8, "num_experts_per_tok": 2}} if kind == "Mixtral" else {{}}
-        cfg = getattr(transformers, kind + "Config")(hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+        cfg = getattr(transformers, kind + "Config")(hidden_size=256, intermediate_size=512, num_hidden_layers=layers,
                                                    num_attention_heads=8, num_key_value_heads=4, vocab_size=1024, **own)
         cfg._attn_implementation = "sdpa"
         with shardcore.init_empty():
             return getattr(transformers, kind + "ForCausalLM")(cfg).to(torch.bfloat16)
     return build
 
-for config, batch, rank, kind in {cases}:  # one process: each check leaves torch.distributed as it found it
-    print(json.dumps(memory_check(builder(kind), shardcore.ShardConfig(**config), seq=512, batch=batch, rank=rank)))
+for config, batch, rank, kind, layers in {cases}:  # one process: each leaves torch.distributed as it found it
+    print(json.dumps(memory_check(builder(kind, layers), shardcore.ShardConfig(**config), seq=512, batch=batch,
+                                  rank=rank)))
 """
 CASES = [
-    ({"tensor_parallel_size": 2}, 1, 0, "Llama"),
-    ({"tensor_parallel_size": 2, "data_parallel_size": 2, "data_parallel": "fsdp"}, 2, 0, "Llama"),
-    ({"tensor_parallel_size": 2, "pipeline_parallel_size": 2, "num_microbatches": 2}, 2, 2, "Llama"),
+    ({"tensor_parallel_size": 2}, 1, 0, "Llama", 2),
+    ({"tensor_parallel_size": 2, "data_parallel_size": 2, "data_parallel": "fsdp"}, 2, 0, "Llama", 2),
+    ({"tensor_parallel_size": 2, "pipeline_parallel_size": 2, "num_microbatches": 2}, 2, 2, "Llama", 2),
+    # a middle stage: three microbatches in flight, each stage handed an all-ones mask that a fake tensor cannot
+    # show to be one (transformers would build the whole causal mask: 16% over what the rank holds in a real run)
+    ({"tensor_parallel_size": 2, "pipeline_parallel_size": 4, "num_microbatches": 4}, 4, 2, "Llama", 4),
     # transformers' batched experts keep a row per choice of every token on each rank, its experts or not
-    ({"tensor_parallel_size": 2}, 1, 0, "Mixtral"),
+    ({"tensor_parallel_size": 2}, 1, 0, "Mixtral", 2),
     # the simulated rank routes its tokens' choices evenly over every expert (no data to count them by)
     (
         {"tensor_parallel_size": 1, "expert_parallel_size": 2, "data_parallel_size": 2, "data_parallel": "fsdp"},
         2,
         0,
         "Mixtral",
+        2,
     ),
 ]
-SHARES = [2, 4, None, None, None]  # of the whole (Llama) model's bytes the rank holds (a last stage: its own part)
-IDS = ["tp2", "fsdp2-tp2", "pp2-tp2-last-stage", "mixtral-tp2", "mixtral-ep2-fsdp2"]
+SHARES = [2, 4, None, None, None, None]  # of the whole (Llama) model's bytes the rank holds (a stage: its own part)
+IDS = ["tp2", "fsdp2-tp2", "pp2-tp2-last-stage", "pp4-tp2-middle-stage", "mixtral-tp2", "mixtral-ep2-fsdp2"]
 #: layouts whose activations explain does not model yet, and how far under the tracked it may be: expert
 #: parallelism's dispatch buffers (the rows sent, received, sent back and laid out again, about ten rows
 #: of the hidden width a choice at the peak; 21% under here, 24% for Mixtral-8x7B's shapes at EP=8)
@@ -102,3 +107,30 @@ def test_a_process_with_a_group_is_refused_by_name():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert "a simulated rank needs a process of its own" in done.stdout, done.stdout + done.stderr[-2000:]
+
+
+def test_the_mask_builders_told_the_batch_is_unpadded_skip_the_mask_a_fake_tensor_would_make():
+    """transformers takes a fake tensor for a trace and builds the whole causal mask from an all-ones padding mask,
+    where a run reading the mask skips it (SDPA's ``is_causal``). Within the registry's ``unpadded`` the builders
+    get no padding mask and skip it; the model's attention implementation and transformers' registries are as
+    they were afterwards."""
+    import torch
+    import transformers
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, create_causal_mask
+
+    from shardcore.spec.attention import attention_registry
+
+    cfg = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4)
+    cfg._attn_implementation = "sdpa"
+    model = transformers.LlamaForCausalLM(cfg)
+    with FakeTensorMode():
+        embeds, ones = torch.zeros(1, 16, 32), torch.ones(1, 16, dtype=torch.long)
+        traced = create_causal_mask(config=model.config, inputs_embeds=embeds, attention_mask=ones, cache=None)
+        with attention_registry().unpadded(model):
+            inside = model.config._attn_implementation
+            told = create_causal_mask(config=model.config, inputs_embeds=embeds, attention_mask=ones, cache=None)
+    assert traced is not None and tuple(traced.shape) == (1, 1, 16, 16), "a fake all-ones mask no longer builds one"
+    assert told is None, f"told the batch is unpadded, the builder still made a {tuple(told.shape)} mask"
+    assert inside != "sdpa" and model.config._attn_implementation == "sdpa", inside
+    assert inside not in ALL_MASK_ATTENTION_FUNCTIONS, f"{inside} left in transformers' mask registry"

@@ -23,9 +23,7 @@ pipeline stage):
   (DDP: all-reduce in 25 MB buckets; FSDP: each block's parameters all-gathered forward and backward, gradients
   reduce-scattered), the pipeline boundaries (one swap per microbatch each way), the experts' dispatch.
 
-Memory per rank: parameters, gradients (same bytes), optimizer state (AdamW: two per parameter, SGD with momentum:
-one), activations (each matmul's input and output per token, the tokens in flight: ``min(P, M)`` microbatches on the
-first stage under 1F1B); the peak, the backward's or the optimizer step's (its temporaries beside the state).
+Memory per rank: :func:`~shardcore.cost.memory.memory_per_rank`.
 """
 
 from __future__ import annotations
@@ -34,11 +32,10 @@ import itertools
 import math
 from typing import Any
 
-from ..config import SHARDED_MODES
-from .facts import StageFacts, gathered_bytes, loss_bytes_per_token, step_temporaries
+from .facts import StageFacts
+from .memory import OPTIMIZER_STATES, dp_shard, memory_per_rank
 
 DDP_BUCKET_BYTES = 25 * 2**20
-OPTIMIZER_STATES = {"adamw": 2, "sgd": 1, "none": 0}
 #: passes over the float32 logits the loss makes (log-softmax forward, its gradient, the upcast)
 LOSS_PASSES = 6
 
@@ -238,15 +235,6 @@ def communication(facts: dict, layout: dict, profile: dict, stage: StageFacts) -
     return out
 
 
-def dp_shard(layout: dict) -> int:
-    """The ranks each dense parameter is split over by data parallelism: ``dp`` under FSDP and ZeRO-2,
-    HSDP's shard group (``layout["shard"]``), 1 under DDP or none."""
-    mode, dp = layout["data_parallel"], layout["dp"]
-    if mode == "hsdp":
-        return layout.get("shard", dp)
-    return dp if mode in SHARDED_MODES else 1
-
-
 def _data_parallel(profile: dict, layout: dict, stage: StageFacts) -> float:
     dp, ep = layout["dp"], layout["ep"]
     world = dp * layout["pp"] * layout["sp"] * layout["tp"]
@@ -265,36 +253,3 @@ def _data_parallel(profile: dict, layout: dict, stage: StageFacts) -> float:
     if stage.expert_bytes and dp // ep > 1:  # the copies of each expert summed
         seconds += collective_seconds(profile, "all_reduce", dp // ep, stage.blocks, stage.expert_bytes, world)
     return seconds
-
-
-def memory_per_rank(facts: dict, layout: dict, optimizer: str = "adamw", index: int | None = None) -> dict[str, int]:
-    """Bytes the largest stage's rank (or stage ``index``'s) holds: parameters, gradients, optimizer state, activations,
-    the weights data parallelism holds gathered (:func:`~.facts.gathered_bytes`); the peak: gradients or activations,
-    not both (no gradient during a forward), but both in a pipeline; or the step's (:func:`~.facts.step_temporaries`)."""
-    dp, pp, sp, m = layout["dp"], layout["pp"], layout["sp"], layout["microbatches"]
-    tokens_mb = facts["batch"] // dp // m * facts["seq"] // sp
-    worst = {}
-    for s, stage in enumerate(facts["stages"]):
-        params = int(stage.dense_bytes / dp_shard(layout) + stage.expert_bytes)
-        in_flight = min(pp - s, m) if pp > 1 else 1
-        # torch's stage holds a receive buffer a microbatch, from its setup on, for its input (all but the first)
-        # and its output's gradient (all but the last)
-        buffers = ((s > 0) + (s < pp - 1)) * m * facts["hidden"] * facts["itemsize"] if pp > 1 else 0
-        loss = loss_bytes_per_token(facts, stage, sp, pipelined=pp > 1)  # the head's stage only: logits 0 elsewhere
-        split = layout["tp"] if layout.get("mode") == "split_gather" else 1  # Megatron's: the region's edges split
-        kept = stage.activation_elements - stage.wide_elements * (1 - 1 / split)
-        per_token = in_flight * (kept * facts["itemsize"] + 4 * stage.norm_elements / split) + loss
-        acts = int(tokens_mb * (per_token + sp * buffers))  # stages hand on the whole sequence
-        row = {
-            "parameters": params,
-            "gathered": int(gathered_bytes(stage, layout["data_parallel"], dp)),
-            "gradients": params,
-        }
-        row |= {"optimizer": OPTIMIZER_STATES[optimizer] * params, "activations": acts}
-        step = 2 * params + row["optimizer"] + step_temporaries(stage, optimizer, dp_shard(layout))  # FSDP: resharded
-        row["total"] = max(sum(row.values()) - (min(acts, params) if pp == 1 else 0), step)  # the step's own peak
-        if s == index:
-            return row
-        if not worst or row["total"] > worst["total"]:
-            worst = row
-    return worst

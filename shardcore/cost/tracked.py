@@ -14,11 +14,14 @@ Measured, in bytes: ``parameters`` the rank holds, ``gradients`` after its backw
 ``optimizer`` state after its step, ``activations`` (activations and temporaries at the peak) and
 ``total``: the tracked peak. The tracker counts what the model allocates on the device it runs on
 (here the CPU's kernels: attention through SDPA's math path keeps its score matrix, which a GPU's
-flash kernel does not); allocator rounding, workspaces and communication buffers are not in it.
+flash kernel does not); allocator rounding, workspaces and communication buffers are not in it. The
+batch has no padding, and the model's mask builders are told so (the attention registry's ``unpadded``):
+a fake tensor cannot be read, and transformers would build the whole causal mask a real run skips.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
 import attrs
@@ -88,6 +91,18 @@ def _tracker():
     return _PerMicrobatch()
 
 
+def _unpadded(model: nn.Module):
+    """The attention registry's context in which ``model``'s mask builders take the batch as unpadded, as a run
+    would after reading its all-ones mask (fake tensors cannot be read: transformers builds the whole mask)."""
+    from ..spec.attention import attention_registry
+
+    try:
+        unpadded = getattr(attention_registry(), "unpadded", None)
+    except NotImplementedError:  # no model library's registry: nothing to tell
+        unpadded = None
+    return unpadded(model) if unpadded is not None else contextlib.nullcontext()
+
+
 def _optimizer(name: str, params) -> torch.optim.Optimizer | None:
     if name == "none":
         return None
@@ -137,7 +152,7 @@ def tracked_memory(
         opt = _optimizer(optimizer, [p for p in model.parameters() if p.requires_grad])
         tracker, grads = _tracker(), 0
         tracker.track_external(model, *([opt] if opt is not None else []))
-        with tracker:
+        with tracker, _unpadded(model):  # the batch has no padding: masks skipped as a run reading it skips them
             for _ in range(2):  # the second step is the steady one: the optimizer's state is there
                 tracker.reset_mod_stats()  # its per-module records, one pass each (the peak stays)
                 pipeline_step(model, inputs)

@@ -14,7 +14,9 @@ _REGISTRY: list = []
 def register_attention_registry(registry) -> None:
     """Make ``registry`` (an object with ``switchable(model)``, ``use(model, backend)``,
     ``sequence_problem(model, mode, routed=False)``, ``use_sequence(model, mode, routed=False)`` and
-    ``module``, where the library's functions live) the one policies switch attention through.
+    ``module``, where the library's functions live) the one policies switch attention through. Optional:
+    ``unpadded(model)``, a context in which the model's mask builders take the batch as unpadded (a simulated
+    rank's, whose fake tensors cannot be read: :mod:`shardcore.cost.tracked`).
     ``routed``: the policy vouches that the model's attention reads the registry at each call
     (:attr:`SequenceSpec.routed <shardcore.spec.SequenceSpec>`)."""
     _REGISTRY[:] = [registry]

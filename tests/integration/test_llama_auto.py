@@ -365,13 +365,14 @@ def test_a_pipeline_stage_holds_a_receive_buffer_a_microbatch_for_each_neighbour
     """torch's pipeline stage allocates, at its setup, a buffer a microbatch for what it receives: the
     previous stage's hidden states (every stage but the first) and the next stage's gradient of them (every
     stage but the last). explain counts them beside each stage's microbatches in flight under 1F1B (the
-    first stage ``P``, the last 1): three stages of one layer each, three microbatches; the first stage and the
-    middle one (the last's loss is counted apart)."""
+    first stage ``P``, the last 1): three stages of one layer each, four microbatches (more than any stage's
+    warm-up: each holds its gradients beside them); the first stage and the middle one (the last's loss is
+    counted apart)."""
     from shardcore.cost.facts import stage_facts
     from shardcore.cost.tracked import predicted_memory
 
     model = meta_llama(heads=4, kv=2, layers=3)
-    seq, m, hidden = 32, 3, model.config.hidden_size
+    seq, m, hidden = 32, 4, model.config.hidden_size
     itemsize = next(model.parameters()).element_size()
     config = ShardConfig(tensor_parallel_size=1, pipeline_parallel_size=3, num_microbatches=m)
     blocks = [f"model.layers.{i}" for i in range(3)]
@@ -383,6 +384,36 @@ def test_a_pipeline_stage_holds_a_receive_buffer_a_microbatch_for_each_neighbour
         want = int(seq * in_flight * per_token + buffers)  # microbatches in flight under 1F1B: 3 first, 2 middle
         what = ("first", "middle")[rank]
         assert found == want, f"the {what} stage's activations {found} B, not {want} B ({buffers} B of buffers)"
+
+
+def test_a_stage_whose_warm_up_runs_every_microbatch_peaks_without_its_gradients_or_one_microbatch_fewer():
+    """1F1B runs ``min(P - s, M)`` forwards on stage ``s`` before its first backward. Where that is every
+    microbatch (the first stage at ``M = P``), no forward runs beside the gradients: the stage peaks at the
+    warm-up's end with every microbatch's activations and no gradient, or in its first backward with the
+    gradients and one microbatch fewer, whichever is larger (measured on tracked first stages of Llama-3's
+    shapes: both counted, the first stage's peak was 6-14% over)."""
+    from shardcore.cost.facts import stage_facts
+    from shardcore.cost.tracked import predicted_memory
+
+    model = meta_llama(heads=4, kv=2, layers=2)
+    m, hidden = 2, model.config.hidden_size
+    itemsize = next(model.parameters()).element_size()
+    stage = stage_facts(model, ["model.layers.0", "model.layers.1"], pp=2, ep=1)[0]
+    config = ShardConfig(tensor_parallel_size=1, pipeline_parallel_size=2, num_microbatches=m)
+    regimes = []
+    for seq in (8, 2048):  # a microbatch's activations below the stage's gradients, then above them
+        found = predicted_memory(model, config, seq=seq, batch=m, rank=0)
+        one = seq * (stage.activation_elements * itemsize + 4 * stage.norm_elements)
+        whole = int(m * one + m * seq * hidden * itemsize)  # both microbatches and the output gradient's buffers
+        fixed = found["parameters"] + found["optimizer"]
+        regimes.append(one < found["gradients"])
+        if one < found["gradients"]:  # the first backward's: the gradients and one microbatch fewer
+            assert found["activations"] == whole - int(one), f"seq {seq}: {found}"
+            assert found["total"] >= fixed + found["gradients"] + found["activations"], f"seq {seq}: {found}"
+        else:  # the warm-up's end: every microbatch, no gradient
+            assert found["activations"] == whole, f"seq {seq}: {found}"
+            assert found["total"] == fixed + whole, f"seq {seq}: the peak holds no gradient: {found}"
+    assert regimes == [True, False], "the two sequence lengths no longer fall on either side of the gradients"
 
 
 def test_the_optimizers_step_is_a_peak_of_its_own():

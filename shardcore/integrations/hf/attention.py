@@ -1,6 +1,6 @@
-"""HuggingFace's attention registry: how ``enable_flash_attention`` and the sequence-parallel
-attention modes switch a transformers model's attention (``set_attn_implementation``, the
-``AttentionInterface`` / ``AttentionMaskInterface`` registries), and shardcore's own SDPA entry.
+"""HuggingFace's attention registry: how ``enable_flash_attention`` and the sequence-parallel attention modes
+switch a transformers model's attention (``set_attn_implementation``, the ``AttentionInterface`` /
+``AttentionMaskInterface`` registries), and shardcore's own SDPA entry; an unpadded batch told to its mask builders.
 
 Registered with the core when shardcore is imported (:data:`REGISTRY`); the core's
 :func:`shardcore.kernels.attention_registry` hands it to the policies. Nothing here imports
@@ -18,6 +18,7 @@ import textwrap
 import torch
 
 from ...kernels import announce_attention, register_attention_registry
+from .unpadded import unpadded_masks
 
 __all__ = [
     "HF_SDPA",
@@ -40,10 +41,9 @@ HF_SDPA = "shardcore_sdpa"
 
 
 def hf_sdpa_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
-    """transformers' SDPA attention, except that grouped-query attention with a mask on the CPU
-    runs ``scaled_dot_product_attention(..., enable_gqa=True)`` on the un-repeated K/V (transformers
-    materializes ``num_key_value_groups`` copies of them there). Everything else (no mask, no
-    groups, position bias, paged caches) is transformers' own function."""
+    """transformers' SDPA attention, except that grouped-query attention with a mask on the CPU runs
+    ``scaled_dot_product_attention(..., enable_gqa=True)`` on the un-repeated K/V (transformers materializes
+    ``num_key_value_groups`` copies of them there). Everything else is transformers' own function."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     plain = all(kwargs.get(k) is None for k in ("position_bias", "softcap", "s_aux", "sinks", "cache"))
@@ -61,9 +61,8 @@ def hf_sdpa_attention(module, query, key, value, attention_mask, dropout=0.0, sc
 
 @functools.cache
 def hf_sdpa_name() -> str:
-    """The name shardcore's SDPA runs under in this transformers: ``shardcore_sdpa``, registered
-    (with SDPA's mask builder) on first call; ``sdpa`` (transformers' own) where transformers has
-    no mask registry (4.x before ``masking_utils``)."""
+    """The name shardcore's SDPA runs under: ``shardcore_sdpa``, registered (with SDPA's mask builder) on first
+    call; ``sdpa`` (transformers' own) where transformers has no mask registry (4.x before ``masking_utils``)."""
     try:
         from transformers import AttentionInterface
         from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
@@ -288,6 +287,7 @@ def use_ulysses_attention(model: torch.nn.Module, mode: str = "all_to_all", rout
 class _Registry:
     """The core's view of this registry (see :func:`shardcore.kernels.register_attention_registry`)."""
 
+    unpadded = staticmethod(unpadded_masks)
     switchable = staticmethod(hf_attention_switchable)
     use = staticmethod(use_hf_attention)
     sequence_problem = staticmethod(ulysses_problem)

@@ -1,0 +1,69 @@
+"""Memory per rank in the cost model (:func:`memory_per_rank`): parameters, gradients (same bytes), optimizer state
+(AdamW: two per parameter, SGD with momentum: one), activations (each matmul's input and output per token, the
+tokens in flight: ``min(P - s, M)`` microbatches on stage ``s`` under 1F1B), the weights data parallelism holds
+gathered; the peak, the backward's or the optimizer step's (its temporaries beside the state)."""
+
+from __future__ import annotations
+
+from ..config import SHARDED_MODES
+from .facts import gathered_bytes, loss_bytes_per_token, step_temporaries
+
+OPTIMIZER_STATES = {"adamw": 2, "sgd": 1, "none": 0}
+
+
+def dp_shard(layout: dict) -> int:
+    """The ranks each dense parameter is split over by data parallelism: ``dp`` under FSDP and ZeRO-2,
+    HSDP's shard group (``layout["shard"]``), 1 under DDP or none."""
+    mode, dp = layout["data_parallel"], layout["dp"]
+    if mode == "hsdp":
+        return layout.get("shard", dp)
+    return dp if mode in SHARDED_MODES else 1
+
+
+def _overlap(acts: int, one: float, grads: int, pp: int, m: int, in_flight: int) -> tuple[int, int]:
+    """What the peak leaves out of the gradients and of the activations ``acts`` (``one``: a microbatch's):
+    gradients or activations, not both, without a pipeline (``zero_grad(set_to_none=True)``: a forward holds
+    no gradient); a pipeline stage whose microbatches outnumber its warm-up (1F1B: ``min(P - s, M)`` forwards
+    first) runs a forward beside the gradients of the backward before it: both; one whose warm-up runs every
+    microbatch peaks at its warm-up's end with no gradient, or in the first backward with the gradients and
+    one microbatch's activations fewer, the larger of the two (measured on tracked first stages)."""
+    if pp == 1:
+        return min(acts, grads), 0
+    if m > in_flight:
+        return 0, 0
+    return (grads, 0) if one >= grads else (0, int(one))
+
+
+def memory_per_rank(facts: dict, layout: dict, optimizer: str = "adamw", index: int | None = None) -> dict[str, int]:
+    """Bytes the largest stage's rank (or stage ``index``'s) holds: parameters, gradients, optimizer state, activations,
+    the weights data parallelism holds gathered (:func:`~.facts.gathered_bytes`); the peak: gradients or activations,
+    not both (no gradient during a forward), but both in a pipeline; or the step's (:func:`~.facts.step_temporaries`)."""
+    dp, pp, sp, m = layout["dp"], layout["pp"], layout["sp"], layout["microbatches"]
+    tokens_mb = facts["batch"] // dp // m * facts["seq"] // sp
+    worst = {}
+    for s, stage in enumerate(facts["stages"]):
+        params = int(stage.dense_bytes / dp_shard(layout) + stage.expert_bytes)
+        in_flight = min(pp - s, m) if pp > 1 else 1
+        # torch's stage holds a receive buffer a microbatch, from its setup on, for its input (all but the first)
+        # and its output's gradient (all but the last)
+        buffers = ((s > 0) + (s < pp - 1)) * m * facts["hidden"] * facts["itemsize"] if pp > 1 else 0
+        loss = loss_bytes_per_token(facts, stage, sp, pipelined=pp > 1)  # the head's stage only: logits 0 elsewhere
+        split = layout["tp"] if layout.get("mode") == "split_gather" else 1  # Megatron's: the region's edges split
+        kept = stage.activation_elements - stage.wide_elements * (1 - 1 / split)
+        one = tokens_mb * (kept * facts["itemsize"] + 4 * stage.norm_elements / split)  # a microbatch's, kept
+        acts = int(in_flight * one + tokens_mb * (loss + sp * buffers))  # stages hand on the whole sequence
+        overlap = _overlap(acts, one, params, pp, m, in_flight)
+        acts -= overlap[1]
+        row = {
+            "parameters": params,
+            "gathered": int(gathered_bytes(stage, layout["data_parallel"], dp)),
+            "gradients": params,
+        }
+        row |= {"optimizer": OPTIMIZER_STATES[optimizer] * params, "activations": acts}
+        step = 2 * params + row["optimizer"] + step_temporaries(stage, optimizer, dp_shard(layout))  # FSDP: resharded
+        row["total"] = max(sum(row.values()) - overlap[0], step)  # the step's own peak
+        if s == index:
+            return row
+        if not worst or row["total"] > worst["total"]:
+            worst = row
+    return worst
