@@ -132,5 +132,7 @@ def test_the_mask_builders_told_the_batch_is_unpadded_skip_the_mask_a_fake_tenso
             told = create_causal_mask(config=model.config, inputs_embeds=embeds, attention_mask=ones, cache=None)
     assert traced is not None and tuple(traced.shape) == (1, 1, 16, 16), "a fake all-ones mask no longer builds one"
     assert told is None, f"told the batch is unpadded, the builder still made a {tuple(told.shape)} mask"
-    assert inside != "sdpa" and model.config._attn_implementation == "sdpa", inside
+    assert inside != "sdpa", "the registry's unpadded left the model's attention implementation as it was"
+    now = model.config._attn_implementation
+    assert now == "sdpa", f"the model's attention implementation left as {now!r}, not 'sdpa'"
     assert inside not in ALL_MASK_ATTENTION_FUNCTIONS, f"{inside} left in transformers' mask registry"

@@ -44,6 +44,9 @@ class StageFacts:
     #: of ``activation_elements``, the blocks' tensor-parallel matmul sides outside the region (a column-parallel
     #: layer's input, a row-parallel one's output): kept as the rank's part of the sequence under ``split_gather``
     wide_elements: float = 0.0
+    #: per parameter in module order: ``(its bytes on the rank, an expert's, the activation elements and the norm
+    #: elements a token leaves with it)``; the backward walks it in reverse (:func:`backward_peak`)
+    walk: tuple[tuple[int, bool, float, float], ...] = ()
 
 
 def _is_embedding(module: nn.Module) -> bool:
@@ -88,12 +91,15 @@ def stage_facts(model: nn.Module, blocks: list[str], pp: int, ep: int, walk: lis
         dict(
             mm=0.0, act=0.0, dense=0, expert=0, tensors=0, tail=0.0, logits=0, sizes=([], []), ends=0, norm=0.0, wide=0
         )
+        | {"walk": []}
         for _ in range(pp)
     ]
     for owner, tail, p, module, expert, seen in parameter_walk(model, blocks) if walk is None else walk:
         stage = stage_of[owner] if owner is not None else (pp - 1 if tail else 0)
-        before, dense = acc[stage]["mm"], acc[stage]["dense"]
+        before, dense, act, norm = (acc[stage][k] for k in ("mm", "dense", "act", "norm"))
         _add_param(acc[stage], p, module, expert, seen, share, rows)
+        held = 0 if seen else p.numel() * p.element_size()
+        acc[stage]["walk"].append((held, expert, acc[stage]["act"] - act, acc[stage]["norm"] - norm))
         acc[stage]["ends"] += acc[stage]["dense"] - dense if owner is None else 0
         if owner is not None and p is getattr(module, "weight", None):  # a region's entry (its input), exit (output)
             acc[stage]["wide"] += _region_edge(module)
@@ -116,6 +122,7 @@ def stage_facts(model: nn.Module, blocks: list[str], pp: int, ep: int, walk: lis
             a["ends"],
             a["norm"],
             a["wide"],
+            tuple(a["walk"]),
         )
         for s, a in enumerate(acc)
     ]
@@ -240,3 +247,21 @@ def step_temporaries(stage: StageFacts, optimizer: str, shard: int) -> int:
     (``shard``: the data-parallel ranks a dense tensor is split over)."""
     largest = max((*(d / shard for d in stage.dense_sizes), *stage.expert_sizes), default=0)
     return int(OPTIMIZER_TEMPS[optimizer] * largest)
+
+
+def backward_peak(stage: StageFacts, one: float, itemsize: int, shard: int) -> tuple[float, float]:
+    """``(gradient bytes held, activation bytes freed)`` where a backward through ``stage`` holds the most beside the
+    activations it started with (``one``: a microbatch's, kept): it walks the parameters in reverse, each allocating
+    its gradient (dense ones ``1 / shard``: FSDP's reduce-scattered) before its inputs are freed (their share of
+    ``one``). Large gradients late in the walk (a first stage's embeddings) peak at its end, with the microbatch's
+    activations gone; large early ones (a MoE's experts) near its start, with them all held."""
+    weights = [act * itemsize + norm * 4 for _, _, act, norm in stage.walk]  # the norms' inputs kept in float32
+    total = sum(weights) or 1.0
+    held = freed = 0.0
+    best = (0.0, 0.0)
+    for (grad, expert, _, _), weight in zip(reversed(stage.walk), reversed(weights), strict=True):
+        held += grad if expert else grad / shard
+        if held - freed > best[0] - best[1]:
+            best = (held, freed)
+        freed += one * weight / total
+    return best

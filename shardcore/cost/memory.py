@@ -6,7 +6,7 @@ gathered; the peak, the backward's or the optimizer step's (its temporaries besi
 from __future__ import annotations
 
 from ..config import SHARDED_MODES
-from .facts import gathered_bytes, loss_bytes_per_token, step_temporaries
+from .facts import backward_peak, gathered_bytes, loss_bytes_per_token, step_temporaries
 
 OPTIMIZER_STATES = {"adamw": 2, "sgd": 1, "none": 0}
 
@@ -20,18 +20,20 @@ def dp_shard(layout: dict) -> int:
     return dp if mode in SHARDED_MODES else 1
 
 
-def _overlap(acts: int, one: float, grads: int, pp: int, m: int, in_flight: int) -> tuple[int, int]:
-    """What the peak leaves out of the gradients and of the activations ``acts`` (``one``: a microbatch's):
-    gradients or activations, not both, without a pipeline (``zero_grad(set_to_none=True)``: a forward holds
-    no gradient); a pipeline stage whose microbatches outnumber its warm-up (1F1B: ``min(P - s, M)`` forwards
-    first) runs a forward beside the gradients of the backward before it: both; one whose warm-up runs every
-    microbatch peaks at its warm-up's end with no gradient, or in the first backward with the gradients and
-    one microbatch's activations fewer, the larger of the two (measured on tracked first stages)."""
-    if pp == 1:
+def _overlap(stage, acts: int, one: float, grads: int, layout: dict, in_flight: int, itemsize: int) -> tuple[int, int]:
+    """What the peak leaves out of the gradients ``grads`` and of the activations ``acts`` (``one``: a microbatch's,
+    kept). Without a pipeline: gradients or activations, not both (``zero_grad(set_to_none=True)``: a forward holds
+    no gradient). A pipeline stage whose microbatches outnumber its warm-up (1F1B: ``min(P - s, M)`` forwards first)
+    runs a forward beside the gradients of the backward before it: neither. Otherwise it peaks where its first
+    backward holds the most (:func:`~.facts.backward_peak`: some gradients allocated, some of the microbatch's
+    activations freed; measured on tracked first stages: at the warm-up's end for a MoE's, whose experts' gradients
+    come first, at the backward's end for a dense model's, whose embeddings' come last)."""
+    if layout["pp"] == 1:
         return min(acts, grads), 0
-    if m > in_flight:
+    if layout["microbatches"] > in_flight:
         return 0, 0
-    return (grads, 0) if one >= grads else (0, int(one))
+    held, freed = backward_peak(stage, one, itemsize, dp_shard(layout))
+    return int(grads - held), int(freed)
 
 
 def memory_per_rank(facts: dict, layout: dict, optimizer: str = "adamw", index: int | None = None) -> dict[str, int]:
@@ -52,7 +54,7 @@ def memory_per_rank(facts: dict, layout: dict, optimizer: str = "adamw", index: 
         kept = stage.activation_elements - stage.wide_elements * (1 - 1 / split)
         one = tokens_mb * (kept * facts["itemsize"] + 4 * stage.norm_elements / split)  # a microbatch's, kept
         acts = int(in_flight * one + tokens_mb * (loss + sp * buffers))  # stages hand on the whole sequence
-        overlap = _overlap(acts, one, params, pp, m, in_flight)
+        overlap = _overlap(stage, acts, one, params, layout, in_flight, facts["itemsize"])
         acts -= overlap[1]
         row = {
             "parameters": params,

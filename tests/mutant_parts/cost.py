@@ -171,12 +171,12 @@ MUTANTS = [
     m(
         "loss-working-set-left-out",
         "explain's activations leave out the loss's float32 logits and the gathered full logits",
-        "shardcore/cost/model.py",
+        "shardcore/cost/memory.py",
         "memory_per_rank",
         [
             (
-                '(kept * facts["itemsize"] + 4 * stage.norm_elements / split) + loss\n',
-                '(kept * facts["itemsize"] + 4 * stage.norm_elements / split)\n',
+                "tokens_mb * (loss + sp * buffers))",
+                "tokens_mb * (sp * buffers))",
             )
         ],
         "tests/test_core_tracked_memory.py::test_a_simulated_rank_holds_what_explain_predicts_for_it[tp2]",
@@ -231,7 +231,7 @@ MUTANTS = [
         "split-gather-edges-counted-whole",
         "explain counts a split_gather layout's activations as tensor parallelism alone's: the region's edges and "
         "the norms' inputs whole, not the rank's part of the sequence",
-        "shardcore/cost/model.py",
+        "shardcore/cost/memory.py",
         "memory_per_rank",
         [('split = layout["tp"] if layout.get("mode") == "split_gather" else 1', "split = 1")],
         "tests/integration/test_llama_auto.py::test_split_gather_keeps_the_regions_edges_and_the_norms_inputs_split",
@@ -257,7 +257,7 @@ MUTANTS = [
         "pipeline-receive-buffers-left-out",
         "explain leaves out the receive buffers torch's pipeline stage allocates a microbatch for its input and its "
         "output's gradient",
-        "shardcore/cost/model.py",
+        "shardcore/cost/memory.py",
         "memory_per_rank",
         [("buffers = ((s > 0) + (s < pp - 1)) * m", "buffers = 0 * m")],
         "tests/integration/test_llama_auto.py::"
@@ -268,12 +268,12 @@ MUTANTS = [
         "optimizer-step-peak-left-out",
         "explain's peak is the backward's alone: the optimizer step's temporaries beside the parameters, gradients "
         "and state left out",
-        "shardcore/cost/model.py",
+        "shardcore/cost/memory.py",
         "memory_per_rank",
         [
             (
-                '        row["total"] = max(sum(row.values()) - (min(acts, params) if pp == 1 else 0), step)',
-                '        row["total"] = sum(row.values()) - (min(acts, params) if pp == 1 else 0)',
+                '        row["total"] = max(sum(row.values()) - overlap[0], step)',
+                '        row["total"] = sum(row.values()) - overlap[0]',
             )
         ],
         "tests/integration/test_llama_auto.py::test_the_optimizers_step_is_a_peak_of_its_own",
@@ -292,11 +292,62 @@ MUTANTS = [
         "pipeline-receive-buffers-on-both-sides-of-every-stage",
         "explain gives every pipeline stage both receive buffers, the first stage its input's and the last its "
         "output's gradient too",
-        "shardcore/cost/model.py",
+        "shardcore/cost/memory.py",
         "memory_per_rank",
         [("buffers = ((s > 0) + (s < pp - 1)) * m", "buffers = 2 * m")],
         "tests/integration/test_llama_auto.py::"
         "test_a_pipeline_stage_holds_a_receive_buffer_a_microbatch_for_each_neighbour",
         "the first stage's activations 491520 B",
+    ),
+    m(
+        "tracked-mask-built-from-fake-tensors",
+        "the tracked rank's mask builders not told the batch is unpadded: transformers builds the whole causal mask "
+        "from the fake all-ones mask a pipeline stage is handed, which a real run skips",
+        "shardcore/cost/tracked.py",
+        "tracked_memory",
+        [("        with tracker, _unpadded(model):", "        with tracker:")],
+        "tests/test_core_tracked_memory.py::test_a_simulated_rank_holds_what_explain_predicts_for_it[pp4-tp2-middle-stage]",
+        "explain's activations",
+    ),
+    m(
+        "unpadded-masks-keep-the-padding-mask",
+        "the registry's unpadded switches the implementation but hands its mask builder the padding mask still",
+        "shardcore/integrations/hf/unpadded.py",
+        "_unpadded",
+        [('        kwargs["attention_mask"] = None', "        pass")],
+        "tests/test_core_tracked_memory.py::"
+        "test_the_mask_builders_told_the_batch_is_unpadded_skip_the_mask_a_fake_tensor_would_make",
+        "the builder still made a",
+    ),
+    m(
+        "unpadded-masks-leave-the-model-switched",
+        "the registry's unpadded leaves the model on its own registry name after the measurement",
+        "shardcore/integrations/hf/unpadded.py",
+        "unpadded_masks",
+        [("            if name is not None:\n                _set(config, name)\n", "            pass\n")],
+        "tests/test_core_tracked_memory.py::"
+        "test_the_mask_builders_told_the_batch_is_unpadded_skip_the_mask_a_fake_tensor_would_make",
+        "the model's attention implementation left as",
+    ),
+    m(
+        "pipeline-warm-up-stage-holds-gradients-beside-every-microbatch",
+        "explain's pipeline stage whose warm-up runs every microbatch counted with its gradients beside them all",
+        "shardcore/cost/memory.py",
+        "_overlap",
+        [('    if layout["microbatches"] > in_flight:', '    if layout["microbatches"] >= in_flight:')],
+        "tests/integration/test_llama_auto.py::"
+        "test_a_stage_whose_warm_up_runs_every_microbatch_peaks_where_its_first_backward_holds_the_most",
+        "seq 8: the backward's end",
+    ),
+    m(
+        "backward-walk-in-module-order",
+        "explain's first backward walks the parameters in module order: a dense first stage's embeddings' gradient "
+        "allocated first, beside every microbatch",
+        "shardcore/cost/facts.py",
+        "backward_peak",
+        [("zip(reversed(stage.walk), reversed(weights), strict=True)", "zip(stage.walk, weights, strict=True)")],
+        "tests/integration/test_llama_auto.py::"
+        "test_a_stage_whose_warm_up_runs_every_microbatch_peaks_where_its_first_backward_holds_the_most",
+        "the peak holds the first gradient",
     ),
 ]

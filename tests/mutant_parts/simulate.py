@@ -23,7 +23,7 @@ MUTANTS = [
     m(
         "memory-per-rank-stage-ignored",
         "explain's memory for a pipeline stage is the largest stage's, whichever stage is asked",
-        "shardcore/cost/model.py",
+        "shardcore/cost/memory.py",
         "memory_per_rank",
         [("        if s == index:", "        if False:")],
         f"{_TEST}::test_each_simulated_rank_holds_what_explain_predicts",
