@@ -27,7 +27,7 @@ MUTANTS = [
         "memory_per_rank",
         [("        if s == index:", "        if False:")],
         f"{_TEST}::test_each_simulated_rank_holds_what_explain_predicts",
-        "tp2-pp4-middle (rank",
+        "tp2-pp4-first (rank",
     ),
     m(
         "simulated-stage-shapes-without-gradients",
