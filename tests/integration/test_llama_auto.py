@@ -410,6 +410,7 @@ def test_a_stage_whose_warm_up_runs_every_microbatch_peaks_where_its_first_backw
         fixed = found["parameters"] + found["optimizer"]
         regimes.append(one < found["gradients"])
         if one < found["gradients"]:  # the walk's end: every gradient, one microbatch fewer
+            assert found["activations"] < whole, f"seq {seq}: every microbatch held beside the gradients: {found}"
             assert abs(found["activations"] - (whole - one)) <= 1, f"seq {seq}: the backward's end: {found}"
             peak = fixed + found["gradients"] + found["activations"]  # (or the optimizer step's, above it here)
             assert found["total"] >= peak, f"seq {seq}: the peak below the backward's end, {peak} B: {found}"

@@ -337,7 +337,7 @@ MUTANTS = [
         [('    if layout["microbatches"] > in_flight:', '    if layout["microbatches"] >= in_flight:')],
         "tests/integration/test_llama_auto.py::"
         "test_a_stage_whose_warm_up_runs_every_microbatch_peaks_where_its_first_backward_holds_the_most",
-        "seq 8: the backward's end",
+        "every microbatch held beside the gradients",
     ),
     m(
         "backward-walk-in-module-order",
