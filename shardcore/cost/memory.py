@@ -37,9 +37,10 @@ def _overlap(stage, acts: int, one: float, grads: int, layout: dict, in_flight: 
 
 
 def memory_per_rank(facts: dict, layout: dict, optimizer: str = "adamw", index: int | None = None) -> dict[str, int]:
-    """Bytes the largest stage's rank (or stage ``index``'s) holds: parameters, gradients, optimizer state, activations,
-    the weights data parallelism holds gathered (:func:`~.facts.gathered_bytes`); the peak: gradients or activations,
-    not both (no gradient during a forward), but both in a pipeline; or the step's (:func:`~.facts.step_temporaries`)."""
+    """Bytes the largest stage's rank (or stage ``index``'s) holds: parameters, gradients, optimizer state, activations
+    (at the peak), the weights data parallelism holds gathered (:func:`~.facts.gathered_bytes`); the peak: the
+    backward's, what it holds of the gradients and activations as :func:`_overlap` says, or the optimizer step's
+    (:func:`~.facts.step_temporaries`)."""
     dp, pp, sp, m = layout["dp"], layout["pp"], layout["sp"], layout["microbatches"]
     tokens_mb = facts["batch"] // dp // m * facts["seq"] // sp
     worst = {}
