@@ -31,7 +31,7 @@ step would take were the cores never idle), predicted again from the profile the
 measuring again); the chosen layout's rank by those medians; the median
 absolute error; a plot of predicted against measured, one point per layout. ``--profile``: the
 predictions from that profile (this machine calibrated again) instead. Writes
-``benchmarks/results/auto_summary.json``.
+``benchmarks/results/auto_summary.json`` (beside the runs: ``NAME_summary.json``).
 """
 
 from __future__ import annotations
@@ -263,7 +263,7 @@ def summarize(path: pathlib.Path, png: pathlib.Path | None, profile: dict | None
     summary = {"source": str(path), "runs": len(runs), "median_abs_error": median, "worst_abs_error": worst,
                "within_15pct": sum(e <= 0.15 for e in errors), "chosen_within_10pct": within,
                "cases": cases, "profile": profile}  # fmt: skip
-    out = path.with_name("auto_summary.json")
+    out = path.with_name(f"{path.stem}_summary.json")  # auto.json: auto_summary.json
     out.write_text(json.dumps(summary, indent=2))
     print(f"written: {out}")
     if png:

@@ -12,7 +12,7 @@ import pytest
 from shardcore.cli import main
 from shardcore.cost import KINDS, collective_seconds, fit_line, load_profile
 from shardcore.cost.facts import StageFacts, stage_facts
-from shardcore.cost.model import optimizer_rate, optimizer_seconds, predict, shape_factor
+from shardcore.cost.model import LOSS_PASSES, optimizer_rate, optimizer_seconds, predict, shape_factor
 
 
 def test_the_line_fit_recovers_latency_and_bandwidth():
@@ -45,6 +45,7 @@ def test_calibrate_measures_once_and_caches(tmp_path, monkeypatch, capsys):
         assert off[len(off) // 2] < 0.5, (kind, fit)
     mine = first["per_rank"]["2"]  # what a rank achieves with both at work
     assert min(mine["block_flops"].values()) > 1e6 and mine["copy_bytes_per_s"] > 1e6
+    assert mine["loss_elements_per_s"] > 1e6  # a cross-entropy's forward and backward, per logit
     for shapes in mine["block_shapes"].values():  # a rank's block per TP degree and tokens per microbatch
         assert set(shapes) == {"1", "2", "4"} and all(set(t) == {"128", "512"} for t in shapes.values())
         assert all(0.05 < f < 5 for t in shapes.values() for f in t.values()), shapes
@@ -144,6 +145,37 @@ def test_the_compute_rate_follows_the_rank_s_microbatch_shape():
         f"at half the reference block's rate the step took {half / full:.3f}x, not 2x"
     )
     assert full == pytest.approx(3 * 128 * 2 * (1 << 20) / 1e10)
+
+
+def test_the_loss_is_priced_at_the_measured_rate_over_the_vocabulary_each_rank_computes():
+    """The loss's forward and backward over a token's logits at the profile's cross-entropy rate: under TP with
+    the logits gathered (``parallel_output=False``), every rank computes it over the whole vocabulary, not its
+    slice; a bfloat16 model's logits are upcast and their gradient cast back (an elementwise pass each); a profile
+    calibrated before the rate was measured prices it as passes at the copy bandwidth."""
+
+    def profile(loss_rate: float | None) -> dict:
+        flat = {tp: {"128": 1.0} for tp in ("1", "4")}
+        rank = {"block_flops": {"float32": 1e30, "bfloat16": 1e30}, "block_shapes": {"float32": flat},
+                "copy_bytes_per_s": 1e10} | ({"loss_elements_per_s": loss_rate} if loss_rate else {})  # fmt: skip
+        return {"per_rank": {"1": rank, "4": rank}, "collectives": {}}
+
+    vocab = 1000  # the head's rows on this rank: the vocabulary's slice at TP=4
+    stage = StageFacts(matmul_weights=0, activation_elements=0, attention_layers=0, dense_bytes=0, expert_bytes=0,
+                       dense_tensors=1, blocks=1, logits=vocab)  # fmt: skip
+
+    def loss_s(tp: int, gathered: int, rate: float | None, itemsize: int = 4) -> float:
+        facts = {"seq": 128, "batch": 2, "dtype": "float32" if itemsize == 4 else "bfloat16", "itemsize": itemsize,
+                 "attention": (1, 1, False), "stages": [stage], "logits_gathered": gathered}  # fmt: skip
+        layout = {"dp": 1, "pp": 1, "sp": 1, "tp": tp, "ep": 1, "microbatches": 1, "data_parallel": None}
+        return predict(facts, layout, profile(rate), optimizer="none")["compute_s"]
+
+    tokens = 2 * 128
+    assert loss_s(1, 1, 1e8) == pytest.approx(tokens * vocab / 1e8), "the loss not at the measured rate"
+    assert loss_s(4, 4, 1e8) == pytest.approx(tokens * 4 * vocab / 1e8), "the gathered logits: the whole vocabulary"
+    assert loss_s(4, 1, 1e8) == pytest.approx(tokens * vocab / 1e8), "parallel_output: the rank's slice only"
+    casts = 2 * tokens * vocab * (4 + 2) / 1e10
+    assert loss_s(1, 1, 1e8, itemsize=2) == pytest.approx(tokens * vocab / 1e8 + casts), "bfloat16: casts missing"
+    assert loss_s(4, 4, None) == pytest.approx(LOSS_PASSES * tokens * 4 * vocab * 4 / 1e10)
 
 
 def test_a_pipeline_waits_on_the_other_stages_single_slots():

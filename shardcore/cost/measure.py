@@ -177,6 +177,24 @@ def _optimizer_rate(device: torch.device, name: str) -> dict[str, float]:
     return rates
 
 
+#: the logits the loss is timed on: tokens x vocabulary, float32 (16 MiB)
+LOSS_SHAPE = (512, 8192)
+
+
+def _loss_rate(device: torch.device) -> float:
+    """Logit elements per second a cross-entropy's forward and backward runs through (float32, as a model's loss
+    upcasts its logits): a log-softmax and its gradient, exponentials, not copies (on a CPU several times slower
+    per element than an elementwise pass)."""
+    logits = torch.randn(LOSS_SHAPE, device=device, requires_grad=True)
+    labels = torch.randint(0, LOSS_SHAPE[1], LOSS_SHAPE[:1], device=device)
+
+    def step() -> None:
+        logits.grad = None  # a run's logits hand their gradient on, never accumulate it
+        torch.nn.functional.cross_entropy(logits, labels).backward()
+
+    return logits.numel() / _together(step, device)
+
+
 def measure_per_rank(sizes: tuple[int, ...], repeats: int, dtypes: tuple[str, ...]) -> dict:
     """Run on every rank at once: matmul FLOP/s, elementwise bytes/s, a neighbour swap's line fit."""
     import torch.distributed as dist
@@ -190,6 +208,7 @@ def measure_per_rank(sizes: tuple[int, ...], repeats: int, dtypes: tuple[str, ..
         out["matmul_flops"][name] = 2 * n**3 / _together(lambda a=a: a @ a, device)
     x = torch.ones(8 << 20, device=device)
     out["copy_bytes_per_s"] = 2 * x.numel() * 4 / _together(lambda: x.mul_(1.0), device)
+    out["loss_elements_per_s"] = _loss_rate(device)
     blocks = {name: _blocks(device, getattr(torch, name)) for name in dtypes}
     out["block_flops"] = {name: flops for name, (flops, _) in blocks.items()}
     out["block_shapes"] = {name: shapes for name, (_, shapes) in blocks.items()}

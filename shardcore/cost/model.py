@@ -8,8 +8,9 @@ pipeline stage):
   dp`` sequences, ``seq / sp`` tokens each): 2 per matmul weight per token, 4 x ``seq x heads x head_dim`` per
   attention layer (half for a causal model), over the profile's per-rank ``block_flops`` (a reference block's
   FLOP/s, its norms and softmax included) scaled by ``block_shapes`` to the rank's microbatch (its tokens, its share
-  of the heads and MLP under TP: small matmuls run slower); plus the loss's passes over the float32 logits at the
-  profile's copy bandwidth;
+  of the heads and MLP under TP: small matmuls run slower); plus the loss over the float32 logits (under TP
+  with the logits gathered, the whole vocabulary on every rank) at the profile's cross-entropy rate
+  (:func:`loss_seconds`);
 * **pipeline bubble**: 1F1B over ``M`` microbatches of one sequence each: the first microbatch through every stage
   and back, then the largest stage's other ``M - 1`` slots (uniform stages: ``M + P - 1`` slots instead of ``M``; a
   heavy last stage, the head and the loss, waits on the others' single slots only); where ranks share a device (a
@@ -36,7 +37,8 @@ from .facts import StageFacts
 from .memory import OPTIMIZER_STATES, dp_shard, memory_per_rank
 
 DDP_BUCKET_BYTES = 25 * 2**20
-#: passes over the float32 logits the loss makes (log-softmax forward, its gradient, the upcast)
+#: passes over the float32 logits the loss makes (log-softmax forward, its gradient, the upcast): its price in a
+#: profile without ``loss_elements_per_s`` (:func:`loss_seconds`)
 LOSS_PASSES = 6
 
 
@@ -98,10 +100,10 @@ def per_rank(profile: dict, world: int) -> dict:
     return _nearest(profile["per_rank"], world)[1]
 
 
-def _rates(profile: dict, world: int, dtype: str, tokens: int, tp: int) -> tuple[float, float, float]:
-    """Per-rank FLOP/s on model blocks with ``world`` ranks at work, the best any measured group
+def _rates(profile: dict, world: int, dtype: str, tokens: int, tp: int) -> tuple[float, float]:
+    """Per-rank FLOP/s on model blocks with ``world`` ranks at work, and the best any measured group
     size reached (ranks alone on their share of the device), both for microbatches of ``tokens``
-    under TP=``tp`` (:func:`shape_factor`), and the copy bandwidth."""
+    under TP=``tp`` (:func:`shape_factor`)."""
 
     def flops(entry: dict) -> float:
         table = entry.get("block_flops") or entry["matmul_flops"]
@@ -110,7 +112,7 @@ def _rates(profile: dict, world: int, dtype: str, tokens: int, tp: int) -> tuple
     here = per_rank(profile, world)
     alone = max(flops(entry) for entry in profile["per_rank"].values())
     factor = shape_factor(here, dtype, tokens, tp)
-    return flops(here) * factor, alone * factor, here["copy_bytes_per_s"]
+    return flops(here) * factor, alone * factor
 
 
 def shape_factor(entry: dict, dtype: str, tokens: int, tp: int) -> float:
@@ -147,6 +149,19 @@ def optimizer_seconds(profile: dict, world: int, optimizer: str, stage: StageFac
     return sum(b / optimizer_rate(profile, world, optimizer, b) for b in sizes)
 
 
+def loss_seconds(profile: dict, world: int, elements: float, facts: dict) -> float:
+    """Seconds of the loss's forward and backward over ``elements`` logits (under TP with the logits gathered, every
+    rank's whole vocabulary): the profile's measured cross-entropy rate on float32 logits, and for a narrower dtype
+    the upcast and the gradient's cast back, an elementwise pass each; a profile without that rate (calibrated
+    before it): :data:`LOSS_PASSES` passes at the copy bandwidth."""
+    here = per_rank(profile, world)
+    rate, copy_rate = here.get("loss_elements_per_s"), here["copy_bytes_per_s"]
+    if not rate:
+        return LOSS_PASSES * elements * 4 / copy_rate
+    casts = 2 * elements * (4 + facts["itemsize"]) / copy_rate if facts["itemsize"] < 4 else 0.0
+    return elements / rate + casts
+
+
 def predict(facts: dict, layout: dict, profile: dict, *, optimizer: str = "adamw") -> dict[str, Any]:
     """Predicted seconds per step and bytes per rank of ``layout`` (``dp, pp, sp, tp, ep``, ``mode``,
     ``data_parallel``, ``microbatches``) on the workload ``facts`` describes (see :func:`shardcore.cost.search`)."""
@@ -156,7 +171,7 @@ def predict(facts: dict, layout: dict, profile: dict, *, optimizer: str = "adamw
     m = layout["microbatches"]
     seq, batch = facts["seq"], facts["batch"]
     tokens = batch // dp * seq // sp  # this rank's tokens per step (all microbatches)
-    rate, alone, copy_rate = _rates(profile, dp * pp * sp * tp, facts["dtype"], tokens // m, tp)
+    rate, alone = _rates(profile, dp * pp * sp * tp, facts["dtype"], tokens // m, tp)
     whole = batch // dp * seq if sp > 1 else tokens  # after the last block the sequence is whole again
     heads, dim, causal = facts["attention"]
     attn_per_token = 4 * seq * heads * dim * (0.5 if causal else 1.0)
@@ -165,7 +180,7 @@ def predict(facts: dict, layout: dict, profile: dict, *, optimizer: str = "adamw
     for s in facts["stages"]:
         body = s.matmul_weights - s.tail_weights
         fwd = tokens * (2 * body + s.attention_layers * attn_per_token) + whole * 2 * s.tail_weights
-        loss = LOSS_PASSES * whole * s.logits * 4 / copy_rate  # log-softmax forward and backward, float32
+        loss = loss_seconds(profile, dp * pp * sp * tp, whole * s.logits * facts.get("logits_gathered", 1), facts)
         optim = optimizer_seconds(profile, dp * pp * sp * tp, optimizer, s, shard)
         stages.append((3 * fwd / rate + loss, communication(facts, layout, profile, s), optim))
     # within a stage's microbatches: its compute and the tp, sp and ep collectives inside its blocks;

@@ -23,7 +23,8 @@ backend that joins them (NCCL, gloo):
   at once, three rounds, the median), ``optimizer_bytes_per_s`` (the
   parameter bytes an AdamW or SGD-with-momentum step updates per second, per tensor size in MiB:
   from a CPU's cache small tensors update several times faster per byte), ``copy_bytes_per_s`` (an
-  elementwise pass over a 32 MiB tensor: bytes read + written per second) and ``send_recv``, the
+  elementwise pass over a 32 MiB tensor: bytes read + written per second), ``loss_elements_per_s`` (a
+  cross-entropy's forward and backward on 512 x 8192 float32 logits: logit elements per second) and ``send_recv``, the
   line fit of one rank swapping a message with its neighbour (a pipeline boundary);
 * ``memory_bytes_per_rank``: what a rank may hold (free device memory; on the CPU the available
   memory shared by the ranks of the largest group measured).
@@ -55,7 +56,7 @@ __all__ = ["KINDS", "calibrate", "fit_line", "load_profile", "profile_path"]
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 #: bytes one rank contributes, per measured point
 SIZES = (1 << 12, 1 << 16, 1 << 20, 1 << 22, 1 << 24)
-VERSION = 6
+VERSION = 7
 
 
 def profile_path(device: torch.device | None = None, backend: str | None = None) -> pathlib.Path:

@@ -64,6 +64,34 @@ MUTANTS = [
         fast=True,
     ),
     m(
+        "auto-loss-on-the-rank-slice",
+        "the cost model prices the loss on the rank's slice of the vocabulary where TP gathers the whole logits",
+        "shardcore/cost/model.py",
+        "predict",
+        [
+            (
+                '        loss = loss_seconds(profile, dp * pp * sp * tp, whole * s.logits * facts.get("logits_gathered", 1), facts)',
+                "        loss = loss_seconds(profile, dp * pp * sp * tp, whole * s.logits, facts)",
+            )
+        ],
+        "tests/test_core_cost.py::test_the_loss_is_priced_at_the_measured_rate_over_the_vocabulary_each_rank_computes",
+        "the gathered logits: the whole vocabulary",
+    ),
+    m(
+        "auto-loss-rate-unread",
+        "the cost model prices the loss as copy passes though the profile measured the cross-entropy's rate",
+        "shardcore/cost/model.py",
+        "loss_seconds",
+        [
+            (
+                '    rate, copy_rate = here.get("loss_elements_per_s"), here["copy_bytes_per_s"]',
+                '    rate, copy_rate = None, here["copy_bytes_per_s"]',
+            )
+        ],
+        "tests/test_core_cost.py::test_the_loss_is_priced_at_the_measured_rate_over_the_vocabulary_each_rank_computes",
+        "the loss not at the measured rate",
+    ),
+    m(
         "auto-choice-not-broadcast",
         "ShardConfig(auto=...): rank 0's choice (or its error) never sent to the other ranks",
         "shardcore/cost/auto.py",
