@@ -24,8 +24,9 @@ backend that joins them (NCCL, gloo):
   parameter bytes an AdamW or SGD-with-momentum step updates per second, per tensor size in MiB:
   from a CPU's cache small tensors update several times faster per byte), ``copy_bytes_per_s`` (an
   elementwise pass over a 32 MiB tensor: bytes read + written per second), ``loss_elements_per_s`` (a
-  cross-entropy's forward and backward on 512 x 8192 float32 logits: logit elements per second) and ``send_recv``, the
-  line fit of one rank swapping a message with its neighbour (a pipeline boundary);
+  cross-entropy's forward and backward on 512 x 8192 float32 logits: logit elements per second; a profile
+  without it is read all the same, the cost model then prices the loss as passes at the copy bandwidth) and
+  ``send_recv``, the line fit of one rank swapping a message with its neighbour (a pipeline boundary);
 * ``memory_bytes_per_rank``: what a rank may hold (free device memory; on the CPU the available
   memory shared by the ranks of the largest group measured).
 
@@ -56,7 +57,7 @@ __all__ = ["KINDS", "calibrate", "fit_line", "load_profile", "profile_path"]
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 #: bytes one rank contributes, per measured point
 SIZES = (1 << 12, 1 << 16, 1 << 20, 1 << 22, 1 << 24)
-VERSION = 7
+VERSION = 6
 
 
 def profile_path(device: torch.device | None = None, backend: str | None = None) -> pathlib.Path:
@@ -230,11 +231,13 @@ def load_profile(
         if cached.get("version") == VERSION:
             cached["path"] = str(target)
             return cached
+    what = (
+        ("is measured again" if force else "is of another shardcore version") if target.exists() else "does not exist"
+    )
     if not measure:
-        what = "is of another shardcore version" if target.exists() else "does not exist"
         raise FileNotFoundError(
             f"the machine profile {target} {what}: run `shardcore calibrate --world 2 <ranks per node>` "
             "once on this machine (outside the job), or pass the profile's path"
         )
-    print(f"shardcore: no profile of this machine at {target}: measuring it first", file=sys.stderr, flush=True)
+    print(f"shardcore: the machine profile {target} {what}: measuring it first", file=sys.stderr, flush=True)
     return calibrate(group_sizes, out=target)
