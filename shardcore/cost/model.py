@@ -149,16 +149,16 @@ def optimizer_seconds(profile: dict, world: int, optimizer: str, stage: StageFac
     return sum(b / optimizer_rate(profile, world, optimizer, b) for b in sizes)
 
 
-def loss_seconds(profile: dict, world: int, elements: float, facts: dict) -> float:
+def loss_seconds(profile: dict, world: int, elements: float, itemsize: int) -> float:
     """Seconds of the loss's forward and backward over ``elements`` logits (under TP with the logits gathered, every
     rank's whole vocabulary): the profile's measured cross-entropy rate on float32 logits, and for a narrower dtype
-    the upcast and the gradient's cast back, an elementwise pass each; a profile without that rate (calibrated
-    before it): :data:`LOSS_PASSES` passes at the copy bandwidth."""
+    (``itemsize`` under 4 bytes) the upcast and the gradient's cast back, an elementwise pass each; a profile without
+    that rate (calibrated before it): :data:`LOSS_PASSES` passes at the copy bandwidth."""
     here = per_rank(profile, world)
     rate, copy_rate = here.get("loss_elements_per_s"), here["copy_bytes_per_s"]
     if not rate:
         return LOSS_PASSES * elements * 4 / copy_rate
-    casts = 2 * elements * (4 + facts["itemsize"]) / copy_rate if facts["itemsize"] < 4 else 0.0
+    casts = 2 * elements * (4 + itemsize) / copy_rate if itemsize < 4 else 0.0
     return elements / rate + casts
 
 
@@ -180,7 +180,8 @@ def predict(facts: dict, layout: dict, profile: dict, *, optimizer: str = "adamw
     for s in facts["stages"]:
         body = s.matmul_weights - s.tail_weights
         fwd = tokens * (2 * body + s.attention_layers * attn_per_token) + whole * 2 * s.tail_weights
-        loss = loss_seconds(profile, dp * pp * sp * tp, whole * s.logits * facts.get("logits_gathered", 1), facts)
+        logits = whole * s.logits * facts.get("logits_gathered", 1)  # under TP, gathered: the whole vocabulary
+        loss = loss_seconds(profile, dp * pp * sp * tp, logits, facts["itemsize"])
         optim = optimizer_seconds(profile, dp * pp * sp * tp, optimizer, s, shard)
         stages.append((3 * fwd / rate + loss, communication(facts, layout, profile, s), optim))
     # within a stage's microbatches: its compute and the tp, sp and ep collectives inside its blocks;

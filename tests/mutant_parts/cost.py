@@ -70,8 +70,8 @@ MUTANTS = [
         "predict",
         [
             (
-                '        loss = loss_seconds(profile, dp * pp * sp * tp, whole * s.logits * facts.get("logits_gathered", 1), facts)',
-                "        loss = loss_seconds(profile, dp * pp * sp * tp, whole * s.logits, facts)",
+                '        logits = whole * s.logits * facts.get("logits_gathered", 1)',
+                "        logits = whole * s.logits",
             )
         ],
         "tests/test_core_cost.py::test_the_loss_is_priced_at_the_measured_rate_over_the_vocabulary_each_rank_computes",
