@@ -10,7 +10,7 @@ from torch import nn
 
 from ..expert_parallel import expert_modules
 from ..sequence import heads_of
-from ..tensor_parallel.linear import Linear1D_Col, Linear1D_Row
+from .sides import matmul_sides
 
 
 @attrs.frozen
@@ -94,15 +94,15 @@ def stage_facts(model: nn.Module, blocks: list[str], pp: int, ep: int, walk: lis
         | {"walk": []}
         for _ in range(pp)
     ]
-    for owner, tail, p, module, expert, seen in parameter_walk(model, blocks) if walk is None else walk:
+    for owner, tail, p, module, expert, seen, kept in parameter_walk(model, blocks) if walk is None else walk:
         stage = stage_of[owner] if owner is not None else (pp - 1 if tail else 0)
         before, dense, act, norm = (acc[stage][k] for k in ("mm", "dense", "act", "norm"))
-        _add_param(acc[stage], p, module, expert, seen, share, rows)
+        _add_param(acc[stage], p, module, expert, seen, share, rows, kept)
         held = 0 if seen else p.numel() * p.element_size()
         acc[stage]["walk"].append((held, expert, acc[stage]["act"] - act, acc[stage]["norm"] - norm))
         acc[stage]["ends"] += acc[stage]["dense"] - dense if owner is None else 0
-        if owner is not None and p is getattr(module, "weight", None):  # a region's entry (its input), exit (output)
-            acc[stage]["wide"] += _region_edge(module)
+        if owner is not None and kept:  # a region's entry: its input, kept as the rank's part of the sequence
+            acc[stage]["wide"] += kept[1]
         if tail and acc[stage]["mm"] > before:
             acc[stage]["tail"] += acc[stage]["mm"] - before
             acc[stage]["logits"] = max(acc[stage]["logits"], p.shape[0])
@@ -128,25 +128,20 @@ def stage_facts(model: nn.Module, blocks: list[str], pp: int, ep: int, walk: lis
     ]
 
 
-def _region_edge(module: nn.Module) -> int:
-    """The features of a tensor-parallel layer's side outside the region: a column-parallel layer's input, a
-    row-parallel one's output (0 for any other module)."""
-    if isinstance(module, Linear1D_Col):
-        return module.in_features
-    return module.out_features if isinstance(module, Linear1D_Row) else 0
-
-
-def parameter_walk(model: nn.Module, blocks: list[str]) -> list[tuple]:
+def parameter_walk(model: nn.Module, blocks: list[str], roles: dict[int, str] | None = None) -> list[tuple]:
     """Each use of a parameter, in module order: ``(its block or None, after the blocks (the tail),
-    the parameter, its module, an expert's, seen before (tied))``."""
+    the parameter, its module, an expert's, seen before (tied), its tensor-parallel matmul's kept sides)``
+    (:func:`matmul_sides`; ``roles``: as there, where the model is not sharded)."""
     experts = {id(p) for m in expert_modules(model) for p in m.parameters()}
     block_set, seen, seen_block, out = set(blocks), set(), False, []
+    sides = matmul_sides(model, roles)
     for name, module in model.named_modules(remove_duplicate=False):
         owner = _owner(name, block_set)
         tail = owner is None and seen_block
         seen_block = seen_block or owner is not None
         for p in module.parameters(recurse=False):
-            out.append((owner, tail, p, module, id(p) in experts, id(p) in seen))
+            kept = sides.get(id(module)) if p is getattr(module, "weight", None) else None
+            out.append((owner, tail, p, module, id(p) in experts, id(p) in seen, kept))
             seen.add(id(p))
     return out
 
@@ -161,14 +156,20 @@ def _owner(name: str, blocks: set[str]) -> str | None:
     return None
 
 
-def _add_param(acc: dict, p, module: nn.Module, expert: bool, seen: bool, share: float, rows: float | None) -> None:
-    """One parameter's part: held bytes once (tied ones count once), matmul work per use."""
+def _add_param(
+    acc: dict, p, module: nn.Module, expert: bool, seen: bool, share: float, rows: float | None, kept
+) -> None:
+    """One parameter's part: held bytes once (tied ones count once), matmul work per use; ``kept``: its
+    tensor-parallel matmul's sides (:func:`matmul_sides`), else each matmul's input and output are counted."""
     if not seen:
         acc["expert" if expert else "dense"] += p.numel() * p.element_size()
         acc["tensors"] += 0 if expert else 1
         acc["sizes"][1 if expert else 0].append(p.numel() * p.element_size())
     if p.dim() == 1 and p is getattr(module, "weight", None) and "norm" in type(module).__name__.lower():
         acc["norm"] += p.numel()  # its input, upcast to float32 and kept (measured: about 17% of a layer)
+        if not type(module).__module__.startswith(("torch.", "shardcore.")):  # a norm written in Python (the
+            acc["act"] += p.numel()  # model's own) keeps the normalized input too, for its weight's product
+            acc["wide"] += p.numel()  # on the rank's part of the sequence under split_gather, as its input
     if p.dim() < 2 or _is_embedding(module):
         return
     if expert or p.dim() > 2:  # fused experts [experts here, out, in]: a token visits top_k of them
@@ -181,7 +182,7 @@ def _add_param(acc: dict, p, module: nn.Module, expert: bool, seen: bool, share:
             acc["act"] += out // 2 * per  # the gate's activation, kept beside gate and up for the product's backward
     elif p.dim() == 2:
         acc["mm"] += p.numel()
-        acc["act"] += p.shape[0] + p.shape[1]
+        acc["act"] += kept[0] if kept else p.shape[0] + p.shape[1]
 
 
 def attention_width(model: nn.Module, policy, tp: int) -> tuple[int, int, bool]:

@@ -27,6 +27,7 @@ from ..explain.traffic import collective_bytes_per_step
 from .copies import collector_paused, module_copy
 from .facts import attention_width, hidden_size, parameter_walk, stage_facts
 from .model import predict
+from .sides import planned_roles
 
 SEQUENCE_MODES = ("all_to_all", "ring_attn")
 
@@ -154,7 +155,8 @@ def workload_facts(
     if paper is None:  # a refusal raises here, with this layout's own message, and is not kept
         itemsize = next((p.element_size() for p in model.parameters() if p.is_floating_point()), 4)
         build, blocks = shard_on_paper(module_copy(model), tp, **kw)
-        paper = (itemsize, build, blocks, parameter_walk(build.model, blocks))
+        roles = planned_roles(build.model, build.policy) if tp == 1 else None  # nothing replaced: the plan's roles
+        paper = (itemsize, build, blocks, parameter_walk(build.model, blocks, roles))
         if built is not None:
             built[key] = paper
     return _facts(model, paper, layout, seq, batch, base, tp_cache)

@@ -333,32 +333,54 @@ def test_fsdp_holds_its_root_unit_and_two_blocks_gathered_at_the_peak():
 
 
 def test_split_gather_keeps_the_regions_edges_and_the_norms_inputs_split():
-    """Under Megatron's split explain counts a block's tensor-parallel matmul sides outside the region (the
-    column-parallel layers' input, the row-parallel ones' output: kept as the rank's part of the sequence,
-    gathered again in the backward) and the norms' float32 inputs at 1/tp of tensor parallelism's; the
-    rest (the head's, the split sides, whatever their width: this model's MLP is 128 wide, 64 a rank, as
-    wide as its hidden states) as TP=2 alone counts it."""
+    """Under Megatron's split explain counts a block's region entries (the input the column-parallel layers
+    read, once however many read it: attention's and the MLP's; kept as the rank's part of the sequence,
+    gathered again in the backward), the norms' float32 inputs and their normalized copies at 1/tp of tensor
+    parallelism's; the rest (the head's, the region's inside, whatever its width: this model's MLP is 128
+    wide, 64 a rank, as wide as its hidden states) as TP=2 alone counts it."""
     from shardcore.cost.facts import stage_facts
     from shardcore.cost.tracked import predicted_memory
 
     model = meta_llama(heads=4, kv=2, layers=2)
     hidden, blocks = model.config.hidden_size, ["model.layers.0", "model.layers.1"]
-    matmuls = [p for n, p in model.named_parameters() if n.startswith("model.layers.") and p.dim() == 2]
     assert model.config.intermediate_size == 2 * hidden, "the MLP's rank share is as wide as the hidden states"
     (stage,) = stage_facts(model, blocks, pp=1, ep=1)
-    assert stage.wide_elements == 0, "unsharded: no region"
+    assert stage.wide_elements == stage.norm_elements, "unsharded: no region, the norms' copies only"
     seq, tp = 64, 2
     plain = predicted_memory(model, ShardConfig(tensor_parallel_size=tp), seq=seq, batch=1)
     split = ShardConfig(tensor_parallel_size=tp, enable_sequence_parallelism=True)
     split = predicted_memory(model, split, seq=seq, batch=1)
-    # at TP=2 each block matmul has one side as wide as the hidden states (q and o_proj lose their other one)
     itemsize = next(model.parameters()).element_size()
-    kept = seq * (hidden * len(matmuls) * itemsize + 4 * stage.norm_elements) * (1 - 1 / tp)
+    entries = 2 * len(blocks) * hidden  # attention's input and the MLP's, one each a block
+    kept = seq * ((entries + stage.norm_elements) * itemsize + 4 * stage.norm_elements) * (1 - 1 / tp)
     fewer = plain["activations"] - split["activations"]
     assert abs(fewer - kept) <= 1, f"split_gather keeps {fewer} B fewer activations than TP alone, not {kept:.0f} B"
     assert {k: v for k, v in plain.items() if k not in ("activations", "total")} == {
         k: v for k, v in split.items() if k not in ("activations", "total")
     }
+
+
+def test_a_block_keeps_each_tensor_its_backward_reads_once():
+    """What explain counts a token leaves for the backward, against a Llama block's tensors counted by hand, at
+    TP=2 (read off the layers' classes) and TP=1 (nothing replaced: the policy's plan gives the roles): the
+    input q, k and v read, once, and their outputs; o_proj's input, not its output (the residual sum keeps
+    nothing); the input gate and up read, once, their outputs and the activation's (the product's backward
+    reads it); down's input; each norm's normalized copy (its float32 input counted apart). Measured on
+    tracked Llama-3-70B ranks at TP=8: each matmul's input and output counted, the activations were 11% over."""
+    from shardcore.cost.search import workload_facts
+    from shardcore.cost.tracked import cost_layout
+
+    model = meta_llama(heads=4, kv=2, layers=2)
+    cfg = model.config
+    hidden, inter, vocab, dim = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, cfg.hidden_size // 4
+    for tp in (2, 1):
+        layout = cost_layout(ShardConfig(tensor_parallel_size=tp))
+        (stage,) = workload_facts(model, layout, seq=64, batch=1)["stages"]
+        attention = hidden + 4 * dim // tp + 2 * 2 * dim // tp + 4 * dim // tp  # input, q, k and v, o's input
+        mlp = hidden + 2 * inter // tp + inter // tp + inter // tp  # input, gate and up, the activation, down's input
+        norms = 2 * hidden  # each norm's normalized copy
+        want = 2 * (attention + mlp + norms) + hidden + hidden + vocab // tp  # the final norm's, the head's
+        assert stage.activation_elements == want, f"TP={tp}: {stage.activation_elements} elements a token, not {want}"
 
 
 def test_a_pipeline_stage_holds_a_receive_buffer_a_microbatch_for_each_neighbour():
@@ -367,21 +389,22 @@ def test_a_pipeline_stage_holds_a_receive_buffer_a_microbatch_for_each_neighbour
     stage but the last). explain counts them beside each stage's microbatches in flight under 1F1B (the
     first stage ``P``, the last 1): three stages of one layer each, four microbatches (more than any stage's
     warm-up: each holds its gradients beside them); the first stage and the middle one (the last's loss is
-    counted apart)."""
-    from shardcore.cost.facts import stage_facts
-    from shardcore.cost.tracked import predicted_memory
+    counted apart), each peaking in its block's backward (half a microbatch's block beside: ``BACKWARD_WORKING``)."""
+    from shardcore.cost.memory import BACKWARD_WORKING
+    from shardcore.cost.search import workload_facts
+    from shardcore.cost.tracked import cost_layout, predicted_memory
 
     model = meta_llama(heads=4, kv=2, layers=3)
     seq, m, hidden = 32, 4, model.config.hidden_size
     itemsize = next(model.parameters()).element_size()
     config = ShardConfig(tensor_parallel_size=1, pipeline_parallel_size=3, num_microbatches=m)
-    blocks = [f"model.layers.{i}" for i in range(3)]
-    stages = stage_facts(model, blocks, pp=3, ep=1)
+    stages = workload_facts(model, cost_layout(config), seq=seq, batch=m)["stages"]  # the plan's roles at TP=1
     for rank, (stage, in_flight, neighbours) in enumerate(zip(stages[:2], (3, 2), (1, 2), strict=False)):
         per_token = stage.activation_elements * itemsize + 4 * stage.norm_elements
         buffers = neighbours * m * seq * hidden * itemsize  # its input's and its output's gradient's, a microbatch
         found = predicted_memory(model, config, seq=seq, batch=m, rank=rank)["activations"]
         want = int(seq * in_flight * per_token + buffers)  # microbatches in flight under 1F1B: 3 first, 2 middle
+        want += int(BACKWARD_WORKING * seq * per_token)  # one block a stage
         what = ("first", "middle")[rank]
         assert found == want, f"the {what} stage's activations {found} B, not {want} B ({buffers} B of buffers)"
 
@@ -393,20 +416,23 @@ def test_a_stage_whose_warm_up_runs_every_microbatch_peaks_where_its_first_backw
     dense first stage's largest gradient, the embeddings', comes last: where the gradients outweigh a
     microbatch's activations the peak is the walk's end (every gradient, one microbatch fewer); where they do not,
     its start (every microbatch, the first gradient: the last norm's). Measured on tracked first stages of
-    Llama-3's shapes: both counted whole, the peak was 6-14% over; a MoE's experts' gradients come first."""
-    from shardcore.cost.facts import stage_facts
-    from shardcore.cost.tracked import predicted_memory
+    Llama-3's shapes: both counted whole, the peak was 6-14% over; a MoE's experts' gradients come first. The
+    block's backward's own working set (``BACKWARD_WORKING``) beside it in both."""
+    from shardcore.cost.memory import BACKWARD_WORKING
+    from shardcore.cost.search import workload_facts
+    from shardcore.cost.tracked import cost_layout, predicted_memory
 
     model = meta_llama(heads=4, kv=2, layers=2)
     m, hidden = 2, model.config.hidden_size
     itemsize = next(model.parameters()).element_size()
-    stage = stage_facts(model, ["model.layers.0", "model.layers.1"], pp=2, ep=1)[0]
     config = ShardConfig(tensor_parallel_size=1, pipeline_parallel_size=2, num_microbatches=m)
+    stage = workload_facts(model, cost_layout(config), seq=8, batch=m)["stages"][0]  # the plan's roles at TP=1
     regimes = []
     for seq in (8, 2048):  # a microbatch's activations below the stage's gradients, then above them
         found = predicted_memory(model, config, seq=seq, batch=m, rank=0)
         one = seq * (stage.activation_elements * itemsize + 4 * stage.norm_elements)
         whole = int(m * one + m * seq * hidden * itemsize)  # both microbatches and the output gradient's buffers
+        whole += int(BACKWARD_WORKING * one)  # one block on the stage
         fixed = found["parameters"] + found["optimizer"]
         regimes.append(one < found["gradients"])
         if one < found["gradients"]:  # the walk's end: every gradient, one microbatch fewer
