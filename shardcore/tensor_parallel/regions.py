@@ -107,8 +107,10 @@ class SequenceParallel:
 
 def storage_key(t: torch.Tensor) -> tuple:
     """What identifies a tensor's memory: autograd may save a view of it (``F.linear`` saves its
-    input flattened to 2-D)."""
-    return (t.untyped_storage().data_ptr(), t.dtype)
+    input flattened to 2-D). The storage itself, not its data pointer: a fake tensor's is 0, every one's
+    (``FakeTensorMode``: the tracked rank of :mod:`shardcore.cost.tracked`), and every tensor saved would
+    be taken for the gathered one."""
+    return (t.untyped_storage()._cdata, t.dtype)
 
 
 class _GatherSeq(torch.autograd.Function):

@@ -373,14 +373,28 @@ def test_a_block_keeps_each_tensor_its_backward_reads_once():
     model = meta_llama(heads=4, kv=2, layers=2)
     cfg = model.config
     hidden, inter, vocab, dim = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, cfg.hidden_size // 4
+    names = [n for n, _ in model.named_parameters()]  # the walk's order: module order, each tensor once here
     for tp in (2, 1):
         layout = cost_layout(ShardConfig(tensor_parallel_size=tp))
         (stage,) = workload_facts(model, layout, seq=64, batch=1)["stages"]
-        attention = hidden + 4 * dim // tp + 2 * 2 * dim // tp + 4 * dim // tp  # input, q, k and v, o's input
-        mlp = hidden + 2 * inter // tp + inter // tp + inter // tp  # input, gate and up, the activation, down's input
-        norms = 2 * hidden  # each norm's normalized copy
-        want = 2 * (attention + mlp + norms) + hidden + hidden + vocab // tp  # the final norm's, the head's
-        assert stage.activation_elements == want, f"TP={tp}: {stage.activation_elements} elements a token, not {want}"
+        want = {
+            "self_attn.q_proj": hidden + 4 * dim // tp,  # the input q, k and v read, and q
+            "self_attn.k_proj": 2 * dim // tp,
+            "self_attn.v_proj": 2 * dim // tp,
+            "self_attn.o_proj": 4 * dim // tp,  # its input only
+            "mlp.gate_proj": hidden + inter // tp,  # the input gate and up read, and gate
+            "mlp.up_proj": 2 * inter // tp,  # up and the activation's output
+            "mlp.down_proj": inter // tp,  # its input only
+            "input_layernorm": hidden,  # the normalized copy (the float32 input counted apart)
+            "post_attention_layernorm": hidden,
+        }
+        got = dict(zip(names, (act for _, _, act, _ in stage.walk), strict=True))
+        for part, elements in want.items():
+            for layer in (0, 1):
+                name = f"model.layers.{layer}.{part}.weight"
+                assert got[name] == elements, f"TP={tp}: {name} leaves {got[name]} elements a token, not {elements}"
+        total = 2 * sum(want.values()) + hidden + hidden + vocab // tp  # the final norm's copy, the head's sides
+        assert stage.activation_elements == total, f"TP={tp}: {stage.activation_elements} elements, not {total}"
 
 
 def test_a_pipeline_stage_holds_a_receive_buffer_a_microbatch_for_each_neighbour():

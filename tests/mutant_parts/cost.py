@@ -266,20 +266,79 @@ MUTANTS = [
         "split_gather keeps 0 B fewer activations than TP alone",
     ),
     m(
-        "split-gather-edges-any-hidden-wide-side",
-        "explain takes every block matmul side as wide as the hidden states for a region's edge (an MLP's rank "
-        "share that happens to be as wide counted split too)",
-        "shardcore/cost/facts.py",
-        "_region_edge",
-        [
-            (
-                "        return module.in_features\n    return module.out_features if isinstance(module, Linear1D_Row) else 0",
-                "        return module.in_features * (1 + (module.weight.shape[0] == module.in_features))\n"
-                "    return module.out_features if isinstance(module, Linear1D_Row) else 0",
-            )
-        ],
+        "split-gather-edge-per-reader",
+        "explain counts a region's entry as the rank's part of the sequence once for each column-parallel layer reading "
+        "it (q, k and v), not once",
+        "shardcore/cost/sides.py",
+        "matmul_sides",
+        [("(rows + (0 if shared else width), 0 if shared else width)", "(rows + (0 if shared else width), width)")],
         "tests/integration/test_llama_auto.py::test_split_gather_keeps_the_regions_edges_and_the_norms_inputs_split",
         "fewer activations than TP alone, not",
+    ),
+    m(
+        "regather-key-by-data-pointer",
+        "split_gather's hooks know the gathered input by its data pointer: on the tracked rank (fake tensors, every "
+        "pointer 0) every tensor saved is taken for it and kept as a slice",
+        "shardcore/tensor_parallel/regions.py",
+        "storage_key",
+        [("t.untyped_storage()._cdata", "t.untyped_storage().data_ptr()")],
+        "tests/test_core_tracked_memory.py::test_a_simulated_rank_holds_what_explain_predicts_for_it[tp2-split_gather]",
+        "explain's activations",
+    ),
+    m(
+        "kept-input-counted-per-reader",
+        "explain counts the input q, k and v (gate and up) read once for each of them, not the one tensor kept once",
+        "shardcore/cost/sides.py",
+        "matmul_sides",
+        [("(rows + (0 if shared else width), 0 if shared else width)", "(rows + width, 0 if shared else width)")],
+        "tests/integration/test_llama_auto.py::test_a_block_keeps_each_tensor_its_backward_reads_once",
+        "TP=2: model.layers.0.self_attn.k_proj.weight leaves",
+    ),
+    m(
+        "row-parallel-output-counted",
+        "explain counts a row-parallel layer's output as kept, where it goes into the residual sum, which keeps nothing",
+        "shardcore/cost/sides.py",
+        "matmul_sides",
+        [('if role == "col" else (width, 0)', 'if role == "col" else (width + rows, 0)')],
+        "tests/integration/test_llama_auto.py::test_a_block_keeps_each_tensor_its_backward_reads_once",
+        "TP=2: model.layers.0.self_attn.o_proj.weight leaves",
+    ),
+    m(
+        "gated-activation-left-out",
+        "explain leaves out the output of a gated unit's activation, which the product's backward reads",
+        "shardcore/cost/sides.py",
+        "matmul_sides",
+        [("out[id(child)] = (out[id(child)][0] + rows, 0)", "out[id(child)] = (out[id(child)][0], 0)")],
+        "tests/integration/test_llama_auto.py::test_a_block_keeps_each_tensor_its_backward_reads_once",
+        "TP=2: model.layers.0.mlp.up_proj.weight leaves",
+    ),
+    m(
+        "planned-roles-unread",
+        "explain counts each matmul's input and output at TP=1, the policy's plan not read for the layers' roles",
+        "shardcore/cost/search.py",
+        "workload_facts",
+        [("roles = planned_roles(build.model, build.policy) if tp == 1 else None", "roles = None")],
+        "tests/integration/test_llama_auto.py::test_a_block_keeps_each_tensor_its_backward_reads_once",
+        "TP=1: model.layers.0.self_attn.k_proj.weight leaves",
+    ),
+    m(
+        "norm-copy-left-out",
+        "explain leaves out the normalized copy a norm written in Python keeps for its weight's product",
+        "shardcore/cost/facts.py",
+        "_add_param",
+        [('            acc["act"] += p.numel()  # model', '            acc["act"] += 0  # model')],
+        "tests/integration/test_llama_auto.py::test_a_block_keeps_each_tensor_its_backward_reads_once",
+        "TP=2: model.layers.0.input_layernorm.weight leaves",
+    ),
+    m(
+        "backward-working-set-left-out",
+        "explain leaves out the working set of a block's backward on a pipeline stage without the loss",
+        "shardcore/cost/memory.py",
+        "memory_per_rank",
+        [("acts += int(BACKWARD_WORKING * one", "acts += int(0 * one")],
+        "tests/integration/test_llama_auto.py::"
+        "test_a_pipeline_stage_holds_a_receive_buffer_a_microbatch_for_each_neighbour",
+        "the first stage's activations",
     ),
     m(
         "pipeline-receive-buffers-left-out",

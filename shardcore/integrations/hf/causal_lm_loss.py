@@ -16,6 +16,7 @@ import torch
 
 from ...attach import attached
 from ...losses import causal_lm_loss_on_slices
+from ...tensor_parallel.regions import storage_key
 
 __all__ = ["defer_logits_gather", "loss_on_head_slices", "loss_on_slices_where_causal_lm"]
 
@@ -149,7 +150,8 @@ def _put_full_logits(model, head, output, local: torch.Tensor, full: torch.Tenso
             "so shardcore cannot put the gathered full-vocabulary logits in their place; shard with "
             "ShardConfig(parallel_output=True) to get the vocabulary slices"
         )
-    same = value.data_ptr() == local.data_ptr() and value.stride() == local.stride()  # (a hook's alias)
+    same = storage_key(value) == storage_key(local) and value.storage_offset() == local.storage_offset()
+    same = same and value.stride() == local.stride()  # (a hook's alias; a fake tensor's data pointer is 0)
     if not same:  # the model changed its head's logits (a scale, a soft cap): gather what it returns
         full = head.gather_slices(value)
     if isinstance(output, tuple):
