@@ -19,7 +19,8 @@ class StageFacts:
 
     #: weights a token multiplies by (2 FLOPs each forward); experts counted by the share a token uses
     matmul_weights: float
-    #: activation elements a token leaves for the backward: each matmul's input and output
+    #: activation elements a token leaves for the backward: each tensor a matmul's backward reads, once
+    #: (:func:`~.sides.matmul_sides`; each matmul's input and output where no tensor-parallel role is known)
     activation_elements: float
     #: attention layers on the stage (their score FLOPs depend on the sequence)
     attention_layers: int
@@ -41,8 +42,8 @@ class StageFacts:
     end_bytes: int = 0
     #: elements a token's norms keep in float32 for the backward (each norm's input, its weight's size)
     norm_elements: float = 0.0
-    #: of ``activation_elements``, the blocks' tensor-parallel matmul sides outside the region (a column-parallel
-    #: layer's input, a row-parallel one's output): kept as the rank's part of the sequence under ``split_gather``
+    #: of ``activation_elements``, those kept as the rank's part of the sequence under ``split_gather``: the
+    #: region's entries (the input its column-parallel layers read) and the norms' normalized copies
     wide_elements: float = 0.0
     #: per parameter in module order: ``(its bytes on the rank, an expert's, the activation elements and the norm
     #: elements a token leaves with it)``; the backward walks it in reverse (:func:`backward_peak`)

@@ -1,6 +1,6 @@
 """Memory per rank in the cost model (:func:`memory_per_rank`): parameters, gradients (same bytes), optimizer state
-(AdamW: two per parameter, SGD with momentum: one), activations (each matmul's input and output per token, the
-tokens in flight: ``min(P - s, M)`` microbatches on stage ``s`` under 1F1B), the weights data parallelism holds
+(AdamW: two per parameter, SGD with momentum: one), activations (each tensor a block's backward reads, once per token:
+:func:`~.sides.matmul_sides`; the tokens in flight: ``min(P - s, M)`` microbatches on stage ``s`` under 1F1B), the weights data parallelism holds
 gathered; the peak, the backward's or the optimizer step's (its temporaries beside the state)."""
 
 from __future__ import annotations
