@@ -324,8 +324,13 @@ def _longcat_ids() -> torch.Tensor:
 def _longcat() -> dict:
     ids = _longcat_ids()
     ids[:, 2] = _MARK  # in the first half of the sequence: rank 0's tokens under Ulysses, none of rank 1's
+    # a sum one rank skips while the other waits in it ends in a CollectiveTimeout naming it within a minute: gloo
+    # aborts on some machines (the sizes differ), on others it waits, past the default bound of 300 s
     config = ShardConfig(
-        sequence_parallel_size=2, enable_sequence_parallelism=True, sequence_parallelism_mode="all_to_all"
+        sequence_parallel_size=2,
+        enable_sequence_parallelism=True,
+        sequence_parallelism_mode="all_to_all",
+        collective_timeout=60,
     )
     return assert_sharded_matches(_longcat_built, {"input_ids": ids, "labels": ids}, config)
 
