@@ -338,7 +338,7 @@ MUTANTS = [
         [("acts += int(BACKWARD_WORKING * one", "acts += int(0 * one")],
         "tests/integration/test_llama_auto.py::"
         "test_a_pipeline_stage_holds_a_receive_buffer_a_microbatch_for_each_neighbour",
-        "the first stage's activations",
+        "the first stage's activations 450560 B",
     ),
     m(
         "pipeline-receive-buffers-left-out",
