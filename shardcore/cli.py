@@ -188,7 +188,7 @@ def _calibrate(args) -> int:
     from .cost import load_profile
 
     try:
-        profile = load_profile(args.out, force=args.force, group_sizes=tuple(args.world))
+        profile = load_profile(args.out, force=args.force, group_sizes=tuple(args.world), replace=True)
     except ValueError as err:
         print(f"shardcore calibrate: {err}", file=sys.stderr)
         return 1

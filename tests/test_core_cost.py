@@ -215,6 +215,34 @@ def test_a_pipeline_waits_on_the_other_stages_single_slots():
     assert step([1 << 20] * 3 + [3 << 20], shared=0.5)["step_s"] == pytest.approx(unit * 15 / 8)
 
 
+def test_a_named_profile_of_another_version_is_refused_not_measured_over(tmp_path, monkeypatch):
+    """A profile file the user names (``explain --auto --profile FILE``, a benchmark's committed one) that is of
+    another version is refused naming the command that measures it again, and left as it was: measuring over
+    it would replace a committed or shared profile with this machine's. The default cache is measured again;
+    ``shardcore calibrate --out FILE`` (``replace``) measures into the named file."""
+    from shardcore.cost import profile as profile_module
+
+    measured = []
+    monkeypatch.setattr(profile_module, "calibrate", lambda sizes, out=None: measured.append(out) or {"version": 6})
+    named = tmp_path / "committed.json"
+    text = json.dumps({"version": -1, "matmul_flops": {"float32": 1.0}})
+    named.write_text(text)
+    try:
+        load_profile(named)
+        said = "nothing"
+    except ValueError as refused:
+        said = str(refused)
+    assert measured == [], f"the named profile was measured over: {measured}"
+    assert named.read_text() == text, "the named profile changed"
+    assert "is of another shardcore version" in said and f"shardcore calibrate --out {named}" in said, said
+    load_profile(named, replace=True)  # calibrate's own
+    assert measured == [named], f"calibrate --out measured {measured}"
+    monkeypatch.setattr(profile_module, "profile_path", lambda *a, **k: named)
+    measured.clear()
+    load_profile()  # the default cache: measured again
+    assert measured == [named], f"the stale default cache was not measured again: {measured}"
+
+
 def test_a_profile_of_another_version_is_not_read(tmp_path):
     """A cached profile an earlier shardcore measured (another format) is measured again, or,
     inside a job, refused naming the command; never read as if it were current."""

@@ -221,16 +221,25 @@ def load_profile(
     force: bool = False,
     group_sizes: tuple[int, ...] = (2,),
     measure: bool = True,
+    replace: bool = False,
 ) -> dict:
     """The cached profile at ``path`` (default :func:`profile_path`); measured first when there is
     none, when it is of another version, or with ``force``. ``measure=False`` (inside a job, whose
-    ranks must not start ranks of their own): ``FileNotFoundError`` naming the command instead."""
+    ranks must not start ranks of their own): ``FileNotFoundError`` naming the command instead. A file
+    named by ``path`` that is of another version is refused (``ValueError``), never measured over: it
+    may be a committed or shared profile; ``replace`` (``shardcore calibrate --out FILE``) measures it again."""
     target = pathlib.Path(path) if path else profile_path()
     if not force and target.exists():
         cached = json.loads(target.read_text())
         if cached.get("version") == VERSION:
             cached["path"] = str(target)
             return cached
+        if path and measure and not replace:
+            raise ValueError(
+                f"the machine profile {target} is of another shardcore version ({cached.get('version')}; this one "
+                f"reads {VERSION}) and is not measured over, since it was named: `shardcore calibrate --out "
+                f"{target}` measures this machine into it, or name another file"
+            )
     what = (
         ("is measured again" if force else "is of another shardcore version") if target.exists() else "does not exist"
     )

@@ -286,6 +286,16 @@ MUTANTS = [
         "explain's activations",
     ),
     m(
+        "named-profile-measured-over",
+        "a profile file the user names that is of another version is measured over (a committed profile replaced by "
+        "this machine's), not refused",
+        "shardcore/cost/profile.py",
+        "load_profile",
+        [("        if path and measure and not replace:", "        if False:")],
+        "tests/test_core_cost.py::test_a_named_profile_of_another_version_is_refused_not_measured_over",
+        "the named profile was measured over",
+    ),
+    m(
         "kept-input-counted-per-reader",
         "explain counts the input q, k and v (gate and up) read once for each of them, not the one tensor kept once",
         "shardcore/cost/sides.py",
