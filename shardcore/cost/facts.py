@@ -48,6 +48,12 @@ class StageFacts:
     #: per parameter in module order: ``(its bytes on the rank, an expert's, the activation elements and the norm
     #: elements a token leaves with it)``; the backward walks it in reverse (:func:`backward_peak`)
     walk: tuple[tuple[int, bool, float, float], ...] = ()
+    #: the parameters after the last block (the head, the final norm; a tied head's weight too): their bytes, whose
+    #: gradients the backward allocates first, and their entries at the end of ``walk``
+    tail_bytes: int = 0
+    tail_walk: int = 0
+    #: the dense parameter bytes of the stage's largest block (FSDP's largest unit but the root)
+    largest_block: int = 0
 
 
 def _is_embedding(module: nn.Module) -> bool:
@@ -92,7 +98,7 @@ def stage_facts(model: nn.Module, blocks: list[str], pp: int, ep: int, walk: lis
         dict(
             mm=0.0, act=0.0, dense=0, expert=0, tensors=0, tail=0.0, logits=0, sizes=([], []), ends=0, norm=0.0, wide=0
         )
-        | {"walk": []}
+        | {"walk": [], "after": 0, "after_walk": 0, "units": {}}
         for _ in range(pp)
     ]
     for owner, tail, p, module, expert, seen, kept in parameter_walk(model, blocks) if walk is None else walk:
@@ -102,6 +108,11 @@ def stage_facts(model: nn.Module, blocks: list[str], pp: int, ep: int, walk: lis
         held = 0 if seen else p.numel() * p.element_size()
         acc[stage]["walk"].append((held, expert, acc[stage]["act"] - act, acc[stage]["norm"] - norm))
         acc[stage]["ends"] += acc[stage]["dense"] - dense if owner is None else 0
+        if owner is not None and not expert:
+            acc[stage]["units"][owner] = acc[stage]["units"].get(owner, 0) + held
+        if tail:
+            acc[stage]["after"] += 0 if expert else p.numel() * p.element_size()
+            acc[stage]["after_walk"] += 1
         if owner is not None and kept:  # a region's entry: its input, kept as the rank's part of the sequence
             acc[stage]["wide"] += kept[1]
         if tail and acc[stage]["mm"] > before:
@@ -124,6 +135,9 @@ def stage_facts(model: nn.Module, blocks: list[str], pp: int, ep: int, walk: lis
             a["norm"],
             a["wide"],
             tuple(a["walk"]),
+            a["after"],
+            a["after_walk"],
+            max(a["units"].values(), default=0),
         )
         for s, a in enumerate(acc)
     ]

@@ -13,6 +13,11 @@ OPTIMIZER_STATES = {"adamw": 2, "sgd": 1, "none": 0}
 #: measured on tracked pipeline stages without the loss (Llama-3-8B's and -70B's shapes, TP=2 and 4), half a
 #: block's kept activations of the microbatch are live beside what the stage keeps at its peak (0.48-0.57)
 BACKWARD_WORKING = 0.5
+#: FSDP2's buffers through a backward, in unsharded blocks (the rank's tensor-parallel slice, :func:`_sharded_walk`):
+#: the last all-gather's output, kept until the next (at the backward's start too); in a block's backward its
+#: gradients before their reduce-scatter and, from the second block on, the reduce-scatter input before it, kept
+#: until this one's. Measured on tracked 70B ranks (HSDP 2 x 2 x TP=2, FSDP 2 x TP=4): 1, 2 and 3 blocks.
+SHARDED_BUFFERS = (1, 2, 3)
 
 
 def dp_shard(layout: dict) -> int:
@@ -40,6 +45,28 @@ def _overlap(stage, acts: int, one: float, grads: int, layout: dict, in_flight: 
     return int(grads - held), int(freed)
 
 
+def _sharded_walk(stage, layout: dict, acts: int, one: float, kept: float) -> tuple[int, int, int]:
+    """``(gathered, gradients held, activations and buffers)`` where a backward under FSDP or HSDP without a pipeline
+    holds the most: at its start the root unit gathered (the blocks resharded after their forward) and every
+    activation; in the ``k``-th block from the end the root and that block gathered (the largest block's bytes: the peak is in it), the head's gradients unsharded
+    (the root's reduce-scatter runs last), ``k - 1`` blocks' reduce-scattered, :data:`SHARDED_BUFFERS`, the
+    activations of the blocks not yet walked and ``kept`` (``one``'s part per block; the head's and the loss's
+    freed but the logits the step holds); at its end every gradient, the root's unsharded. Measured on tracked
+    ranks: the peak is at the start for long sequences, in the second block from the end for short ones."""
+    blocks, shard, root, block = max(stage.blocks, 1), dp_shard(layout), stage.end_bytes, stage.largest_block
+    tail = sum(act for _, _, act, _ in stage.walk[len(stage.walk) - stage.tail_walk :]) / max(
+        stage.activation_elements, 1
+    )
+    points = [(root, 0.0, acts + SHARDED_BUFFERS[0] * block)]
+    for k in range(1, blocks + 1):
+        held = stage.tail_bytes + (k - 1) * block / shard + stage.expert_bytes * k / blocks
+        walked = one * (1 - tail) * (k - 1) / blocks
+        points.append((root + block, held, one * (1 - tail) - walked + kept + SHARDED_BUFFERS[min(k, 2)] * block))
+    sharded = (stage.dense_bytes - root) / shard + stage.expert_bytes
+    points.append((root, sharded + root, kept + SHARDED_BUFFERS[1] * block))
+    return tuple(int(x) for x in max(points, key=sum))
+
+
 def memory_per_rank(facts: dict, layout: dict, optimizer: str = "adamw", index: int | None = None) -> dict[str, int]:
     """Bytes the largest stage's rank (or stage ``index``'s) holds: parameters, gradients, optimizer state, activations
     (at the peak), the weights data parallelism holds gathered (:func:`~.facts.gathered_bytes`); the peak: the
@@ -62,15 +89,17 @@ def memory_per_rank(facts: dict, layout: dict, optimizer: str = "adamw", index: 
         if pp > 1 and not stage.logits:  # a stage without the loss peaks in a block's backward
             acts += int(BACKWARD_WORKING * one / max(stage.blocks, 1))
         overlap = _overlap(stage, acts, one, params, layout, in_flight, facts["itemsize"])
-        acts -= overlap[1]
-        row = {
-            "parameters": params,
-            "gathered": int(gathered_bytes(stage, layout["data_parallel"], dp)),
-            "gradients": params,
-        }
+        gathered, held = int(gathered_bytes(stage, layout["data_parallel"], dp)), params - overlap[0]
+        if pp == 1 and layout["data_parallel"] in ("fsdp", "hsdp") and dp_shard(layout) > 1:
+            ranks = facts.get("logits_gathered", 1)  # the gathered logits the step's output holds to its end
+            kept = tokens_mb * sp * stage.logits * ranks * facts["itemsize"] if ranks > 1 else 0
+            gathered, held, acts = _sharded_walk(stage, layout, acts, one, kept)
+        else:
+            acts -= overlap[1]
+        row = {"parameters": params, "gathered": gathered, "gradients": params}
         row |= {"optimizer": OPTIMIZER_STATES[optimizer] * params, "activations": acts}
         step = 2 * params + row["optimizer"] + step_temporaries(stage, optimizer, dp_shard(layout))  # FSDP: resharded
-        row["total"] = max(sum(row.values()) - overlap[0], step)  # the step's own peak
+        row["total"] = max(sum(row.values()) - params + held, step)  # the step's own peak
         if s == index:
             return row
         if not worst or row["total"] > worst["total"]:

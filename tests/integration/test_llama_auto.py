@@ -332,6 +332,45 @@ def test_fsdp_holds_its_root_unit_and_two_blocks_gathered_at_the_peak():
     assert gathered_bytes(stage, "ddp", 2) == gathered_bytes(stage, "fsdp", 1) == 0
 
 
+def test_fsdp_walks_its_backward_to_where_it_holds_the_most():
+    """Without a pipeline FSDP and HSDP peak where their backward holds the most (``cost.memory``'s walk, as
+    tracked 70B ranks hold it): a long sequence at the backward's start, with the root unit gathered and the last
+    all-gather's buffer of a block beside every activation; a short one (the activations next to nothing) in the
+    backward's last block, the first, with the root and the largest block gathered, the head's gradient whole,
+    the other blocks' reduce-scattered, and FSDP's buffers of three blocks. (On tracked 70B ranks at 4096 tokens
+    the activations still held put it in the second block from the end: ``test_core_tracked_memory``.)"""
+    from shardcore.cost.memory import memory_per_rank
+    from shardcore.cost.search import workload_facts
+    from shardcore.cost.tracked import cost_layout
+
+    model = meta_llama(heads=4, kv=2, layers=4)
+    named = dict(model.named_parameters())
+
+    def held(*prefixes):
+        return sum(p.numel() * p.element_size() for n, p in named.items() if n.startswith(prefixes))
+
+    ends, tail = held("model.embed_tokens.", "model.norm.", "lm_head."), held("model.norm.", "lm_head.")
+    block = max(held(f"model.layers.{i}.") for i in range(4))
+
+    def row(mode: str, seq: int, optimizer: str = "adamw") -> tuple[dict, object]:
+        shard = {"data_parallel_shard_size": 2} if mode == "hsdp" else {}
+        config = shardcore.ShardConfig(tensor_parallel_size=1, data_parallel_size=4, data_parallel=mode, **shard)
+        layout = cost_layout(config)
+        facts = workload_facts(model, layout, seq=seq, batch=4)
+        return memory_per_rank(facts, layout, optimizer), facts["stages"][0]
+
+    (long, stage), (ddp, _) = row("fsdp", 4096), row("ddp", 4096)  # FSDP over 4 ranks
+    assert (stage.tail_bytes, stage.largest_block) == (tail, block), "the head's bytes, the largest block's"
+    assert long["gathered"] == ends, f"at the backward's start the root unit alone is gathered: {long['gathered']} B"
+    assert long["activations"] == ddp["activations"] + block, "every activation and the last all-gather's block"
+    short, _ = row("hsdp", 8, "none")  # AdamW's step would peak above the backward on so small a model
+    assert short["gathered"] == ends + block, f"in a block's backward the root and the block: {short['gathered']} B"
+    assert short["activations"] >= 3 * block, "FSDP's three blocks of buffers in the backward's last block"
+    held_grads = tail + 3 * block / 2  # the head's whole, three blocks' reduce-scattered over HSDP's 2 shards
+    parts = short["parameters"] + short["gathered"] + short["optimizer"] + short["activations"] + held_grads
+    assert short["total"] == pytest.approx(parts, abs=4), f"the peak {short['total']} B is not the walk's {parts} B"
+
+
 def test_split_gather_keeps_the_regions_edges_and_the_norms_inputs_split():
     """Under Megatron's split explain counts a block's region entries (the input the column-parallel layers
     read, once however many read it: attention's and the MLP's; kept as the rank's part of the sequence,

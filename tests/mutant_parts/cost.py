@@ -351,6 +351,38 @@ MUTANTS = [
         "the first stage's activations 450560 B",
     ),
     m(
+        "fsdp-backward-unwalked",
+        "explain puts FSDP's peak at its backward's start with two blocks gathered, never walks the backward",
+        "shardcore/cost/memory.py",
+        "memory_per_rank",
+        [
+            (
+                'if pp == 1 and layout["data_parallel"] in ("fsdp", "hsdp")',
+                'if False and layout["data_parallel"] in ("fsdp", "hsdp")',
+            )
+        ],
+        "tests/integration/test_llama_auto.py::test_fsdp_walks_its_backward_to_where_it_holds_the_most",
+        "at the backward's start the root unit alone is gathered",
+    ),
+    m(
+        "fsdp-buffers-left-out",
+        "explain leaves out FSDP's all-gather and reduce-scatter buffers through the backward",
+        "shardcore/cost/memory.py",
+        "_sharded_walk",
+        [("SHARDED_BUFFERS[0] * block)]", "0 * block)]")],
+        "tests/integration/test_llama_auto.py::test_fsdp_walks_its_backward_to_where_it_holds_the_most",
+        "every activation and the last all-gather's block",
+    ),
+    m(
+        "fsdp-head-gradient-left-out",
+        "explain's FSDP walk leaves out the head's gradient, unsharded until the root's reduce-scatter at the end",
+        "shardcore/cost/memory.py",
+        "_sharded_walk",
+        [("held = stage.tail_bytes + (k - 1)", "held = 0 + (k - 1)")],
+        "tests/integration/test_llama_auto.py::test_fsdp_walks_its_backward_to_where_it_holds_the_most",
+        "is not the walk's",
+    ),
+    m(
         "pipeline-receive-buffers-left-out",
         "explain leaves out the receive buffers torch's pipeline stage allocates a microbatch for its input and its "
         "output's gradient",
