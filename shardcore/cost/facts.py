@@ -227,7 +227,7 @@ def gathered_bytes(stage: StageFacts, mode: str | None, dp: int) -> float:
     every block's (from its forward to its backward); FSDP and HSDP the root unit's (embeddings, head,
     final norm: the root is not resharded after its forward) and two blocks' (the one computing and the
     next, prefetched). Measured on tracked ranks (:mod:`shardcore.cost.tracked`): FSDP x TP's peak was
-    12-18% under without them."""
+    12-18% under without them. Read on pipeline stages; without a pipeline ``cost.memory`` walks FSDP's backward."""
     if dp == 1 or mode not in ("zero2", "fsdp", "hsdp"):
         return 0
     if mode == "zero2":

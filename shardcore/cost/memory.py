@@ -1,7 +1,8 @@
 """Memory per rank in the cost model (:func:`memory_per_rank`): parameters, gradients (same bytes), optimizer state
-(AdamW: two per parameter, SGD with momentum: one), activations (each tensor a block's backward reads, once per token:
-:func:`~.sides.matmul_sides`; the tokens in flight: ``min(P - s, M)`` microbatches on stage ``s`` under 1F1B), the weights data parallelism holds
-gathered; the peak, the backward's or the optimizer step's (its temporaries beside the state)."""
+(AdamW: two per parameter, SGD with momentum: one), activations (each tensor a block's backward reads, once per
+token: :func:`~.sides.matmul_sides`; the tokens in flight: ``min(P - s, M)`` microbatches on stage ``s`` under
+1F1B), the weights data parallelism holds gathered; the peak, the backward's (under FSDP without a pipeline, where
+its walk holds the most: :func:`_sharded_walk`) or the optimizer step's (its temporaries beside the state)."""
 
 from __future__ import annotations
 
@@ -47,21 +48,21 @@ def _overlap(stage, acts: int, one: float, grads: int, layout: dict, in_flight: 
 
 def _sharded_walk(stage, layout: dict, acts: int, one: float, kept: float) -> tuple[int, int, int]:
     """``(gathered, gradients held, activations and buffers)`` where a backward under FSDP or HSDP without a pipeline
-    holds the most: at its start the root unit gathered (the blocks resharded after their forward) and every
-    activation; in the ``k``-th block from the end the root and that block gathered (the largest block's bytes: the peak is in it), the head's gradients unsharded
-    (the root's reduce-scatter runs last), ``k - 1`` blocks' reduce-scattered, :data:`SHARDED_BUFFERS`, the
-    activations of the blocks not yet walked and ``kept`` (``one``'s part per block; the head's and the loss's
-    freed but the logits the step holds); at its end every gradient, the root's unsharded. Measured on tracked
-    ranks: the peak is at the start for long sequences, in the second block from the end for short ones."""
+    holds the most. At its start: the root unit gathered (the blocks resharded after their forward), every
+    activation. In the ``k``-th block from the end: the root and that block gathered (the largest block's bytes),
+    the head's gradients unsharded (the root's reduce-scatter runs last), ``k - 1`` blocks' reduce-scattered, the
+    activations ``one`` keeps in the blocks not yet walked (the head's and the loss's freed) and ``kept``, the logits
+    the step's output holds. At its end: every gradient, the root's unsharded. FSDP's buffers beside each
+    (:data:`SHARDED_BUFFERS`). Measured on tracked ranks: long sequences peak at the start, short ones inside (the
+    70B's HSDP x TP at 4096 tokens in the second block from the end)."""
     blocks, shard, root, block = max(stage.blocks, 1), dp_shard(layout), stage.end_bytes, stage.largest_block
-    tail = sum(act for _, _, act, _ in stage.walk[len(stage.walk) - stage.tail_walk :]) / max(
-        stage.activation_elements, 1
-    )
+    head = stage.walk[len(stage.walk) - stage.tail_walk :]  # the head's and final norm's entries, the walk's last
+    in_blocks = one * (1 - sum(act for _, _, act, _ in head) / max(stage.activation_elements, 1))
     points = [(root, 0.0, acts + SHARDED_BUFFERS[0] * block)]
     for k in range(1, blocks + 1):
         held = stage.tail_bytes + (k - 1) * block / shard + stage.expert_bytes * k / blocks
-        walked = one * (1 - tail) * (k - 1) / blocks
-        points.append((root + block, held, one * (1 - tail) - walked + kept + SHARDED_BUFFERS[min(k, 2)] * block))
+        left = in_blocks * (1 - (k - 1) / blocks)
+        points.append((root + block, held, left + kept + SHARDED_BUFFERS[min(k, 2)] * block))
     sharded = (stage.dense_bytes - root) / shard + stage.expert_bytes
     points.append((root, sharded + root, kept + SHARDED_BUFFERS[1] * block))
     return tuple(int(x) for x in max(points, key=sum))
