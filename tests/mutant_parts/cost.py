@@ -401,8 +401,8 @@ MUTANTS = [
         "memory_per_rank",
         [
             (
-                '        row["total"] = max(sum(row.values()) - overlap[0], step)',
-                '        row["total"] = sum(row.values()) - overlap[0]',
+                '        row["total"] = max(sum(row.values()) - params + held, step)',
+                '        row["total"] = sum(row.values()) - params + held',
             )
         ],
         "tests/integration/test_llama_auto.py::test_the_optimizers_step_is_a_peak_of_its_own",
