@@ -100,11 +100,18 @@ def _in_rounds(calls: dict, device: torch.device, rounds: int, seconds: float) -
     return {key: statistics.median(t) for key, t in _rounds(calls, device, rounds, seconds).items()}
 
 
+#: a block's rounds (:func:`_blocks`): how many, and the seconds each fills. Four ranks on this project's 2-core
+#: CI machine timed the reference block at 17.9-25.3 GFLOP/s a rank in 3 rounds of 0.2 s (three calibrations),
+#: 22.5-23.6 in 5 of 1 s; a shared core's scheduling shows in a short round, not in a long one
+BLOCK_ROUNDS = (5, 1.0)
+
+
 def _rounds(calls: dict, device: torch.device, rounds: int, seconds: float) -> dict[object, list[float]]:
     """Seconds per call of each of ``calls`` while every rank runs the same one at once: as many
     calls on each rank as fill ``seconds`` on the slowest, started together, timed until the last
     rank is done; ``rounds`` times through ``calls`` in turn (a drift of the machine's speed meets
-    every call alike), each round's figure."""
+    every call alike), each round's figure. A call that fills a round alone (one call a round: a
+    CPU's bfloat16 block) runs in 3 rounds at most, each already long."""
     import torch.distributed as dist
 
     counts = {}
@@ -113,8 +120,10 @@ def _rounds(calls: dict, device: torch.device, rounds: int, seconds: float) -> d
         all_reduce(count, None, op=dist.ReduceOp.MAX, where="calibrate: calls per round")  # NCCL: on the GPU
         counts[key] = int(count)
     times: dict = {key: [] for key in calls}
-    for _ in range(rounds):
+    for i in range(rounds):
         for key, fn in calls.items():
+            if counts[key] == 1 and i >= 3:
+                continue
             barrier(where="calibrate: a round starts together")
             start = time.perf_counter()
             for _ in range(counts[key]):
@@ -127,15 +136,15 @@ def _rounds(calls: dict, device: torch.device, rounds: int, seconds: float) -> d
     return times
 
 
-def _blocks(device: torch.device, dtype: torch.dtype, rounds: int = 3) -> tuple[float, dict[str, dict[str, float]]]:
+def _blocks(device: torch.device, dtype: torch.dtype) -> tuple[float, dict[str, dict[str, float]]]:
     """``(block_flops, block_shapes)``: a rank's block (:class:`_RankBlock`) forward and backward at
     :data:`BLOCK`'s shape (2 x 256 tokens, TP=1): its FLOP/s (:func:`block_step_flops`: the
     matmuls with everything around them, norms, softmax and autograd, as a model's blocks run);
     and ``{tp: {tokens: factor}}``, its rate at each of :data:`SHAPE_TOKENS` per microbatch
     (sequences of at most 256) and :data:`SHAPE_TP` over that reference rate (small matmuls run
     below it; the reference shape is one of them, its factor 1). Every shape timed with every rank
-    at work on the same one (:func:`_in_rounds`), so that a rank the others left idle for a moment
-    does not count as faster."""
+    at work on the same one (:func:`_in_rounds`, :data:`BLOCK_ROUNDS`), so that a rank the others left
+    idle for a moment does not count as faster."""
     width, _, ffn, batch, seq = BLOCK
     calls, flops = {}, {}
     for tp in SHAPE_TP:
@@ -145,7 +154,7 @@ def _blocks(device: torch.device, dtype: torch.dtype, rounds: int = 3) -> tuple[
             x = torch.randn(tokens // length, length, width, device=device, dtype=dtype, requires_grad=True)
             calls[tp, tokens] = lambda block=block, x=x: block(x).sum().backward()
             flops[tp, tokens] = block_step_flops(width, ffn, tokens, length) / tp  # every weight and head split tp ways
-    seconds = _in_rounds(calls, device, rounds, seconds=0.2)
+    seconds = _in_rounds(calls, device, *BLOCK_ROUNDS)
     rate = {key: flops[key] / seconds[key] for key in calls}
     reference = rate[1, batch * seq]
     shapes = {str(tp): {str(n): rate[tp, n] / reference for n in SHAPE_TOKENS} for tp in SHAPE_TP}
