@@ -66,16 +66,8 @@ CASES = [
         2,
     ),
 ]
-SHARES = [
-    2,
-    2,
-    4,
-    None,
-    None,
-    None,
-    None,
-    None,
-]  # of the whole (Llama) model's bytes the rank holds (a stage: its own part)
+# of the whole (Llama) model's bytes the rank holds (a stage: its own part; another shape's: None)
+SHARES = [2, 2, 4, None, None, None, None, None]
 IDS = [
     "tp2",
     "tp2-split_gather",

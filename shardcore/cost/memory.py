@@ -89,14 +89,14 @@ def memory_per_rank(facts: dict, layout: dict, optimizer: str = "adamw", index: 
         acts = int(in_flight * one + tokens_mb * (loss + sp * buffers))  # stages hand on the whole sequence
         if pp > 1 and not stage.logits:  # a stage without the loss peaks in a block's backward
             acts += int(BACKWARD_WORKING * one / max(stage.blocks, 1))
-        overlap = _overlap(stage, acts, one, params, layout, in_flight, facts["itemsize"])
-        gathered, held = int(gathered_bytes(stage, layout["data_parallel"], dp)), params - overlap[0]
         if pp == 1 and layout["data_parallel"] in ("fsdp", "hsdp") and dp_shard(layout) > 1:
             ranks = facts.get("logits_gathered", 1)  # the gathered logits the step's output holds to its end
             kept = tokens_mb * sp * stage.logits * ranks * facts["itemsize"] if ranks > 1 else 0
             gathered, held, acts = _sharded_walk(stage, layout, acts, one, kept)
         else:
-            acts -= overlap[1]
+            left_out, freed = _overlap(stage, acts, one, params, layout, in_flight, facts["itemsize"])
+            gathered, held = int(gathered_bytes(stage, layout["data_parallel"], dp)), params - left_out
+            acts -= freed
         row = {"parameters": params, "gathered": gathered, "gradients": params}
         row |= {"optimizer": OPTIMIZER_STATES[optimizer] * params, "activations": acts}
         step = 2 * params + row["optimizer"] + step_temporaries(stage, optimizer, dp_shard(layout))  # FSDP: resharded
