@@ -4,6 +4,7 @@ latency and bandwidth, memory per rank) into a cached JSON profile."""
 from __future__ import annotations
 
 import json
+import platform
 import time
 
 import attrs
@@ -12,7 +13,7 @@ import pytest
 from shardcore.cli import main
 from shardcore.cost import KINDS, collective_seconds, fit_line, load_profile
 from shardcore.cost.facts import StageFacts, stage_facts
-from shardcore.cost.model import LOSS_PASSES, optimizer_rate, optimizer_seconds, predict, shape_factor
+from shardcore.cost.model import LOSS_PASSES, communication, optimizer_rate, optimizer_seconds, predict, shape_factor
 
 
 def test_the_line_fit_recovers_latency_and_bandwidth():
@@ -47,10 +48,17 @@ def test_calibrate_measures_once_and_caches(tmp_path, monkeypatch, capsys):
     assert min(mine["block_flops"].values()) > 1e6 and mine["copy_bytes_per_s"] > 1e6
     assert mine["loss_elements_per_s"] > 1e6  # a cross-entropy's forward and backward, per logit
     for shapes in mine["block_shapes"].values():  # a rank's block per TP degree and tokens per microbatch
-        assert set(shapes) == {"1", "2", "4"} and all(set(t) == {"128", "512"} for t in shapes.values())
+        assert set(shapes) == {"1", "2", "4"} and all(set(t) == {"32", "128", "512"} for t in shapes.values())
         assert all(0.05 < f < 5 for t in shapes.values() for f in t.values()), shapes
         # the reference shape (2 x 256 tokens, TP=1) is one of them: its factor exactly 1
         assert shapes["1"]["512"] == 1.0, f"the reference shape's factor is {shapes['1']['512']}, not 1: {shapes}"
+    assert set(mine["fresh_bytes_per_s"]) == {"8", "30", "34", "96"}  # a buffer just allocated, per size (MiB)
+    fresh = mine["fresh_bytes_per_s"]
+    assert min(fresh.values()) > 1e6
+    if platform.libc_ver()[0] == "glibc":  # its allocator maps a buffer over 32 MiB anew: here 3-6x slower to write
+        assert fresh["34"] < 0.75 * fresh["30"], f"a buffer over the allocator's threshold written as fast: {fresh}"
+    else:  # another allocator: its threshold, if any, unknown here
+        print(f"not glibc ({platform.libc_ver()}): the fresh-buffer rates are not compared: {fresh}")
     for name in ("adamw", "sgd"):  # per tensor size (MiB): small tensors update from cache
         assert set(mine["optimizer_bytes_per_s"][name]) == {"1", "4", "32"}
         assert min(mine["optimizer_bytes_per_s"][name].values()) > 1e6
@@ -108,7 +116,7 @@ def test_the_optimizer_step_is_timed_tensor_by_tensor():
     sharded = 2 * 16 * mib / optimizer_rate(profile, 4, "adamw", 16 * mib) + 32 * mib / 2 / 4e9 + mib / 4e9
     assert optimizer_seconds(profile, 4, "adamw", stage, shard=2) == pytest.approx(sharded)
     assert optimizer_seconds(profile, 4, "none", stage) == 0.0
-    # a real model's facts: every parameter tensor once (tied ones once), split by stage
+    # a real model's facts: every parameter tensor once a stage (a tied one on each stage using it), split by stage
     from torch import nn
 
     model = nn.Sequential(nn.Embedding(64, 8), nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 64))
@@ -116,8 +124,9 @@ def test_the_optimizer_step_is_timed_tensor_by_tensor():
     first, last = stage_facts(model, ["1", "2"], pp=2, ep=1)
     for s in (first, last):
         assert sum(s.dense_sizes) == s.dense_bytes and len(s.dense_sizes) == s.dense_tensors, s
-    # the embedding before the first block; the head (its weight tied to it, counted there) after the last
-    assert sorted(first.dense_sizes) == [32, 256, 2048] and sorted(last.dense_sizes) == [32, 256, 256]
+    # the embedding before the first block; the head after the last, its weight tied to the embedding: the pipeline
+    # holds a copy of it on the last stage too (their gradients summed), as explain's stage bytes count it
+    assert sorted(first.dense_sizes) == [32, 256, 2048] and sorted(last.dense_sizes) == [32, 256, 256, 2048]
 
 
 def test_the_compute_rate_follows_the_rank_s_microbatch_shape():
@@ -145,6 +154,78 @@ def test_the_compute_rate_follows_the_rank_s_microbatch_shape():
         f"at half the reference block's rate the step took {half / full:.3f}x, not 2x"
     )
     assert full == pytest.approx(3 * 128 * 2 * (1 << 20) / 1e10)
+
+
+def test_an_expert_s_matmuls_run_at_the_rate_of_the_rows_it_gets():
+    """A rank's expert multiplies ``share`` of its microbatch's rows (``top_k x ep / experts``): its
+    FLOPs at the block shape's rate for that row count, the dense ones at the microbatch's. Here 128
+    tokens, an eighth of them to each expert: 16 rows, below the 32 measured (the nearest), at half
+    the rate; the same experts with every row (``share`` 1) at the full rate."""
+    rank = {"block_flops": {"float32": 1e10}, "block_shapes": {"float32": {"1": {"32": 0.5, "128": 1.0}}},
+            "copy_bytes_per_s": 1e10}  # fmt: skip
+    profile = {"per_rank": {"1": rank}, "collectives": {}}
+    dense, experts = 1 << 20, 3 << 20
+    facts = {"seq": 128, "batch": 1, "dtype": "float32", "itemsize": 4, "attention": (1, 1, False)}
+    layout = {"dp": 1, "pp": 1, "sp": 1, "tp": 1, "ep": 1, "microbatches": 1, "data_parallel": None}
+
+    def compute(share: float) -> float:
+        stage = StageFacts(matmul_weights=dense + experts, activation_elements=0, attention_layers=0, dense_bytes=0,
+                           expert_bytes=0, dense_tensors=1, blocks=1, expert_weights=experts, expert_share=share)  # fmt: skip
+        return predict(facts | {"stages": [stage]}, layout, profile, optimizer="none")["compute_s"]
+
+    unit = 3 * 128 * 2 / 1e10  # seconds per weight at the full rate
+    assert compute(1.0) == pytest.approx(unit * (dense + experts))
+    assert compute(1 / 8) == pytest.approx(unit * (dense + 2 * experts)), (
+        f"an expert's 16 rows took {compute(1 / 8) / unit - dense:.0f} weights' time, not 2 x {experts}"
+    )
+
+
+def test_sequence_and_expert_traffic_runs_once_per_microbatch():
+    """Under a pipeline each microbatch's layers exchange their share of the sequence split's and the experts'
+    bytes: ``M`` times the calls of one step-sized batch, the same bytes; the gradients' all-reduce once a step.
+    Here every call a millisecond whatever its bytes."""
+    line = {"latency_s": 1e-3, "bytes_per_s": 1e30}
+    profile = {
+        "per_rank": {"2": {"send_recv": line, "copy_bytes_per_s": 1e30}},
+        "collectives": {k: {"2": line} for k in KINDS},
+    }
+    stage = StageFacts(matmul_weights=0, activation_elements=0, attention_layers=0, dense_bytes=4, expert_bytes=0,
+                       dense_tensors=1, blocks=3)  # fmt: skip
+    facts = {"seq": 128, "batch": 8, "hidden": 1, "itemsize": 4, "stages": [stage, stage],
+             "sp": {"per_layer": [("all_to_all", 4, 1000)]}, "ep": (2, 1000)}  # fmt: skip
+
+    def calls(m: int, **dims) -> dict:
+        layout = {"dp": 1, "pp": 2, "sp": 1, "tp": 1, "ep": 1, "microbatches": m, "data_parallel": "ddp"} | dims
+        comm = communication(facts, layout, profile, stage)
+        return {k: round(comm[k] / 1e-3) for k in ("sp", "ep")}
+
+    # per microbatch: 4 all-to-alls in each of 3 layers and the sequence gathered twice; once: the gradients
+    assert calls(1, sp=2) == {"sp": 12 + 2 + 1, "ep": 0}
+    assert calls(4, sp=2) == {"sp": 4 * (12 + 2) + 1, "ep": 0}, "the sequence's traffic counted once a step"
+    assert calls(2, dp=2, ep=2) == {"sp": 0, "ep": 2 * 2 * 3}, "the experts' dispatch counted once a step"
+
+
+def test_a_data_parallel_engine_s_flat_gradients_are_written_into_fresh_buffers():
+    """FSDP reduce-scatters each unit's gradients from a flat buffer made anew each step (each block's, the root's);
+    DDP under a pipeline is FSDP's replicate of the whole stage: one all-reduce, its gradients written flat anew and
+    copied back; DDP's own buckets are kept from step to step. Each priced at the profile's rate for a fresh buffer
+    of that size: here 1 GB/s at 1 MiB, 0.1 GB/s from 64 MiB (a CPU's newly mapped pages), collectives free."""
+    line = {"latency_s": 0.0, "bytes_per_s": 1e30}
+    rank = {"send_recv": line, "copy_bytes_per_s": 1e30, "fresh_bytes_per_s": {"1": 1e9, "64": 1e8}}
+    profile = {"per_rank": {"2": rank}, "collectives": {k: {"2": line} for k in KINDS}}
+    mib = 1 << 20
+    stage = StageFacts(matmul_weights=0, activation_elements=0, attention_layers=0, dense_bytes=129 * mib,
+                       expert_bytes=0, dense_tensors=3, blocks=2, end_bytes=mib)  # fmt: skip
+    facts = {"seq": 128, "batch": 4, "hidden": 1, "itemsize": 4, "stages": [stage, stage]}
+
+    def dp_seconds(kind: str, pp: int) -> float:
+        layout = {"dp": 2, "pp": pp, "sp": 1, "tp": 1, "ep": 1, "microbatches": 2, "data_parallel": kind}
+        return communication(facts, layout, profile, stage)["dp"]
+
+    assert dp_seconds("fsdp", 1) == pytest.approx(2 * 64 * mib / 1e8 + mib / 1e9), "FSDP's units' flat gradients"
+    assert dp_seconds("fsdp", 2) == pytest.approx(2 * 64 * mib / 1e8 + mib / 1e9)
+    assert dp_seconds("ddp", 2) == pytest.approx(2 * 129 * mib / 1e8), "a pipeline stage's replicate: not priced"
+    assert dp_seconds("ddp", 1) == pytest.approx(0.0, abs=1e-12), "DDP's kept buckets priced as fresh buffers"
 
 
 def test_the_loss_is_priced_at_the_measured_rate_over_the_vocabulary_each_rank_computes():

@@ -54,6 +54,10 @@ class StageFacts:
     tail_walk: int = 0
     #: the dense parameter bytes of the stage's largest block (FSDP's largest unit but the root)
     largest_block: int = 0
+    #: of ``matmul_weights``, the experts' (the share a token uses), and that share: a rank's expert multiplies
+    #: ``share`` of its microbatch's rows (small matmuls: the cost model prices them at that row count's rate)
+    expert_weights: float = 0.0
+    expert_share: float = 1.0
 
 
 def _is_embedding(module: nn.Module) -> bool:
@@ -98,11 +102,14 @@ def stage_facts(model: nn.Module, blocks: list[str], pp: int, ep: int, walk: lis
         dict(
             mm=0.0, act=0.0, dense=0, expert=0, tensors=0, tail=0.0, logits=0, sizes=([], []), ends=0, norm=0.0, wide=0
         )
-        | {"walk": [], "after": 0, "after_walk": 0, "units": {}}
+        | {"expert_mm": 0.0}
+        | {"walk": [], "after": 0, "after_walk": 0, "units": {}, "ids": set()}
         for _ in range(pp)
     ]
-    for owner, tail, p, module, expert, seen, kept in parameter_walk(model, blocks) if walk is None else walk:
+    for owner, tail, p, module, expert, _, kept in parameter_walk(model, blocks) if walk is None else walk:
         stage = stage_of[owner] if owner is not None else (pp - 1 if tail else 0)
+        seen = id(p) in acc[stage]["ids"]  # a tied weight is held once on each stage that uses it (its copy there)
+        acc[stage]["ids"].add(id(p))
         before, dense, act, norm = (acc[stage][k] for k in ("mm", "dense", "act", "norm"))
         _add_param(acc[stage], p, module, expert, seen, share, rows, kept)
         held = 0 if seen else p.numel() * p.element_size()
@@ -138,6 +145,8 @@ def stage_facts(model: nn.Module, blocks: list[str], pp: int, ep: int, walk: lis
             a["after"],
             a["after_walk"],
             max(a["units"].values(), default=0),
+            a["expert_mm"],
+            share,
         )
         for s, a in enumerate(acc)
     ]
@@ -189,6 +198,7 @@ def _add_param(
         return
     if expert or p.dim() > 2:  # fused experts [experts here, out, in]: a token visits top_k of them
         acc["mm"] += p.numel() * share
+        acc["expert_mm"] += p.numel() * share
         batched = rows is not None and p.dim() == 3 and p.shape[0] == getattr(module, "num_experts", None)
         per = rows if batched else p.shape[0] * share
         acc["act"] += (p.shape[-1] + p.shape[-2]) * per

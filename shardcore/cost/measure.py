@@ -70,8 +70,9 @@ def block_step_flops(width: int, ffn: int, tokens: int, seq: int, causal: bool =
 
 
 #: the shapes a rank's block is also timed at: tokens per microbatch, and the tensor-parallel
-#: degree its heads and MLP are split by (the residual width stays whole)
-SHAPE_TOKENS, SHAPE_TP = (128, 512), (1, 2, 4)
+#: degree its heads and MLP are split by (the residual width stays whole). 32 tokens: a pipeline's microbatch
+#: under a sequence split, an expert's share of a microbatch (one core: 0.64x the rate at 128, 64 tokens 0.83x)
+SHAPE_TOKENS, SHAPE_TP = (32, 128, 512), (1, 2, 4)
 
 
 class _RankBlock(torch.nn.Module):
@@ -186,6 +187,22 @@ def _optimizer_rate(device: torch.device, name: str) -> dict[str, float]:
     return rates
 
 
+#: the buffer sizes (MiB) a fresh buffer's writing is timed at: a CPU allocator hands a buffer over its threshold
+#: (glibc's: at most 32 MiB) newly mapped pages, each faulted in as it is written (one core: 2 GB/s above the
+#: threshold, 10-40 below); a GPU's caching allocator hands back what it holds
+FRESH_MIB = (8, 30, 34, 96)
+
+
+def _fresh_rate(device: torch.device) -> dict[str, float]:
+    """Bytes per second written into a buffer allocated just before (a data-parallel engine's flat gradient buffer,
+    made anew each step), per size in MiB, every rank at once."""
+    rates = {}
+    for mib in FRESH_MIB:
+        src = torch.ones(mib << 18, device=device)
+        rates[str(mib)] = (mib << 20) / _together(lambda src=src: torch.empty_like(src).copy_(src), device)
+    return rates
+
+
 #: the logits the loss is timed on: tokens x vocabulary, float32 (16 MiB)
 LOSS_SHAPE = (512, 8192)
 
@@ -218,6 +235,7 @@ def measure_per_rank(sizes: tuple[int, ...], repeats: int, dtypes: tuple[str, ..
     x = torch.ones(8 << 20, device=device)
     out["copy_bytes_per_s"] = 2 * x.numel() * 4 / _together(lambda: x.mul_(1.0), device)
     out["loss_elements_per_s"] = _loss_rate(device)
+    out["fresh_bytes_per_s"] = _fresh_rate(device)
     blocks = {name: _blocks(device, getattr(torch, name)) for name in dtypes}
     out["block_flops"] = {name: flops for name, (flops, _) in blocks.items()}
     out["block_shapes"] = {name: shapes for name, (_, shapes) in blocks.items()}

@@ -8,7 +8,8 @@ pipeline stage):
   dp`` sequences, ``seq / sp`` tokens each): 2 per matmul weight per token, 4 x ``seq x heads x head_dim`` per
   attention layer (half for a causal model), over the profile's per-rank ``block_flops`` (a reference block's
   FLOP/s, its norms and softmax included) scaled by ``block_shapes`` to the rank's microbatch (its tokens, its share
-  of the heads and MLP under TP: small matmuls run slower); plus the loss over the float32 logits (under TP
+  of the heads and MLP under TP: small matmuls run slower), an expert's matmuls at the rate of the rows it gets
+  (:func:`expert_factor`); plus the loss over the float32 logits (under TP
   with the logits gathered, the whole vocabulary on every rank) at the profile's cross-entropy rate
   (:func:`loss_seconds`);
 * **pipeline bubble**: 1F1B over ``M`` microbatches of one sequence each: the first microbatch through every stage
@@ -21,8 +22,10 @@ pipeline stage):
 * **communication**, never assumed overlapped: per kind and group, ``count x latency + bytes / bandwidth`` from the
   profile's line fits (:func:`collective_seconds`), for the tensor-parallel collectives (explain's counts and bytes,
   per microbatch), the sequence-parallel attention traffic and gradient all-reduce, the data-parallel gradient sync
-  (DDP: all-reduce in 25 MB buckets; FSDP: each block's parameters all-gathered forward and backward, gradients
-  reduce-scattered), the pipeline boundaries (one swap per microbatch each way), the experts' dispatch.
+  (DDP: all-reduce in 25 MB buckets, a pipeline stage's in one with its flat gradients written anew and copied
+  back; FSDP: each block's parameters all-gathered forward and backward, gradients reduce-scattered from a flat
+  buffer written anew, :func:`fresh_seconds`), the pipeline boundaries (one swap per microbatch each way), the
+  experts' dispatch.
 
 Memory per rank: :func:`~shardcore.cost.memory.memory_per_rank`.
 """
@@ -126,6 +129,15 @@ def shape_factor(entry: dict, dtype: str, tokens: int, tp: int) -> float:
     return _interpolate(points, math.log(max(tokens, 1)))
 
 
+def expert_factor(profile: dict, facts: dict, layout: dict, share: float) -> float:
+    """The rate of a rank's expert matmuls over its blocks' (:func:`shape_factor`): each of its experts
+    multiplies ``share`` of a microbatch's rows (``top_k x ep / experts`` of them), a small matmul's rate."""
+    dp, pp, sp, tp = (layout[k] for k in ("dp", "pp", "sp", "tp"))
+    rows = facts["batch"] // dp * facts["seq"] // sp // layout["microbatches"]
+    here = per_rank(profile, dp * pp * sp * tp)
+    return shape_factor(here, facts["dtype"], max(rows * share, 1.0), tp) / shape_factor(here, facts["dtype"], rows, tp)
+
+
 def optimizer_rate(profile: dict, world: int, optimizer: str, tensor_bytes: float) -> float:
     """Parameter bytes per second an ``optimizer`` step updates on tensors of ``tensor_bytes``:
     log-linear between the profile's measured tensor sizes, the nearest one outside them."""
@@ -147,6 +159,17 @@ def optimizer_seconds(profile: dict, world: int, optimizer: str, stage: StageFac
         mean = held / max(stage.dense_tensors, 1)
         return (held + stage.expert_bytes) / optimizer_rate(profile, world, optimizer, mean)
     return sum(b / optimizer_rate(profile, world, optimizer, b) for b in sizes)
+
+
+def fresh_seconds(profile: dict, world: int, nbytes: float) -> float:
+    """Seconds writing ``nbytes`` into a buffer allocated just before (a data-parallel engine's flat gradients, made
+    anew each step): the profile's rate for that size, log-linear between its measured sizes (a CPU allocator maps a
+    large buffer's pages anew: several times slower); a profile without it: a copy's bandwidth."""
+    here = per_rank(profile, world)
+    if not here.get("fresh_bytes_per_s"):
+        return 2 * nbytes / here["copy_bytes_per_s"]  # read and written
+    points = sorted((math.log(int(mib) << 20), rate) for mib, rate in here["fresh_bytes_per_s"].items())
+    return nbytes / _interpolate(points, math.log(max(nbytes, 1.0)))
 
 
 def loss_seconds(profile: dict, world: int, elements: float, itemsize: int) -> float:
@@ -178,12 +201,13 @@ def predict(facts: dict, layout: dict, profile: dict, *, optimizer: str = "adamw
     shard = dp_shard(layout)
     stages = []  # per stage: its compute, its collectives, its optimizer step
     for s in facts["stages"]:
-        body = s.matmul_weights - s.tail_weights
+        body = s.matmul_weights - s.tail_weights - s.expert_weights
         fwd = tokens * (2 * body + s.attention_layers * attn_per_token) + whole * 2 * s.tail_weights
+        experts = tokens * 2 * s.expert_weights / expert_factor(profile, facts, layout, s.expert_share)
         logits = whole * s.logits * facts.get("logits_gathered", 1)  # under TP, gathered: the whole vocabulary
         loss = loss_seconds(profile, dp * pp * sp * tp, logits, facts["itemsize"])
         optim = optimizer_seconds(profile, dp * pp * sp * tp, optimizer, s, shard)
-        stages.append((3 * fwd / rate + loss, communication(facts, layout, profile, s), optim))
+        stages.append((3 * (fwd + experts) / rate + loss, communication(facts, layout, profile, s), optim))
     # within a stage's microbatches: its compute and the tp, sp and ep collectives inside its blocks;
     # once a step: the optimizer, the data-parallel sync and the boundaries' swaps
     inner = [c + sum(v for k, v in comm.items() if k in ("tp", "sp", "ep")) for c, comm, _ in stages]
@@ -232,13 +256,13 @@ def communication(facts: dict, layout: dict, profile: dict, stage: StageFacts) -
             nbytes = (per_token * tokens + fixed) * share
             out["tp"] += collective_seconds(profile, kind, tp, count * share * m, nbytes, world)
     sp_facts = facts.get("sp")
-    if sp > 1 and sp_facts:
+    if sp > 1 and sp_facts:  # each microbatch's layers exchange its share of the bytes; the gradients once a step
         layers = stage.blocks
         for kind, count, nbytes in sp_facts["per_layer"]:
-            out["sp"] += collective_seconds(profile, kind, sp, count * layers, nbytes * layers, world)
+            out["sp"] += collective_seconds(profile, kind, sp, count * layers * m, nbytes * layers, world)
         out["sp"] += collective_seconds(profile, "all_reduce", sp, stage.dense_tensors, stage.dense_bytes, world)
         hidden_bytes = tokens * facts["hidden"] * facts["itemsize"]
-        out["sp"] += 2 * collective_seconds(profile, "all_gather", sp, 1, hidden_bytes, world)
+        out["sp"] += 2 * collective_seconds(profile, "all_gather", sp, m, hidden_bytes, world)
     out["dp"] = _data_parallel(profile, layout, stage)
     if pp > 1:
         boundary = tokens // m * facts["hidden"] * facts["itemsize"]
@@ -246,7 +270,7 @@ def communication(facts: dict, layout: dict, profile: dict, stage: StageFacts) -
     if ep > 1 and facts.get("ep"):
         count, per_layer_bytes = facts["ep"]
         out["ep"] = collective_seconds(
-            profile, "all_to_all", ep, count * stage.blocks, per_layer_bytes * stage.blocks, world
+            profile, "all_to_all", ep, count * stage.blocks * m, per_layer_bytes * stage.blocks, world
         )
     return out
 
@@ -263,6 +287,11 @@ def _data_parallel(profile: dict, layout: dict, stage: StageFacts) -> float:
         seconds += collective_seconds(profile, "reduce_scatter", split, units, stage.dense_bytes, world)
         if dp // split > 1:
             seconds += collective_seconds(profile, "all_reduce", dp // split, units, stage.dense_bytes / split, world)
+        block = (stage.dense_bytes - stage.end_bytes) / max(stage.blocks, 1)  # each unit's gradients, flat, anew
+        seconds += stage.blocks * fresh_seconds(profile, world, block) + fresh_seconds(profile, world, stage.end_bytes)
+    elif dp > 1 and layout["pp"] > 1:  # DDP's stage under a pipeline: FSDP's replicate, the whole stage one unit
+        seconds += collective_seconds(profile, "all_reduce", dp, 1, stage.dense_bytes, world)
+        seconds += 2 * fresh_seconds(profile, world, stage.dense_bytes)  # its gradients flat, anew, and copied back
     elif dp > 1:
         buckets = max(1, math.ceil(stage.dense_bytes / DDP_BUCKET_BYTES))
         seconds += collective_seconds(profile, "all_reduce", dp, buckets, stage.dense_bytes, world)

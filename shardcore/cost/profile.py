@@ -18,15 +18,17 @@ backend that joins them (NCCL, gloo):
   (a pre-norm transformer block's forward and backward at width 512 on 2 x 256 tokens,
   :func:`~shardcore.cost.measure.block_step_flops` over its seconds: what a model's blocks
   achieve, norms, softmax and autograd included), ``block_shapes`` per dtype (a tensor-parallel
-  rank's share of that block at 128 and 512 tokens per microbatch and TP 1, 2, 4: its FLOP/s over
+  rank's share of that block at 32, 128 and 512 tokens per microbatch and TP 1, 2, 4: its FLOP/s over
   the reference shape's, which is one of them; every shape timed in turn with every rank on it
-  at once, three rounds, the median), ``optimizer_bytes_per_s`` (the
+  at once, five rounds of a second each, the median), ``optimizer_bytes_per_s`` (the
   parameter bytes an AdamW or SGD-with-momentum step updates per second, per tensor size in MiB:
   from a CPU's cache small tensors update several times faster per byte), ``copy_bytes_per_s`` (an
   elementwise pass over a 32 MiB tensor: bytes read + written per second), ``loss_elements_per_s`` (a
   cross-entropy's forward and backward on 512 x 8192 float32 logits: logit elements per second; a profile
-  without it is read all the same, the cost model then prices the loss as passes at the copy bandwidth) and
-  ``send_recv``, the line fit of one rank swapping a message with its neighbour (a pipeline boundary);
+  without it is read all the same, the cost model then prices the loss as passes at the copy bandwidth),
+  ``fresh_bytes_per_s`` (bytes written per second into a buffer just allocated, per size in MiB: on a CPU a buffer
+  over the allocator's threshold comes as new pages, several times slower to write; a profile without it: the copy
+  bandwidth) and ``send_recv``, the line fit of one rank swapping a message with its neighbour (a pipeline boundary);
 * ``memory_bytes_per_rank``: what a rank may hold (free device memory; on the CPU the available
   memory shared by the ranks of the largest group measured).
 

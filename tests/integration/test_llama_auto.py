@@ -282,14 +282,16 @@ def test_auto_refuses_alike_on_every_rank_with_what_to_do(tmp_path):
         shardcore.optimize(build("LlamaForCausalLM", **AUTO_CFG), ShardConfig(auto=True), policy=object())
 
 
-def test_the_cost_facts_split_a_llama_s_bytes_and_matmul_weights_by_stage_as_counted_by_name():
+@pytest.mark.parametrize("tie", [False, True])
+def test_the_cost_facts_split_a_llama_s_bytes_and_matmul_weights_by_stage_as_counted_by_name(tie):
     """What the cost model reads per stage, against the parameters counted by name: the first
-    stage holds the embedding and block 0, the last block 1, the final norm and the head; a token
-    multiplies by every 2-D weight but the embedding's; 4 heads of 16 at TP=2 are 2 per rank."""
+    stage holds the embedding and block 0, the last block 1, the final norm and the head (tied to
+    the embedding: its copy there, as the pipeline holds it); a token multiplies by every 2-D weight
+    but the embedding's; 4 heads of 16 at TP=2 are 2 per rank."""
     from shardcore.cost.facts import attention_width, stage_facts
 
-    model = meta_llama(heads=4, kv=2, layers=2)
-    named = dict(model.named_parameters())
+    model = meta_llama(heads=4, kv=2, layers=2, tie=tie)
+    named = dict(model.named_parameters(remove_duplicate=False))
 
     def held(*prefixes):
         return sum(p.numel() * p.element_size() for n, p in named.items() if n.startswith(prefixes))

@@ -45,6 +45,99 @@ MUTANTS = [
         "at half the reference block's rate the step took",
     ),
     m(
+        "auto-expert-rows-unpriced",
+        "the cost model's experts at their microbatch's rate, as if each got every row of it",
+        "shardcore/cost/model.py",
+        "predict",
+        [
+            (
+                "        experts = tokens * 2 * s.expert_weights / expert_factor(profile, facts, layout, s.expert_share)\n",
+                "        experts = tokens * 2 * s.expert_weights\n",
+            )
+        ],
+        "tests/test_core_cost.py::test_an_expert_s_matmuls_run_at_the_rate_of_the_rows_it_gets",
+        "an expert's 16 rows took",
+    ),
+    m(
+        "auto-sequence-traffic-once-a-step",
+        "the cost model's sequence split under a pipeline: its per-layer collectives counted once a step, not per microbatch",
+        "shardcore/cost/model.py",
+        "communication",
+        [
+            (
+                '            out["sp"] += collective_seconds(profile, kind, sp, count * layers * m, nbytes * layers, world)\n',
+                '            out["sp"] += collective_seconds(profile, kind, sp, count * layers, nbytes * layers, world)\n',
+            )
+        ],
+        "tests/test_core_cost.py::test_sequence_and_expert_traffic_runs_once_per_microbatch",
+        "the sequence's traffic counted once a step",
+    ),
+    m(
+        "auto-expert-dispatch-once-a-step",
+        "the cost model's expert dispatch under a pipeline counted once a step, not per microbatch",
+        "shardcore/cost/model.py",
+        "communication",
+        [
+            (
+                '            profile, "all_to_all", ep, count * stage.blocks * m, per_layer_bytes * stage.blocks, world\n',
+                '            profile, "all_to_all", ep, count * stage.blocks, per_layer_bytes * stage.blocks, world\n',
+            )
+        ],
+        "tests/test_core_cost.py::test_sequence_and_expert_traffic_runs_once_per_microbatch",
+        "the experts' dispatch counted once a step",
+    ),
+    m(
+        "auto-fsdp-flat-gradients-unpriced",
+        "the cost model's FSDP without its units' flat gradient buffers, made anew each step",
+        "shardcore/cost/model.py",
+        "_data_parallel",
+        [
+            (
+                "        seconds += stage.blocks * fresh_seconds(profile, world, block) + fresh_seconds(profile, world, stage.end_bytes)\n",
+                "",
+            )
+        ],
+        "tests/test_core_cost.py::test_a_data_parallel_engine_s_flat_gradients_are_written_into_fresh_buffers",
+        "FSDP's units' flat gradients",
+    ),
+    m(
+        "auto-pipeline-ddp-as-buckets",
+        "the cost model's DDP under a pipeline priced as DDP's kept buckets, not the stage's replicate",
+        "shardcore/cost/model.py",
+        "_data_parallel",
+        [('    elif dp > 1 and layout["pp"] > 1:', '    elif dp > 1 and layout["pp"] > 99:')],
+        "tests/test_core_cost.py::test_a_data_parallel_engine_s_flat_gradients_are_written_into_fresh_buffers",
+        "a pipeline stage's replicate: not priced",
+    ),
+    m(
+        "calibrate-fresh-buffer-reused",
+        "calibrate's fresh-buffer rate measured into one buffer kept across the calls (a reused buffer's pages)",
+        "shardcore/cost/measure.py",
+        "_fresh_rate",
+        [
+            (
+                "        rates[str(mib)] = (mib << 20) / _together(lambda src=src: torch.empty_like(src).copy_(src), device)\n",
+                "        out = torch.empty_like(src)\n        rates[str(mib)] = (mib << 20) / _together(lambda src=src: out.copy_(src), device)\n",
+            )
+        ],
+        "tests/test_core_cost.py::test_calibrate_measures_once_and_caches",
+        "a buffer over the allocator's threshold",
+    ),
+    m(
+        "auto-tied-weight-on-one-stage",
+        "the cost facts hold a tied weight (embedding and head) on the first stage using it only, not on each",
+        "shardcore/cost/facts.py",
+        "stage_facts",
+        [
+            (
+                '        seen = id(p) in acc[stage]["ids"]  # a tied weight is held once on each stage that uses it (its copy there)\n',
+                '        seen = any(id(p) in a["ids"] for a in acc)\n',
+            )
+        ],
+        "tests/integration/test_llama_auto.py::test_the_cost_facts_split_a_llama_s_bytes_and_matmul_weights_by_stage_as_counted_by_name",
+        "per stage (bytes held, weights a token multiplies by)",
+    ),
+    m(
         "calibrate-shape-reference-apart",
         "calibrate's block shapes over a reference timed apart from them (here: the smallest shape's rate)",
         "shardcore/cost/measure.py",
