@@ -102,8 +102,7 @@ def stage_facts(model: nn.Module, blocks: list[str], pp: int, ep: int, walk: lis
         dict(
             mm=0.0, act=0.0, dense=0, expert=0, tensors=0, tail=0.0, logits=0, sizes=([], []), ends=0, norm=0.0, wide=0
         )
-        | {"expert_mm": 0.0}
-        | {"walk": [], "after": 0, "after_walk": 0, "units": {}, "ids": set()}
+        | {"walk": [], "after": 0, "after_walk": 0, "units": {}, "ids": set(), "expert_mm": 0.0}
         for _ in range(pp)
     ]
     for owner, tail, p, module, expert, _, kept in parameter_walk(model, blocks) if walk is None else walk:
@@ -125,31 +124,34 @@ def stage_facts(model: nn.Module, blocks: list[str], pp: int, ep: int, walk: lis
         if tail and acc[stage]["mm"] > before:
             acc[stage]["tail"] += acc[stage]["mm"] - before
             acc[stage]["logits"] = max(acc[stage]["logits"], p.shape[0])
-    return [
-        StageFacts(
-            a["mm"],
-            a["act"],
-            per[s],
-            a["dense"],
-            a["expert"],
-            a["tensors"],
-            per[s],
-            a["tail"],
-            a["logits"],
-            tuple(a["sizes"][0]),
-            tuple(a["sizes"][1]),
-            a["ends"],
-            a["norm"],
-            a["wide"],
-            tuple(a["walk"]),
-            a["after"],
-            a["after_walk"],
-            max(a["units"].values(), default=0),
-            a["expert_mm"],
-            share,
-        )
-        for s, a in enumerate(acc)
-    ]
+    return [_stage(a, per[s], share) for s, a in enumerate(acc)]
+
+
+def _stage(a: dict, blocks: int, share: float) -> StageFacts:
+    """One stage's figures as :func:`stage_facts` gathered them."""
+    units = max(a["units"].values(), default=0)
+    return StageFacts(
+        a["mm"],
+        a["act"],
+        blocks,
+        a["dense"],
+        a["expert"],
+        a["tensors"],
+        blocks,
+        a["tail"],
+        a["logits"],
+        tuple(a["sizes"][0]),
+        tuple(a["sizes"][1]),
+        a["ends"],
+        a["norm"],
+        a["wide"],
+        tuple(a["walk"]),
+        a["after"],
+        a["after_walk"],
+        units,
+        a["expert_mm"],
+        share,
+    )
 
 
 def parameter_walk(model: nn.Module, blocks: list[str], roles: dict[int, str] | None = None) -> list[tuple]:

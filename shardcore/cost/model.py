@@ -139,11 +139,13 @@ def expert_factor(profile: dict, facts: dict, layout: dict, share: float) -> flo
 
 
 def optimizer_rate(profile: dict, world: int, optimizer: str, tensor_bytes: float) -> float:
-    """Parameter bytes per second an ``optimizer`` step updates on tensors of ``tensor_bytes``:
-    log-linear between the profile's measured tensor sizes, the nearest one outside them."""
-    rates = per_rank(profile, world)["optimizer_bytes_per_s"][optimizer]
-    points = sorted((math.log(int(mib) << 20), rate) for mib, rate in rates.items())
-    return _interpolate(points, math.log(max(tensor_bytes, 1.0)))
+    """Parameter bytes per second an ``optimizer`` step updates on tensors of ``tensor_bytes`` (:func:`_at_size`)."""
+    return _at_size(per_rank(profile, world)["optimizer_bytes_per_s"][optimizer], tensor_bytes)
+
+
+def _at_size(rates: dict[str, float], nbytes: float) -> float:
+    """A rate per size in MiB at ``nbytes``: log-linear between the measured sizes, the nearest one outside them."""
+    return _interpolate(sorted((math.log(int(mib) << 20), r) for mib, r in rates.items()), math.log(max(nbytes, 1.0)))
 
 
 def optimizer_seconds(profile: dict, world: int, optimizer: str, stage: StageFacts, shard: int = 1) -> float:
@@ -162,14 +164,12 @@ def optimizer_seconds(profile: dict, world: int, optimizer: str, stage: StageFac
 
 
 def fresh_seconds(profile: dict, world: int, nbytes: float) -> float:
-    """Seconds writing ``nbytes`` into a buffer allocated just before (a data-parallel engine's flat gradients, made
-    anew each step): the profile's rate for that size, log-linear between its measured sizes (a CPU allocator maps a
-    large buffer's pages anew: several times slower); a profile without it: a copy's bandwidth."""
+    """Seconds writing ``nbytes`` into a buffer just allocated (flat gradients, anew each step) at the profile's rate
+    for that size (:func:`_at_size`; a CPU maps a large buffer's pages anew); without that rate: a copy's bandwidth."""
     here = per_rank(profile, world)
     if not here.get("fresh_bytes_per_s"):
         return 2 * nbytes / here["copy_bytes_per_s"]  # read and written
-    points = sorted((math.log(int(mib) << 20), rate) for mib, rate in here["fresh_bytes_per_s"].items())
-    return nbytes / _interpolate(points, math.log(max(nbytes, 1.0)))
+    return nbytes / _at_size(here["fresh_bytes_per_s"], nbytes)
 
 
 def loss_seconds(profile: dict, world: int, elements: float, itemsize: int) -> float:
