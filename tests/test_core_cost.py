@@ -260,11 +260,10 @@ def test_the_loss_is_priced_at_the_measured_rate_over_the_vocabulary_each_rank_c
 
 
 def test_a_pipeline_waits_on_the_other_stages_single_slots():
-    """1F1B over M microbatches: the first microbatch through every stage and back, then the largest
-    stage's other M - 1 slots. Four equal stages: M + P - 1 slots (the classic bubble); a last stage
-    three times the others (a head and its loss): it waits on their single slots only, not on P - 1
-    slots of its own. Where ranks share a device, that path runs at the unshared speed, never in less
-    than the average stage's work at the shared speed."""
+    """1F1B over M microbatches, run microbatch by microbatch. Each rank on its own device: four equal stages take
+    M + P - 1 slots (the classic bubble); a last stage three times the others (a head and its loss) waits on their
+    single slots only, not on P - 1 slots of its own. Where ranks share the devices, the ranks with work share them:
+    never less than the work over the devices, nor than the microbatches' path at the unshared speed."""
 
     def profile(shared: float) -> dict:
         rank = {"block_flops": {"float32": 1e10}, "block_shapes": {"float32": {"1": {"128": 1.0}}},
@@ -283,17 +282,21 @@ def test_a_pipeline_waits_on_the_other_stages_single_slots():
 
     unit = 3 * 4 * 128 * 2 * (1 << 20) / 1e10  # one stage's step of 2**20 weights: 3 x the forward's FLOPs
     even = step([1 << 20] * 4)
-    assert even["step_s"] == pytest.approx(unit * 7 / 4) and even["bubble_s"] == pytest.approx(unit * 3 / 4)
+    assert even["step_s"] == pytest.approx(unit * 7 / 4), f"equal stages on their own devices: {even['step_s'] / unit}"
+    assert even["bubble_s"] == pytest.approx(unit * 3 / 4)
     heavy = step([1 << 20] * 3 + [3 << 20])
     assert heavy["step_s"] == pytest.approx(unit * (6 + 3 * 3) / 4), (
         f"a heavy last stage's step: {heavy['step_s'] / unit:.3f} units, not (6 + 3 x 3) / 4"
     )
     assert heavy["bubble_s"] == pytest.approx(unit * 3 / 4) and heavy["compute_s"] == pytest.approx(3 * unit)
-    # ranks sharing the device at half their unshared speed (a unit is at the shared speed): the
-    # equal stages' path takes 7/8 of a unit, less than the device busy throughout (the average
-    # stage: 1 unit); the heavy stage's path, 15/8 units, more than the average (6/4 units)
-    assert step([1 << 20] * 4, shared=0.5)["step_s"] == pytest.approx(unit)
-    assert step([1 << 20] * 3 + [3 << 20], shared=0.5)["step_s"] == pytest.approx(unit * 15 / 8)
+    # 4 ranks on 2 devices, each at half its unshared speed with all at work (a unit is at the shared speed). The
+    # equal stages, traced by hand in 24ths of a unit (a forward 1, a backward 2 at the unshared speed; 2 ranks with
+    # work run at full speed, 3 at 2/3, 4 at 1/2): 27, where the devices busy throughout would take 24 (the first
+    # microbatch fills the pipeline and the last drains it while devices idle) and the path alone 21
+    shared = step([1 << 20] * 4, shared=0.5)["step_s"]
+    assert shared == pytest.approx(unit * 27 / 24), f"equal stages on shared devices: {shared / unit * 24:.2f} / 24"
+    heavy = step([1 << 20] * 3 + [3 << 20], shared=0.5)["step_s"]  # its path alone 15/8 units, its work 6/4
+    assert heavy >= unit * 15 / 8 * (1 - 1e-9) and heavy >= unit * 6 / 4, f"heavy stage, shared: {heavy / unit:.3f}"
 
 
 def test_a_named_profile_of_another_version_is_refused_not_measured_over(tmp_path, monkeypatch):

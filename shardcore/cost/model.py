@@ -12,11 +12,10 @@ pipeline stage):
   (:func:`expert_factor`); plus the loss over the float32 logits (under TP
   with the logits gathered, the whole vocabulary on every rank) at the profile's cross-entropy rate
   (:func:`loss_seconds`);
-* **pipeline bubble**: 1F1B over ``M`` microbatches of one sequence each: the first microbatch through every stage
-  and back, then the largest stage's other ``M - 1`` slots (uniform stages: ``M + P - 1`` slots instead of ``M``; a
-  heavy last stage, the head and the loss, waits on the others' single slots only); where ranks share a device (a
-  CPU's cores) an idle stage's share goes to the others: that path at the unshared speed, never less than the
-  average stage at the shared speed;
+* **pipeline bubble**: 1F1B over ``M`` microbatches of one sequence each, run microbatch by microbatch
+  (:func:`~shardcore.cost.schedule.one_f_one_b`): uniform stages on their own devices take ``M + P - 1`` slots, a
+  heavy last stage (the head, the loss) waits on the others' single slots only; where ranks share the devices (a
+  CPU's cores) the ranks with work share them, an idle one's share going to the others;
 * **optimizer step**: each parameter tensor the rank updates (FSDP: its shard) at the profile's rate for that
   tensor's size (:func:`optimizer_seconds`);
 * **communication**, never assumed overlapped: per kind and group, ``count x latency + bytes / bandwidth`` from the
@@ -38,6 +37,7 @@ from typing import Any
 
 from .facts import StageFacts
 from .memory import OPTIMIZER_STATES, dp_shard, memory_per_rank
+from .schedule import one_f_one_b
 
 DDP_BUCKET_BYTES = 25 * 2**20
 #: passes over the float32 logits the loss makes (log-softmax forward, its gradient, the upcast): its price in a
@@ -215,7 +215,7 @@ def predict(facts: dict, layout: dict, profile: dict, *, optimizer: str = "adamw
     b = max(range(len(stages)), key=lambda i: inner[i] + outer[i])  # the slowest stage's figures
     compute, comm, optim = stages[b]
     own_s = inner[b] + outer[b]
-    step = _pipeline_seconds(inner, outer, m, rate / alone) if pp > 1 else own_s
+    step = one_f_one_b(inner, outer, m, rate / alone) if pp > 1 else own_s
     return {
         "step_s": step,
         "compute_s": compute - max(own_s - step, 0.0),  # sped up where idle ranks lend their share
@@ -225,21 +225,6 @@ def predict(facts: dict, layout: dict, profile: dict, *, optimizer: str = "adamw
         "stages_s": inner,  # each stage's microbatches: compute and the collectives in its blocks
         "memory_bytes": memory_per_rank(facts, layout, optimizer),
     }
-
-
-def _pipeline_seconds(inner: list[float], outer: list[float], m: int, shared: float) -> float:
-    """Seconds of a 1F1B step over stages whose microbatches take ``inner`` in all (compute and the
-    collectives inside the blocks, at the shared speed), each then taking ``outer`` once (optimizer,
-    data-parallel sync): the first microbatch through every stage and back (each stage's slot
-    ``inner / m``), then the largest stage's other ``m - 1`` slots, then the longest ``outer``.
-    Uniform stages: ``M + P - 1`` slots for ``M`` microbatches; a heavy last stage (the head, the
-    loss) waits on the others' single slots only. Where ranks share a device (a CPU's cores;
-    ``shared``: the shared over the unshared speed) an idle rank's share goes to the busy ones: the
-    microbatches' path at the unshared speed, never less than the average stage's whole step at the
-    shared speed (the device busy throughout)."""
-    path = (sum(inner) + (m - 1) * max(inner)) / m
-    busy = sum(i + o for i, o in zip(inner, outer, strict=True)) / len(inner)
-    return max(busy, path * shared + max(outer))
 
 
 def communication(facts: dict, layout: dict, profile: dict, stage: StageFacts) -> dict[str, float]:
