@@ -19,10 +19,11 @@ MUTANTS = [
         "one_f_one_b",
         [
             (
-                "    running: list[tuple[float, int]] = [(work[0][0][2], 0)]",
-                "    running: list[tuple[float, int]] = [(w[0][2], s) for s, w in enumerate(work)]",
-            ),
-            ("    busy, clock, progress = {0}, 0.0, 0.0\n", "    busy, clock, progress = set(range(p)), 0.0, 0.0\n"),
+                "    running: list[tuple[float, int]] = [(work[0][0][2], 0)]  # (where it ends, its stage): the first forward\n"
+                "    busy, clock, progress = {0}, 0.0, 0.0\n",
+                "    running: list[tuple[float, int]] = [(stage_work[0][2], n) for n, stage_work in enumerate(work)]\n"
+                "    busy, clock, progress = set(range(len(work))), 0.0, 0.0\n",
+            )
         ],
         "tests/integration/test_llama_auto.py::test_a_pipeline_bubble_costs_on_dedicated_devices_and_is_reclaimed_where_ranks_share_them",
         "pipeline bubble",
