@@ -14,6 +14,7 @@ from shardcore.cli import main
 from shardcore.cost import KINDS, collective_seconds, fit_line, load_profile
 from shardcore.cost.facts import StageFacts, stage_facts
 from shardcore.cost.model import LOSS_PASSES, communication, optimizer_rate, optimizer_seconds, predict, shape_factor
+from shardcore.cost.schedule import one_f_one_b
 
 
 def test_the_line_fit_recovers_latency_and_bandwidth():
@@ -297,6 +298,12 @@ def test_a_pipeline_waits_on_the_other_stages_single_slots():
     assert shared == pytest.approx(unit * 27 / 24), f"equal stages on shared devices: {shared / unit * 24:.2f} / 24"
     heavy = step([1 << 20] * 3 + [3 << 20], shared=0.5)["step_s"]  # its path alone 15/8 units, its work 6/4
     assert heavy >= unit * 15 / 8 * (1 - 1e-9) and heavy >= unit * 6 / 4, f"heavy stage, shared: {heavy / unit:.3f}"
+    # a second stage that waits for the first's forwards: three stages of 2, 1 and 1 over two microbatches on 1.5
+    # devices (shared 0.5), traced by hand in 12ths (the first stage's forward 2, backward 4; the others' 1 and 2;
+    # 1, 2, 3 ranks with work at 1, 3/4, 1/2): the second stage's second forward waits from 10/3 to 14/3 for the
+    # first's, and the step ends at 56/3 twelfths, 14/9 of the stages' unit
+    waited = one_f_one_b([2.0, 1.0, 1.0], [0.0, 0.0, 0.0], 2, 0.5)
+    assert waited == pytest.approx(14 / 9), f"a forward before the previous stage's: {waited * 9:.3f} / 9"
 
 
 def test_a_named_profile_of_another_version_is_refused_not_measured_over(tmp_path, monkeypatch):

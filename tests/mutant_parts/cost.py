@@ -47,6 +47,15 @@ MUTANTS = [
         "equal stages on shared devices",
     ),
     m(
+        "pipeline-forward-before-the-previous-stage-s",
+        "the cost model's pipeline: a stage's forward of a microbatch without waiting for the previous stage's",
+        "shardcore/cost/schedule.py",
+        "_ready",
+        [('        return s == 0 or done[s - 1]["F"] >= i\n', "        return True\n")],
+        "tests/test_core_cost.py::test_a_pipeline_waits_on_the_other_stages_single_slots",
+        "a forward before the previous stage's",
+    ),
+    m(
         "pipeline-backward-before-the-next-stage-s",
         "the cost model's pipeline: a stage's backward of a microbatch without waiting for the next stage's",
         "shardcore/cost/schedule.py",
