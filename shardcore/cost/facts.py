@@ -105,7 +105,7 @@ def stage_facts(model: nn.Module, blocks: list[str], pp: int, ep: int, walk: lis
         | {"walk": [], "after": 0, "after_walk": 0, "units": {}, "ids": set(), "expert_mm": 0.0}
         for _ in range(pp)
     ]
-    for owner, tail, p, module, expert, _, kept in parameter_walk(model, blocks) if walk is None else walk:
+    for owner, tail, p, module, expert, kept in parameter_walk(model, blocks) if walk is None else walk:
         stage = stage_of[owner] if owner is not None else (pp - 1 if tail else 0)
         seen = id(p) in acc[stage]["ids"]  # a tied weight is held once on each stage that uses it (its copy there)
         acc[stage]["ids"].add(id(p))
@@ -156,10 +156,10 @@ def _stage(a: dict, blocks: int, share: float) -> StageFacts:
 
 def parameter_walk(model: nn.Module, blocks: list[str], roles: dict[int, str] | None = None) -> list[tuple]:
     """Each use of a parameter, in module order: ``(its block or None, after the blocks (the tail),
-    the parameter, its module, an expert's, seen before (tied), its tensor-parallel matmul's kept sides)``
-    (:func:`matmul_sides`; ``roles``: as there, where the model is not sharded)."""
+    the parameter, its module, an expert's, its tensor-parallel matmul's kept sides)`` (:func:`matmul_sides`;
+    ``roles``: as there, where the model is not sharded); a tied parameter once per use."""
     experts = {id(p) for m in expert_modules(model) for p in m.parameters()}
-    block_set, seen, seen_block, out = set(blocks), set(), False, []
+    block_set, seen_block, out = set(blocks), False, []
     sides = matmul_sides(model, roles)
     for name, module in model.named_modules(remove_duplicate=False):
         owner = _owner(name, block_set)
@@ -167,8 +167,7 @@ def parameter_walk(model: nn.Module, blocks: list[str], roles: dict[int, str] | 
         seen_block = seen_block or owner is not None
         for p in module.parameters(recurse=False):
             kept = sides.get(id(module)) if p is getattr(module, "weight", None) else None
-            out.append((owner, tail, p, module, id(p) in experts, id(p) in seen, kept))
-            seen.add(id(p))
+            out.append((owner, tail, p, module, id(p) in experts, kept))
     return out
 
 

@@ -129,13 +129,10 @@ def shape_factor(entry: dict, dtype: str, tokens: int, tp: int) -> float:
     return _interpolate(points, math.log(max(tokens, 1)))
 
 
-def expert_factor(profile: dict, facts: dict, layout: dict, share: float) -> float:
-    """The rate of a rank's expert matmuls over its blocks' (:func:`shape_factor`): each of its experts
-    multiplies ``share`` of a microbatch's rows (``top_k x ep / experts`` of them), a small matmul's rate."""
-    dp, pp, sp, tp = (layout[k] for k in ("dp", "pp", "sp", "tp"))
-    rows = facts["batch"] // dp * facts["seq"] // sp // layout["microbatches"]
-    here = per_rank(profile, dp * pp * sp * tp)
-    return shape_factor(here, facts["dtype"], max(rows * share, 1.0), tp) / shape_factor(here, facts["dtype"], rows, tp)
+def expert_factor(entry: dict, dtype: str, rows: int, tp: int, share: float) -> float:
+    """The rate of a rank's expert matmuls over its blocks' (:func:`shape_factor`, ``entry`` a rank's figures): each
+    of its experts multiplies ``share`` of a microbatch's ``rows`` (``top_k x ep / experts``), a small matmul's."""
+    return shape_factor(entry, dtype, max(rows * share, 1.0), tp) / shape_factor(entry, dtype, rows, tp)
 
 
 def optimizer_rate(profile: dict, world: int, optimizer: str, tensor_bytes: float) -> float:
@@ -195,6 +192,7 @@ def predict(facts: dict, layout: dict, profile: dict, *, optimizer: str = "adamw
     seq, batch = facts["seq"], facts["batch"]
     tokens = batch // dp * seq // sp  # this rank's tokens per step (all microbatches)
     rate, alone = _rates(profile, dp * pp * sp * tp, facts["dtype"], tokens // m, tp)
+    here = per_rank(profile, dp * pp * sp * tp)
     whole = batch // dp * seq if sp > 1 else tokens  # after the last block the sequence is whole again
     heads, dim, causal = facts["attention"]
     attn_per_token = 4 * seq * heads * dim * (0.5 if causal else 1.0)
@@ -203,7 +201,7 @@ def predict(facts: dict, layout: dict, profile: dict, *, optimizer: str = "adamw
     for s in facts["stages"]:
         body = s.matmul_weights - s.tail_weights - s.expert_weights
         fwd = tokens * (2 * body + s.attention_layers * attn_per_token) + whole * 2 * s.tail_weights
-        experts = tokens * 2 * s.expert_weights / expert_factor(profile, facts, layout, s.expert_share)
+        experts = tokens * 2 * s.expert_weights / expert_factor(here, facts["dtype"], tokens // m, tp, s.expert_share)
         logits = whole * s.logits * facts.get("logits_gathered", 1)  # under TP, gathered: the whole vocabulary
         loss = loss_seconds(profile, dp * pp * sp * tp, logits, facts["itemsize"])
         optim = optimizer_seconds(profile, dp * pp * sp * tp, optimizer, s, shard)

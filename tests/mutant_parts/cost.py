@@ -85,7 +85,7 @@ MUTANTS = [
         "predict",
         [
             (
-                "        experts = tokens * 2 * s.expert_weights / expert_factor(profile, facts, layout, s.expert_share)\n",
+                '        experts = tokens * 2 * s.expert_weights / expert_factor(here, facts["dtype"], tokens // m, tp, s.expert_share)\n',
                 "        experts = tokens * 2 * s.expert_weights\n",
             )
         ],
