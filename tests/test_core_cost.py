@@ -53,6 +53,8 @@ def test_calibrate_measures_once_and_caches(tmp_path, monkeypatch, capsys):
         assert all(0.05 < f < 5 for t in shapes.values() for f in t.values()), shapes
         # the reference shape (2 x 256 tokens, TP=1) is one of them: its factor exactly 1
         assert shapes["1"]["512"] == 1.0, f"the reference shape's factor is {shapes['1']['512']}, not 1: {shapes}"
+    elementwise = mine["elementwise_bytes_per_s"]  # the chain's traced bytes per second, by its bytes per op
+    assert len(elementwise) == 4 and min(elementwise.values()) > 1e6, elementwise
     assert set(mine["fresh_bytes_per_s"]) == {"8", "30", "34", "96"}  # a buffer just allocated, per size (MiB)
     fresh = mine["fresh_bytes_per_s"]
     assert min(fresh.values()) > 1e6

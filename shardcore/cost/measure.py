@@ -203,6 +203,29 @@ def _fresh_rate(device: torch.device) -> dict[str, float]:
     return rates
 
 
+#: the rows (of :class:`~shardcore.cost.elementwise.Chain`'s width, float32) the elementwise chain is timed on: from
+#: a short microbatch's tensors, in a CPU's caches, to a long one's, beyond the allocator's mmap threshold
+ELEMENTWISE_TOKENS = (32, 512, 4096, 16384)
+
+
+def _elementwise_rate(device: torch.device) -> dict[str, float]:
+    """Traced bytes per second (:func:`~shardcore.cost.elementwise.chain_bytes`) of the elementwise chain's forward
+    and backward, every rank at once, by the bytes per op it moves at each of :data:`ELEMENTWISE_TOKENS`."""
+    from .elementwise import Chain, chain_bytes
+
+    chain, rates = Chain().to(device), {}
+
+    def step(x: torch.Tensor) -> None:
+        x.grad = chain.weight.grad = None  # as traced: each gradient written, none accumulated
+        chain(x).sum().backward()
+
+    for tokens in ELEMENTWISE_TOKENS:
+        x = torch.randn(tokens, Chain.WIDTH, device=device, requires_grad=True)
+        ops, nbytes = chain_bytes(tokens)
+        rates[str(nbytes // ops)] = nbytes / _together(lambda x=x: step(x), device)
+    return rates
+
+
 #: the logits the loss is timed on: tokens x vocabulary, float32 (16 MiB)
 LOSS_SHAPE = (512, 8192)
 
@@ -236,6 +259,7 @@ def measure_per_rank(sizes: tuple[int, ...], repeats: int, dtypes: tuple[str, ..
     out["copy_bytes_per_s"] = 2 * x.numel() * 4 / _together(lambda: x.mul_(1.0), device)
     out["loss_elements_per_s"] = _loss_rate(device)
     out["fresh_bytes_per_s"] = _fresh_rate(device)
+    out["elementwise_bytes_per_s"] = _elementwise_rate(device)
     blocks = {name: _blocks(device, getattr(torch, name)) for name in dtypes}
     out["block_flops"] = {name: flops for name, (flops, _) in blocks.items()}
     out["block_shapes"] = {name: shapes for name, (_, shapes) in blocks.items()}

@@ -11,7 +11,8 @@ pipeline stage):
   of the heads and MLP under TP: small matmuls run slower), an expert's matmuls at the rate of the rows it gets
   (:func:`expert_factor`); plus the loss over the float32 logits (under TP
   with the logits gathered, the whole vocabulary on every rank) at the profile's cross-entropy rate
-  (:func:`loss_seconds`);
+  (:func:`loss_seconds`); plus the model's elementwise work (traced) beyond the reference block's share of it
+  (:func:`~shardcore.cost.excess.excess_seconds`), each stage its share;
 * **pipeline bubble**: 1F1B over ``M`` microbatches of one sequence each, run microbatch by microbatch
   (:func:`~shardcore.cost.schedule.one_f_one_b`): uniform stages on their own devices take ``M + P - 1`` slots, a
   heavy last stage (the head, the loss) waits on the others' single slots only; where ranks share the devices (a
@@ -31,10 +32,11 @@ Memory per rank: :func:`~shardcore.cost.memory.memory_per_rank`.
 
 from __future__ import annotations
 
-import itertools
 import math
 from typing import Any
 
+from .curves import interpolate as _interpolate
+from .excess import excess_seconds
 from .facts import StageFacts
 from .memory import OPTIMIZER_STATES, dp_shard, memory_per_rank
 from .schedule import one_f_one_b
@@ -82,20 +84,6 @@ def _per_call(fit: dict, nbytes: float) -> float:
     if len(points) < 2:
         return fit["latency_s"] + nbytes / fit["bytes_per_s"]
     return _interpolate(points, nbytes, extend=True)
-
-
-def _interpolate(points: list, x: float, *, extend: bool = False) -> float:
-    """Linear between sorted ``(x, y)`` points; below the first, its ``y``; beyond the last, its
-    ``y``, or with ``extend`` along the last two points' slope (never downward)."""
-    if x <= points[0][0]:
-        return points[0][1]
-    for (x0, y0), (x1, y1) in itertools.pairwise(points):
-        if x <= x1:
-            return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
-    if not extend:
-        return points[-1][1]
-    (x0, y0), (x1, y1) = points[-2], points[-1]
-    return y1 + max(y1 - y0, 0.0) * (x - x1) / (x1 - x0)
 
 
 def per_rank(profile: dict, world: int) -> dict:
@@ -198,14 +186,22 @@ def predict(facts: dict, layout: dict, profile: dict, *, optimizer: str = "adamw
     attn_per_token = 4 * seq * heads * dim * (0.5 if causal else 1.0)
     shard = dp_shard(layout)
     stages = []  # per stage: its compute, its collectives, its optimizer step
-    for s in facts["stages"]:
-        body = s.matmul_weights - s.tail_weights - s.expert_weights
-        fwd = tokens * (2 * body + s.attention_layers * attn_per_token) + whole * 2 * s.tail_weights
+    forward = [  # per stage: its forward FLOPs (the experts' too, before their rate)
+        tokens * (2 * (s.matmul_weights - s.tail_weights) + s.attention_layers * attn_per_token)
+        + whole * 2 * s.tail_weights
+        for s in facts["stages"]
+    ]
+    for s, flops in zip(facts["stages"], forward, strict=True):
+        fwd = flops - tokens * 2 * s.expert_weights
         experts = tokens * 2 * s.expert_weights / expert_factor(here, facts["dtype"], tokens // m, tp, s.expert_share)
         logits = whole * s.logits * facts.get("logits_gathered", 1)  # under TP, gathered: the whole vocabulary
         loss = loss_seconds(profile, dp * pp * sp * tp, logits, facts["itemsize"])
         optim = optimizer_seconds(profile, dp * pp * sp * tp, optimizer, s, shard)
-        stages.append((3 * (fwd + experts) / rate + loss, communication(facts, layout, profile, s), optim))
+        share = flops / max(sum(forward), 1.0)  # of the model's elementwise work: the stage's share of its FLOPs
+        work = excess_seconds(
+            here, facts.get("elementwise"), tokens=tokens // m, tp=tp, calls=m, share=share, flops=3 * flops
+        )
+        stages.append((3 * (fwd + experts) / rate + loss + work, communication(facts, layout, profile, s), optim))
     # within a stage's microbatches: its compute and the tp, sp and ep collectives inside its blocks;
     # once a step: the optimizer, the data-parallel sync and the boundaries' swaps
     inner = [c + sum(v for k, v in comm.items() if k in ("tp", "sp", "ep")) for c, comm, _ in stages]

@@ -48,6 +48,15 @@ def format_search(result: dict[str, Any], top: int = 5) -> str:
         lines.append(f"refused: {r['name']}: {r['refused']}")
     if len(result["refused"]) > top:
         lines.append(f"... and {len(result['refused']) - top} more refused (--json lists them all)")
+    if not result.get("elementwise_priced", True):
+        lines.append(
+            "compute priced by FLOPs alone: "
+            + (
+                "the model did not run on the meta device, its elementwise work is not traced"
+                if result.get("elementwise") is None
+                else "the profile has no elementwise rate (`shardcore calibrate --force` measures it)"
+            )
+        )
     lines.append(
         f"predicted from {result['candidates']} candidate layouts in {result['seconds']:.1f} s; step times are the "
         "cost model's (docs/explain.md: what it counts and how far it was from measured steps)"

@@ -25,6 +25,7 @@ from ..explain.experts import expert_traffic
 from ..explain.sequence import sequence_bytes
 from ..explain.traffic import collective_bytes_per_step
 from .copies import collector_paused, module_copy
+from .elementwise import trace
 from .facts import attention_width, hidden_size, parameter_walk, stage_facts
 from .model import predict
 from .sides import planned_roles
@@ -139,13 +140,15 @@ def workload_facts(
     base: ShardConfig | None = None,
     tp_cache: dict | None = None,
     built: dict | None = None,
+    traced: dict | None = None,
 ) -> dict:
     """The cost model's input for ``layout``: optimize's checks on a paper build of a copy of the
     meta ``model`` (raising :class:`~shardcore.explain.ExplainError` or ``NotImplementedError`` as
     ``optimize`` would). ``tp_cache``: tensor-parallel traffic already computed, by degree;
     ``built``: paper builds already made, by ``(tp, sp, sequence mode, ep)``: the sharding does not
     depend on ``pp``, ``dp`` or the data-parallel engine (what does, the stages and the traffic per
-    data-parallel rank's tokens, is read from the build for each layout)."""
+    data-parallel rank's tokens, is read from the build for each layout); ``traced``: the model's elementwise work
+    (:func:`~shardcore.cost.elementwise.trace`; without it a step is priced by its FLOPs alone)."""
     config = shard_config(layout, base)
     dp, sp, tp = layout["dp"], layout["sp"], layout["tp"]
     kw = dict(pp=layout["pp"], sp=sp, ep=layout["ep"], dp=dp, config=config)
@@ -159,7 +162,7 @@ def workload_facts(
         paper = (itemsize, build, blocks, parameter_walk(build.model, blocks, roles))
         if built is not None:
             built[key] = paper
-    return _facts(model, paper, layout, seq, batch, base, tp_cache)
+    return _facts(model, paper, layout, seq, batch, base, tp_cache) | {"elementwise": traced}
 
 
 def _facts(model: nn.Module, paper: tuple, layout: dict, seq: int, batch: int, base, tp_cache: dict | None) -> dict:
@@ -215,10 +218,13 @@ def search(
     experts = _expert_count(model)
     blocks = len(_blocks_of(module_copy(model), base))
     ranked, refused, tp_cache, built = [], [], {}, {}
+    traced = trace(model, seq, hidden_size(model))  # once: the unsharded model's elementwise work
     with collector_paused():
         for layout in candidates(world, batch=batch, seq=seq, blocks=blocks, experts=experts):
             try:
-                facts = workload_facts(model, layout, seq=seq, batch=batch, base=base, tp_cache=tp_cache, built=built)
+                facts = workload_facts(
+                    model, layout, seq=seq, batch=batch, base=base, tp_cache=tp_cache, built=built, traced=traced
+                )
             except (ExplainError, NotImplementedError, ValueError) as err:
                 why = str(err).splitlines()[0].split(" (tensor_parallel_size values this model accepts")[0]
                 refused.append({"layout": layout, "name": name(layout), "refused": why})
@@ -244,6 +250,9 @@ def search(
         "ranked": ranked,
         "refused": refused,
         "candidates": len(ranked) + len(refused),
+        "elementwise": traced,  # None: the model did not run on the meta device, its steps priced by FLOPs alone
+        "elementwise_priced": traced is not None
+        and all("elementwise_bytes_per_s" in e for e in profile["per_rank"].values()),
         "seconds": time.perf_counter() - start,
     }
 

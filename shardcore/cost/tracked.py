@@ -21,7 +21,6 @@ a fake tensor cannot be read, and transformers would build the whole causal mask
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 
 import attrs
@@ -32,6 +31,7 @@ from torch import nn
 from ..config import ShardConfig
 from ..distributed import ParallelLayout
 from ..distributed.simulate import init_simulated_world
+from .elementwise import unpadded as _unpadded
 
 __all__ = ["CATEGORIES", "memory_check", "predicted_memory", "tracked_memory"]
 
@@ -89,18 +89,6 @@ def _tracker():
             super()._pre_fw_hook(module, inputs)
 
     return _PerMicrobatch()
-
-
-def _unpadded(model: nn.Module):
-    """The attention registry's context in which ``model``'s mask builders take the batch as unpadded, as a run
-    would after reading its all-ones mask (fake tensors cannot be read: transformers builds the whole mask)."""
-    from ..spec.attention import attention_registry
-
-    try:
-        unpadded = getattr(attention_registry(), "unpadded", None)
-    except NotImplementedError:  # no model library's registry: nothing to tell
-        unpadded = None
-    return unpadded(model) if unpadded is not None else contextlib.nullcontext()
 
 
 def _optimizer(name: str, params) -> torch.optim.Optimizer | None:

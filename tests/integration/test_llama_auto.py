@@ -74,6 +74,17 @@ def test_every_layout_of_the_world_is_predicted_or_refused_with_optimize_s_messa
         assert "attention and mask registries" in reasons[ring], reasons.get(ring)
     assert {"tp4", "dp4 (ddp)", "dp4 (fsdp)", "dp2 x tp2 (ddp)", "pp2 x tp2 (M=4)", *([] if v4 else [ring])} <= names
     assert not any(p.is_meta is False for p in model.parameters()) and type(model.lm_head) is torch.nn.Linear
+    traced = result["elementwise"]  # the model's elementwise work, traced once on the meta device, left without grads
+    assert traced["ops"] > 0 and min(traced["whole"], traced["split"], traced["fixed"]) > 0, traced
+    assert all(p.grad is None for p in model.parameters())
+    from shardcore.cost.report import format_search
+
+    assert "the profile has no elementwise rate (`shardcore calibrate --force`" in format_search(result)
+    rates = synthetic_profile()
+    for entry in rates["per_rank"].values():
+        entry["elementwise_bytes_per_s"] = {"1000": 1e10}
+    priced = search(model, 4, rates, seq=64, batch=4)
+    assert priced["elementwise_priced"] and "compute priced by FLOPs alone" not in format_search(priced)
     for row in result["ranked"]:  # each one a config optimize takes for 4 ranks
         config = shard_config(row["layout"])
         assert ParallelLayout.from_config(config, world_size=4).degrees == {
