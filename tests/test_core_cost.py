@@ -139,7 +139,7 @@ def test_the_compute_rate_follows_the_rank_s_microbatch_shape():
     shapes = {"1": {"128": 0.8, "2048": 1.0}, "4": {"128": 0.5, "2048": 0.9}}
     entry = {"block_shapes": {"float32": shapes}}
     assert shape_factor(entry, "float32", 128, 1) == pytest.approx(0.8)
-    assert shape_factor(entry, "float32", 512, 1) == pytest.approx(0.9)  # halfway on the log scale
+    assert shape_factor(entry, "float32", 512, 1) == pytest.approx(0.9), "not log-linear between the measured points"
     assert shape_factor(entry, "float32", 64, 2) == pytest.approx(0.8)  # TP=2: TP=1's, the nearest outside
     assert shape_factor(entry, "bfloat16", 4096, 8) == pytest.approx(0.9)  # an unmeasured dtype: the first's
 

@@ -660,4 +660,13 @@ MUTANTS = [
         "tests/test_core_cost_elementwise.py::test_a_stage_pays_its_share_of_the_model_s_elementwise_work",
         "a stage's share by FLOPs",
     ),
+    m(
+        "curve-read-as-steps",
+        "the cost model reads a measured curve (a rate by size or shape) as steps between its points, not linearly",
+        "shardcore/cost/curves.py",
+        "interpolate",
+        [("            return y0 + (y1 - y0) * (x - x0) / (x1 - x0)", "            return y0")],
+        "tests/test_core_cost.py::test_the_compute_rate_follows_the_rank_s_microbatch_shape",
+        "not log-linear between the measured points",
+    ),
 ]
