@@ -40,12 +40,12 @@ class _Attention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v):
-        ctx.shapes = (q, k, v)
+        ctx.inputs = (q, k, v)
         return q.new_empty((*q.shape[:-1], v.shape[-1]))
 
     @staticmethod
     def backward(ctx, grad):
-        return tuple(torch.empty_like(t) for t in ctx.shapes)
+        return tuple(torch.empty_like(t) for t in ctx.inputs)
 
 
 class _Fused(TorchFunctionMode):

@@ -4,11 +4,10 @@ profile's measured rate, less the reference block's share, which that block's me
 from __future__ import annotations
 
 import functools
-import math
 
 import torch
 
-from .curves import interpolate
+from .curves import at_size
 from .elementwise import count
 from .measure import BLOCK, SHAPE_TP, _RankBlock, block_step_flops
 
@@ -25,12 +24,6 @@ def reference(tp: int, tokens: int) -> tuple[int, int, float]:
     return c.ops, c.whole + c.split + c.fixed, block_step_flops(width, ffn, tokens, length) / tp
 
 
-def _rate(rates: dict[str, float], bytes_per_op: float) -> float:
-    """The profile's elementwise rate at ``bytes_per_op``: log-linear between the measured sizes, the nearest outside."""
-    points = sorted((math.log(int(size)), rate) for size, rate in rates.items())
-    return interpolate(points, math.log(max(bytes_per_op, 1.0)))
-
-
 def excess_seconds(entry: dict, traced: dict | None, *, tokens: int, tp: int, calls: int, share: float, flops: float):
     """Seconds a rank spends on elementwise work beyond what its FLOPs at the reference block's rate hold (``entry``:
     the rank's profile figures, ``traced``: :func:`trace`): ``share`` of the model's traced bytes (its stage's), for
@@ -43,6 +36,6 @@ def excess_seconds(entry: dict, traced: dict | None, *, tokens: int, tp: int, ca
     if not traced or not rates:
         return 0.0
     per_call = (traced["whole"] + traced["split"] / tp) * tokens / traced["tokens"] + traced["fixed"] / tp
-    mine = calls * share * per_call / _rate(rates, per_call / max(traced["ops"], 1))
+    mine = calls * share * per_call / at_size(rates, per_call / max(traced["ops"], 1))
     ops, nbytes, ref_flops = reference(max(t for t in SHAPE_TP if t <= tp), tokens)
-    return mine - flops * nbytes / _rate(rates, nbytes / ops) / ref_flops
+    return mine - flops * nbytes / at_size(rates, nbytes / ops) / ref_flops

@@ -35,6 +35,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from .curves import at_size
 from .curves import interpolate as _interpolate
 from .excess import excess_seconds
 from .facts import StageFacts
@@ -129,8 +130,8 @@ def optimizer_rate(profile: dict, world: int, optimizer: str, tensor_bytes: floa
 
 
 def _at_size(rates: dict[str, float], nbytes: float) -> float:
-    """A rate per size in MiB at ``nbytes``: log-linear between the measured sizes, the nearest one outside them."""
-    return _interpolate(sorted((math.log(int(mib) << 20), r) for mib, r in rates.items()), math.log(max(nbytes, 1.0)))
+    """A rate per size in MiB at ``nbytes`` (:func:`~shardcore.cost.curves.at_size`)."""
+    return at_size(rates, nbytes, unit=1 << 20)
 
 
 def optimizer_seconds(profile: dict, world: int, optimizer: str, stage: StageFacts, shard: int = 1) -> float:

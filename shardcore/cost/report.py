@@ -52,7 +52,7 @@ def format_search(result: dict[str, Any], top: int = 5) -> str:
         lines.append(
             "compute priced by FLOPs alone: "
             + (
-                "the model did not run on the meta device, its elementwise work is not traced"
+                "its elementwise work was not traced (no forward on token ids ran on the meta device)"
                 if result.get("elementwise") is None
                 else "the profile has no elementwise rate (`shardcore calibrate --force` measures it)"
             )

@@ -611,7 +611,7 @@ MUTANTS = [
         "the cost model's elementwise work priced whole, the reference block's share its rate holds not taken off",
         "shardcore/cost/excess.py",
         "excess_seconds",
-        [("    return mine - flops * nbytes / _rate(rates, nbytes / ops) / ref_flops", "    return mine")],
+        [("    return mine - flops * nbytes / at_size(rates, nbytes / ops) / ref_flops", "    return mine")],
         "tests/test_core_cost_elementwise.py::test_elementwise_work_is_priced_beyond_the_reference_block_s_share",
         "the reference block's own elementwise work priced again",
     ),
