@@ -1,15 +1,15 @@
-"""Benchmark (not a test): the cost model against the clock, every valid layout of 4 gloo ranks.
+"""Benchmark (not a test): the cost model against the clock, every valid layout of 4 gloo ranks (or ``--world``).
 
-    python benchmarks/bench_auto.py [--models llama bert moe] [--seqs 128 512] [--batch 4] [--steps 3] [--warmup 1]
+    python benchmarks/bench_auto.py [--models llama bert moe] [--seqs 128 512] [--batch 4] [--steps 3] [--warmup 1] [--world 4]
 
 For each model (the Llama of ``bench_llama_tp.py``; a BERT masked-LM, hidden 512, 4 layers, 8
 heads, vocabulary 8192, no dropout; the Mixtral of ``bench_moe.py``, 8 experts top-2) and sequence length:
 
 1. ``shardcore.cost.search`` on the meta model with this machine's profile (``shardcore
    calibrate --world 2 4``, read from the cache or measured first) lists every layout of 4 ranks
-   optimize accepts, with its predicted step time, and the one ``explain --auto`` would choose;
+   (``--world``) optimize accepts, with its predicted step time, and the one ``explain --auto`` would choose;
 2. each of those layouts is trained for real: ``shardcore.optimize(model, config)`` in one pool of
-   4 gloo ranks x 1 thread (the profile's per-rank figures are measured the same way), AdamW,
+   4 gloo ranks (``--world``) x 1 thread (the profile's per-rank figures are measured the same way), AdamW,
    the global batch of ``--batch`` x ``seq`` random tokens (each data-parallel rank its part;
    pipelines through ``shardcore.pipeline_step``); the step time is the median over ``--steps``
    after ``--warmup`` (a step ends when the slowest rank does), beside each rank's CPU seconds
@@ -131,9 +131,9 @@ def worker(name: str, seq: int, batch: int, layouts: list[dict], warmup: int, st
                 first = loss.detach().clone().reshape(1)
         dist.all_reduce(first)  # every rank of a data-parallel part holds its loss: the mean of the parts
         split = [statistics.median(p[i] for p in phases) for i in range(3)]  # this rank's forward, backward, optimizer
-        cpu_s = [None] * WORLD  # each rank's CPU seconds per step, every thread of it (gloo's included)
+        cpu_s = [None] * dist.get_world_size()  # each rank's CPU seconds per step, every thread of it (gloo's included)
         dist.all_gather_object(cpu_s, statistics.median(cpus))
-        out.append({"layout": layout, "step_s": slowest(statistics.median(times)), "loss": first.item() / WORLD,
+        out.append({"layout": layout, "step_s": slowest(statistics.median(times)), "loss": first.item() / dist.get_world_size(),
                     "rank0_phases_s": dict(zip(("forward", "backward", "optimizer"), split, strict=True)),
                     "cpu_s_per_rank": cpu_s})  # fmt: skip
         del model, opt
@@ -159,10 +159,10 @@ def run(name: str, seq: int, args, profile: dict) -> dict:
     start = time.perf_counter()
     with shardcore.init_empty():
         meta = build(name)
-    plan = search(meta, WORLD, profile, seq=seq, batch=args.batch)
+    plan = search(meta, args.world, profile, seq=seq, batch=args.batch)
     search_s = time.perf_counter() - start
     layouts = [row["layout"] for row in plan["ranked"]]
-    with RankPool(WORLD, timeout_s=3600, threads=1) as pool:
+    with RankPool(args.world, timeout_s=3600, threads=1) as pool:
         measured = pool.run(worker, name, seq, args.batch, layouts, args.warmup, args.steps)[0]
     refs = {}
     rows = []
@@ -186,7 +186,7 @@ def run(name: str, seq: int, args, profile: dict) -> dict:
             "layouts": rows, "refused": plan["refused"]}  # fmt: skip
 
 
-def report(results: list[dict], profile: dict, out: pathlib.Path) -> None:
+def report(results: list[dict], profile: dict, out: pathlib.Path, world: int) -> None:
     errors = []
     for r in results:
         print(f"\n{r['model']} seq {r['seq']} x batch {r['batch']}: chose {r['chosen']} - measured rank "
@@ -198,7 +198,7 @@ def report(results: list[dict], profile: dict, out: pathlib.Path) -> None:
             print(f"| {row['name']} | {row['predicted_s']:.3f} | {row['measured_s']:.3f} | {row['error']:+.0%} |")
     median = statistics.median(errors)
     print(f"\nmedian absolute error over {len(errors)} layouts: {median:.1%}")
-    record = {"profile": profile, "world": WORLD, "median_abs_error": median, "results": results}
+    record = {"profile": profile, "world": world, "median_abs_error": median, "results": results}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=2))
     print(f"written: {out}")
@@ -212,6 +212,7 @@ def summarize(path: pathlib.Path, png: pathlib.Path | None, profile: dict | None
 
     runs = json.loads(path.read_text())["runs"]
     profile = profile or runs[0]["profile"]  # every run read the same cached profile
+    world = runs[0].get("world", WORLD)
     cases, errors = [], []
     for i, first in enumerate(runs[0]["results"]):
         name, seq, batch = first["model"], first["seq"], first["batch"]
@@ -226,7 +227,7 @@ def summarize(path: pathlib.Path, png: pathlib.Path | None, profile: dict | None
                     busy.setdefault(row["name"], []).append(sum(row["cpu_s_per_rank"]) / cores)
         with shardcore.init_empty():
             meta = build(name)
-        plan = search(meta, WORLD, profile, seq=seq, batch=batch)
+        plan = search(meta, world, profile, seq=seq, batch=batch)
         predicted = {row["name"]: row["step_s"] for row in plan["ranked"]}
         gone = sorted(set(times) - set(predicted))
         assert not gone, f"{name} seq {seq}: the runs measured layouts the search no longer ranks: {gone}"
@@ -260,18 +261,18 @@ def summarize(path: pathlib.Path, png: pathlib.Path | None, profile: dict | None
     print(f"\nmedian absolute error over {len(errors)} layouts: {median:.1%} (worst {worst:.0%}, "
           f"{sum(e <= 0.15 for e in errors)} within 15%); chosen within 10% of the fastest: {within} of the {len(measured)} "
           f"cases whose chosen layout the runs measured ({len(cases)} cases)")  # fmt: skip
-    summary = {"source": str(path), "runs": len(runs), "median_abs_error": median, "worst_abs_error": worst,
+    summary = {"source": str(path), "runs": len(runs), "world": world, "median_abs_error": median, "worst_abs_error": worst,
                "within_15pct": sum(e <= 0.15 for e in errors), "chosen_within_10pct": within,
                "cases": cases, "profile": profile}  # fmt: skip
     out = path.with_name(f"{path.stem}_summary.json")  # auto.json: auto_summary.json
     out.write_text(json.dumps(summary, indent=2))
     print(f"written: {out}")
     if png:
-        draw(cases, png)
+        draw(cases, png, world)
     return summary
 
 
-def draw(cases: list[dict], png: pathlib.Path) -> None:
+def draw(cases: list[dict], png: pathlib.Path, world: int = WORLD) -> None:
     """Predicted against measured step time, one point per layout (the runs' min-max as a bar),
     the chosen layouts ringed, y = x and the 25% band."""
     import matplotlib
@@ -298,7 +299,7 @@ def draw(cases: list[dict], png: pathlib.Path) -> None:
     ax.plot(line, line, "k-", lw=0.8)
     ax.fill_between(line, [0.75 * x for x in line], [1.25 * x for x in line], color="gray", alpha=0.15, label="±25%")
     ax.set(xlim=(0, top), ylim=(0, top), xlabel="measured step time, s (median of the runs, min-max)",
-           ylabel="predicted step time, s", title="explain --auto's cost model, 4 gloo ranks (ringed: chosen)")  # fmt: skip
+           ylabel="predicted step time, s", title=f"explain --auto's cost model, {world} gloo ranks (ringed: chosen)")  # fmt: skip
     ax.legend(fontsize=8, loc="upper left")
     fig.tight_layout()
     png.parent.mkdir(parents=True, exist_ok=True)
@@ -313,6 +314,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--world", type=int, default=WORLD, help="gloo ranks (the profile measures 2 and 4)")
     parser.add_argument("--profile", default=None, help="a profile JSON (default: this machine's, measured if absent); "
                         "with --summarize: predict from it instead of the profile the runs read")  # fmt: skip
     parser.add_argument("--out", default="bench-results/auto.json")
@@ -327,13 +329,13 @@ def main() -> None:
         return
     from shardcore.cost import load_profile
 
-    profile = load_profile(args.profile, group_sizes=(2, WORLD))
+    profile = load_profile(args.profile, group_sizes=(2, 4))
     results = []
     for name in args.models:
         for seq in args.seqs:
             results.append(run(name, seq, args, profile))
             print(f"{name} seq {seq}: done", flush=True)
-    report(results, profile, pathlib.Path(args.out))
+    report(results, profile, pathlib.Path(args.out), args.world)
 
 
 if __name__ == "__main__":

@@ -47,7 +47,10 @@ def test_calibrate_measures_once_and_caches(tmp_path, monkeypatch, capsys):
         assert off[len(off) // 2] < 0.5, (kind, fit)
     mine = first["per_rank"]["2"]  # what a rank achieves with both at work
     assert min(mine["block_flops"].values()) > 1e6 and mine["copy_bytes_per_s"] > 1e6
-    assert mine["loss_elements_per_s"] > 1e6  # a cross-entropy's forward and backward, per logit
+    loss = mine["loss_elements_per_s"]  # a cross-entropy's forward and backward, per logit, by the logits' elements
+    sizes = {str(rows * 8192) for rows in (128, 512, 2048, 4096)}
+    assert set(loss) == sizes, f"the loss timed at {sorted(loss)} logits, not at each of {sorted(sizes)}"
+    assert min(loss.values()) > 1e6, loss
     for shapes in mine["block_shapes"].values():  # a rank's block per TP degree and tokens per microbatch
         assert set(shapes) == {"1", "2", "4"} and all(set(t) == {"32", "128", "512"} for t in shapes.values())
         assert all(0.05 < f < 5 for t in shapes.values() for f in t.values()), shapes
@@ -235,9 +238,10 @@ def test_the_loss_is_priced_at_the_measured_rate_over_the_vocabulary_each_rank_c
     """The loss's forward and backward over a token's logits at the profile's cross-entropy rate: under TP with
     the logits gathered (``parallel_output=False``), every rank computes it over the whole vocabulary, not its
     slice; a bfloat16 model's logits are upcast and their gradient cast back (an elementwise pass each); a profile
-    calibrated before the rate was measured prices it as passes at the copy bandwidth."""
+    calibrated before the rate was measured prices it as passes at the copy bandwidth. The rate is read at each
+    call's logits (a microbatch's), between the sizes measured: large logits leave a CPU's caches."""
 
-    def profile(loss_rate: float | None) -> dict:
+    def profile(loss_rate: float | dict | None) -> dict:
         flat = {tp: {"128": 1.0} for tp in ("1", "4")}
         rank = {"block_flops": {"float32": 1e30, "bfloat16": 1e30}, "block_shapes": {"float32": flat},
                 "copy_bytes_per_s": 1e10} | ({"loss_elements_per_s": loss_rate} if loss_rate else {})  # fmt: skip
@@ -247,10 +251,10 @@ def test_the_loss_is_priced_at_the_measured_rate_over_the_vocabulary_each_rank_c
     stage = StageFacts(matmul_weights=0, activation_elements=0, attention_layers=0, dense_bytes=0, expert_bytes=0,
                        dense_tensors=1, blocks=1, logits=vocab)  # fmt: skip
 
-    def loss_s(tp: int, gathered: int, rate: float | None, itemsize: int = 4) -> float:
+    def loss_s(tp: int, gathered: int, rate, itemsize: int = 4, **split) -> float:
         facts = {"seq": 128, "batch": 2, "dtype": "float32" if itemsize == 4 else "bfloat16", "itemsize": itemsize,
                  "attention": (1, 1, False), "stages": [stage], "logits_gathered": gathered}  # fmt: skip
-        layout = {"dp": 1, "pp": 1, "sp": 1, "tp": tp, "ep": 1, "microbatches": 1, "data_parallel": None}
+        layout = {"dp": 1, "pp": 1, "sp": 1, "tp": tp, "ep": 1, "microbatches": 1, "data_parallel": None} | split
         return predict(facts, layout, profile(rate), optimizer="none")["compute_s"]
 
     tokens = 2 * 128
@@ -260,6 +264,14 @@ def test_the_loss_is_priced_at_the_measured_rate_over_the_vocabulary_each_rank_c
     casts = 2 * tokens * vocab * (4 + 2) / 1e10
     assert loss_s(1, 1, 1e8, itemsize=2) == pytest.approx(tokens * vocab / 1e8 + casts), "bfloat16: casts missing"
     assert loss_s(4, 4, None) == pytest.approx(LOSS_PASSES * tokens * 4 * vocab * 4 / 1e10)
+    # by the logits' size (each call's: a pipeline's microbatch, one at a time): log-linear between the sizes
+    curve = {str(tokens * vocab): 4e8, str(4 * tokens * vocab): 1e8}
+    assert loss_s(1, 1, curve) == pytest.approx(tokens * vocab / 4e8), "a small call priced at the large ones' rate"
+    assert loss_s(4, 4, curve) == pytest.approx(tokens * 4 * vocab / 1e8), "large logits at the small ones' rate"
+    middle = tokens * 2 * vocab / (4e8 * 0.5 + 1e8 * 0.5)  # half way between the sizes in log
+    assert loss_s(4, 2, curve) == pytest.approx(middle), "not log-linear between the measured sizes"
+    split = {"microbatches": 4}
+    assert loss_s(4, 4, curve, **split) == pytest.approx(tokens * 4 * vocab / 4e8), "a microbatch's call priced whole"
 
 
 def test_a_pipeline_waits_on_the_other_stages_single_slots():

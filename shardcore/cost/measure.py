@@ -226,22 +226,26 @@ def _elementwise_rate(device: torch.device) -> dict[str, float]:
     return rates
 
 
-#: the logits the loss is timed on: tokens x vocabulary, float32 (16 MiB)
-LOSS_SHAPE = (512, 8192)
+#: the logits the loss is timed on: rows x vocabulary, float32 (4 to 128 MiB): a CPU runs the large ones at a third of
+#: the small ones' rate per element (they leave its caches), which one size would miss (a TP rank's gathered logits)
+LOSS_ROWS, LOSS_VOCAB = (128, 512, 2048, 4096), 8192
 
 
-def _loss_rate(device: torch.device) -> float:
+def _loss_rate(device: torch.device) -> dict[str, float]:
     """Logit elements per second a cross-entropy's forward and backward runs through (float32, as a model's loss
-    upcasts its logits): a log-softmax and its gradient, exponentials, not copies (on a CPU several times slower
-    per element than an elementwise pass)."""
-    logits = torch.randn(LOSS_SHAPE, device=device, requires_grad=True)
-    labels = torch.randint(0, LOSS_SHAPE[1], LOSS_SHAPE[:1], device=device)
+    upcasts its logits), per logits' size in elements: a log-softmax and its gradient, exponentials, not copies (on a
+    CPU several times slower per element than an elementwise pass)."""
+    rates = {}
+    for rows in LOSS_ROWS:
+        logits = torch.randn(rows, LOSS_VOCAB, device=device, requires_grad=True)
+        labels = torch.randint(0, LOSS_VOCAB, (rows,), device=device)
 
-    def step() -> None:
-        logits.grad = None  # a run's logits hand their gradient on, never accumulate it
-        torch.nn.functional.cross_entropy(logits, labels).backward()
+        def step(logits=logits, labels=labels) -> None:
+            logits.grad = None  # a run's logits hand their gradient on, never accumulate it
+            torch.nn.functional.cross_entropy(logits, labels).backward()
 
-    return logits.numel() / _together(step, device)
+        rates[str(logits.numel())] = logits.numel() / _together(step, device)
+    return rates
 
 
 def measure_per_rank(sizes: tuple[int, ...], repeats: int, dtypes: tuple[str, ...]) -> dict:

@@ -158,15 +158,19 @@ def fresh_seconds(profile: dict, world: int, nbytes: float) -> float:
     return nbytes / _at_size(here["fresh_bytes_per_s"], nbytes)
 
 
-def loss_seconds(profile: dict, world: int, elements: float, itemsize: int) -> float:
-    """Seconds of the loss's forward and backward over ``elements`` logits (under TP with the logits gathered, every
-    rank's whole vocabulary): the profile's measured cross-entropy rate on float32 logits, and for a narrower dtype
-    (``itemsize`` under 4 bytes) the upcast and the gradient's cast back, an elementwise pass each; a profile without
-    that rate (calibrated before it): :data:`LOSS_PASSES` passes at the copy bandwidth."""
+def loss_seconds(profile: dict, world: int, elements: float, itemsize: int, calls: int = 1) -> float:
+    """Seconds of the loss's forward and backward over ``elements`` logits in ``calls`` calls (a pipeline's
+    microbatches; under TP with the logits gathered, every rank's whole vocabulary): the profile's measured
+    cross-entropy rate on float32 logits of each call's size (:func:`~shardcore.cost.curves.at_size`: large logits
+    leave a CPU's caches), and for a narrower dtype (``itemsize`` under 4 bytes) the upcast and the gradient's cast
+    back, an elementwise pass each; a profile without that rate (calibrated before it): :data:`LOSS_PASSES` passes
+    at the copy bandwidth."""
     here = per_rank(profile, world)
     rate, copy_rate = here.get("loss_elements_per_s"), here["copy_bytes_per_s"]
     if not rate:
         return LOSS_PASSES * elements * 4 / copy_rate
+    if isinstance(rate, dict):  # by the logits' size (a profile of one size: a number)
+        rate = at_size(rate, elements / max(calls, 1))
     casts = 2 * elements * (4 + itemsize) / copy_rate if itemsize < 4 else 0.0
     return elements / rate + casts
 
@@ -196,7 +200,7 @@ def predict(facts: dict, layout: dict, profile: dict, *, optimizer: str = "adamw
         fwd = flops - tokens * 2 * s.expert_weights
         experts = tokens * 2 * s.expert_weights / expert_factor(here, facts["dtype"], tokens // m, tp, s.expert_share)
         logits = whole * s.logits * facts.get("logits_gathered", 1)  # under TP, gathered: the whole vocabulary
-        loss = loss_seconds(profile, dp * pp * sp * tp, logits, facts["itemsize"])
+        loss = loss_seconds(profile, dp * pp * sp * tp, logits, facts["itemsize"], m)
         optim = optimizer_seconds(profile, dp * pp * sp * tp, optimizer, s, shard)
         share = flops / max(sum(forward), 1.0)  # of the model's elementwise work: the stage's share of its FLOPs
         work = excess_seconds(
