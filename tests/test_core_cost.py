@@ -56,6 +56,13 @@ def test_calibrate_measures_once_and_caches(tmp_path, monkeypatch, capsys):
         assert all(0.05 < f < 5 for t in shapes.values() for f in t.values()), shapes
         # the reference shape (2 x 256 tokens, TP=1) is one of them: its factor exactly 1
         assert shapes["1"]["512"] == 1.0, f"the reference shape's factor is {shapes['1']['512']}, not 1: {shapes}"
+    for dtype, attention in mine["attention_shapes"].items():  # the attention's rate over the block's, by head dim
+        assert set(attention["full"]) == set(attention["causal"]) == {"32", "64", "128"}, attention
+        assert all(0.01 < f < 10 for m in ("full", "causal") for f in attention[m].values()), attention
+        assert 0.01 < attention["reference"] < 10 and attention["share"] == pytest.approx(1 / 13), attention
+        # the masked half counts half the FLOPs; no kernel runs it more than twice as fast per counted FLOP
+        slower = [attention["causal"][d] / attention["full"][d] for d in ("32", "64", "128")]
+        assert all(0.2 < r < 1.5 for r in slower), f"{dtype}: causal over full attention per counted FLOP: {slower}"
     elementwise = mine["elementwise_bytes_per_s"]  # the chain's traced bytes per second, by its bytes per op
     assert len(elementwise) == 4 and min(elementwise.values()) > 1e6, elementwise
     assert set(mine["fresh_bytes_per_s"]) == {"8", "30", "34", "96"}  # a buffer just allocated, per size (MiB)

@@ -10,6 +10,7 @@ import torch
 
 from ..distributed.collectives import all_reduce
 from ..distributed.objects import barrier, swap
+from .attention import measure as attention
 
 
 def _device() -> tuple[torch.device, str]:
@@ -265,6 +266,9 @@ def measure_per_rank(sizes: tuple[int, ...], repeats: int, dtypes: tuple[str, ..
     out["fresh_bytes_per_s"] = _fresh_rate(device)
     out["elementwise_bytes_per_s"] = _elementwise_rate(device)
     blocks = {name: _blocks(device, getattr(torch, name)) for name in dtypes}
+    width, heads, ffn, batch, seq = BLOCK  # the attention beside the reference block's own
+    block = (width, heads, batch, seq, block_step_flops(width, ffn, batch * seq, seq))
+    out["attention_shapes"] = {n: attention(device, getattr(torch, n), _together, block, blocks[n][0]) for n in dtypes}
     out["block_flops"] = {name: flops for name, (flops, _) in blocks.items()}
     out["block_shapes"] = {name: shapes for name, (_, shapes) in blocks.items()}
     out["optimizer_bytes_per_s"] = {name: _optimizer_rate(device, name) for name in OPTIMIZERS}

@@ -35,6 +35,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from .attention import multipliers as attention_multipliers
 from .curves import at_size
 from .curves import interpolate as _interpolate
 from .excess import excess_seconds
@@ -189,6 +190,7 @@ def predict(facts: dict, layout: dict, profile: dict, *, optimizer: str = "adamw
     whole = batch // dp * seq if sp > 1 else tokens  # after the last block the sequence is whole again
     heads, dim, causal = facts["attention"]
     attn_per_token = 4 * seq * heads * dim * (0.5 if causal else 1.0)
+    attention_s, rest_s = attention_multipliers(here, facts["dtype"], dim, causal)  # per FLOP, over the block's
     shard = dp_shard(layout)
     stages = []  # per stage: its compute, its collectives, its optimizer step
     forward = [  # per stage: its forward FLOPs (the experts' too, before their rate)
@@ -206,7 +208,9 @@ def predict(facts: dict, layout: dict, profile: dict, *, optimizer: str = "adamw
         work = excess_seconds(
             here, facts.get("elementwise"), tokens=tokens // m, tp=tp, calls=m, share=share, flops=3 * flops
         )
-        stages.append((3 * (fwd + experts) / rate + loss + work, communication(facts, layout, profile, s), optim))
+        attention = tokens * s.attention_layers * attn_per_token
+        flop_s = ((fwd - attention + experts) * rest_s + attention * attention_s) / rate
+        stages.append((3 * flop_s + loss + work, communication(facts, layout, profile, s), optim))
     # within a stage's microbatches: its compute and the tp, sp and ep collectives inside its blocks;
     # once a step: the optimizer, the data-parallel sync and the boundaries' swaps
     inner = [c + sum(v for k, v in comm.items() if k in ("tp", "sp", "ep")) for c, comm, _ in stages]

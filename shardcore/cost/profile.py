@@ -24,8 +24,9 @@ backend that joins them (NCCL, gloo):
   parameter bytes an AdamW or SGD-with-momentum step updates per second, per tensor size in MiB:
   from a CPU's cache small tensors update several times faster per byte), ``copy_bytes_per_s`` (an
   elementwise pass over a 32 MiB tensor: bytes read + written per second), ``loss_elements_per_s`` (a
-  cross-entropy's forward and backward on 512 x 8192 float32 logits: logit elements per second; a profile
-  without it is read all the same, the cost model then prices the loss as passes at the copy bandwidth),
+  cross-entropy's forward and backward on float32 logits of 128 to 4096 rows x 8192: logit elements per second,
+  per logits' size in elements, as large logits leave a CPU's caches; a profile of one size is read as that rate
+  at every size, one without it all the same, the cost model then pricing the loss as passes at the copy bandwidth),
   ``fresh_bytes_per_s`` (bytes written per second into a buffer just allocated, per size in MiB: on a CPU a buffer
   over the allocator's threshold comes as new pages, several times slower to write; a profile without it: the copy
   bandwidth), ``elementwise_bytes_per_s`` (an RMS norm, a gated SiLU and a residual add forward and backward,
