@@ -7,8 +7,9 @@ from __future__ import annotations
 import math
 
 import pytest
+import torch
 
-from shardcore.cost.attention import factors, multipliers, step_flops
+from shardcore.cost.attention import HEAD_DIMS, SEQ, calls, factors, multipliers, step_flops
 from shardcore.cost.facts import StageFacts
 from shardcore.cost.measure import BLOCK, block_step_flops
 from shardcore.cost.model import predict
@@ -24,14 +25,16 @@ def test_the_reference_attention_s_share_of_the_block_is_what_the_cost_model_cou
     assert share == pytest.approx(SHARE)
     measured = {("full", 64): 30.0, ("causal", 64): 15.0, "reference": 35.0}
     got = factors(measured, block_rate=50.0, share=share)
-    assert got == {"full": {"64": 0.6}, "causal": {"64": 0.3}, "reference": 0.7, "share": share}
+    want = {"full": {"64": 0.6}, "causal": {"64": 0.3}, "reference": 0.7, "share": share}
+    assert got == want, f"the factors not over the block's rate: {got}"
 
 
 def test_the_multipliers_read_the_head_dim_and_the_mask():
     entry = {"attention_shapes": {"float32": TABLE}}
     rest = (1 - SHARE / 0.7) / (1 - SHARE)
-    assert multipliers(entry, "float32", 64, True) == pytest.approx((1 / 0.35, rest)), "the mask not read"
-    assert multipliers(entry, "float32", 64, False) == pytest.approx((1 / 0.75, rest))
+    assert multipliers(entry, "float32", 64, True)[0] == pytest.approx(1 / 0.35), "the mask not read"
+    assert multipliers(entry, "float32", 64, False)[0] == pytest.approx(1 / 0.75)
+    assert multipliers(entry, "float32", 64, True)[1] == pytest.approx(rest), "the rest at the whole block's rate"
     between = 0.3 + (0.35 - 0.3) * (math.log(48) - math.log(32)) / (math.log(64) - math.log(32))
     assert multipliers(entry, "float32", 48, True)[0] == pytest.approx(1 / between), "not log-linear in the head dim"
     assert multipliers(entry, "float32", 256, True)[0] == pytest.approx(1 / 0.4), "beyond: the nearest measured"
@@ -63,3 +66,29 @@ def test_predict_prices_the_attention_at_its_own_rate_and_the_rest_at_the_block_
     assert compute(True, None) == pytest.approx(3 * (matmuls + attention) / 1e10), "an old profile: changed"
     assert compute(True, TABLE) == pytest.approx(3 * (matmuls * rest + attention / 0.3) / 1e10), "attention unpriced"
     assert compute(False, TABLE) == pytest.approx(3 * (matmuls * rest + 2 * attention / 0.6) / 1e10)
+
+
+def test_calibrate_times_each_head_dim_masked_and_not_and_the_reference_block_s_own(monkeypatch):
+    """The calls ``calibrate`` times: one sequence of 512 at each head dim (the reference block's width in heads),
+    the masked ones through the kernel's causal mask, their FLOPs counted half; the reference block's attention at
+    its own shape, unmasked."""
+    seen = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(q, k, v, is_causal=False):
+        seen.append((tuple(q.shape), is_causal))
+        return sdpa(q, k, v, is_causal=is_causal)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    made = calls(torch.device("cpu"), torch.float32, 512, (2, 256, 64))
+    assert set(made) == {(m, d) for m in ("full", "causal") for d in HEAD_DIMS} | {"reference"}
+    for key, (run, flops) in made.items():
+        seen.clear()
+        run()
+        if key == "reference":
+            assert seen == [((2, 8, 256, 64), False)] and flops == step_flops(2, 8, 256, 64, False)
+            continue
+        mask, dim = key
+        assert seen == [((1, 512 // dim, SEQ, dim), mask == "causal")], f"{key}: the masked attention timed unmasked"
+        assert flops == step_flops(1, 512 // dim, SEQ, dim, mask == "causal")
+    assert step_flops(1, 8, 512, 64, True) == step_flops(1, 8, 512, 64, False) / 2

@@ -9,7 +9,9 @@ pipeline stage):
   attention layer (half for a causal model), over the profile's per-rank ``block_flops`` (a reference block's
   FLOP/s, its norms and softmax included) scaled by ``block_shapes`` to the rank's microbatch (its tokens, its share
   of the heads and MLP under TP: small matmuls run slower), an expert's matmuls at the rate of the rows it gets
-  (:func:`expert_factor`); plus the loss over the float32 logits (under TP
+  (:func:`expert_factor`), the attention's FLOPs at the rate measured for its head dim, masked or not, and the rest
+  at the block's rate less its own attention's part (:func:`~shardcore.cost.attention.multipliers`); plus the loss
+  over the float32 logits, at the rate measured for each call's size (under TP
   with the logits gathered, the whole vocabulary on every rank) at the profile's cross-entropy rate
   (:func:`loss_seconds`); plus the model's elementwise work (traced) beyond the reference block's share of it
   (:func:`~shardcore.cost.excess.excess_seconds`), each stage its share;

@@ -31,7 +31,10 @@ backend that joins them (NCCL, gloo):
   over the allocator's threshold comes as new pages, several times slower to write; a profile without it: the copy
   bandwidth), ``elementwise_bytes_per_s`` (an RMS norm, a gated SiLU and a residual add forward and backward,
   :class:`~shardcore.cost.elementwise.Chain`: bytes its ops read and write per second, keyed by the bytes per op, from
-  32 to 16384 rows of 512; a profile without it: a step priced by its FLOPs alone) and ``send_recv``, the line fit
+  32 to 16384 rows of 512; a profile without it: a step priced by its FLOPs alone), ``attention_shapes`` per dtype
+  (scaled dot product attention's forward and backward at head dims 32, 64 and 128, masked and not, each rate over
+  ``block_flops``, beside the reference block's own attention's and its share of the block's FLOPs,
+  :mod:`~shardcore.cost.attention`; a profile without it: the attention at the block's rate) and ``send_recv``, the line fit
   of one rank swapping a message with its neighbour (a pipeline boundary);
 * ``memory_bytes_per_rank``: what a rank may hold (free device memory; on the CPU the available
   memory shared by the ranks of the largest group measured).

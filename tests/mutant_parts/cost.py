@@ -246,6 +246,76 @@ MUTANTS = [
         "the loss timed at",
     ),
     m(
+        "auto-attention-at-the-block-rate",
+        "the cost model prices a model's attention FLOPs at the reference block's rate (a causal CPU kernel: half of it)",
+        "shardcore/cost/model.py",
+        "predict",
+        [
+            (
+                "        flop_s = ((fwd - attention + experts) * rest_s + attention * attention_s) / rate",
+                "        flop_s = (fwd + experts) / rate",
+            )
+        ],
+        "tests/test_core_cost_attention.py::test_predict_prices_the_attention_at_its_own_rate_and_the_rest_at_the_block_s_less_its_attention",
+        "attention unpriced",
+        fast=True,
+    ),
+    m(
+        "auto-attention-mask-unread",
+        "the attention's rate read as the unmasked one's for a causal model",
+        "shardcore/cost/attention.py",
+        "multipliers",
+        [('    by_dim = table["causal" if causal else "full"]', '    by_dim = table["full"]')],
+        "tests/test_core_cost_attention.py::test_the_multipliers_read_the_head_dim_and_the_mask",
+        "the mask not read",
+        fast=True,
+    ),
+    m(
+        "auto-attention-rest-uncorrected",
+        "the rest of a block priced at the whole block's rate, its attention counted twice",
+        "shardcore/cost/attention.py",
+        "multipliers",
+        [
+            (
+                '    return 1.0 / own, (1.0 - share / table["reference"]) / (1.0 - share)',
+                "    return 1.0 / own, 1.0",
+            )
+        ],
+        "tests/test_core_cost_attention.py::test_the_multipliers_read_the_head_dim_and_the_mask",
+        "the rest at the whole block's rate",
+        fast=True,
+    ),
+    m(
+        "calibrate-attention-mask-dropped",
+        "calibrate times the masked attention without its mask",
+        "shardcore/cost/attention.py",
+        "calls",
+        [
+            (
+                '        (mask, dim): call(1, width // dim, SEQ, dim, mask == "causal")',
+                "        (mask, dim): call(1, width // dim, SEQ, dim, False)",
+            )
+        ],
+        "tests/test_core_cost_attention.py::test_calibrate_times_each_head_dim_masked_and_not_and_the_reference_block_s_own",
+        "the masked attention timed unmasked",
+        fast=True,
+    ),
+    m(
+        "calibrate-attention-over-its-own",
+        "the attention's factors taken over the reference attention's rate, not the block's",
+        "shardcore/cost/attention.py",
+        "factors",
+        [
+            (
+                "            out[key[0]][str(key[1])] = rate / block_rate",
+                '            out[key[0]][str(key[1])] = rate / rates["reference"]',
+            )
+        ],
+        "tests/test_core_cost_attention.py::test_the_reference_attention_s_share_of_the_block_is_what_the_cost_model_counts",
+        "not over the block's rate",
+        fast=True,
+    ),
+    m(
         "auto-choice-not-broadcast",
         "ShardConfig(auto=...): rank 0's choice (or its error) never sent to the other ranks",
         "shardcore/cost/auto.py",
