@@ -268,7 +268,6 @@ MUTANTS = [
         [('    by_dim = table["causal" if causal else "full"]', '    by_dim = table["full"]')],
         "tests/test_core_cost_attention.py::test_the_multipliers_read_the_head_dim_and_the_mask",
         "the mask not read",
-        fast=True,
     ),
     m(
         "auto-attention-rest-uncorrected",
@@ -283,7 +282,6 @@ MUTANTS = [
         ],
         "tests/test_core_cost_attention.py::test_the_multipliers_read_the_head_dim_and_the_mask",
         "the rest at the whole block's rate",
-        fast=True,
     ),
     m(
         "calibrate-attention-mask-dropped",
@@ -298,7 +296,6 @@ MUTANTS = [
         ],
         "tests/test_core_cost_attention.py::test_calibrate_times_each_head_dim_masked_and_not_and_the_reference_block_s_own",
         "the masked attention timed unmasked",
-        fast=True,
     ),
     m(
         "calibrate-attention-over-its-own",
@@ -313,7 +310,6 @@ MUTANTS = [
         ],
         "tests/test_core_cost_attention.py::test_the_reference_attention_s_share_of_the_block_is_what_the_cost_model_counts",
         "not over the block's rate",
-        fast=True,
     ),
     m(
         "auto-choice-not-broadcast",
