@@ -29,7 +29,10 @@ every rank spent per step (all its threads, gloo's included) over the machine's 
 step would take were the cores never idle), predicted again from the profile the runs recorded
 (the measurements do not depend on the cost model, so a change to it is scored without
 measuring again); the chosen layout's rank by those medians; the median
-absolute error; a plot of predicted against measured, one point per layout. ``--profile``: the
+absolute error; and the same error with each step scaled to the profile's machine speed (the reference block
+timed as ``calibrate`` times it, every rank at once, before and after each model's layouts: a shared machine's
+speed drifts between ``calibrate`` and the runs, and within them); a plot of predicted against measured, one point
+per layout. ``--profile``: the
 predictions from that profile (this machine calibrated again) instead. Writes
 ``benchmarks/results/auto_summary.json`` (beside the runs: ``NAME_summary.json``).
 """
@@ -93,13 +96,29 @@ def build_config_vocab(name: str) -> int:
     return {"llama": LLAMA, "bert": BERT, "moe": MOE}[name]["vocab_size"]
 
 
+def machine_speed() -> float:
+    """The reference block's FLOP/s a rank gets with every rank at work, timed now as ``calibrate`` times it (its
+    forward and backward at the reference shape, 3 rounds of 1 s, each until the last rank is done): the machine's
+    speed beside the runs, against the profile's ``block_flops`` (a shared machine's speed drifts between
+    ``calibrate`` and a benchmark; see :func:`summarize`)."""
+    from shardcore.cost.measure import BLOCK, _in_rounds, _RankBlock, block_step_flops
+
+    width, _, ffn, batch, seq = BLOCK
+    block = _RankBlock(1)
+    x = torch.randn(batch, seq, width, requires_grad=True)
+    seconds = _in_rounds({0: lambda: block(x).sum().backward()}, torch.device("cpu"), 3, 1.0)[0]
+    return block_step_flops(width, ffn, batch * seq, seq) / seconds
+
+
 def worker(name: str, seq: int, batch: int, layouts: list[dict], warmup: int, steps: int) -> list[dict]:
-    """On each of the 4 ranks: every layout in turn, its step time and first loss."""
+    """On each of the 4 ranks: every layout in turn, its step time and first loss; the machine's speed
+    (:func:`machine_speed`) before the first and after the last."""
     import shardcore
     from shardcore.cost.search import shard_config
     from shardcore.testing import dp_part
 
     torch.set_num_threads(1)
+    speed = [machine_speed()]
     out = []
     for layout in layouts:
         model = shardcore.optimize(build(name), shard_config(layout))
@@ -138,7 +157,8 @@ def worker(name: str, seq: int, batch: int, layouts: list[dict], warmup: int, st
                     "cpu_s_per_rank": cpu_s})  # fmt: skip
         del model, opt
         gc.collect()
-    return out
+    speed.append(machine_speed())
+    return {"layouts": out, "block_flops": speed}
 
 
 def reference_loss(name: str, seq: int, batch: int, dp: int) -> float:
@@ -163,7 +183,8 @@ def run(name: str, seq: int, args, profile: dict) -> dict:
     search_s = time.perf_counter() - start
     layouts = [row["layout"] for row in plan["ranked"]]
     with RankPool(args.world, timeout_s=3600, threads=1) as pool:
-        measured = pool.run(worker, name, seq, args.batch, layouts, args.warmup, args.steps)[0]
+        ranks = pool.run(worker, name, seq, args.batch, layouts, args.warmup, args.steps)[0]
+    measured = ranks["layouts"]
     refs = {}
     rows = []
     for row, m in zip(plan["ranked"], measured, strict=True):
@@ -183,7 +204,7 @@ def run(name: str, seq: int, args, profile: dict) -> dict:
     chosen_s = next(r["measured_s"] for r in rows if r["name"] == chosen)
     return {"model": name, "seq": seq, "batch": args.batch, "search_s": search_s, "chosen": chosen,
             "chosen_rank": rank, "chosen_over_fastest": chosen_s / fastest, "fastest": order[0]["name"],
-            "layouts": rows, "refused": plan["refused"]}  # fmt: skip
+            "layouts": rows, "refused": plan["refused"], "block_flops_beside": ranks["block_flops"]}  # fmt: skip
 
 
 def report(results: list[dict], profile: dict, out: pathlib.Path, world: int) -> None:
@@ -204,6 +225,36 @@ def report(results: list[dict], profile: dict, out: pathlib.Path, world: int) ->
     print(f"written: {out}")
 
 
+def _block_flops(profile: dict, world: int) -> float:
+    """The profile's reference-block FLOP/s a float32 rank gets with ``world`` ranks at work."""
+    from shardcore.cost.model import per_rank
+
+    return per_rank(profile, world)["block_flops"]["float32"]
+
+
+def _measured(runs: list[dict], i: int, profile: dict, world: int) -> tuple[dict, dict, dict, list[float]]:
+    """Case ``i`` of every run: per layout its step times, its CPU seconds over the cores, its steps at the profile's
+    machine speed (runs that timed it beside them); and each such run's speed over the profile's."""
+    name, seq = runs[0]["results"][i]["model"], runs[0]["results"][i]["seq"]
+    times: dict[str, list[float]] = {}
+    busy: dict[str, list[float]] = {}  # every rank's CPU seconds per step over the cores (runs that recorded it)
+    steady: dict[str, list[float]] = {}
+    speeds = []
+    for run_ in runs:
+        assert (run_["results"][i]["model"], run_["results"][i]["seq"]) == (name, seq)
+        cores = run_["profile"]["cpu_count"]
+        beside = run_["results"][i].get("block_flops_beside")
+        speed = statistics.fmean(beside) / _block_flops(profile, world) if beside else None
+        speeds += [speed] if speed is not None else []
+        for row in run_["results"][i]["layouts"]:
+            times.setdefault(row["name"], []).append(row["measured_s"])
+            if speed is not None:  # the machine ran at `speed` x the profile's: its step at the profile's speed
+                steady.setdefault(row["name"], []).append(row["measured_s"] * speed)
+            if row.get("cpu_s_per_rank"):
+                busy.setdefault(row["name"], []).append(sum(row["cpu_s_per_rank"]) / cores)
+    return times, busy, steady, speeds
+
+
 def summarize(path: pathlib.Path, png: pathlib.Path | None, profile: dict | None = None) -> dict:
     """Today's cost model scored on the repeated runs at ``path`` (see the module docstring), with
     the profile the runs read or ``profile`` (this machine measured again)."""
@@ -213,18 +264,11 @@ def summarize(path: pathlib.Path, png: pathlib.Path | None, profile: dict | None
     runs = json.loads(path.read_text())["runs"]
     profile = profile or runs[0]["profile"]  # every run read the same cached profile
     world = runs[0].get("world", WORLD)
-    cases, errors = [], []
+    cases, errors, drifted, speeds = [], [], [], []
     for i, first in enumerate(runs[0]["results"]):
         name, seq, batch = first["model"], first["seq"], first["batch"]
-        times: dict[str, list[float]] = {}
-        busy: dict[str, list[float]] = {}  # every rank's CPU seconds per step over the cores (runs that recorded it)
-        for run_ in runs:
-            assert (run_["results"][i]["model"], run_["results"][i]["seq"]) == (name, seq)
-            cores = run_["profile"]["cpu_count"]
-            for row in run_["results"][i]["layouts"]:
-                times.setdefault(row["name"], []).append(row["measured_s"])
-                if row.get("cpu_s_per_rank"):
-                    busy.setdefault(row["name"], []).append(sum(row["cpu_s_per_rank"]) / cores)
+        times, busy, steady, speed = _measured(runs, i, profile, world)
+        speeds += speed
         with shardcore.init_empty():
             meta = build(name)
         plan = search(meta, world, profile, seq=seq, batch=batch)
@@ -234,9 +278,11 @@ def summarize(path: pathlib.Path, png: pathlib.Path | None, profile: dict | None
         unmeasured = sorted(set(predicted) - set(times))  # ranked since the runs: not scored, listed
         rows = sorted(({"name": n, "predicted_s": predicted[n], "measured_s": statistics.median(t), "min_s": min(t),
                         "max_s": max(t), "runs": len(t), "error": predicted[n] / statistics.median(t) - 1,
-                        "cpu_over_cores_s": statistics.median(busy[n]) if n in busy else None}
+                        "cpu_over_cores_s": statistics.median(busy[n]) if n in busy else None,
+                        "error_at_profile_speed": predicted[n] / statistics.median(steady[n]) - 1 if n in steady else None}
                        for n, t in times.items()), key=lambda r: r["measured_s"])  # fmt: skip
         errors += [abs(r["error"]) for r in rows]
+        drifted += [abs(r["error_at_profile_speed"]) for r in rows if r["error_at_profile_speed"] is not None]
         chosen = plan["best"]["name"]
         rank = next((k + 1 for k, r in enumerate(rows) if r["name"] == chosen), None)  # None: chosen, unmeasured
         over = rows[rank - 1]["measured_s"] / rows[0]["measured_s"] if rank else None
@@ -248,12 +294,7 @@ def summarize(path: pathlib.Path, png: pathlib.Path | None, profile: dict | None
         print(f"\n{name} seq {seq} x batch {batch}: chose {chosen} - {verdict}")
         if unmeasured:
             print(f"ranked since the runs, not measured: {', '.join(unmeasured)}")
-        print("| layout | predicted s | measured s, median (min-max) | error | all ranks' CPU s / cores |")
-        print("|---|---|---|---|---|")
-        for r in rows:
-            cpu = "" if r["cpu_over_cores_s"] is None else f"{r['cpu_over_cores_s']:.3f}"
-            print(f"| {r['name']} | {r['predicted_s']:.3f} | {r['measured_s']:.3f} ({r['min_s']:.3f}-{r['max_s']:.3f}) "
-                  f"| {r['error']:+.0%} | {cpu} |")  # fmt: skip
+        _table(rows)
     median = statistics.median(errors)
     worst = max(errors)
     measured = [c for c in cases if c["chosen_over_fastest"] is not None]  # the chosen layout among the runs'
@@ -261,15 +302,43 @@ def summarize(path: pathlib.Path, png: pathlib.Path | None, profile: dict | None
     print(f"\nmedian absolute error over {len(errors)} layouts: {median:.1%} (worst {worst:.0%}, "
           f"{sum(e <= 0.15 for e in errors)} within 15%); chosen within 10% of the fastest: {within} of the {len(measured)} "
           f"cases whose chosen layout the runs measured ({len(cases)} cases)")  # fmt: skip
+    steady = _at_profile_speed(drifted, speeds)
     summary = {"source": str(path), "runs": len(runs), "world": world, "median_abs_error": median, "worst_abs_error": worst,
                "within_15pct": sum(e <= 0.15 for e in errors), "chosen_within_10pct": within,
-               "cases": cases, "profile": profile}  # fmt: skip
+               "at_profile_speed": steady, "cases": cases, "profile": profile}  # fmt: skip
     out = path.with_name(f"{path.stem}_summary.json")  # auto.json: auto_summary.json
     out.write_text(json.dumps(summary, indent=2))
     print(f"written: {out}")
     if png:
         draw(cases, png, world)
     return summary
+
+
+def _table(rows: list[dict]) -> None:
+    print(
+        "| layout | predicted s | measured s, median (min-max) | error | all ranks' CPU s / cores "
+        "| error at the profile's speed |"
+    )
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        cpu = "" if r["cpu_over_cores_s"] is None else f"{r['cpu_over_cores_s']:.3f}"
+        steady_error = "" if r["error_at_profile_speed"] is None else f"{r['error_at_profile_speed']:+.0%}"
+        print(f"| {r['name']} | {r['predicted_s']:.3f} | {r['measured_s']:.3f} ({r['min_s']:.3f}-{r['max_s']:.3f}) "
+              f"| {r['error']:+.0%} | {cpu} | {steady_error} |")  # fmt: skip
+
+
+def _at_profile_speed(drifted: list[float], speeds: list[float]) -> dict | None:
+    """The errors with each run's step scaled to the profile's machine speed (:func:`machine_speed`): ``None`` where
+    no run timed it."""
+    steady = None
+    if drifted:
+        steady = {"median_abs_error": statistics.median(drifted), "worst_abs_error": max(drifted),
+                  "within_15pct": sum(e <= 0.15 for e in drifted), "layouts": len(drifted),
+                  "speed_min": min(speeds), "speed_max": max(speeds)}  # fmt: skip
+        print(f"the machine beside the runs: {min(speeds):.2f}-{max(speeds):.2f}x the profile's block rate; at the "
+              f"profile's speed: median absolute error {steady['median_abs_error']:.1%} (worst "
+              f"{steady['worst_abs_error']:.0%}, {steady['within_15pct']} of {len(drifted)} within 15%)")  # fmt: skip
+    return steady
 
 
 def draw(cases: list[dict], png: pathlib.Path, world: int = WORLD) -> None:
